@@ -1,0 +1,61 @@
+"""Every gRPC server and channel flmesh opens is built here (wire wing).
+
+One place for message-size limits and keepalive (and, later, TLS), so no
+module builds a server or channel ad hoc.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+from flmesh.node.codec import DEFAULT_CHUNK_BYTES
+
+#: Largest single gRPC message. Model data arrives in chunks of at most a few
+#: MiB; the margin is for headers of models with many tensors.
+MAX_MESSAGE_BYTES = DEFAULT_CHUNK_BYTES + 60 * 1024 * 1024
+
+_COMMON_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Keepalive: notice dead peers on idle connections within ~30 s.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+_SERVER_OPTIONS = _COMMON_OPTIONS + [
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.so_reuseport", 0),
+]
+_CHANNEL_OPTIONS = _COMMON_OPTIONS + [
+    # Model streams are large: let one stream's flow-control window grow.
+    ("grpc.http2.bdp_probe", 1),
+    ("grpc.enable_retries", 0),
+]
+
+
+class BindError(OSError):
+    """A server could not listen on the requested address."""
+
+
+def make_server(max_workers: int = 8) -> grpc.Server:
+    """A gRPC server with flmesh's options and a thread pool of ``max_workers``."""
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flmesh-rpc"),
+                       options=_SERVER_OPTIONS)
+
+
+def bind(server: grpc.Server, address: str) -> int:
+    """Listen on ``address`` (HOST:PORT; port 0 picks a free one); return the bound port."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise BindError(f"cannot listen on {address}: {exc}") from None
+    if port == 0:
+        raise BindError(f"cannot listen on {address}: address unavailable or in use")
+    return port
+
+
+def make_channel(address: str) -> grpc.Channel:
+    """A channel to a peer at ``address`` with flmesh's options. Thread-safe; close when done."""
+    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)

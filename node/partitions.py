@@ -1,0 +1,70 @@
+"""How a data set's samples are split across nodes. Pure numpy, seeded.
+
+Each function returns one index array per node (indices into the data set),
+disjoint and together covering the samples they use. Every node derives the
+same split from the same seed, so no node needs to see another's data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class PartitionError(ValueError):
+    """The requested split cannot be made; the message says why."""
+
+
+def iid(num_samples: int, num_nodes: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Uniformly random, equal-size (±1) shares."""
+    return [np.sort(part) for part in np.array_split(rng.permutation(num_samples), num_nodes)]
+
+
+def dirichlet(labels: np.ndarray, num_nodes: int, alpha: float, rng: np.random.Generator,
+              min_samples: int = 1, max_tries: int = 1000) -> list[np.ndarray]:
+    """Label-skewed split: for each class c, p_c ~ Dir(alpha * 1_N) decides node shares.
+
+    The protocol of FedRewind Sec. 4.1 and the WSM thesis (Sec. 3): small alpha
+    gives nodes few classes. Draws again until every node holds at least
+    ``min_samples`` samples; raises PartitionError after ``max_tries`` draws.
+    """
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    by_class = [np.flatnonzero(labels == c) for c in classes]
+    for _ in range(max_tries):
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_nodes)]
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            shares = rng.dirichlet(np.full(num_nodes, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for node, piece in enumerate(np.split(idx, cuts)):
+                parts[node].append(piece)
+        out = [np.sort(np.concatenate(p)) for p in parts]
+        if min(len(p) for p in out) >= min_samples:
+            return out
+    raise PartitionError(f"no Dirichlet(alpha={alpha}) split over {num_nodes} nodes gave every node "
+                         f"{min_samples}+ samples of {len(labels)} in {max_tries} draws; "
+                         "raise alpha or lower data.min_samples")
+
+
+def shards(labels: np.ndarray, num_nodes: int, shards_per_node: int,
+           rng: np.random.Generator) -> list[np.ndarray]:
+    """Label shards (McMahan et al.; FedCurv Sec. 4): sort by label, cut into
+    ``num_nodes * shards_per_node`` equal shards, give each node that many at random."""
+    labels = np.asarray(labels)
+    total = num_nodes * shards_per_node
+    if total > len(labels):
+        raise PartitionError(f"{total} shards need at least {total} samples, the data set has "
+                             f"{len(labels)}")
+    order = np.argsort(labels, kind="stable")
+    pieces = np.array_split(order, total)
+    assignment = rng.permutation(total).reshape(num_nodes, shards_per_node)
+    return [np.sort(np.concatenate([pieces[s] for s in row])) for row in assignment]
+
+
+def train_test_split(indices: np.ndarray, test_fraction: float,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Split one node's indices into (train, test); both non-empty when there are 2+ samples."""
+    shuffled = rng.permutation(indices)
+    n_test = int(round(len(shuffled) * test_fraction))
+    n_test = min(max(n_test, 1), len(shuffled) - 1) if len(shuffled) > 1 else 0
+    return np.sort(shuffled[n_test:]), np.sort(shuffled[:n_test])

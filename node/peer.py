@@ -1,0 +1,334 @@
+"""One federation node: its gRPC server, its data and model, and the round loop.
+
+This is where the learning wing (data, models, trainer) meets the wire wing
+(codec, channels, servicer, client). :class:`Node` is also the embeddable API:
+
+    node = Node.from_federation(federation, "node0", listen="0.0.0.0:50051")
+    node.start()
+    node.connect({"node1": "10.0.0.2:50051", ...})
+    node.run()          # all rounds of the federation
+    node.stop()
+
+Threading: ``start`` runs gRPC handlers on a thread pool; ``run``/``run_round``
+block the calling thread and must be called from one thread at a time. The
+handlers never touch the node's own model: they work on fresh copies.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from flmesh.node import codec
+from flmesh.node.channels import bind, make_server
+from flmesh.node.client import PeerClient, PeerError, with_retry
+from flmesh.node.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta
+from flmesh.node.data import SEED_MODEL, SEED_TRAIN, NodeData, derive_seed, federation_data
+from flmesh.node.device import select_device
+from flmesh.node.inbox import Inbox, InboxKey
+from flmesh.node.models import build_model
+from flmesh.node.objectives import make_objective
+from flmesh.node.servicer import PeerServicer, UnknownPeerError
+from flmesh.node.trainer import EvalResult, TrainStats, evaluate, train
+from flmesh.topology import Federation, Schedule, TrainingConfig
+from flmesh.v1 import peer_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from torch import nn
+
+log = logging.getLogger("flmesh.node")
+
+SERVICE_NAME = "flmesh.v1.Peer"
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one node did in one round. Accuracies are fractions in [0, 1]."""
+
+    node: str
+    round: int
+    source: str | None
+    destination: str
+    received: bool
+    missing: str | None  # the source whose model never came, if any
+    delivered: bool
+    train: TrainStats
+    local: EvalResult
+    wall_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Node:
+    """A federation node; see the module docstring for the life cycle."""
+
+    def __init__(self, node_id: str, *, model: nn.Module, data: NodeData, training: TrainingConfig,
+                 schedule: Schedule, rounds: int, federation: str = "flmesh", seed: int = 0,
+                 peers: Mapping[str, str | None] | None = None, listen: str = "127.0.0.1:0",
+                 round_timeout_s: float = 120.0, max_model_bytes: int = 512 * 2**20,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, architecture: str = "",
+                 device: torch.device | None = None, index: int = 0):
+        self.node_id = node_id
+        self.federation = federation
+        self.architecture = architecture
+        self.model = model
+        self.data = data
+        self.training = training
+        self.schedule = schedule
+        self.rounds = rounds
+        self.seed = seed
+        self.index = index
+        self.listen = listen
+        self.round_timeout_s = round_timeout_s
+        self.max_model_bytes = max_model_bytes
+        self.chunk_bytes = chunk_bytes
+        self.device = device or torch.device("cpu")
+        self.objective = make_objective(training.objective)
+        self.address: str | None = None
+        self.inbox = Inbox()
+        self._peers: dict[str, str | None] = dict(peers or {})
+        self._clients: dict[str, PeerClient] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._state = "starting"
+        self._round = 0
+        self._last_accuracy = 0.0
+        self._server = None
+        self._health = health.HealthServicer()
+        self._spec = codec.model_spec(model.state_dict())
+        self.model.to(self.device)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_federation(cls, federation: Federation, node_id: str, *, data: NodeData | None = None,
+                        listen: str | None = None, peers: Mapping[str, str | None] | None = None,
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Node:
+        """Build node ``node_id`` of ``federation``: its data share, M_0 and schedule.
+
+        Every node starts from the same initial model (seeded by the federation
+        seed). ``data`` skips loading when the caller already split the data set.
+        """
+        cfg = federation.node(node_id)
+        if data is None:
+            data = federation_data(federation)[node_id]
+        model = build_model(federation.model, data.train.input_shape, data.train.num_classes,
+                            seed=derive_seed(federation.seed, SEED_MODEL))
+        if peers is None:
+            peers = {n.id: n.address for n in federation.nodes if n.id != node_id}
+        return cls(node_id, model=model, data=data, training=cfg.training,
+                   schedule=federation.schedule(), rounds=federation.rounds,
+                   federation=federation.name, seed=federation.seed, peers=peers,
+                   listen=listen or cfg.address or "127.0.0.1:0",
+                   round_timeout_s=federation.round_timeout_s,
+                   max_model_bytes=int(federation.max_model_mib * 2**20), chunk_bytes=chunk_bytes,
+                   architecture=federation.model.name,
+                   device=select_device(cfg.training.device), index=cfg.index)
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> str:
+        """Start serving; returns the bound address (HOST:PORT). Non-blocking."""
+        server = make_server()
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        port = bind(server, self.listen)
+        server.start()
+        self._server = server
+        host = self.listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{port}"
+        self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._set_state("idle")
+        return self.address
+
+    def connect(self, peers: Mapping[str, str]) -> None:
+        """Set or update peers' addresses (node id -> HOST:PORT)."""
+        with self._lock:
+            for peer_id, address in peers.items():
+                if peer_id == self.node_id:
+                    continue
+                old = self._clients.pop(peer_id, None)
+                if old is not None:
+                    old.close()
+                self._peers[peer_id] = address
+
+    def cancel(self) -> None:
+        """Make a running round loop end soon (waits stop, no new round starts). Thread-safe."""
+        self._stop.set()
+        self.inbox.wake()
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop the round loop and the server; idempotent. Blocks up to ``grace`` seconds."""
+        self.cancel()
+        self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+        self._set_state("stopped")
+
+    def __enter__(self) -> Node:
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ helpers
+    def _set_state(self, state: str) -> None:
+        with self._lock:
+            self._state = state
+
+    def client(self, peer_id: str) -> PeerClient:
+        """The (cached) client for ``peer_id``; raises UnknownPeerError for a stranger."""
+        with self._lock:
+            if peer_id in self._clients:
+                return self._clients[peer_id]
+            if peer_id not in self._peers:
+                raise UnknownPeerError(f"{self.node_id}: unknown peer {peer_id!r}")
+            address = self._peers[peer_id]
+            if not address:
+                raise UnknownPeerError(f"{self.node_id}: no address known for peer {peer_id!r}")
+            client = PeerClient(peer_id, address, chunk_bytes=self.chunk_bytes,
+                                timeout=self.round_timeout_s)
+            self._clients[peer_id] = client
+            return client
+
+    def fresh_model(self, state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+        """A private copy of the model (same architecture), optionally loaded with ``state``."""
+        with self._lock:
+            model = copy.deepcopy(self.model)
+        if state is not None:
+            model.load_state_dict(state)
+        return model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A snapshot of the node's current model weights (CPU copies)."""
+        with self._lock:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def encode(self, round: int, kind: str = "trained") -> EncodedModel:  # noqa: A002
+        """The node's current model as a wire message for ``round``."""
+        meta = ModelMeta(round=round, sender=self.node_id, kind=kind,
+                         num_samples=len(self.data.train),
+                         label_counts=tuple(self.data.train.label_counts()),
+                         architecture=self.architecture)
+        return codec.encode(self.state_dict(), meta)
+
+    # ------------------------------------------------------------------ PeerLogic (servicer side)
+    @property
+    def expected_spec(self) -> codec.ModelSpec:
+        return self._spec
+
+    def _check_peer(self, peer_id: str) -> None:
+        if peer_id and peer_id != self.node_id and peer_id not in self._peers:
+            raise UnknownPeerError(f"{self.node_id}: unknown peer {peer_id!r} "
+                                   f"(known: {', '.join(sorted(self._peers))})")
+
+    def hello(self, node_id: str) -> int:
+        self._check_peer(node_id)
+        with self._lock:
+            return self._round
+
+    def accept(self, model: codec.DecodedModel) -> bool:
+        """Put a delivered model in the inbox; False for a duplicate (sender, round, kind)."""
+        self._check_peer(model.meta.sender)
+        fresh = self.inbox.put(InboxKey(model.meta.round, model.meta.sender, model.meta.kind), model)
+        if not fresh:
+            log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id,
+                     model.meta.kind, model.meta.sender, model.meta.round)
+        return fresh
+
+    def evaluate_state(self, state: Mapping[str, torch.Tensor]) -> EvalResult:
+        return evaluate(self.fresh_model(state), self.data.test, device=self.device)
+
+    def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, round: int,  # noqa: A002
+                     sender: str) -> EncodedModel:
+        """Train a copy of ``state`` for ``epochs`` on this node's data (FedRewind's rewind step)."""
+        self._check_peer(sender)
+        model = self.fresh_model(state)
+        train(model, self.data.train, self.training, epochs=epochs,
+              seed=self._train_seed(round, salt=1), device=self.device, objective=self.objective)
+        meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
+                         num_samples=len(self.data.train), architecture=self.architecture)
+        return codec.encode(model.state_dict(), meta)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"node_id": self.node_id, "state": self._state, "round": self._round,
+                    "rounds_total": self.rounds, "inbox_size": len(self.inbox),
+                    "train_samples": len(self.data.train), "test_samples": len(self.data.test),
+                    "last_accuracy": self._last_accuracy}
+
+    # ------------------------------------------------------------------ the round loop
+    def _train_seed(self, round: int, salt: int = 0) -> int:  # noqa: A002
+        return derive_seed(self.seed, SEED_TRAIN, self.index, round, salt)
+
+    def _receive(self, round: int, source: str) -> codec.DecodedModel | None:  # noqa: A002
+        """The model ``source`` trained in ``round - 1``, waiting up to the round timeout."""
+        self._set_state("waiting")
+        return self.inbox.wait(InboxKey(round - 1, source, "trained"), self.round_timeout_s, self._stop)
+
+    def _deliver(self, destination: str, message: EncodedModel) -> bool:
+        """Send ``message`` to ``destination``, retrying with backoff until the round timeout."""
+        self._set_state("sending")
+        client = self.client(destination)
+        try:
+            with_retry(lambda: client.deliver(message), self.round_timeout_s,
+                       should_stop=self._stop.is_set)
+            return True
+        except PeerError as exc:
+            log.warning("%s: could not deliver round %d model: %s", self.node_id,
+                        message.header.round, exc)
+            return False
+
+    def run_round(self, round: int) -> RoundReport:  # noqa: A002
+        """Round ``round`` (from 1): receive from the source, train E epochs, deliver onward.
+
+        Blocks until the model has been delivered (or delivery failed). When the
+        source's model does not arrive within the round timeout, the node trains
+        the model it has and the report says which source was missing.
+        """
+        start = time.monotonic()
+        hop = self.schedule.plan(round)[self.node_id]
+        notes: list[str] = []
+        received, missing = False, None
+        if hop.source is not None:
+            incoming = self._receive(round, hop.source)
+            if incoming is not None:
+                self.model.load_state_dict(incoming.state_dict)
+                received = True
+            else:
+                missing = hop.source
+                notes.append(f"no model from {hop.source} within {self.round_timeout_s:g}s; "
+                             "trained the model it had")
+                log.warning("%s: round %d: %s", self.node_id, round, notes[-1])
+        self._set_state("training")
+        stats = train(self.model, self.data.train, self.training, seed=self._train_seed(round),
+                      device=self.device, objective=self.objective)
+        local = evaluate(self.model, self.data.test, device=self.device)
+        message = self.encode(round)
+        with self._lock:
+            self._round = round
+            self._last_accuracy = local.accuracy
+        delivered = self._deliver(hop.destination, message) if round < self.rounds else True
+        self.inbox.prune(round - 1)
+        self._set_state("idle" if round < self.rounds else "done")
+        return RoundReport(self.node_id, round, hop.source, hop.destination, received, missing,
+                           delivered, stats, local, time.monotonic() - start, tuple(notes))
+
+    def run(self, rounds: int | None = None) -> list[RoundReport]:
+        """Run rounds 1..``rounds`` (default: the federation's); stops early when stopped."""
+        reports = []
+        for t in range(1, (rounds or self.rounds) + 1):
+            if self._stop.is_set():
+                break
+            reports.append(self.run_round(t))
+        return reports

@@ -1,0 +1,117 @@
+"""Local training and evaluation of a model on in-memory data (learning wing).
+
+Blocking, CPU/GPU bound; not thread-safe for one model (each caller trains its
+own model object). Deterministic for a given seed on a given device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from flmesh.node.data import ArrayData
+from flmesh.node.objectives import Objective, cross_entropy
+from flmesh.topology import TrainingConfig
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one call of :func:`train` did: mean loss over its steps, steps, samples seen."""
+
+    loss: float
+    steps: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Accuracy of one model on one labelled set, with per-class counts."""
+
+    correct: int
+    total: int
+    loss: float
+    per_class_correct: tuple[int, ...]
+    per_class_total: tuple[int, ...]
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else 0.0
+
+
+def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
+    """Optimizer steps for ``epochs`` passes (fractional allowed) over ``num_samples``.
+
+    A fraction is a share of one pass's batches, rounded to the nearest batch and
+    at least one step whenever epochs > 0 and there is data.
+    """
+    if epochs <= 0 or num_samples == 0:
+        return 0
+    per_epoch = math.ceil(num_samples / batch_size)
+    return max(1, round(epochs * per_epoch))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: float | None = None,
+          seed: int = 0, device: torch.device | None = None,
+          objective: Objective = cross_entropy) -> TrainStats:
+    """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) on ``data``.
+
+    Each pass visits the samples in a fresh order drawn from ``seed``; the
+    optimizer starts fresh on every call, as local training does in each FL round.
+    """
+    device = device or torch.device("cpu")
+    epochs = cfg.epochs if epochs is None else epochs
+    steps = steps_for(epochs, len(data), cfg.batch_size)
+    if steps == 0:
+        return TrainStats(0.0, 0, 0)
+    model.to(device).train()
+    optimizer = make_optimizer(model, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = data.x, data.y
+    total_loss, seen, done = 0.0, 0, 0
+    while done < steps:
+        order = torch.randperm(len(data), generator=gen)
+        for start in range(0, len(order), cfg.batch_size):
+            if done == steps:
+                break
+            idx = order[start:start + cfg.batch_size]
+            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            loss = objective(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach()) * len(idx)
+            seen += len(idx)
+            done += 1
+    return TrainStats(total_loss / max(seen, 1), done, seen)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
+             batch_size: int = 1024) -> EvalResult:
+    """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``."""
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    correct = torch.zeros(data.num_classes, dtype=torch.long)
+    total = torch.bincount(data.y, minlength=data.num_classes)
+    loss_sum = 0.0
+    for start in range(0, len(data), batch_size):
+        xb = data.x[start:start + batch_size].to(device)
+        yb = data.y[start:start + batch_size].to(device)
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        hits = (logits.argmax(dim=1) == yb).cpu()
+        correct += torch.bincount(yb.cpu()[hits], minlength=data.num_classes)
+    n = len(data)
+    return EvalResult(int(correct.sum()), n, loss_sum / n if n else 0.0,
+                      tuple(correct.tolist()), tuple(total.tolist()))

@@ -1,0 +1,49 @@
+"""flmesh.topology: who talks to whom.
+
+Pure logic with no torch and no grpc: communication graphs built with networkx,
+schedules (``plan(round) -> {node: Hop}``) and the federation file with its
+validation. Nothing here does I/O except reading files it is pointed at.
+"""
+
+from flmesh.topology.federation import (
+    DataConfig,
+    Federation,
+    FederationError,
+    ModelConfig,
+    NodeConfig,
+    TopologyConfig,
+    TrainingConfig,
+    load_federation,
+    parse_federation,
+)
+from flmesh.topology.graphs import GraphError, build_graph
+from flmesh.topology.schedules import (
+    CyclicSchedule,
+    Hop,
+    Plan,
+    Schedule,
+    ScheduleError,
+    hamiltonian_cycle,
+    make_schedule,
+)
+
+__all__ = [
+    "CyclicSchedule",
+    "DataConfig",
+    "Federation",
+    "FederationError",
+    "GraphError",
+    "Hop",
+    "ModelConfig",
+    "NodeConfig",
+    "Plan",
+    "Schedule",
+    "ScheduleError",
+    "TopologyConfig",
+    "TrainingConfig",
+    "build_graph",
+    "hamiltonian_cycle",
+    "load_federation",
+    "make_schedule",
+    "parse_federation",
+]
