@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from flmesh.coordinator.results import RunWriter
 from flmesh.node import Node, RoundReport
 from flmesh.node.client import PeerClient
@@ -52,7 +53,7 @@ class RoundResult:
             "round": self.round, "fa": self.fa, "ff": self.ff, "pfa": self.pfa,
             "nodes": {
                 r.node: {"accuracy": r.local.accuracy, "train_loss": r.train.loss,
-                         "train_steps": r.train.steps, "source": r.source,
+                         "train_steps": r.train.steps, "train_size": r.train_size, "source": r.source,
                          "destination": r.destination, "received": r.received,
                          "missing": r.missing, "delivered": r.delivered,
                          "wall_s": round(r.wall_s, 4), "notes": list(r.notes)}

@@ -15,6 +15,11 @@ import signal
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from flmesh.coordinator.sim import RoundResult, Simulation
 from flmesh.node.channels import BindError
 from flmesh.node.data import DataError
@@ -22,10 +27,6 @@ from flmesh.node.device import DeviceError
 from flmesh.node.models import ModelError
 from flmesh.node.partitions import PartitionError
 from flmesh.topology import FederationError, load_federation
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 # Errors that are the user's input, not our bug: one line, exit 2.
 INPUT_ERRORS = (FederationError, DataError, DeviceError, ModelError, PartitionError, BindError)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from flmesh.node import partitions
 from flmesh.topology import DataConfig, Federation
 

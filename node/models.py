@@ -6,8 +6,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-from flmesh.topology import ModelConfig
 from torch import nn
+
+from flmesh.topology import ModelConfig
 
 
 class MLP(nn.Module):

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from torch import nn
+
 from flmesh.node import codec
 from flmesh.node.channels import bind, make_server
 from flmesh.node.client import PeerClient, PeerError, with_retry
@@ -38,8 +41,6 @@ from flmesh.node.servicer import PeerServicer, UnknownPeerError
 from flmesh.node.trainer import EvalResult, TrainStats, evaluate, train
 from flmesh.topology import Federation, Schedule, TrainingConfig
 from flmesh.v1 import peer_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from torch import nn
 
 log = logging.getLogger("flmesh.node")
 
@@ -57,6 +58,7 @@ class RoundReport:
     received: bool
     missing: str | None  # the source whose model never came, if any
     delivered: bool
+    train_size: int  # samples in the node's training split
     train: TrainStats
     local: EvalResult
     wall_s: float
@@ -322,7 +324,8 @@ class Node:
         self.inbox.prune(round - 1)
         self._set_state("idle" if round < self.rounds else "done")
         return RoundReport(self.node_id, round, hop.source, hop.destination, received, missing,
-                           delivered, stats, local, time.monotonic() - start, tuple(notes))
+                           delivered, len(self.data.train), stats, local, time.monotonic() - start,
+                           tuple(notes))
 
     def run(self, rounds: int | None = None) -> list[RoundReport]:
         """Run rounds 1..``rounds`` (default: the federation's); stops early when stopped."""

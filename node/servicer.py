@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import grpc
 import torch
+
 from flmesh.node import codec
 from flmesh.node.trainer import EvalResult
 from flmesh.v1 import model_pb2 as pb

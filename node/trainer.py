@@ -10,10 +10,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
 from flmesh.node.data import ArrayData
 from flmesh.node.objectives import Objective, cross_entropy
 from flmesh.topology import TrainingConfig
-from torch import nn
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
+
 from flmesh.topology.graphs import GraphError, build_graph
 from flmesh.topology.schedules import SCHEDULES, Schedule, ScheduleError, make_schedule
 

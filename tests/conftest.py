@@ -1,0 +1,46 @@
+"""Shared fixtures: tiny federations and a deadline-based poll helper."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from flmesh.topology import Federation, parse_federation
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Poll ``predicate`` until it is true; fail the test when ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def tiny_raw(nodes: int = 3, rounds: int = 2, **sections: dict) -> dict:
+    raw = {
+        "federation": {"name": "tiny", "seed": 3, "rounds": rounds, "round_timeout_s": 20},
+        "topology": {"nodes": nodes, "graph": "complete", "schedule": "cwt"},
+        "training": {"epochs": 1, "batch_size": 16, "lr": 0.05},
+        "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5},
+        "model": {"name": "mlp", "hidden": [16]},
+    }
+    for name, table in sections.items():
+        raw.setdefault(name, {}).update(table)
+    return raw
+
+
+@pytest.fixture
+def tiny_federation() -> Federation:
+    return parse_federation(tiny_raw(), source="tiny.toml")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

@@ -1,0 +1,146 @@
+"""Model codec: bit-exact round trips and every rejection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flmesh.node import codec
+from flmesh.node.codec import CodecError, ModelMeta, decode, encode, model_spec
+from flmesh.v1 import model_pb2 as pb
+
+
+def sample_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "w": torch.randn(7, 5, generator=g),
+        "b": torch.randn(5, generator=g, dtype=torch.float64),
+        "half": torch.randn(3, 3, generator=g).half(),
+        "bf": torch.randn(4, generator=g).to(torch.bfloat16),
+        "steps": torch.tensor(12345678901, dtype=torch.int64),  # 0-d, like BN's num_batches_tracked
+        "mask": torch.tensor([True, False, True]),
+        "i8": torch.tensor([-3, 4], dtype=torch.int8),
+        "empty": torch.zeros(0, 4),
+        "nan": torch.tensor([float("nan"), float("inf"), -0.0]),
+    }
+
+
+def chunks_of(state, chunk_bytes=13, **meta):
+    return list(encode(state, ModelMeta(**meta)).chunks(chunk_bytes))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 13, 64, 1 << 20])
+def test_round_trip_is_bit_exact(chunk_bytes):
+    state = sample_state()
+    meta = ModelMeta(round=4, sender="node1", kind="trained", num_samples=99,
+                     label_counts=(3, 0, 5), architecture="mlp", metadata={"k": "v"})
+    out = decode(encode(state, meta).chunks(chunk_bytes), model_spec(state))
+    assert list(out.state_dict) == list(state)
+    for name, tensor in state.items():
+        got = out.state_dict[name]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape
+        # Compare raw bytes: bit-exact, NaN payloads and -0.0 included.
+        assert got.reshape(-1).view(torch.uint8).tolist() == tensor.reshape(-1).view(torch.uint8).tolist()
+    assert out.meta == meta
+
+
+def test_chunks_respect_the_size_limit():
+    state = {"w": torch.zeros(1000)}
+    chunks = chunks_of(state, chunk_bytes=256)
+    assert chunks[0].WhichOneof("payload") == "header"
+    assert all(len(c.data) <= 256 for c in chunks[1:])
+    assert sum(len(c.data) for c in chunks[1:]) == chunks[0].header.total_bytes
+
+
+def test_model_from_a_gpu_or_noncontiguous_view_encodes():
+    base = torch.arange(12.0).reshape(3, 4)
+    state = {"t": base.t()}  # non-contiguous
+    out = decode(encode(state).chunks(), model_spec(state))
+    assert torch.equal(out.state_dict["t"], base.t())
+
+
+def test_corrupt_bytes_are_rejected():
+    chunks = chunks_of(sample_state())
+    data = bytearray(chunks[2].data)
+    data[0] ^= 0xFF
+    chunks[2] = pb.ModelChunk(data=bytes(data))
+    with pytest.raises(CodecError, match="sha256") as err:
+        decode(chunks, model_spec(sample_state()))
+    assert err.value.reason == "corrupt"
+
+
+def test_truncated_and_overlong_streams_are_rejected():
+    state = sample_state()
+    chunks = chunks_of(state)
+    with pytest.raises(CodecError, match="ended after") as err:
+        decode(chunks[:-1], model_spec(state))
+    assert err.value.reason == "corrupt"
+    with pytest.raises(CodecError, match="more than the") as err:
+        decode([*chunks, pb.ModelChunk(data=b"x")], model_spec(state))
+    assert err.value.reason == "corrupt"
+
+
+def test_stream_must_start_with_one_header():
+    chunks = chunks_of(sample_state())
+    with pytest.raises(CodecError, match="start with a model header"):
+        decode(chunks[1:])
+    with pytest.raises(CodecError, match="second header"):
+        decode([chunks[0], chunks[0]])
+    with pytest.raises(CodecError, match="start with a model header"):
+        decode([])
+
+
+def test_oversize_is_rejected_before_reading_bytes():
+    state = {"w": torch.zeros(1024)}  # 4096 bytes
+
+    def stream():
+        yield from chunks_of(state)[:1]
+        raise AssertionError("the decoder read past the header of an oversize model")
+
+    with pytest.raises(CodecError, match="exceeds the limit of 1000 bytes") as err:
+        decode(stream(), model_spec(state), max_bytes=1000)
+    assert err.value.reason == "oversize"
+
+
+@pytest.mark.parametrize(
+    ("local", "message"),
+    [
+        ({"w": torch.zeros(7, 6)}, "tensor 'w': shape [7, 5] does not match the local [7, 6]"),
+        ({"w": torch.zeros(7, 5, dtype=torch.float64)},
+         "tensor 'w': dtype float32 does not match the local float64"),
+        ({"v": torch.zeros(7, 5)}, "unknown tensor 'w'"),
+        ({"w": torch.zeros(7, 5), "extra": torch.zeros(1)}, "tensor 'extra' is missing"),
+    ],
+    ids=["wrong-shape", "wrong-dtype", "unknown-tensor", "missing-tensor"],
+)
+def test_mismatch_with_the_local_model_is_rejected(local, message):
+    sent = {"w": torch.zeros(7, 5)}
+    with pytest.raises(CodecError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+        decode(chunks_of(sent), model_spec(local))
+    assert err.value.reason == "mismatch"
+
+
+def test_inconsistent_header_is_rejected():
+    chunks = chunks_of({"w": torch.zeros(4)})
+    header = pb.ModelHeader()
+    header.CopyFrom(chunks[0].header)
+    header.tensors[0].nbytes = 8
+    with pytest.raises(CodecError, match="8 bytes for shape") as err:
+        decode([pb.ModelChunk(header=header), *chunks[1:]])
+    assert err.value.reason == "corrupt"
+    header.CopyFrom(chunks[0].header)
+    header.tensors[0].dtype = 99
+    with pytest.raises(CodecError, match="unknown dtype #99"):
+        decode([pb.ModelChunk(header=header), *chunks[1:]])
+
+
+def test_unknown_kind_and_dtype_cannot_be_encoded():
+    with pytest.raises(ValueError, match="unknown model kind"):
+        encode({"w": torch.zeros(1)}, ModelMeta(kind="bogus"))
+    with pytest.raises(ValueError, match="cannot be sent"):
+        encode({"w": torch.zeros(1, dtype=torch.complex64)})
+
+
+def test_payload_offsets_are_aligned():
+    header = encode(sample_state()).header
+    assert all(t.offset % codec.ALIGN == 0 for t in header.tensors)

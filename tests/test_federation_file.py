@@ -1,0 +1,161 @@
+"""Federation file: what a valid file gives, and one clear line for each malformed one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flmesh.topology import FederationError, load_federation
+
+REPO = Path(__file__).resolve().parent.parent
+
+VALID = """
+[federation]
+name = "demo"
+seed = 5
+rounds = 3
+
+[topology]
+nodes = 4
+graph = "ring"
+
+[training]
+epochs = 0.5
+lr = 0.1
+
+[data]
+alpha = 0.3
+
+[model]
+name = "cnn"
+channels = [8]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fed.toml"
+    path.write_text(text)
+    return path
+
+
+def test_valid_file_and_defaults(tmp_path):
+    fed = load_federation(write(tmp_path, VALID))
+    assert (fed.name, fed.seed, fed.rounds) == ("demo", 5, 3)
+    assert fed.node_ids == ["node0", "node1", "node2", "node3"]
+    assert fed.training.epochs == 0.5 and fed.training.batch_size == 32
+    assert fed.data.alpha == 0.3 and fed.data.partition == "dirichlet"
+    assert fed.model.channels == (8,)
+    assert fed.schedule().plan(2)["node0"].destination == "node1"
+
+
+def test_per_node_tables_override_training(tmp_path):
+    text = VALID.replace("nodes = 4\n", "") + """
+[nodes.alice]
+address = "127.0.0.1:5001"
+epochs = 2
+[nodes.bob]
+partition = 0
+[nodes.carol]
+"""
+    fed = load_federation(write(tmp_path, text))
+    assert fed.node_ids == ["alice", "bob", "carol"]
+    assert fed.node("alice").training.epochs == 2 and fed.node("alice").address == "127.0.0.1:5001"
+    assert fed.node("bob").training.epochs == 0.5 and fed.node("bob").partition == 0
+
+
+def test_overrides(tmp_path):
+    fed = load_federation(write(tmp_path, VALID), ["training.epochs=3", "model.name=mlp",
+                                                   "federation.name=\"other\""])
+    assert fed.training.epochs == 3 and fed.model.name == "mlp" and fed.name == "other"
+
+
+def test_every_example_is_valid():
+    examples = sorted((REPO / "examples").glob("*.toml"))
+    assert examples
+    for path in examples:
+        load_federation(path)
+
+
+# (replace this, with that) -> the message that must appear, after "fed.toml: "
+MALFORMED = [
+    ('name = "demo"\n', "", "[federation] name: required key is missing"),
+    ("rounds = 3", "rounds = 0", "[federation] rounds: expected an integer >= 1, got 0"),
+    ("rounds = 3", 'rounds = "3"', "[federation] rounds: expected an integer >= 1, got '3'"),
+    ("seed = 5", "seed = 1.5", "[federation] seed: expected an integer >= 0, got 1.5"),
+    ("epochs = 0.5", "epoch = 0.5", "[training] epoch: unknown key (expected one of batch_size,"),
+    ("lr = 0.1", "lr = -1", "[training] lr: expected a number > 0, got -1"),
+    ("lr = 0.1", "optimizer = \"rmsprop\"", "[training] optimizer: expected one of 'sgd', 'adam', got"),
+    ("alpha = 0.3", "alpha = 0", "[data] alpha: expected a number > 0, got 0"),
+    ("alpha = 0.3", "test_fraction = 1.0", "[data] test_fraction: expected a number in (0, 1), got 1.0"),
+    ("alpha = 0.3", 'dataset = "imagenet"', "[data] dataset: expected one of 'digits', got 'imagenet'"),
+    ('name = "cnn"', 'name = "vit"', "[model] name: expected one of 'mlp', 'cnn', got 'vit'"),
+    ("channels = [8]", "channels = [8, 0]", "[model] channels: expected a non-empty list of positive"),
+    ('graph = "ring"', 'graph = "path"', "[topology] schedule 'cwt': the graph has no cycle"),
+    ('graph = "ring"', 'graph = "nosuch"', "[topology] unknown graph 'nosuch'"),
+    ('graph = "ring"', 'schedule = "gossip"', "[topology] schedule: expected one of 'cwt'"),
+    ("nodes = 4", "nodes = 1", "[topology] nodes: expected an integer >= 2, got 1"),
+    ("nodes = 4\n", "", "[topology] nodes: required: give the node count"),
+    ("[model]", "[modle]", "[modle]: unknown section"),
+    ("rounds = 3", "rounds = 3\nrounds = 4", "not valid TOML"),
+    ('graph = "ring"', 'graph = "ring"\nfile = "missing.graphml"', "missing.graphml: graph file not found"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), MALFORMED, ids=[m[2][:40] for m in MALFORMED])
+def test_malformed_file_gives_one_line_naming_file_and_key(tmp_path, old, new, message):
+    assert old in VALID
+    path = write(tmp_path, VALID.replace(old, new, 1))
+    with pytest.raises(FederationError) as err:
+        load_federation(path)
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith(f"{path}: ")
+    assert message in text
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('[nodes."bad id!"]\n[nodes.b]\n', "[nodes.bad id!]: node ids are"),
+        ('[nodes.a]\naddress = "nohost"\n[nodes.b]\n', "[nodes.a] address: expected HOST:PORT"),
+        ("[nodes.a]\npartition = 7\n[nodes.b]\n", "[nodes.a] partition: expected an integer < 2, got 7"),
+        ("[nodes.a]\npartition = 1\n[nodes.b]\npartition = 1\n", "partition 1 is already held by 'a'"),
+        ("[nodes.a]\nepochs = -1\n[nodes.b]\n", "[nodes.a] epochs: expected a number > 0"),
+        ("[nodes.a]\ncolour = 1\n[nodes.b]\n", "[nodes.a] colour: unknown key"),
+        ("[nodes.a]\n", "a federation needs at least 2 nodes, got 1"),
+    ],
+)
+def test_malformed_node_tables(tmp_path, table, message):
+    path = write(tmp_path, VALID.replace("nodes = 4\n", "") + table)
+    with pytest.raises(FederationError) as err:
+        load_federation(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_section_that_is_not_a_table(tmp_path):
+    path = write(tmp_path, "data = 3\n" + VALID.replace("[data]\nalpha = 0.3\n", ""))
+    with pytest.raises(FederationError, match=r"\[data\]: expected a table, got 3"):
+        load_federation(path)
+
+
+def test_node_count_must_agree_with_node_tables(tmp_path):
+    path = write(tmp_path, VALID + "[nodes.a]\n[nodes.b]\n")
+    with pytest.raises(FederationError, match=r"\[topology\] nodes: says 4 but \[nodes\] lists 2"):
+        load_federation(path)
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(FederationError, match="federation file not found"):
+        load_federation(tmp_path / "nope.toml")
+    bad = tmp_path / "bin.toml"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(FederationError, match="cannot read federation file"):
+        load_federation(bad)
+
+
+def test_bad_override(tmp_path):
+    with pytest.raises(FederationError, match="--set 'epochs=3': expected SECTION.KEY=VALUE"):
+        load_federation(write(tmp_path, VALID), ["epochs=3"])
+    with pytest.raises(FederationError, match=r"\[training\] epochs: expected a number > 0, got 'x'"):
+        load_federation(write(tmp_path, VALID), ["training.epochs=x"])

@@ -1,0 +1,18 @@
+"""The committed generated code must match what the pinned protoc makes of the .proto files."""
+
+from __future__ import annotations
+
+from flmesh.v1 import generate
+
+
+def test_generated_code_is_current(tmp_path):
+    fresh = generate.generate(tmp_path)
+    assert fresh, "protoc generated nothing"
+    committed_dir = generate.PROTO_DIR
+    for path in fresh:
+        committed = committed_dir / path.name
+        assert committed.exists(), f"{path.name} is not committed; run `make protos`"
+        assert committed.read_bytes() == path.read_bytes(), f"{path.name} is stale; run `make protos`"
+    names = {p.name for p in fresh}
+    extra = {p.name for p in committed_dir.glob("*_pb2*.py*")} - names
+    assert not extra, f"generated files with no .proto: {sorted(extra)}"

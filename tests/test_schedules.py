@@ -1,0 +1,149 @@
+"""CWT plan properties over many graphs, and graph construction."""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import pytest
+
+from flmesh.topology import CyclicSchedule, GraphError, ScheduleError, build_graph, hamiltonian_cycle
+
+IDS = {n: [f"node{i}" for i in range(n)] for n in (2, 3, 5, 10, 17, 30, 50)}
+
+
+def graphs():
+    for n in (2, 3, 5, 10, 17, 30, 50):
+        ids = IDS[n]
+        yield f"complete-{n}", build_graph("complete", ids)
+        if n >= 3:
+            yield f"ring-{n}", build_graph("ring", ids)
+        if n >= 5:
+            for seed in range(3 if n >= 10 else 0):
+                yield f"er-{n}-{seed}", build_graph("erdos_renyi", ids, params={"p": 0.8}, seed=seed)
+            yield f"regular-{n}", build_graph("random_regular", ids, params={"d": 4}, seed=n)
+            yield f"wheel-{n}", build_graph("wheel", ids)
+    ring = nx.DiGraph()
+    ring.add_edges_from([("a", "c"), ("c", "b"), ("b", "a"), ("a", "b")])
+    yield "directed", ring
+
+
+GRAPHS = list(graphs())
+
+
+def check_plan_properties(graph, schedule, rounds=4):
+    nodes = list(graph.nodes)
+    for t in range(1, rounds + 1):
+        plan = schedule.plan(t)
+        assert set(plan) == set(nodes)
+        destinations = [hop.destination for hop in plan.values()]
+        assert sorted(destinations) == sorted(nodes), "every node receives exactly once"
+        for node, hop in plan.items():
+            assert hop.destination != node
+            assert graph.has_edge(node, hop.destination), "models only travel along graph edges"
+        if t == 1:
+            assert all(hop.source is None for hop in plan.values()), "round 1 has no source"
+        else:
+            previous = schedule.plan(t - 1)
+            for node, hop in previous.items():
+                assert plan[hop.destination].source == node, "source/destination consistent"
+            for node, hop in plan.items():
+                assert plan[hop.destination].source == node
+
+
+@pytest.mark.parametrize(("name", "graph"), GRAPHS, ids=[g[0] for g in GRAPHS])
+def test_cwt_plan_properties(name, graph):
+    schedule = CyclicSchedule(graph)
+    check_plan_properties(graph, schedule)
+    # one cycle through every node: following destinations visits all nodes
+    plan = schedule.plan(2)
+    start = next(iter(plan))
+    seen, node = [], start
+    for _ in graph.nodes:
+        seen.append(node)
+        node = plan[node].destination
+    assert node == start and len(set(seen)) == graph.number_of_nodes()
+    assert schedule.plan(3) == schedule.plan(2), "CWT is the same every round"
+
+
+def has_cycle_brute_force(graph) -> bool:
+    first, *rest = list(graph.nodes)
+    return any(all(graph.has_edge(a, b) for a, b in zip((first, *perm), (*perm, first), strict=True))
+               for perm in itertools.permutations(rest))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cycle_search_agrees_with_brute_force(seed):
+    n = 5 + seed % 3
+    graph = build_graph("erdos_renyi", IDS[10][:n] if n <= 10 else IDS[n], params={"p": 0.45}, seed=seed)
+    if has_cycle_brute_force(graph):
+        cycle = hamiltonian_cycle(graph)
+        assert sorted(cycle) == sorted(graph.nodes)
+        assert all(graph.has_edge(a, b) for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True))
+    else:
+        with pytest.raises(ScheduleError, match="no cycle|no neighbour"):
+            hamiltonian_cycle(graph)
+
+
+def test_complete_graph_cycle_follows_node_order():
+    assert hamiltonian_cycle(build_graph("complete", IDS[5])) == IDS[5]
+
+
+def test_cycle_is_deterministic():
+    g = build_graph("erdos_renyi", IDS[30], params={"p": 0.3}, seed=4)
+    assert hamiltonian_cycle(g) == hamiltonian_cycle(g.copy())
+
+
+@pytest.mark.parametrize(
+    ("graph", "message"),
+    [
+        (nx.path_graph(["a", "b", "c"]), "no cycle through all 3 nodes"),
+        (nx.star_graph(4), "no cycle through all 5 nodes"),
+        (nx.Graph([("a", "b"), ("c", "d"), ("d", "e"), ("e", "c")]), "no cycle"),
+        (nx.empty_graph(["a", "b", "c"]), "has no neighbour"),
+        (nx.empty_graph(["a"]), "at least 2 nodes"),
+    ],
+    ids=["path", "star", "disconnected", "no-edges", "single"],
+)
+def test_graph_without_cycle_is_an_error(graph, message):
+    with pytest.raises(ScheduleError, match=message):
+        CyclicSchedule(graph)
+
+
+def test_round_zero_is_rejected():
+    with pytest.raises(ValueError, match="numbered from 1"):
+        CyclicSchedule(build_graph("ring", IDS[3])).plan(0)
+
+
+def test_seeded_random_graph_is_reproducible():
+    a = build_graph("erdos_renyi", IDS[10], params={"p": 0.4}, seed=11)
+    b = build_graph("erdos_renyi", IDS[10], params={"p": 0.4}, seed=11)
+    c = build_graph("erdos_renyi", IDS[10], params={"p": 0.4}, seed=12)
+    assert sorted(a.edges) == sorted(b.edges) != sorted(c.edges)
+    assert list(a.nodes) == IDS[10]
+
+
+def test_graph_files(tmp_path):
+    ids = ["a", "b", "c", "d"]
+    edges = tmp_path / "g.edgelist"
+    edges.write_text("a b\nb c\nc d\nd a\n")
+    g = build_graph(None, ids, path=edges)
+    assert list(g.nodes) == ids and g.number_of_edges() == 4
+    graphml = tmp_path / "g.graphml"
+    nx.write_graphml(nx.cycle_graph(ids), graphml)
+    assert sorted(build_graph(None, ids, path=graphml).edges) == sorted(g.edges)
+    with pytest.raises(GraphError, match="do not match the federation's nodes"):
+        build_graph(None, ["a", "b", "c", "x"], path=edges)
+    with pytest.raises(GraphError, match="not found"):
+        build_graph(None, ids, path=tmp_path / "missing.graphml")
+    bad = tmp_path / "g.dot"
+    bad.write_text("x")
+    with pytest.raises(GraphError, match="unknown graph file type"):
+        build_graph(None, ids, path=bad)
+
+
+def test_unknown_generator_and_bad_parameters():
+    with pytest.raises(GraphError, match="unknown graph 'moebius'"):
+        build_graph("moebius", IDS[5])
+    with pytest.raises(GraphError, match="erdos_renyi"):
+        build_graph("erdos_renyi", IDS[5], params={"q": 0.3})

@@ -1,0 +1,136 @@
+"""fl-sim end to end: results files, reproducibility, bad input, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flmesh.coordinator.sim_cli import main
+
+from conftest import wait_until
+
+TINY = """
+[federation]
+name = "tiny"
+seed = 11
+rounds = 2
+round_timeout_s = 30
+
+[topology]
+nodes = 3
+graph = "ring"
+
+[training]
+epochs = 1
+batch_size = 16
+lr = 0.05
+
+[data]
+alpha = 0.5
+
+[model]
+hidden = [16]
+"""
+
+
+@pytest.fixture
+def tiny_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def read_run(out: Path):
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    return rows, json.loads((out / "summary.json").read_text())
+
+
+def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([str(tiny_file), "--out", str(out)]) == 0
+    rows, summary = read_run(out)
+    assert [r["round"] for r in rows] == [1, 2]
+    for row in rows:
+        assert 0 <= row["fa"] <= 1 and 0 <= row["pfa"] <= 1 and row["ff"] >= 0
+        assert set(row["nodes"]) == {"node0", "node1", "node2"}
+        values = row["accuracy_matrix"]["values"]
+        assert len(values) == 3 and all(len(v) == 3 for v in values)
+        # PFA pairs each model with its own node's test split; FA averages all pairs
+        assert row["pfa"] == pytest.approx(sum(values[i][i] for i in range(3)) / 3, abs=1e-5)
+        assert row["fa"] == pytest.approx(sum(map(sum, values)) / 9, abs=1e-5)
+        for i, node_id in enumerate(row["accuracy_matrix"]["rows"]):
+            assert row["nodes"][node_id]["accuracy"] == pytest.approx(values[i][i], abs=1e-5)
+    assert rows[1]["nodes"]["node1"]["source"] == "node0" and rows[1]["nodes"]["node1"]["received"]
+    assert summary["federation"] == "tiny" and summary["rounds"] == 2 and not summary["interrupted"]
+    assert summary["final"]["fa"] == pytest.approx(rows[-1]["fa"])
+    assert summary["final"]["pfa"] == pytest.approx(rows[-1]["pfa"])
+    assert summary["wall_s"] > 0
+    assert (out / "accuracy.png").stat().st_size > 0 and (out / "per_class.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "FA %" in printed and "PFA %" in printed
+
+
+def test_same_file_gives_same_numbers(tiny_file, tmp_path):
+    for name in ("a", "b"):
+        assert main([str(tiny_file), "--out", str(tmp_path / name), "--quiet"]) == 0
+    rows_a, _ = read_run(tmp_path / "a")
+    rows_b, _ = read_run(tmp_path / "b")
+    assert [r["accuracy_matrix"] for r in rows_a] == [r["accuracy_matrix"] for r in rows_b]
+
+
+def test_rounds_and_set_overrides(tiny_file, tmp_path):
+    out = tmp_path / "o"
+    assert main([str(tiny_file), "--out", str(out), "--rounds", "1", "--set", "training.epochs=0.5",
+                 "--quiet"]) == 0
+    rows, summary = read_run(out)
+    assert len(rows) == 1 and summary["rounds_planned"] == 1
+    for node in rows[0]["nodes"].values():
+        assert node["train_steps"] == round(0.5 * math.ceil(node["train_size"] / 16))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "training.lr=-1"], "[training] lr: expected a number > 0, got -1"),
+        (["--set", "topology.graph=\"path\""], "the graph has no cycle"),
+        (["--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tiny_file, capsys, args, message):
+    assert main([str(tiny_file), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_file_from_the_console_script(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tmp_path / "no.toml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"fl-sim: error: {tmp_path / 'no.toml'}: federation file not found"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
+    out = tmp_path / "int"
+    proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tiny_file),
+                             "--out", str(out), "--rounds", "500", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rounds = out / "rounds.jsonl"
+        wait_until(lambda: rounds.exists() and rounds.read_text().count("\n") >= 1, timeout=120)
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted; stopping all nodes" in err and "Traceback" not in err
+    rows, summary = read_run(out)
+    assert summary["interrupted"] and 1 <= summary["rounds"] < 500
+    assert len(rows) == summary["rounds"]
