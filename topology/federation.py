@@ -35,9 +35,9 @@ from flmesh.topology.graphs import GraphError, build_graph
 from flmesh.topology.schedules import SCHEDULES, Schedule, ScheduleError, make_schedule
 
 # Values the node side implements; tests check these match its registries.
-DATASETS = ("digits",)
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 PARTITIONS = ("dirichlet", "iid", "shards")
-MODELS = ("mlp", "cnn")
+MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
 OBJECTIVES = ("ce",)
 
@@ -78,11 +78,20 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture name and its sizes (``hidden`` for the MLP, ``channels`` for the CNN)."""
+    """Architecture name and its sizes (``hidden`` for the MLP, ``channels`` for the CNN).
+
+    For ``resnet18``: ``norm`` "batch" or "group" (GroupNorm with ``groups`` groups) and
+    ``small_input`` (3x3 stem without max-pool; None: when H and W <= 64). ``weights`` is a
+    local state-dict file any model starts from (absolute once parsed).
+    """
 
     name: str = "mlp"
     hidden: tuple[int, ...] = (64,)
     channels: tuple[int, ...] = (16, 32)
+    norm: str = "batch"
+    groups: int = 2
+    weights: str | None = None
+    small_input: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +265,10 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "shards_per_node": _int(1), "test_fraction": _num(0, 1, lo_open=True, hi_open=True),
         "min_samples": _int(1),
     },
-    "model": {"name": _str(MODELS), "hidden": _int_list, "channels": _int_list},
+    "model": {
+        "name": _str(MODELS), "hidden": _int_list, "channels": _int_list,
+        "norm": _str(("batch", "group")), "groups": _int(1), "weights": _str(), "small_input": _bool,
+    },
 }
 _NODE_KEYS: dict[str, Check] = {"address": _address, "partition": _int(0), **_TRAINING}
 _REQUIRED = {"federation": ("name", "rounds")}
@@ -348,6 +360,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
 
     if "root" in data:
         data["root"] = str((base / data["root"]).resolve())
+    if model.weights is not None:
+        model = replace(model, weights=str((base / model.weights).resolve()))
     graph_file = topo.pop("file", None)
     topology = TopologyConfig(
         **{k: v for k, v in topo.items() if k != "nodes"},

@@ -1,0 +1,462 @@
+"""torchvision data sets from a local root and the vision models (cnn2, resnet18 with BN/GN, weights).
+
+Every data set is written here, tiny, in the on-disk format torchvision reads
+(idx files for MNIST and Fashion-MNIST, pickled batches for CIFAR), then
+loaded through the federation file like a user's run would.
+
+torchvision checks the MD5 of every CIFAR file on every load (not only after a
+download), against the digests of the real files. Tiny files cannot match
+those, so the CIFAR tests register a subclass of torchvision's class whose
+checksum lists hold the tiny files' digests, through flmesh's own
+``VISION_SETS`` registry; torchvision itself is not patched, and its loading
+code, checksum test included, runs unchanged. One test checks that the
+unmodified classes refuse the tiny files with a one-line DataError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import math
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from flmesh.coordinator.sim_cli import main
+from flmesh.node import data as data_mod
+from flmesh.node import models
+from flmesh.node.data import DataError, federation_data, load_dataset
+from flmesh.node.models import ModelError, build_model
+from flmesh.node.trainer import evaluate, train
+from flmesh.topology import FederationError, ModelConfig, parse_federation
+
+from conftest import tiny_raw
+
+VISION = ("mnist", "fashion_mnist", "cifar10", "cifar100")
+
+
+# ------------------------------------------------------------------ tiny files
+def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> None:
+    """An idx file (big-endian magic 0x08 0x<ndim>, dims, uint8 bytes), as on the MNIST mirrors."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    raw = struct.pack(">I", 0x0800 | array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw += array.tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+
+
+def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False):
+    """Tiny MNIST-format files under root/folder/raw; returns the pool (uint8 NCHW, labels)."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(n_train + n_test, 28, 28), dtype=np.uint8)
+    images[0] = 0
+    images[1] = 255  # both ends of the range
+    labels = np.arange(n_train + n_test) % 10
+    raw = root / folder / "raw"
+    write_idx(raw / "train-images-idx3-ubyte", images[:n_train], gz)
+    write_idx(raw / "train-labels-idx1-ubyte", labels[:n_train], gz)
+    write_idx(raw / "t10k-images-idx3-ubyte", images[n_train:], gz)
+    write_idx(raw / "t10k-labels-idx1-ubyte", labels[n_train:], gz)
+    return images[:, None], labels
+
+
+def _pickle(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(obj))
+
+
+def _cifar_images(n: int, seed: int) -> np.ndarray:
+    """Rows of 3072 bytes as in the CIFAR files: 1024 red, then green, then blue, row-major."""
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 3072), dtype=np.uint8)
+
+
+def write_cifar10(root: Path, per_batch: int = 6, n_test: int = 10):
+    folder = root / "cifar-10-batches-py"
+    rows, labels = [], []
+    for i in range(1, 6):
+        x, y = _cifar_images(per_batch, i), [(i + j) % 10 for j in range(per_batch)]
+        _pickle(folder / f"data_batch_{i}", {
+            "batch_label": f"training batch {i} of 5", "labels": y, "data": x,
+            "filenames": [f"{i}_{j}.png" for j in range(per_batch)],
+        })
+        rows.append(x)
+        labels += y
+    x, y = _cifar_images(n_test, 9), [j % 10 for j in range(n_test)]
+    _pickle(folder / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": y, "data": x,
+                                    "filenames": [f"t_{j}.png" for j in range(n_test)]})
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    _pickle(folder / "batches.meta", {"label_names": names, "num_cases_per_batch": per_batch,
+                                      "num_vis": 3072})
+    pool = np.concatenate([*rows, x])
+    return pool.reshape(-1, 3, 32, 32), np.array(labels + y)
+
+
+def write_cifar100(root: Path, n_train: int = 20, n_test: int = 10):
+    folder = root / "cifar-100-python"
+    out = []
+    for split, n, seed in (("train", n_train, 1), ("test", n_test, 2)):
+        x = _cifar_images(n, seed)
+        fine = [(7 * j + seed) % 100 for j in range(n)]
+        fine[0] = 99
+        _pickle(folder / split, {"filenames": [f"{split}_{j}.png" for j in range(n)],
+                                 "batch_label": f"{split} batch", "fine_labels": fine,
+                                 "coarse_labels": [f // 5 for f in fine], "data": x})
+        out.append((x, fine))
+    _pickle(folder / "meta", {"fine_label_names": [f"class{i}" for i in range(100)],
+                              "coarse_label_names": [f"super{i}" for i in range(20)]})
+    pool = np.concatenate([x for x, _ in out])
+    return pool.reshape(-1, 3, 32, 32), np.array(out[0][1] + out[1][1])
+
+
+WRITERS = {
+    "mnist": lambda root: write_mnist(root, "MNIST"),
+    "fashion_mnist": lambda root: write_mnist(root, "FashionMNIST"),
+    "cifar10": write_cifar10,
+    "cifar100": write_cifar100,
+}
+
+
+def trust_tiny_files(monkeypatch: pytest.MonkeyPatch, name: str, root: Path) -> None:
+    """Register a subclass of torchvision's CIFAR class whose MD5 lists are the tiny files'."""
+    spec = data_mod.VISION_SETS[name]
+    base = spec.dataset_class()
+
+    def md5(fname: str) -> str:
+        return hashlib.md5((root / spec.folder / fname).read_bytes()).hexdigest()
+
+    tiny = type(f"Tiny{base.__name__}", (base,), {
+        "train_list": [[f, md5(f)] for f, _ in base.train_list],
+        "test_list": [[f, md5(f)] for f, _ in base.test_list],
+        "meta": {**base.meta, "md5": md5(base.meta["filename"])},
+    })
+    monkeypatch.setitem(data_mod.VISION_SETS, name, dataclasses.replace(spec, cls=tiny))
+
+
+def write_dataset(name: str, root: Path, monkeypatch: pytest.MonkeyPatch):
+    pool = WRITERS[name](root)
+    if name.startswith("cifar"):
+        trust_tiny_files(monkeypatch, name, root)
+    return pool
+
+
+def vision_federation(dataset: str, base: Path, root: str = "data", **model):
+    raw = tiny_raw(nodes=2, data={"dataset": dataset, "root": root, "partition": "iid",
+                                  "test_fraction": 0.25},
+                   model={"name": "cnn2", **model})
+    return parse_federation(raw, source="vision.toml", base_dir=base)
+
+
+def assert_one_line(message: str, *parts: str) -> None:
+    assert "\n" not in message and "Traceback" not in message
+    for part in parts:
+        assert part in message, (part, message)
+
+
+# ------------------------------------------------------------------ data sets
+def test_registries_list_the_torchvision_sets():
+    from flmesh.topology import federation as fedfile
+
+    assert set(VISION) <= set(data_mod.DATASETS) == set(fedfile.DATASETS)
+    assert set(data_mod.VISION_SETS) == set(VISION)
+
+
+@pytest.mark.parametrize("name", VISION)
+def test_dataset_loads_from_root_and_trains(name, tmp_path, monkeypatch):
+    images, labels = write_dataset(name, tmp_path / "data", monkeypatch)
+    fed = vision_federation(name, tmp_path, **({"name": "resnet18", "norm": "group"}
+                                              if name == "cifar100" else {}))
+    assert fed.data.root == str((tmp_path / "data").resolve())
+
+    pool = load_dataset(fed.data)
+    channels = 1 if "mnist" in name else 3
+    assert pool.x.dtype == torch.float32 and pool.y.dtype == torch.int64
+    assert pool.x.shape == (len(labels), channels, *((28, 28) if channels == 1 else (32, 32)))
+    assert pool.num_classes == (100 if name == "cifar100" else 10)
+    assert float(pool.x.min()) >= 0.0 and float(pool.x.max()) <= 1.0
+    # train files then test files, channels first, pixel / 255, every value where torchvision put it
+    assert torch.equal(pool.x, torch.from_numpy(images).float() / 255)
+    assert torch.equal(pool.y, torch.from_numpy(labels).long())
+
+    shares = federation_data(fed, pool)
+    assert sum(len(s.train) + len(s.test) for s in shares.values()) == len(pool)
+    node = shares["node0"]
+    assert node.train.input_shape == pool.input_shape and len(node.test) > 0
+    model = build_model(fed.model, node.train.input_shape, node.train.num_classes, seed=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = train(model, node.train, fed.training, epochs=1, seed=0)
+    assert stats.steps == math.ceil(len(node.train) / fed.training.batch_size)
+    assert math.isfinite(stats.loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    result = evaluate(model, node.test)
+    assert result.total == len(node.test) and len(result.per_class_total) == pool.num_classes
+
+
+def test_gzipped_mnist_files_are_read(tmp_path):
+    images, labels = write_mnist(tmp_path, "FashionMNIST", gz=True)
+    assert not (tmp_path / "FashionMNIST/raw/train-images-idx3-ubyte").exists()
+    pool = data_mod.load_vision("fashion_mnist", tmp_path)
+    assert torch.equal(pool.x, torch.from_numpy(images).float() / 255)
+    assert torch.equal(pool.y, torch.from_numpy(labels).long())
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("mnist", ["MNIST/raw/", "train-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "(or .gz)"]),
+        ("fashion_mnist", ["FashionMNIST/raw/", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"]),
+        ("cifar10", ["cifar-10-batches-py/", "data_batch_1", "data_batch_5", "test_batch", "batches.meta"]),
+        ("cifar100", ["cifar-100-python/", "train", "test", "meta"]),
+    ],
+)
+def test_missing_files_give_one_line_naming_files_and_root(name, expected, tmp_path):
+    fed = vision_federation(name, tmp_path, root="nowhere")
+    with pytest.raises(DataError) as info:
+        federation_data(fed)
+    assert_one_line(str(info.value), f"{name}: expected", *expected, str(tmp_path / "nowhere"),
+                    "(no such folder)", "download = true")
+
+
+def test_partly_missing_files_are_named(tmp_path):
+    write_cifar10(tmp_path)
+    (tmp_path / "cifar-10-batches-py/data_batch_3").unlink()
+    with pytest.raises(DataError) as info:
+        data_mod.load_vision("cifar10", tmp_path)
+    assert_one_line(str(info.value), "missing data_batch_3;", str(tmp_path))
+    assert "no such folder" not in str(info.value)
+
+
+def test_cifar_tarball_without_extraction_is_pointed_out(tmp_path):
+    (tmp_path / "cifar-100-python.tar.gz").write_bytes(b"not extracted")
+    with pytest.raises(DataError) as info:
+        data_mod.load_vision("cifar100", tmp_path)
+    assert_one_line(str(info.value), "cifar-100-python.tar.gz is there", "extract it")
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_torchvision_checksums_refuse_files_that_are_not_the_originals(name, tmp_path):
+    WRITERS[name](tmp_path)  # torchvision's own classes, with the real CIFAR digests
+    with pytest.raises(DataError) as info:
+        data_mod.load_vision(name, tmp_path)
+    first = "data_batch_1" if name == "cifar10" else "train"
+    assert_one_line(str(info.value), f"{name}: ", f"/{first} fails torchvision's MD5 check")
+
+
+def test_unreadable_mnist_file_is_one_line(tmp_path):
+    write_mnist(tmp_path, "MNIST")
+    (tmp_path / "MNIST/raw/t10k-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x03garbage")
+    with pytest.raises(DataError) as info:
+        data_mod.load_vision("mnist", tmp_path)
+    assert_one_line(str(info.value), "mnist: cannot read", str(tmp_path / "MNIST/raw"))
+
+
+def test_root_must_be_set_for_torchvision_sets(tmp_path):
+    fed = parse_federation(tiny_raw(data={"dataset": "cifar10"}), base_dir=tmp_path)
+    with pytest.raises(DataError, match=r"cifar10: \[data\] root is not set"):
+        load_dataset(fed.data)
+
+
+def test_failed_download_surfaces_torchvision_error_as_one_line(tmp_path, monkeypatch):
+    spec = data_mod.VISION_SETS["mnist"]
+
+    class Offline(spec.dataset_class()):  # what torchvision raises when no mirror answers
+        def download(self):
+            raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried https://a/, got:\n"
+                               "<urlopen error [Errno -3] Temporary failure in name resolution>\n")
+
+    monkeypatch.setitem(data_mod.VISION_SETS, "mnist", dataclasses.replace(spec, cls=Offline))
+    fed = parse_federation(tiny_raw(data={"dataset": "mnist", "root": "d", "download": True}),
+                           base_dir=tmp_path)
+    with pytest.raises(DataError) as info:
+        load_dataset(fed.data)
+    assert_one_line(str(info.value), f"mnist: download into {tmp_path / 'd'} failed: RuntimeError: "
+                    "Error downloading train-images-idx3-ubyte.gz: Tried https://a/, got:",
+                    "Temporary failure in name resolution")
+
+
+def test_fl_sim_prints_the_data_error_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "fed.toml"
+    path.write_text('[federation]\nname = "v"\nrounds = 1\n[topology]\nnodes = 2\n'
+                    '[data]\ndataset = "mnist"\nroot = "mnist-data"\n[model]\nname = "cnn2"\n')
+    assert main([str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fl-sim: error: mnist: expected MNIST/raw/") and err.count("\n") == 1
+    assert str(tmp_path / "mnist-data") in err and "Traceback" not in err
+
+
+def test_fl_sim_runs_a_round_on_tiny_mnist(tmp_path, capsys):
+    write_mnist(tmp_path / "mnist-data", "MNIST", n_train=60, n_test=20)
+    path = tmp_path / "fed.toml"
+    path.write_text('[federation]\nname = "v"\nrounds = 1\nround_timeout_s = 30\n[topology]\nnodes = 2\n'
+                    '[training]\nbatch_size = 16\n'
+                    '[data]\ndataset = "mnist"\nroot = "mnist-data"\npartition = "iid"\n'
+                    '[model]\nname = "cnn2"\n')
+    assert main([str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert (tmp_path / "run" / "summary.json").is_file()
+
+
+# ------------------------------------------------------------------ models
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+@pytest.mark.parametrize("cfg", [ModelConfig(name="mlp", hidden=(8,)), ModelConfig(name="cnn"),
+                                 ModelConfig(name="cnn2"), ModelConfig(name="resnet18"),
+                                 ModelConfig(name="resnet18", norm="group", groups=4)],
+                         ids=lambda c: f"{c.name}-{c.norm}")
+def test_forward_shapes(cfg, shape):
+    model = build_model(cfg, shape, 7, seed=0)
+    model.train()
+    assert model(torch.rand(2, *shape)).shape == (2, 7)
+
+
+def test_registries_list_the_models():
+    from flmesh.topology import federation as fedfile
+
+    assert set(models.MODELS) == set(fedfile.MODELS) == {"mlp", "cnn", "cnn2", "resnet18"}
+
+
+def test_cnn2_is_the_fedavg_cnn():
+    mnist = build_model(ModelConfig(name="cnn2"), (1, 28, 28), 10)
+    assert sum(p.numel() for p in mnist.parameters()) == 1_663_370  # McMahan et al. 2017
+    convs = [m for m in mnist.modules() if isinstance(m, nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size) for c in convs] == [(32, (5, 5)), (64, (5, 5))]
+    assert sum(isinstance(m, nn.MaxPool2d) for m in mnist.modules()) == 2
+    cifar = build_model(ModelConfig(name="cnn2"), (3, 32, 32), 10)
+    assert cifar.fc[0].in_features == 64 * 8 * 8 and cifar.fc[0].out_features == 512
+
+
+def test_group_norm_replaces_batch_norm():
+    bn = build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10)
+    gn = build_model(ModelConfig(name="resnet18", norm="group", groups=4), (3, 32, 32), 10)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in bn.modules())
+    assert not any(isinstance(m, nn.GroupNorm) for m in bn.modules())
+    groups = [m for m in gn.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(groups) == 20 and {m.num_groups for m in groups} == {4}
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in gn.modules())
+    assert not any("running_mean" in k for k in gn.state_dict())
+    default = build_model(ModelConfig(name="resnet18", norm="group"), (1, 28, 28), 10)
+    assert {m.num_groups for m in default.modules() if isinstance(m, nn.GroupNorm)} == {2}
+    with pytest.raises(ModelError, match="needs groups dividing 64 .* got 3"):
+        build_model(ModelConfig(name="resnet18", norm="group", groups=3), (3, 32, 32), 10)
+
+
+def test_resnet_stem_follows_input_size():
+    small = build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10)
+    assert small.conv1.kernel_size == (3, 3) and small.conv1.stride == (1, 1)
+    assert isinstance(small.maxpool, nn.Identity)
+    big = build_model(ModelConfig(name="resnet18"), (3, 96, 96), 10)
+    assert big.conv1.kernel_size == (7, 7) and isinstance(big.maxpool, nn.MaxPool2d)
+    forced = build_model(ModelConfig(name="resnet18", small_input=False), (1, 32, 32), 10)
+    assert forced.conv1.kernel_size == (7, 7) and forced.conv1.in_channels == 1
+    assert forced(torch.rand(2, 1, 32, 32)).shape == (2, 10)
+
+
+def test_same_seed_same_resnet():
+    cfg = ModelConfig(name="resnet18", norm="group")
+    a, b = build_model(cfg, (3, 32, 32), 10, seed=5), build_model(cfg, (3, 32, 32), 10, seed=5)
+    assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+# ------------------------------------------------------------------ model schema and weights
+def model_federation(tmp_path: Path, **model):
+    return parse_federation(tiny_raw(model={"name": "resnet18", **model}), source="w.toml",
+                            base_dir=tmp_path)
+
+
+def test_model_keys_are_parsed_and_weights_resolved(tmp_path):
+    fed = model_federation(tmp_path, norm="group", groups=8, weights="w/r18.pth", small_input=False)
+    assert (fed.model.norm, fed.model.groups, fed.model.small_input) == ("group", 8, False)
+    assert fed.model.weights == str((tmp_path / "w/r18.pth").resolve())
+    plain = model_federation(tmp_path)
+    assert (plain.model.norm, plain.model.groups, plain.model.weights, plain.model.small_input) == \
+        ("batch", 2, None, None)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("norm", "layer", "[model] norm: expected one of 'batch', 'group', got 'layer'"),
+        ("groups", 0, "[model] groups: expected an integer >= 1, got 0"),
+        ("weights", 3, "[model] weights: expected a non-empty string, got 3"),
+        ("small_input", "yes", "[model] small_input: expected true or false, got 'yes'"),
+        ("name", "vgg", "[model] name: expected one of 'mlp', 'cnn', 'cnn2', 'resnet18', got 'vgg'"),
+    ],
+)
+def test_bad_model_keys_are_one_line(tmp_path, key, value, expected):
+    with pytest.raises(FederationError) as info:
+        model_federation(tmp_path, **{key: value})
+    assert_one_line(str(info.value), "w.toml: " + expected)
+
+
+def test_weights_file_initialises_the_model(tmp_path):
+    source = build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10, seed=1)
+    torch.save(source.state_dict(), tmp_path / "r18.pth")
+    fed = model_federation(tmp_path, weights="r18.pth")
+    loaded = build_model(fed.model, (3, 32, 32), 10, seed=2)
+    fresh = build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10, seed=2)
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in source.state_dict().items())
+    assert not torch.equal(fresh.conv1.weight, loaded.conv1.weight)
+
+    # another number of classes: all but the classifier comes from the file
+    hundred = build_model(fed.model, (3, 32, 32), 100, seed=2)
+    for key, value in source.state_dict().items():
+        if key.startswith("fc."):
+            assert hundred.state_dict()[key].shape[0] == 100
+        else:
+            assert torch.equal(value, hundred.state_dict()[key]), key
+    assert torch.equal(hundred.fc.weight,
+                       build_model(ModelConfig(name="resnet18"), (3, 32, 32), 100, seed=2).fc.weight)
+
+
+def test_checkpoint_wrappers_are_unwrapped(tmp_path):
+    source = build_model(ModelConfig(name="cnn2"), (1, 28, 28), 10, seed=1)
+    torch.save({"state_dict": {f"module.{k}": v for k, v in source.state_dict().items()}},
+               tmp_path / "ckpt.pth")
+    loaded = build_model(ModelConfig(name="cnn2", weights=str(tmp_path / "ckpt.pth")), (1, 28, 28), 10)
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in source.state_dict().items())
+
+
+def test_mismatching_weights_name_the_file_and_tensor(tmp_path):
+    gn = build_model(ModelConfig(name="resnet18", norm="group"), (3, 32, 32), 10, seed=1)
+    torch.save(gn.state_dict(), tmp_path / "gn.pth")
+    with pytest.raises(ModelError) as info:
+        build_model(ModelConfig(name="resnet18", weights=str(tmp_path / "gn.pth")), (3, 32, 32), 10)
+    assert_one_line(str(info.value), f"[model] weights {tmp_path / 'gn.pth'} does not fit model",
+                    "'bn1.running_mean' is missing", "[model] norm")
+
+    imagenet_stem = build_model(ModelConfig(name="resnet18", small_input=False), (3, 32, 32), 10)
+    torch.save(imagenet_stem.state_dict(), tmp_path / "big.pth")
+    with pytest.raises(ModelError) as info:
+        build_model(ModelConfig(name="resnet18", weights=str(tmp_path / "big.pth")), (3, 32, 32), 10)
+    assert_one_line(str(info.value), "tensor 'conv1.weight' has shape [64, 3, 7, 7] in the file, "
+                    "the model needs [64, 3, 3, 3]", "small_input")
+
+    torch.save({"extra": torch.zeros(1), **gn.state_dict()}, tmp_path / "extra.pth")
+    with pytest.raises(ModelError, match="the file has tensor 'extra', which the model lacks"):
+        build_model(ModelConfig(name="resnet18", norm="group", weights=str(tmp_path / "extra.pth")),
+                    (3, 32, 32), 10)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "file not found"),
+        (b"this is not a torch file", "not a state dict saved with torch.save"),
+        ([1, 2, 3], "expected a state dict (tensor name -> tensor), got list"),
+    ],
+)
+def test_unusable_weights_files_are_one_line(tmp_path, content, expected):
+    path = tmp_path / "w.pth"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        torch.save(content, path)
+    with pytest.raises(ModelError) as info:
+        build_model(ModelConfig(name="cnn2", weights=str(path)), (1, 28, 28), 10)
+    assert_one_line(str(info.value), f"[model] weights {path}", expected)
