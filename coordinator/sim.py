@@ -18,20 +18,23 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import torch
 
 from flmesh.coordinator.results import RunWriter
 from flmesh.node import Node, RoundReport
 from flmesh.node.client import PeerClient
-from flmesh.node.data import federation_data
+from flmesh.node.data import SEED_MODEL, ArrayData, NodeData, derive_seed, federation_data
+from flmesh.node.device import select_device
 from flmesh.node.metrics import federation_metrics
+from flmesh.node.models import build_model
 from flmesh.node.trainer import EvalResult
-from flmesh.topology import Federation
+from flmesh.topology import Federation, StandaloneSchedule
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class RoundResult:
                 r.node: {"accuracy": r.local.accuracy, "train_loss": r.train.loss,
                          "train_steps": r.train.steps, "train_size": r.train_size, "source": r.source,
                          "destination": r.destination, "received": r.received,
+                         "received_accuracy": r.received_accuracy, "rewound_to": r.rewound_to,
                          "missing": r.missing, "delivered": r.delivered,
                          "wall_s": round(r.wall_s, 4), "notes": list(r.notes)}
                 for r in self.reports
@@ -70,11 +74,41 @@ def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
     return root / f"{federation.name}-{stamp}"
 
 
+JOINT_ID = "joint"
+
+
+def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
+    """The Joint baseline's single node: every node's training split on one machine.
+
+    It trains the same E epochs per round (over N times the data) from the same
+    M_0 and exchanges nothing; its test split is never used (the federation's
+    per-node test splits are, through Evaluate).
+    """
+    first = next(iter(data.values()))
+    union = NodeData(
+        train=ArrayData(torch.cat([d.train.x for d in data.values()]),
+                        torch.cat([d.train.y for d in data.values()]), first.train.num_classes),
+        test=first.test,
+    )
+    model = build_model(federation.model, union.train.input_shape, union.train.num_classes,
+                        seed=derive_seed(federation.seed, SEED_MODEL))
+    graph = nx.Graph()
+    graph.add_node(JOINT_ID)
+    return Node(JOINT_ID, model=model, data=union, training=federation.training,
+                schedule=StandaloneSchedule(graph), rounds=federation.rounds,
+                federation=federation.name, seed=federation.seed, architecture=federation.model.name,
+                device=select_device(federation.training.device))
+
+
 class Simulation:
+    """A federation on localhost. ``baseline`` in the federation file picks a row of the
+    FedRewind tables: "none" (the schedule), "standalone" (no exchange) or "joint"."""
+
     def __init__(self, federation: Federation, out_dir: Path | None = None):
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.nodes: list[Node] = []
+        self.trainers: list[Node] = []  # the nodes that run rounds: self.nodes, or the joint node
         self._clients: dict[str, PeerClient] = {}
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -91,13 +125,19 @@ class Simulation:
             node.connect(addresses)
         self._clients = {nid: PeerClient(nid, addr, timeout=fed.round_timeout_s)
                          for nid, addr in addresses.items()}
+        if fed.baseline == "joint":
+            joint = joint_node(fed, data)
+            joint.start()
+            self.trainers = [joint]
+        else:
+            self.trainers = list(self.nodes)
         self._pool = ThreadPoolExecutor(max_workers=len(self.nodes), thread_name_prefix="flmesh-node")
         return addresses
 
     def stop(self) -> None:
         """Ask the run to end; nodes stop waiting and the loop ends after this round."""
         self._stop.set()
-        for node in self.nodes:
+        for node in self.nodes + self.trainers:
             node.cancel()
 
     def close(self) -> None:
@@ -108,7 +148,7 @@ class Simulation:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
-        for node in self.nodes:
+        for node in {id(n): n for n in self.nodes + self.trainers}.values():
             node.stop(grace=0.5)
 
     def __enter__(self) -> Simulation:
@@ -120,23 +160,31 @@ class Simulation:
 
     # ------------------------------------------------------------------ rounds
     def cross_evaluate(self, round: int) -> tuple[np.ndarray, list[list[EvalResult]]]:  # noqa: A002
-        """Every node's current model on every node's test split, through Evaluate."""
-        models = [node.encode(round, kind="eval") for node in self.nodes]
+        """Every node's current model on every node's test split, through Evaluate.
+
+        Under Joint every node "holds" the one joint model, so its row is repeated.
+        """
+        models = [node.encode(round, kind="eval") for node in self.trainers]
         ids = [node.node_id for node in self.nodes]
 
         def row(i: int) -> list[EvalResult]:
             return [self._clients[j].evaluate(models[i]) for j in ids]
 
         assert self._pool is not None
-        results = list(self._pool.map(row, range(len(ids))))
+        results = list(self._pool.map(row, range(len(models))))
+        if len(results) != len(ids):
+            results = results * len(ids)
         acc = np.array([[r.accuracy for r in row_] for row_ in results])
         return acc, results
 
     def run_round(self, round: int) -> RoundResult:  # noqa: A002
         assert self._pool is not None, "start() the simulation first"
         start = time.monotonic()
-        reports = list(self._pool.map(lambda node: node.run_round(round), self.nodes))
+        reports = list(self._pool.map(lambda node: node.run_round(round), self.trainers))
         acc, results = self.cross_evaluate(round)
+        if len(reports) != len(self.nodes):  # Joint: each node's row shows the joint model
+            reports = [replace(reports[0], node=n.node_id, local=results[i][i])
+                       for i, n in enumerate(self.nodes)]
         metrics = federation_metrics(acc)
         correct = np.sum([r.per_class_correct for row in results for r in row], axis=0)
         total = np.sum([r.per_class_total for row in results for r in row], axis=0)
@@ -180,6 +228,8 @@ class Simulation:
             "file": fed.source,
             "seed": fed.seed,
             "schedule": fed.topology.schedule,
+            "baseline": fed.baseline,
+            "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
             "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
             "nodes": fed.node_ids,
             "dataset": fed.data.dataset,

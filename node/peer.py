@@ -20,7 +20,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from flmesh.node.models import build_model
 from flmesh.node.objectives import make_objective
 from flmesh.node.servicer import PeerServicer, UnknownPeerError
 from flmesh.node.trainer import EvalResult, TrainStats, evaluate, train
-from flmesh.topology import Federation, Schedule, TrainingConfig
+from flmesh.topology import Federation, RewindConfig, Schedule, TrainingConfig, rewind_target
 from flmesh.v1 import peer_pb2_grpc
 
 log = logging.getLogger("flmesh.node")
@@ -54,7 +54,7 @@ class RoundReport:
     node: str
     round: int
     source: str | None
-    destination: str
+    destination: str | None
     received: bool
     missing: str | None  # the source whose model never came, if any
     delivered: bool
@@ -63,6 +63,8 @@ class RoundReport:
     local: EvalResult
     wall_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    received_accuracy: float | None = None  # the received model on this node's test split
+    rewound_to: str | None = None  # where the rewind phase ran (None: no rewind this round)
 
 
 class Node:
@@ -73,7 +75,8 @@ class Node:
                  peers: Mapping[str, str | None] | None = None, listen: str = "127.0.0.1:0",
                  round_timeout_s: float = 120.0, max_model_bytes: int = 512 * 2**20,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, architecture: str = "",
-                 device: torch.device | None = None, index: int = 0):
+                 device: torch.device | None = None, index: int = 0,
+                 rewind: RewindConfig | None = None, node_ids: Sequence[str] = ()):
         self.node_id = node_id
         self.federation = federation
         self.architecture = architecture
@@ -89,6 +92,9 @@ class Node:
         self.max_model_bytes = max_model_bytes
         self.chunk_bytes = chunk_bytes
         self.device = device or torch.device("cpu")
+        self.rewind = rewind or RewindConfig()
+        self.node_ids = list(node_ids) or sorted({node_id, *(peers or {})})
+        self._unreachable: set[str] = set()
         self.objective = make_objective(training.objective)
         self.address: str | None = None
         self.inbox = Inbox()
@@ -128,7 +134,8 @@ class Node:
                    round_timeout_s=federation.round_timeout_s,
                    max_model_bytes=int(federation.max_model_mib * 2**20), chunk_bytes=chunk_bytes,
                    architecture=federation.model.name,
-                   device=select_device(cfg.training.device), index=cfg.index)
+                   device=select_device(cfg.training.device), index=cfg.index,
+                   rewind=federation.rewind, node_ids=federation.node_ids)
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
@@ -230,9 +237,11 @@ class Node:
         return self._spec
 
     def _check_peer(self, peer_id: str) -> None:
-        if peer_id and peer_id != self.node_id and peer_id not in self._peers:
+        """Only members of the federation may deliver, rewind or say hello (an address
+        is not needed: a node's source may be a node it never sends to)."""
+        if peer_id and peer_id != self.node_id and peer_id not in self.node_ids:
             raise UnknownPeerError(f"{self.node_id}: unknown peer {peer_id!r} "
-                                   f"(known: {', '.join(sorted(self._peers))})")
+                                   f"(the federation has {', '.join(self.node_ids)})")
 
     def hello(self, node_id: str) -> int:
         self._check_peer(node_id)
@@ -278,54 +287,112 @@ class Node:
         self._set_state("waiting")
         return self.inbox.wait(InboxKey(round - 1, source, "trained"), self.round_timeout_s, self._stop)
 
+    def _retry_window(self, peer: str) -> float:
+        """How long to keep retrying ``peer``: the round timeout, or a few seconds once it
+        has already failed, so a dead peer does not cost a whole timeout every round."""
+        return min(self.round_timeout_s, 3.0) if peer in self._unreachable else self.round_timeout_s
+
     def _deliver(self, destination: str, message: EncodedModel) -> bool:
-        """Send ``message`` to ``destination``, retrying with backoff until the round timeout."""
+        """Send ``message`` to ``destination``, retrying with backoff; False (logged) on failure."""
         self._set_state("sending")
         client = self.client(destination)
         try:
-            with_retry(lambda: client.deliver(message), self.round_timeout_s,
+            with_retry(lambda: client.deliver(message), self._retry_window(destination),
                        should_stop=self._stop.is_set)
+            self._unreachable.discard(destination)
             return True
         except PeerError as exc:
-            log.warning("%s: could not deliver round %d model: %s", self.node_id,
-                        message.header.round, exc)
+            self._unreachable.add(destination)
+            log.warning("%s: round %d: could not deliver to %s: %s", self.node_id,
+                        message.header.round, destination, exc)
             return False
 
-    def run_round(self, round: int) -> RoundReport:  # noqa: A002
-        """Round ``round`` (from 1): receive from the source, train E epochs, deliver onward.
+    def _rewind(self, target: str, round: int, epochs: float) -> codec.DecodedModel | None:  # noqa: A002
+        """FedRewind's rewind step: ``target`` trains our model ``epochs`` on its data and sends
+        it back. Blocks; None (logged) when the target cannot be reached."""
+        self._set_state("rewinding")
+        client = self.client(target)
+        message = self.encode(round, kind="rewind")
+        try:
+            result = with_retry(
+                lambda: client.rewind(message, epochs, round, self.node_id, expected=self._spec,
+                                      max_bytes=self.max_model_bytes),
+                self._retry_window(target), should_stop=self._stop.is_set)
+            self._unreachable.discard(target)
+            return result
+        except PeerError as exc:
+            self._unreachable.add(target)
+            log.warning("%s: round %d: rewind to %s failed: %s", self.node_id, round, target, exc)
+            return None
 
-        Blocks until the model has been delivered (or delivery failed). When the
-        source's model does not arrive within the round timeout, the node trains
-        the model it has and the report says which source was missing.
+    def _local(self, epochs: float, round: int, phase: int) -> TrainStats:  # noqa: A002
+        self._set_state("training")
+        return train(self.model, self.data.train, self.training, epochs=epochs,
+                     seed=self._train_seed(round, salt=phase), device=self.device,
+                     objective=self.objective)
+
+    def run_round(self, round: int) -> RoundReport:  # noqa: A002
+        """Round ``round`` (from 1): receive from the source, train, deliver onward.
+
+        Training is E local epochs, or with rewind (FedRewind Eq. 2, Alg. 1):
+        (1-2*lambda)E local, lambda*E on the rewind node's data through the
+        ``Rewind`` RPC, lambda*E local. There is no rewind in round 1 (no model
+        has been received, so there is no previous node). When the source's
+        model does not arrive within the round timeout the node trains the
+        model it has; when the rewind node cannot be reached it spends those
+        lambda*E epochs locally. The report says so in both cases.
+        Blocks until the model has been delivered (or delivery failed).
         """
         start = time.monotonic()
-        hop = self.schedule.plan(round)[self.node_id]
+        plan = self.schedule.plan(round)
+        hop = plan[self.node_id]
         notes: list[str] = []
-        received, missing = False, None
+        received, missing, received_accuracy = False, None, None
         if hop.source is not None:
             incoming = self._receive(round, hop.source)
             if incoming is not None:
                 self.model.load_state_dict(incoming.state_dict)
                 received = True
+                received_accuracy = evaluate(self.model, self.data.test, device=self.device).accuracy
             else:
                 missing = hop.source
                 notes.append(f"no model from {hop.source} within {self.round_timeout_s:g}s; "
                              "trained the model it had")
                 log.warning("%s: round %d: %s", self.node_id, round, notes[-1])
-        self._set_state("training")
-        stats = train(self.model, self.data.train, self.training, seed=self._train_seed(round),
-                      device=self.device, objective=self.objective)
+        epochs = self.training.epochs
+        target = rewind_target(plan, self.node_id, self.rewind.mode, round=round, seed=self.seed,
+                               nodes=self.node_ids)
+        rewound_to = None
+        if target is None:
+            stats = self._local(epochs, round, phase=0)
+        else:
+            lam = self.rewind.lam
+            phases = [self._local((1 - 2 * lam) * epochs, round, phase=0)]
+            back = self._rewind(target, round, lam * epochs)
+            if back is not None:
+                self.model.load_state_dict(back.state_dict)
+                rewound_to = target
+            else:
+                notes.append(f"rewind to {target} failed; trained its {lam * epochs:g} epochs locally")
+                phases.append(self._local(lam * epochs, round, phase=1))
+            phases.append(self._local(lam * epochs, round, phase=2))
+            seen = sum(p.samples for p in phases)
+            stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
+                               sum(p.steps for p in phases), seen)
         local = evaluate(self.model, self.data.test, device=self.device)
-        message = self.encode(round)
         with self._lock:
             self._round = round
             self._last_accuracy = local.accuracy
-        delivered = self._deliver(hop.destination, message) if round < self.rounds else True
+        delivered = True
+        if hop.destination is not None and round < self.rounds:
+            delivered = self._deliver(hop.destination, self.encode(round))
+            if not delivered:
+                notes.append(f"could not deliver to {hop.destination}")
         self.inbox.prune(round - 1)
         self._set_state("idle" if round < self.rounds else "done")
         return RoundReport(self.node_id, round, hop.source, hop.destination, received, missing,
                            delivered, len(self.data.train), stats, local, time.monotonic() - start,
-                           tuple(notes))
+                           tuple(notes), received_accuracy, rewound_to)
 
     def run(self, rounds: int | None = None) -> list[RoundReport]:
         """Run rounds 1..``rounds`` (default: the federation's); stops early when stopped."""

@@ -10,10 +10,13 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from flmesh.node import Node, codec
+from flmesh.node import peer as peer_mod
 from flmesh.node.channels import make_channel
 from flmesh.node.client import PeerClient, PeerError
 from flmesh.node.codec import ModelMeta
 from flmesh.node.data import federation_data
+from flmesh.node.inbox import InboxKey
+from flmesh.node.trainer import steps_for
 from flmesh.topology import parse_federation
 from flmesh.v1 import model_pb2 as pb
 
@@ -168,3 +171,60 @@ def test_missing_source_times_out_and_trains_own_model(federation):
     assert report.missing == "node0" and not report.received
     assert "no model from node0" in report.notes[0]
     assert not report.delivered  # node2 unreachable: retried until the round timeout
+
+
+def _started(fed):
+    data = federation_data(fed)
+    nodes = [Node.from_federation(fed, nid, data=data[nid]) for nid in fed.node_ids]
+    addresses = {n.node_id: n.start() for n in nodes}
+    for n in nodes:
+        n.connect(addresses)
+    return nodes
+
+
+def test_rewind_round_over_grpc(monkeypatch):
+    fed = parse_federation(tiny_raw(nodes=3, rounds=3, rewind={"mode": "previous", "lambda": 0.2},
+                                    training={"epochs": 1.0}))
+    nodes = _started(fed)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            round1 = list(pool.map(lambda n: n.run_round(1), nodes))
+        assert all(r.rewound_to is None for r in round1), "no rewind in round 1"
+        source, node1 = nodes[0], nodes[1]
+        source_before = source.state_dict()
+        sent, returned = [], []
+        original = peer_mod.Node._rewind
+
+        def spy(self, target, round, epochs):
+            sent.append(self.state_dict())
+            back = original(self, target, round, epochs)
+            returned.append(back.state_dict)
+            return back
+
+        monkeypatch.setattr(peer_mod.Node, "_rewind", spy)
+        report = node1.run_round(2)
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+    assert report.source == "node0" and report.rewound_to == "node0" and report.received
+    assert not states_equal(sent[0], returned[0]), "the rewind node trained the model"
+    assert states_equal(source.state_dict(), source_before), "serving a rewind leaves its model alone"
+    n = len(node1.data.train)
+    # (1 - 2*lambda)E and lambda*E run locally; the other lambda*E ran on node0
+    assert report.train.steps == steps_for(0.6, n, 16) + steps_for(0.2, n, 16)
+
+
+def test_unreachable_rewind_node_trains_locally_instead():
+    fed = parse_federation(tiny_raw(nodes=3, rounds=3, rewind={"mode": "previous"},
+                                    federation={"round_timeout_s": 0.5}))
+    data = federation_data(fed)
+    node = Node.from_federation(fed, "node1", data=data["node1"])
+    with node:
+        node.connect({"node0": "127.0.0.1:1", "node2": "127.0.0.1:1"})
+        incoming = codec.encode(node.state_dict(), ModelMeta(round=1, sender="node0"))
+        node.inbox.put(InboxKey(1, "node0", "trained"), codec.decode(incoming.chunks()))
+        report = node.run_round(2)
+    assert report.received and report.rewound_to is None
+    assert any("rewind to node0 failed" in note for note in report.notes)
+    n = len(node.data.train)
+    assert report.train.steps == steps_for(0.8, n, 16) + 2 * steps_for(0.1, n, 16)

@@ -7,7 +7,17 @@ import itertools
 import networkx as nx
 import pytest
 
-from flmesh.topology import CyclicSchedule, GraphError, ScheduleError, build_graph, hamiltonian_cycle
+from flmesh.topology import (
+    CyclicSchedule,
+    GraphError,
+    Hop,
+    RandomSchedule,
+    ScheduleError,
+    StandaloneSchedule,
+    build_graph,
+    hamiltonian_cycle,
+    rewind_target,
+)
 
 IDS = {n: [f"node{i}" for i in range(n)] for n in (2, 3, 5, 10, 17, 30, 50)}
 
@@ -47,8 +57,6 @@ def check_plan_properties(graph, schedule, rounds=4):
             previous = schedule.plan(t - 1)
             for node, hop in previous.items():
                 assert plan[hop.destination].source == node, "source/destination consistent"
-            for node, hop in plan.items():
-                assert plan[hop.destination].source == node
 
 
 @pytest.mark.parametrize(("name", "graph"), GRAPHS, ids=[g[0] for g in GRAPHS])
@@ -64,6 +72,7 @@ def test_cwt_plan_properties(name, graph):
         node = plan[node].destination
     assert node == start and len(set(seen)) == graph.number_of_nodes()
     assert schedule.plan(3) == schedule.plan(2), "CWT is the same every round"
+    assert all(plan[hop.destination].source == node for node, hop in plan.items())
 
 
 def has_cycle_brute_force(graph) -> bool:
@@ -147,3 +156,67 @@ def test_unknown_generator_and_bad_parameters():
         build_graph("moebius", IDS[5])
     with pytest.raises(GraphError, match="erdos_renyi"):
         build_graph("erdos_renyi", IDS[5], params={"q": 0.3})
+
+
+# ----------------------------------------------------------------------------- RWT
+
+RWT_GRAPHS = [(name, g) for name, g in GRAPHS if g.number_of_nodes() >= 2]
+
+
+@pytest.mark.parametrize(("name", "graph"), RWT_GRAPHS, ids=[g[0] for g in RWT_GRAPHS])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_rwt_plan_properties(name, graph, seed):
+    schedule = RandomSchedule(graph, seed)
+    check_plan_properties(graph, schedule, rounds=6)
+
+
+def test_rwt_is_reproducible_from_seed_and_round_and_varies():
+    g = build_graph("complete", IDS[10])
+    a, b, c = RandomSchedule(g, 5), RandomSchedule(g, 5), RandomSchedule(g, 6)
+    assert [a.plan(t) for t in range(1, 6)] == [b.plan(t) for t in range(1, 6)]
+    # a fresh node computes round 4 without having seen rounds 1-3
+    assert RandomSchedule(g, 5).plan(4) == a.plan(4)
+    covers = {tuple(sorted(a.cover(t).items())) for t in range(1, 21)}
+    assert len(covers) > 15, "a fresh cycle cover each round"
+    assert a.plan(3) != c.plan(3)
+
+
+def test_rwt_reaches_many_covers_of_a_small_graph():
+    g = build_graph("complete", IDS[3])
+    # K3 has exactly two cycle covers (the two orientations of the triangle); both must come up
+    covers = {tuple(sorted(RandomSchedule(g, 0).cover(t).items())) for t in range(1, 40)}
+    assert len(covers) == 2
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [nx.star_graph(["h", "a", "b", "c"]), nx.path_graph(["a", "b", "c"]), nx.empty_graph(["a", "b"])],
+    ids=["star", "path", "no-edges"],
+)
+def test_rwt_without_cycle_cover_is_an_error(graph):
+    with pytest.raises(ScheduleError, match="admits no cycle cover"):
+        RandomSchedule(graph, 0)
+
+
+def test_a_path_of_two_has_a_cover_of_one_two_cycle():
+    g = nx.path_graph(["a", "b"])
+    assert RandomSchedule(g, 0).plan(1) == {"a": Hop(None, "b"), "b": Hop(None, "a")}
+
+
+def test_rewind_targets():
+    g = build_graph("complete", IDS[5])
+    cwt = CyclicSchedule(g)
+    plan1, plan2 = cwt.plan(1), cwt.plan(2)
+    assert rewind_target(plan1, "node1", "previous", round=1, seed=0, nodes=IDS[5]) is None
+    assert rewind_target(plan2, "node1", "previous", round=2, seed=0, nodes=IDS[5]) == "node0"
+    assert rewind_target(plan2, "node1", "off", round=2, seed=0, nodes=IDS[5]) is None
+    draws = [rewind_target(plan2, "node1", "random", round=t, seed=0, nodes=IDS[5]) for t in range(2, 60)]
+    assert "node1" not in draws and set(draws) == set(IDS[5]) - {"node1"}
+    assert draws == [rewind_target(plan2, "node1", "random", round=t, seed=0, nodes=IDS[5])
+                     for t in range(2, 60)]
+    assert rewind_target(plan1, "node1", "random", round=1, seed=0, nodes=IDS[5]) is None
+
+
+def test_standalone_exchanges_nothing():
+    plan = StandaloneSchedule(build_graph("ring", IDS[3])).plan(4)
+    assert all(hop == Hop(None, None) for hop in plan.values())

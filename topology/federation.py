@@ -7,12 +7,13 @@ the section and key, and what was expected.
 
 Sections (all but ``[federation]`` optional)::
 
-    [federation]  name, seed, rounds, round_timeout_s, max_model_mib
+    [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline
     [topology]    nodes, graph, params, file, schedule
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device
     [data]        dataset, root, download, partition, alpha, shards_per_node,
                   test_fraction, min_samples
     [model]       name, hidden, channels
+    [rewind]      mode ("off", "previous", "random"), lambda
     [nodes.<id>]  address, partition, and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
@@ -32,7 +33,13 @@ from typing import Any
 import networkx as nx
 
 from flmesh.topology.graphs import GraphError, build_graph
-from flmesh.topology.schedules import SCHEDULES, Schedule, ScheduleError, make_schedule
+from flmesh.topology.schedules import (
+    REWIND_MODES,
+    SCHEDULES,
+    Schedule,
+    ScheduleError,
+    make_schedule,
+)
 
 # Values the node side implements; tests check these match its registries.
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -40,6 +47,8 @@ PARTITIONS = ("dirichlet", "iid", "shards")
 MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
 OBJECTIVES = ("ce",)
+
+BASELINES = ("none", "standalone", "joint")
 
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -95,6 +104,15 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class RewindConfig:
+    """FedRewind (Eq. 2): ``mode`` "off", "previous" (to the source) or "random"
+    (RandRewind); ``lam`` is lambda, the share of E spent on the rewind node (0 < lam <= 0.5)."""
+
+    mode: str = "off"
+    lam: float = 0.1
+
+
+@dataclass(frozen=True)
 class TopologyConfig:
     graph: str = "complete"
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -127,6 +145,8 @@ class Federation:
     data: DataConfig
     model: ModelConfig
     nodes: tuple[NodeConfig, ...]
+    rewind: RewindConfig = RewindConfig()
+    baseline: str = "none"
     source: str = "<federation>"
 
     @property
@@ -148,8 +168,10 @@ class Federation:
             raise FederationError(f"{self.source}: [topology] {exc}") from None
 
     def schedule(self) -> Schedule:
+        """The exchange schedule; the Standalone baseline exchanges nothing."""
+        name = "standalone" if self.baseline == "standalone" else self.topology.schedule
         try:
-            return make_schedule(self.topology.schedule, self.graph(), self.seed)
+            return make_schedule(name, self.graph(), self.seed)
         except ScheduleError as exc:
             raise FederationError(f"{self.source}: [topology] schedule "
                                   f"{self.topology.schedule!r}: {exc}") from None
@@ -253,7 +275,9 @@ _SECTIONS: dict[str, dict[str, Check]] = {
     "federation": {
         "name": _str(), "seed": _int(0), "rounds": _int(1),
         "round_timeout_s": _num(0, lo_open=True), "max_model_mib": _num(0, lo_open=True),
+        "baseline": _str(BASELINES),
     },
+    "rewind": {"mode": _str(REWIND_MODES), "lambda": _num(0, 0.5, lo_open=True)},
     "topology": {
         "nodes": _int(2), "graph": _str(), "params": _table, "file": _str(),
         "schedule": _str(SCHEDULES),
@@ -322,6 +346,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     training = TrainingConfig(**r.section(raw, "training", _TRAINING))
     data = r.section(raw, "data", _SECTIONS["data"])
     model = ModelConfig(**r.section(raw, "model", _SECTIONS["model"]))
+    rewind_raw = r.section(raw, "rewind", _SECTIONS["rewind"])
+    rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1))
     base = base_dir or Path.cwd()
 
     nodes_raw = raw.get("nodes", {})
@@ -372,7 +398,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         round_timeout_s=fed.get("round_timeout_s", 120.0),
         max_model_mib=fed.get("max_model_mib", 512.0),
         topology=topology, training=training, data=DataConfig(**data), model=model,
-        nodes=tuple(nodes), source=source,
+        nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"), source=source,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     return federation

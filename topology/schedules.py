@@ -13,11 +13,14 @@ source (``None``): every node starts from the initial model. Hence for every
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import networkx as nx
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 #: Expansions the Hamiltonian-cycle search may make before it gives up. Enough
 #: for the few-hundred-node ring, complete, regular and Erdos-Renyi graphs
@@ -34,11 +37,12 @@ class Hop:
     """One node's exchange in a round.
 
     ``source`` is the node whose previous-round model this node trains (None in
-    round 1); ``destination`` is where the trained model goes next.
+    round 1); ``destination`` is where the trained model goes next (None when
+    the schedule exchanges nothing, as in the Standalone baseline).
     """
 
     source: str | None
-    destination: str
+    destination: str | None
 
 
 Plan = dict[str, Hop]
@@ -126,11 +130,107 @@ class CyclicSchedule:
         return {v: Hop(self._prev[v] if round > 1 else None, self._next[v]) for v in self.cycle}
 
 
-SCHEDULES = ("cwt",)
+#: Stream id that keeps RWT's draws apart from every other use of the federation seed.
+_SEED_RWT = 101
+_SEED_RANDREWIND = 102
+
+
+def random_cycle_cover(graph: nx.Graph, rng: np.random.Generator) -> dict[str, str]:
+    """A random permutation sigma with (j, sigma(j)) an edge and sigma(j) != j for all j.
+
+    Every node sends exactly one model and receives exactly one. Drawn as a
+    minimum-weight perfect matching between senders and receivers under i.i.d.
+    uniform edge weights (scipy's assignment solver), which reaches every cycle
+    cover the graph has. Raises ScheduleError when the graph admits none.
+    """
+    nodes = list(graph.nodes)
+    index = {v: i for i, v in enumerate(nodes)}
+    n = len(nodes)
+    # Non-edges cost far more than any sum of real edges, so they are used only when forced.
+    cost = np.full((n, n), float(n + 1))
+    for v in nodes:
+        for u in _successors(graph, v):
+            if u != v:
+                cost[index[v], index[u]] = rng.random()
+    rows, cols = linear_sum_assignment(cost)
+    if n < 2 or any(cost[r, c] > 1 for r, c in zip(rows, cols, strict=True)):
+        raise ScheduleError(f"the graph admits no cycle cover over its {n} nodes (RWT needs every node "
+                            "to send to one neighbour and receive from another)")
+    return {nodes[r]: nodes[c] for r, c in zip(rows, cols, strict=True)}
+
+
+class RandomSchedule:
+    """Random weight transfer (RWT, FedRewind Sec. 3): a fresh random cycle cover each round.
+
+    sigma_t is drawn from (seed, t) alone, so every node derives the same plan
+    without a message. In round t node j sends to sigma_t(j) and trains the
+    model of sigma_{t-1}^{-1}(j).
+    """
+
+    name = "rwt"
+
+    def __init__(self, graph: nx.Graph, seed: int = 0):
+        self.graph = graph
+        self.seed = seed
+        self.cover(1)  # fail at construction when the graph admits no cover
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - schedules live as long as the federation
+    def cover(self, round: int) -> dict[str, str]:  # noqa: A002
+        return random_cycle_cover(self.graph, np.random.default_rng([self.seed, _SEED_RWT, round]))
+
+    def plan(self, round: int) -> Plan:  # noqa: A002
+        if round < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round}")
+        sent = self.cover(round)
+        received_from = {dst: src for src, dst in self.cover(round - 1).items()} if round > 1 else {}
+        return {v: Hop(received_from.get(v), sent[v]) for v in self.graph.nodes}
+
+
+class StandaloneSchedule:
+    """The Standalone baseline: nobody sends anything; every node trains its own model."""
+
+    name = "standalone"
+
+    def __init__(self, graph: nx.Graph):
+        self.nodes = list(graph.nodes)
+
+    def plan(self, round: int) -> Plan:  # noqa: A002
+        if round < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round}")
+        return {v: Hop(None, None) for v in self.nodes}
+
+
+SCHEDULES = ("cwt", "rwt")
+REWIND_MODES = ("off", "previous", "random")
+
+
+def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,  # noqa: A002
+                  nodes: Sequence[str]) -> str | None:
+    """Where ``node`` rewinds in ``round`` (FedRewind Eq. 2 and Table 4), or None.
+
+    ``previous``: the node its model came from (``plan[node].source``).
+    ``random`` (RandRewind): a node drawn uniformly from the other federation
+    nodes, from (seed, round, node) alone. Either way there is no rewind in round 1,
+    where no model has been received yet: the node trains all E epochs locally,
+    so every variant has the same budget and the same first round.
+    """
+    if mode == "off" or round < 2:
+        return None
+    if mode == "previous":
+        return plan[node].source
+    if mode == "random":
+        others = [v for v in nodes if v != node]
+        rng = np.random.default_rng([seed, _SEED_RANDREWIND, round, list(nodes).index(node)])
+        return others[int(rng.integers(len(others)))]
+    raise ScheduleError(f"unknown rewind mode {mode!r} (expected one of {', '.join(REWIND_MODES)})")
 
 
 def make_schedule(name: str, graph: nx.Graph, seed: int = 0) -> Schedule:
     """The schedule called ``name`` over ``graph``; ``seed`` feeds random schedules."""
     if name == "cwt":
         return CyclicSchedule(graph)
+    if name == "rwt":
+        return RandomSchedule(graph, seed)
+    if name == "standalone":
+        return StandaloneSchedule(graph)
     raise ScheduleError(f"unknown schedule {name!r} (expected one of {', '.join(SCHEDULES)})")
