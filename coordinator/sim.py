@@ -104,11 +104,17 @@ class Simulation:
     """A federation on localhost. ``baseline`` in the federation file picks a row of the
     FedRewind tables: "none" (the schedule), "standalone" (no exchange) or "joint"."""
 
-    def __init__(self, federation: Federation, out_dir: Path | None = None):
+    def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1):
+        """``eval_every``: cross-evaluate (and write a rounds.jsonl row) every that many
+        rounds and always after the last; N x N Evaluate calls per evaluation."""
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
         self.federation = federation
+        self.eval_every = eval_every
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: self.nodes, or the joint node
+        self.rounds_done = 0
         self._clients: dict[str, PeerClient] = {}
         self._stop = threading.Event()
         self._pool: ThreadPoolExecutor | None = None
@@ -177,10 +183,13 @@ class Simulation:
         acc = np.array([[r.accuracy for r in row_] for row_ in results])
         return acc, results
 
-    def run_round(self, round: int) -> RoundResult:  # noqa: A002
+    def run_round(self, round: int, evaluate: bool = True) -> RoundResult | None:  # noqa: A002
+        """Every trainer runs ``round``; then (when ``evaluate``) the N x N cross-evaluation."""
         assert self._pool is not None, "start() the simulation first"
         start = time.monotonic()
         reports = list(self._pool.map(lambda node: node.run_round(round), self.trainers))
+        if not evaluate:
+            return None
         acc, results = self.cross_evaluate(round)
         if len(reports) != len(self.nodes):  # Joint: each node's row shows the joint model
             reports = [replace(reports[0], node=n.node_id, local=results[i][i])
@@ -203,10 +212,14 @@ class Simulation:
             for t in range(1, fed.rounds + 1):
                 if self._stop.is_set():
                     break
-                result = self.run_round(t)
+                evaluate = t % self.eval_every == 0 or t == fed.rounds
+                result = self.run_round(t, evaluate)
                 if self._stop.is_set() and t < fed.rounds:
                     # Interrupted mid-round: what the nodes did is incomplete; keep it out.
                     break
+                self.rounds_done = t
+                if result is None:
+                    continue
                 results.append(result)
                 writer.write_round(result.row(ids))
                 if on_round is not None:
@@ -235,9 +248,9 @@ class Simulation:
             "dataset": fed.data.dataset,
             "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha},
             "model": fed.model.name,
-            "rounds": len(results),
+            "rounds": self.rounds_done,
             "rounds_planned": fed.rounds,
-            "interrupted": len(results) < fed.rounds,
+            "interrupted": self.rounds_done < fed.rounds,
             "final": ({"fa": last.fa, "ff": last.ff, "pfa": last.pfa,
                        "node_accuracy": {r.node: r.local.accuracy for r in last.reports}}
                       if last else None),

@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<timestamp>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key, e.g. --set training.epochs=2 (repeatable)")
+    parser.add_argument("--eval-every", type=int, default=1, metavar="N",
+                        help="cross-evaluate every N rounds and after the last (default 1)")
+    parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
+                        help="run a FedRewind baseline instead: no exchange, or all data on one node")
     parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="node log level")
@@ -63,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
             err.print(f"fl-sim: error: --rounds: expected an integer >= 1, got {args.rounds}")
             return 2
         overrides.append(f"federation.rounds={args.rounds}")
+    if args.eval_every < 1:
+        err.print(f"fl-sim: error: --eval-every: expected an integer >= 1, got {args.eval_every}")
+        return 2
+    if args.baseline is not None:
+        overrides.append(f'federation.baseline="{args.baseline}"')
     try:
         federation = load_federation(args.file, overrides)
-        sim = Simulation(federation, args.out)
+        sim = Simulation(federation, args.out, eval_every=args.eval_every)
         sim.start()
     except INPUT_ERRORS as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet:
             progress.console.print(f"{result.round:>5}  {_pct(result.fa)}  {_pct(result.ff)}  "
                                    f"{_pct(result.pfa)}  {missing:>7}  {result.wall_s:6.2f}")
-        progress.advance(task)
+        progress.update(task, completed=result.round)
 
     interrupted = False
     try:
@@ -117,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{summary['wall_s']:.1f}")
         console.print(table)
     console.print(f"results: {summary['out_dir']}/summary.json, rounds.jsonl, accuracy.png")
-    return 130 if interrupted or summary["interrupted"] and sim._stop.is_set() else 0
+    return 130 if interrupted or summary["interrupted"] else 0
 
 
 if __name__ == "__main__":
