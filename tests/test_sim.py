@@ -134,3 +134,32 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     rows, summary = read_run(out)
     assert summary["interrupted"] and 1 <= summary["rounds"] < 500
     assert len(rows) == summary["rounds"]
+
+
+@pytest.mark.parametrize("baseline", ["standalone", "joint"])
+def test_baselines_produce_results_in_the_same_format(tiny_file, tmp_path, baseline):
+    ref, out = tmp_path / "ref", tmp_path / baseline
+    assert main([str(tiny_file), "--out", str(ref), "--quiet"]) == 0
+    assert main([str(tiny_file), "--out", str(out), "--quiet", "--baseline", baseline]) == 0
+    ref_rows, ref_summary = read_run(ref)
+    rows, summary = read_run(out)
+    assert set(summary) == set(ref_summary) and summary["baseline"] == baseline
+    for row, ref_row in zip(rows, ref_rows, strict=True):
+        assert set(row) == set(ref_row)
+        assert set(row["nodes"]) == set(ref_row["nodes"])
+        assert set(row["nodes"]["node0"]) == set(ref_row["nodes"]["node0"])
+    values = rows[-1]["accuracy_matrix"]["values"]
+    if baseline == "standalone":
+        assert all(not n["received"] and n["destination"] is None for n in rows[-1]["nodes"].values())
+    else:
+        assert all(r == values[0] for r in values), "every node holds the one joint model"
+        assert rows[-1]["pfa"] == pytest.approx(rows[-1]["fa"])
+        assert all(n["train_size"] == sum(m["train_size"] for m in ref_rows[0]["nodes"].values())
+                   for n in rows[-1]["nodes"].values())
+
+
+def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path):
+    out = tmp_path / "e"
+    assert main([str(tiny_file), "--out", str(out), "--rounds", "5", "--eval-every", "2", "--quiet"]) == 0
+    rows, summary = read_run(out)
+    assert [r["round"] for r in rows] == [2, 4, 5] and summary["rounds"] == 5

@@ -12,7 +12,7 @@ Sections (all but ``[federation]`` optional)::
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device
     [data]        dataset, root, download, partition, alpha, shards_per_node,
                   test_fraction, min_samples
-    [model]       name, hidden, channels
+    [model]       name, hidden, channels, norm, groups, weights, small_input
     [rewind]      mode ("off", "previous", "random"), lambda
     [nodes.<id>]  address, partition, and any [training] key as a per-node override
 
