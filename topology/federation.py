@@ -46,7 +46,7 @@ DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 PARTITIONS = ("dirichlet", "iid", "shards")
 MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
-OBJECTIVES = ("ce",)
+OBJECTIVES = ("ce", "wsm")
 
 BASELINES = ("none", "standalone", "joint")
 

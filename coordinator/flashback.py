@@ -1,0 +1,217 @@
+"""Flashback: label-count dynamic distillation (pure, transport-free).
+
+*Flashback: Understanding and Mitigating Forgetting in Federated Learning*,
+Sec. 4.1 (Eq. 3, the dynamic alpha) and Sec. 4.2 / Algorithm 1. One round t:
+
+1. every participating client k starts from w_{t-1} and trains on
+   ``CE + dKL(w_{t-1} -> w_k; alpha)`` (line 10, plain CE in round 1) with
+   ``alpha = client_alpha(mu_k, pi)`` (line 7: nu is the client's own label
+   count, the single teacher w_{t-1} has label count pi);
+2. the server averages the client models with FedAvg (lines 14-15);
+3. the server distils into that average on a labelled public split (lines
+   16-23) with :func:`distill`: teachers are the client models, plus w_{t-1}
+   from round 2 on, and ``alphas = server_alphas(mu, pi or None)`` (line 18:
+   nu is pi, the client teachers have their mu_k and w_{t-1} has pi);
+4. the bookkeeping :func:`advance` increments r_k for the participants and adds
+   gamma * mu_k to pi while gamma * r_k <= 1 (lines 24-29).
+
+So every alpha of round t uses the pi of the end of round t-1. Label counts are
+raw counts (reading notes); gamma's value is not given by the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from flmesh.node.data import ArrayData
+from flmesh.node.objectives import multi_teacher_dkd_loss
+from flmesh.node.trainer import TrainStats, make_optimizer, steps_for
+from flmesh.topology import TrainingConfig
+
+#: Slack on ``gamma * r_k <= 1`` so that e.g. gamma = 0.1 admits r_k = 10 whatever the rounding.
+GAMMA_EPS = 1e-9
+
+
+def _counts(x: torch.Tensor | Sequence, name: str, ndim: int) -> torch.Tensor:
+    t = torch.as_tensor(x, dtype=torch.float64).detach().cpu()
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all() or (t < 0).any():
+        raise ValueError(f"{name} must hold finite, non-negative label counts")
+    return t
+
+
+def alpha_matrix(counts: torch.Tensor, nu: torch.Tensor | float) -> torch.Tensor:
+    """The dynamic alpha of Sec. 4.1: ``alpha_i = mu_i / (nu + sum_k mu_k)``, per class.
+
+    ``counts`` is (K, C), row i the label count mu_i of teacher i; ``nu`` is the
+    *student's* label count vector (C,) (the paper's nu in R^C; a scalar is
+    broadcast to every class). The sum runs over all K teachers given. A class
+    with zero denominator (nobody, student included, holds it: 0/0) gets
+    alpha = 0. Returns float32 (K, C).
+    """
+    mu = _counts(counts, "counts", 2)
+    nu_t = torch.as_tensor(nu, dtype=torch.float64).detach().cpu()
+    if nu_t.ndim == 0:
+        nu_t = nu_t.expand(mu.shape[1])
+    nu_t = _counts(nu_t, "nu", 1)
+    if nu_t.shape[0] != mu.shape[1]:
+        raise ValueError(f"nu has {nu_t.shape[0]} classes, counts have {mu.shape[1]}")
+    denom = nu_t + mu.sum(dim=0)
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    alpha = torch.where(denom > 0, mu / safe, torch.zeros_like(mu))
+    return alpha.to(torch.float32)
+
+
+def client_alpha(own_counts: torch.Tensor, global_counts: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1 line 7: alpha (C,) for the local step's single teacher w_{t-1}.
+
+    nu = the client's own label count, the teacher's mu = pi (the global label
+    count), so ``alpha = pi / (own + pi)``, 0 where both are 0. Pass it to
+    :func:`flmesh.node.objectives.flashback_local_loss`. In round 1 pi = 0 and
+    alpha = 0 (the paper uses plain CE then).
+    """
+    own = _counts(own_counts, "own_counts", 1)
+    return alpha_matrix(_counts(global_counts, "global_counts", 1).unsqueeze(0), own)[0]
+
+
+def server_alphas(client_counts: torch.Tensor, global_counts: torch.Tensor | None) -> torch.Tensor:
+    """Algorithm 1 lines 17-18: alphas (T, C) for the server-side distillation.
+
+    Teachers, in this row order: the K participating clients (row k uses mu_k),
+    then, when ``global_counts`` is given (round t > 1), the previous global
+    model w_{t-1} with mu = pi. The student's nu is pi (the new global model's
+    label count before this round's update); ``global_counts=None`` (round 1)
+    means no w_{t-1} teacher and nu = 0. So for t > 1 the denominator is
+    ``pi + sum_k mu_k + pi``.
+    """
+    mu = _counts(client_counts, "client_counts", 2)
+    if global_counts is None:
+        return alpha_matrix(mu, 0.0)
+    pi = _counts(global_counts, "global_counts", 1)
+    return alpha_matrix(torch.cat([mu, pi.unsqueeze(0)]), pi)
+
+
+def update_global_counts(pi: torch.Tensor, client_counts: torch.Tensor, gamma: float,
+                         participations: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Algorithm 1 lines 25-29: ``pi + sum_k [gamma * r_k <= 1] * gamma * mu_k``.
+
+    ``client_counts`` (K, C) are this round's participants' label counts and
+    ``participations`` their r_k *after* this round's increment (line 24), so a
+    client's first participation has r_k = 1. A client therefore feeds pi in
+    its first floor(1/gamma) participations, and pi tends to the sum of the
+    label counts of the clients seen often enough. Returns float64 (C,).
+    """
+    if not 0 < gamma <= 1:
+        raise ValueError(f"flashback gamma must be in (0, 1], got {gamma}")
+    pi_t = _counts(pi, "pi", 1)
+    mu = _counts(client_counts, "client_counts", 2)
+    r = torch.as_tensor(participations, dtype=torch.float64).reshape(-1)
+    if r.shape[0] != mu.shape[0]:
+        raise ValueError(f"got {mu.shape[0]} client label counts but {r.shape[0]} participation counts")
+    if mu.shape[1] != pi_t.shape[0]:
+        raise ValueError(f"client label counts have {mu.shape[1]} classes, pi has {pi_t.shape[0]}")
+    if (r < 1).any():
+        raise ValueError("participation counts r_k must be >= 1 (they include this round)")
+    take = (gamma * r <= 1 + GAMMA_EPS).to(torch.float64)
+    return pi_t + gamma * (take.unsqueeze(1) * mu).sum(dim=0)
+
+
+@dataclass(frozen=True)
+class FlashbackState:
+    """What the Flashback aggregator carries between rounds (Algorithm 1).
+
+    ``pi``: the global model's label count (float64, (C,)); ``participations``:
+    r_k per client id; ``rounds``: completed rounds (t - 1 during round t).
+    Immutable: :func:`advance` returns the next state.
+    """
+
+    gamma: float
+    pi: torch.Tensor
+    participations: Mapping[str, int] = field(default_factory=dict)
+    rounds: int = 0
+
+    @classmethod
+    def start(cls, num_classes: int, gamma: float) -> FlashbackState:
+        """Line 1: pi = 0, nobody has participated."""
+        if not 0 < gamma <= 1:
+            raise ValueError(f"flashback gamma must be in (0, 1], got {gamma}")
+        return cls(gamma, torch.zeros(num_classes, dtype=torch.float64), {}, 0)
+
+    def teacher_counts(self) -> torch.Tensor | None:
+        """pi when the previous global model is a teacher (round t > 1), else None."""
+        return None if self.rounds == 0 else self.pi.clone()
+
+    def client_alpha(self, own_counts: torch.Tensor) -> torch.Tensor:
+        return client_alpha(own_counts, self.pi)
+
+    def server_alphas(self, client_counts: torch.Tensor) -> torch.Tensor:
+        return server_alphas(client_counts, self.teacher_counts())
+
+
+def advance(state: FlashbackState, clients: Sequence[str], client_counts: torch.Tensor) -> FlashbackState:
+    """End of round (Algorithm 1 lines 24-29): increment r_k, then update pi.
+
+    ``clients`` are this round's participant ids (distinct), row k of
+    ``client_counts`` (K, C) their label counts mu_k.
+    """
+    if len(set(clients)) != len(clients):
+        raise ValueError("flashback participants must be distinct")
+    participations = dict(state.participations)
+    for k in clients:
+        participations[k] = participations.get(k, 0) + 1
+    r = [participations[k] for k in clients]
+    pi = update_global_counts(state.pi, client_counts, state.gamma, r)
+    return FlashbackState(state.gamma, pi, participations, state.rounds + 1)
+
+
+def distill(student: nn.Module, teachers: Sequence[nn.Module], alphas: torch.Tensor, public: ArrayData,
+            epochs: float, cfg: TrainingConfig, seed: int,
+            device: torch.device | None = None) -> TrainStats:
+    """Server-side distillation, Algorithm 1 lines 16-23: train ``student`` in place on ``public``.
+
+    Ordinary training in the style of :func:`flmesh.node.trainer.train` (fresh
+    optimizer from ``cfg``, batches of ``cfg.batch_size`` in a fresh seeded order
+    per pass, fractional ``epochs`` via ``steps_for``) with the loss
+    :func:`flmesh.node.objectives.multi_teacher_dkd_loss`: CE on the labelled
+    public split plus the alpha-weighted KL from each teacher. Teachers run in
+    eval mode without gradients (they are moved to ``device``); ``alphas`` is
+    (len(teachers), C), e.g. :func:`server_alphas`.
+    """
+    if alphas.ndim != 2 or alphas.shape[0] != len(teachers):
+        raise ValueError(f"alphas has shape {tuple(alphas.shape)}, expected ({len(teachers)}, C)")
+    if alphas.shape[0] and alphas.shape[1] != public.num_classes:
+        raise ValueError(f"alphas has {alphas.shape[1]} classes, the public split {public.num_classes}")
+    device = device or torch.device("cpu")
+    steps = steps_for(epochs, len(public), cfg.batch_size)
+    if steps == 0:
+        return TrainStats(0.0, 0, 0)
+    student.to(device).train()
+    for t in teachers:
+        t.to(device).eval()
+    alphas = alphas.to(device)
+    optimizer = make_optimizer(student, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = public.x, public.y
+    total_loss, seen, done = 0.0, 0, 0
+    while done < steps:
+        order = torch.randperm(len(public), generator=gen)
+        for start in range(0, len(order), cfg.batch_size):
+            if done == steps:
+                break
+            idx = order[start:start + cfg.batch_size]
+            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+            with torch.no_grad():
+                teacher_logits = [t(xb) for t in teachers]
+            optimizer.zero_grad(set_to_none=True)
+            loss = multi_teacher_dkd_loss(student(xb), teacher_logits, alphas, yb)
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach()) * len(idx)
+            seen += len(idx)
+            done += 1
+    return TrainStats(total_loss / max(seen, 1), done, seen)
