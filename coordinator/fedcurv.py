@@ -19,6 +19,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from flmesh.node.client_terms import others_terms
+
+__all__ = ["aggregate_uv", "others_terms"]
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -62,37 +66,3 @@ def aggregate_uv(fishers: Sequence[Mapping[str, torch.Tensor]],
     return u, v, w
 
 
-def others_terms(u: Mapping[str, torch.Tensor], v: Mapping[str, torch.Tensor],
-                 w: Mapping[str, torch.Tensor] | None, own_fisher: Mapping[str, torch.Tensor],
-                 own_theta: Mapping[str, torch.Tensor], *, dtype: torch.dtype = torch.float32
-                 ) -> tuple[Tensors, Tensors, Tensors | None]:
-    """Sec. 3.1 "by subtraction": the aggregates over the other nodes, S \\ s.
-
-    ``u' = max(u - I_s, 0)``, ``v' = v - I_s theta_s``, ``w' = max(w - I_s theta_s^2, 0)``
-    (``None`` when ``w`` is None), computed in float64 and returned as ``dtype``
-    (default float32, the usual model dtype), ready for ``fedcurv_penalty``.
-    ``own_fisher`` / ``own_theta`` are exactly what this node contributed to the
-    aggregate (its Fisher and parameters of the previous round). The clamps
-    undo rounding: u' and w' are sums of non-negative terms.
-    """
-    if set(v) != set(u) or (w is not None and set(w) != set(u)):
-        raise ValueError("fedcurv aggregates u, v (and w) must name the same parameters")
-    if set(own_fisher) != set(u):
-        raise ValueError("fedcurv: this node's Fisher names different parameters than the aggregate")
-    u_o: Tensors = {}
-    v_o: Tensors = {}
-    w_o: Tensors | None = None if w is None else {}
-    for key in u:
-        if key not in own_theta:
-            raise ValueError(f"fedcurv: this node's model has no parameter {key!r}")
-        i_s = own_fisher[key].detach().to(device="cpu", dtype=torch.float64)
-        t_s = own_theta[key].detach().to(device="cpu", dtype=torch.float64)
-        u64 = u[key].detach().to(device="cpu", dtype=torch.float64)
-        if not (i_s.shape == t_s.shape == u64.shape == v[key].shape):
-            raise ValueError(f"fedcurv: shapes for {key!r} do not match the aggregate's {tuple(u64.shape)}")
-        u_o[key] = (u64 - i_s).clamp_min(0).to(dtype)
-        v_o[key] = (v[key].detach().to(device="cpu", dtype=torch.float64) - i_s * t_s).to(dtype)
-        if w_o is not None and w is not None:
-            w64 = w[key].detach().to(device="cpu", dtype=torch.float64)
-            w_o[key] = (w64 - i_s * t_s * t_s).clamp_min(0).to(dtype)
-    return u_o, v_o, w_o

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from flmesh.node.client_terms import _counts, alpha_matrix, client_alpha
 from flmesh.node.data import ArrayData
 from flmesh.node.objectives import multi_teacher_dkd_loss
 from flmesh.node.trainer import TrainStats, make_optimizer, steps_for
@@ -34,49 +35,6 @@ from flmesh.topology import TrainingConfig
 
 #: Slack on ``gamma * r_k <= 1`` so that e.g. gamma = 0.1 admits r_k = 10 whatever the rounding.
 GAMMA_EPS = 1e-9
-
-
-def _counts(x: torch.Tensor | Sequence, name: str, ndim: int) -> torch.Tensor:
-    t = torch.as_tensor(x, dtype=torch.float64).detach().cpu()
-    if t.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all() or (t < 0).any():
-        raise ValueError(f"{name} must hold finite, non-negative label counts")
-    return t
-
-
-def alpha_matrix(counts: torch.Tensor, nu: torch.Tensor | float) -> torch.Tensor:
-    """The dynamic alpha of Sec. 4.1: ``alpha_i = mu_i / (nu + sum_k mu_k)``, per class.
-
-    ``counts`` is (K, C), row i the label count mu_i of teacher i; ``nu`` is the
-    *student's* label count vector (C,) (the paper's nu in R^C; a scalar is
-    broadcast to every class). The sum runs over all K teachers given. A class
-    with zero denominator (nobody, student included, holds it: 0/0) gets
-    alpha = 0. Returns float32 (K, C).
-    """
-    mu = _counts(counts, "counts", 2)
-    nu_t = torch.as_tensor(nu, dtype=torch.float64).detach().cpu()
-    if nu_t.ndim == 0:
-        nu_t = nu_t.expand(mu.shape[1])
-    nu_t = _counts(nu_t, "nu", 1)
-    if nu_t.shape[0] != mu.shape[1]:
-        raise ValueError(f"nu has {nu_t.shape[0]} classes, counts have {mu.shape[1]}")
-    denom = nu_t + mu.sum(dim=0)
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    alpha = torch.where(denom > 0, mu / safe, torch.zeros_like(mu))
-    return alpha.to(torch.float32)
-
-
-def client_alpha(own_counts: torch.Tensor, global_counts: torch.Tensor) -> torch.Tensor:
-    """Algorithm 1 line 7: alpha (C,) for the local step's single teacher w_{t-1}.
-
-    nu = the client's own label count, the teacher's mu = pi (the global label
-    count), so ``alpha = pi / (own + pi)``, 0 where both are 0. Pass it to
-    :func:`flmesh.node.objectives.flashback_local_loss`. In round 1 pi = 0 and
-    alpha = 0 (the paper uses plain CE then).
-    """
-    own = _counts(own_counts, "own_counts", 1)
-    return alpha_matrix(_counts(global_counts, "global_counts", 1).unsqueeze(0), own)[0]
 
 
 def server_alphas(client_counts: torch.Tensor, global_counts: torch.Tensor | None) -> torch.Tensor:

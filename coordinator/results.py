@@ -43,8 +43,11 @@ class RunWriter:
         """Draw the pictures from the rounds written so far; returns their paths."""
         if not self.rows:
             return []
-        return [plot_accuracy(self.rows, self.out_dir / "accuracy.png"),
-                plot_per_class(self.rows, self.out_dir / "per_class.png")]
+        pictures = [plot_accuracy(self.rows, self.out_dir / "accuracy.png"),
+                    plot_per_class(self.rows, self.out_dir / "per_class.png")]
+        if "global_forgetting" in self.rows[0]:  # a star (aggregator) run
+            pictures.append(plot_local_forgetting(self.rows, self.out_dir / "local_forgetting.png"))
+        return pictures
 
 
 def _pyplot():
@@ -67,7 +70,10 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.plot(rounds, fa, marker="o", label="FA (federation accuracy)")
     ax.fill_between(rounds, [a - s for a, s in zip(fa, ff, strict=True)],
                     [a + s for a, s in zip(fa, ff, strict=True)], alpha=0.2, label="FA ± FF")
-    ax.plot(rounds, pfa, marker="s", label="PFA (personalized)")
+    if "accuracy" in rows[0]:
+        ax.plot(rounds, [100 * r["accuracy"] for r in rows], marker="^", label="global model accuracy")
+    else:
+        ax.plot(rounds, pfa, marker="s", label="PFA (personalized)")
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
@@ -84,7 +90,8 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     plt = _pyplot()
     import numpy as np
 
-    matrix = np.array([r["per_class_accuracy"] for r in rows], dtype=float).T * 100
+    matrix = np.array([[np.nan if v is None else v for v in r["per_class_accuracy"]] for r in rows],
+                      dtype=float).T * 100
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     image = ax.imshow(matrix, aspect="auto", origin="lower", vmin=0, vmax=100, cmap="viridis",
                       extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5,
@@ -92,6 +99,33 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_xlabel("round")
     ax.set_ylabel("class")
     fig.colorbar(image, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Heat map of each node's local forgetting F_k,t (percent; blank when not sampled),
+    as in the WSM thesis Fig. 2.2 and Flashback's per-client view."""
+    plt = _pyplot()
+    import numpy as np
+
+    nodes = list(rows[0]["nodes"])
+    matrix = np.full((len(nodes), len(rows)), np.nan)
+    for j, row in enumerate(rows):
+        for i, node in enumerate(nodes):
+            value = row["nodes"][node].get("local_forgetting")
+            if value is not None:
+                matrix[i, j] = 100 * value
+    fig, ax = plt.subplots(figsize=(6.4, max(3.0, 0.18 * len(nodes) + 1.5)), dpi=100)
+    image = ax.imshow(matrix, aspect="auto", origin="lower", cmap="magma_r", vmin=0,
+                      extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5, len(nodes) - 0.5))
+    ax.set_xlabel("round")
+    ax.set_ylabel("node")
+    if len(nodes) <= 20:
+        ax.set_yticks(range(len(nodes)), nodes)
+    fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

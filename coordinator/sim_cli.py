@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from flmesh.coordinator.sim import RoundResult, Simulation
+from flmesh.coordinator.star_sim import StarSimulation
 from flmesh.node.channels import BindError
 from flmesh.node.data import DataError
 from flmesh.node.device import DeviceError
@@ -50,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:6.2f}"
+def _pct(x: float | None) -> str:
+    return f"{'-':>6}" if x is None else f"{100 * x:6.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f'federation.baseline="{args.baseline}"')
     try:
         federation = load_federation(args.file, overrides)
-        sim = Simulation(federation, args.out, eval_every=args.eval_every)
+        star = federation.aggregator is not None
+        sim = (StarSimulation if star else Simulation)(federation, args.out, eval_every=args.eval_every)
         sim.start()
     except INPUT_ERRORS as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
@@ -84,23 +86,31 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sim.stop())
     fed = federation
     if not args.quiet:
-        console.print(f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, schedule {fed.topology.schedule}, "
-                      f"graph {fed.topology.graph}, {fed.data.dataset} {fed.data.partition}"
-                      f"(alpha={fed.data.alpha:g}), model {fed.model.name}, {fed.rounds} rounds "
-                      f"x {fed.training.epochs:g} epochs  ->  {sim.out_dir}")
-        console.print(f"{'round':>5}  {'FA %':>6}  {'FF %':>6}  {'PFA %':>6}  {'missing':>7}  {'s':>6}",
-                      style="bold")
+        how = (f"aggregator {fed.aggregator.strategy} (C={fed.aggregator.fraction:g}), "
+               f"objective {fed.training.objective}" if star else
+               f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
+        console.print(f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.dataset} "
+                      f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {fed.model.name}, "
+                      f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {sim.out_dir}")
+        header = (f"{'round':>5}  {'acc %':>6}  {'F_t %':>6}  {'F_k %':>6}  {'updates':>7}  {'s':>6}" if star
+                  else f"{'round':>5}  {'FA %':>6}  {'FF %':>6}  {'PFA %':>6}  {'missing':>7}  {'s':>6}")
+        console.print(header, style="bold")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                         transient=True, disable=args.quiet)
     task = progress.add_task("rounds", total=fed.rounds)
 
-    def on_round(result: RoundResult) -> None:
-        missing = sum(r.missing is not None for r in result.reports)
-        if not args.quiet:
+    def on_round(result: RoundResult | dict) -> None:
+        if not args.quiet and isinstance(result, dict):  # a star round's row
+            updates = f"{len(result['received'])}/{len(result['selected'])}"
+            progress.console.print(
+                f"{result['round']:>5}  {_pct(result['accuracy'])}  {_pct(result['global_forgetting'])}  "
+                f"{_pct(result['client_forgetting'])}  {updates:>7}  {result['wall_s']:6.2f}")
+        elif not args.quiet:
+            missing = sum(r.missing is not None for r in result.reports)
             progress.console.print(f"{result.round:>5}  {_pct(result.fa)}  {_pct(result.ff)}  "
                                    f"{_pct(result.pfa)}  {missing:>7}  {result.wall_s:6.2f}")
-        progress.update(task, completed=result.round)
+        progress.update(task, completed=result["round"] if isinstance(result, dict) else result.round)
 
     interrupted = False
     try:
@@ -117,7 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     if summary is None:
         return 130
     final = summary["final"]
-    if final is not None and not args.quiet:
+    if final is not None and not args.quiet and star:
+        table = Table(title=f"{fed.name}: after round {summary['rounds']}")
+        for col in ("accuracy %", "FA %", "FF %", "mean F_t %", "wall s"):
+            table.add_column(col, justify="right")
+        table.add_row(_pct(final["accuracy"]), _pct(final["fa"]), _pct(final["ff"]),
+                      _pct(summary["mean_global_forgetting"]), f"{summary['wall_s']:.1f}")
+        console.print(table)
+    elif final is not None and not args.quiet:
         table = Table(title=f"{fed.name}: after round {summary['rounds']}")
         for col in ("FA %", "FF %", "PFA %", "best FA %", "wall s"):
             table.add_column(col, justify="right")

@@ -28,6 +28,7 @@ SEED_PARTITION = 1
 SEED_SPLIT = 2
 SEED_MODEL = 3
 SEED_TRAIN = 4
+SEED_PUBLIC = 5
 
 
 def derive_seed(*parts: int) -> int:
@@ -268,16 +269,39 @@ def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,
 PARTITIONS = ("dirichlet", "iid", "shards")
 
 
+def public_split(labels: np.ndarray, federation: Federation) -> tuple[np.ndarray, np.ndarray]:
+    """(public indices, client indices): the aggregator's labelled public split, carved
+    from the whole data set before partitioning, so it never overlaps client data.
+
+    Stratified by label (each class gives ``public_fraction`` of its samples) and
+    seeded by the federation seed. Without an ``[aggregator]`` the public split is empty.
+    """
+    everything = np.arange(len(labels))
+    agg = federation.aggregator
+    if agg is None or agg.public_fraction <= 0:
+        return everything[:0], everything
+    rng = np.random.default_rng([federation.seed, SEED_PUBLIC])
+    public = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        public.append(idx[:int(round(len(idx) * agg.public_fraction))])
+    public_idx = np.sort(np.concatenate(public))
+    return public_idx, np.setdiff1d(everything, public_idx)
+
+
 def federation_data(federation: Federation, dataset: ArrayData | None = None) -> dict[str, NodeData]:
     """Each node's train/test split, keyed by node id.
 
     A node's partition is ``[nodes.<id>] partition`` when set, else its position
     in the federation. The train/test split of partition p uses its own seeded
-    stream, so it is the same whichever process computes it.
+    stream, so it is the same whichever process computes it. With an
+    ``[aggregator]``, its public split is removed first (see :func:`public_split`).
     """
     data = dataset if dataset is not None else load_dataset(federation.data)
-    parts = partition_indices(data.y.numpy(), federation.data, len(federation.nodes),
-                              federation.seed)
+    labels = data.y.numpy()
+    _, pool = public_split(labels, federation)
+    parts = [pool[p] for p in partition_indices(labels[pool], federation.data, len(federation.nodes),
+                                                federation.seed)]
     out = {}
     for node in federation.nodes:
         p = node.partition if node.partition is not None else node.index
@@ -285,3 +309,10 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None) ->
         train_idx, test_idx = partitions.train_test_split(parts[p], federation.data.test_fraction, rng)
         out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx))
     return out
+
+
+def public_data(federation: Federation, dataset: ArrayData | None = None) -> ArrayData:
+    """The aggregator's public split (empty without an ``[aggregator]``)."""
+    data = dataset if dataset is not None else load_dataset(federation.data)
+    public_idx, _ = public_split(data.y.numpy(), federation)
+    return data.subset(public_idx)

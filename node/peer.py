@@ -28,17 +28,19 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from torch import nn
 
-from flmesh.node import codec
+from flmesh.node import codec, extras
+from flmesh.node.aggregator_client import AggregatorClient
 from flmesh.node.channels import bind, make_server
 from flmesh.node.client import PeerClient, PeerError, with_retry
+from flmesh.node.client_terms import client_alpha, others_terms
 from flmesh.node.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta
 from flmesh.node.data import SEED_MODEL, SEED_TRAIN, NodeData, derive_seed, federation_data
 from flmesh.node.device import select_device
 from flmesh.node.inbox import Inbox, InboxKey
 from flmesh.node.models import build_model
-from flmesh.node.objectives import make_objective
+from flmesh.node.objectives import dkd_loss, fedcurv_penalty, fisher_diagonal, make_objective
 from flmesh.node.servicer import PeerServicer, UnknownPeerError
-from flmesh.node.trainer import EvalResult, TrainStats, evaluate, train
+from flmesh.node.trainer import EvalResult, Regularizer, TrainStats, evaluate, train
 from flmesh.topology import Federation, RewindConfig, Schedule, TrainingConfig, rewind_target
 from flmesh.v1 import peer_pb2_grpc
 
@@ -65,6 +67,28 @@ class RoundReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
     received_accuracy: float | None = None  # the received model on this node's test split
     rewound_to: str | None = None  # where the rewind phase ran (None: no rewind this round)
+
+
+@dataclass(frozen=True)
+class StarReport:
+    """One node in one round of a star federation (with an aggregator).
+
+    ``selected`` False: the aggregator did not sample this node; nothing else is set.
+    ``start`` is the global model the node started from, ``local`` its model after
+    training, both on this node's test split.
+    """
+
+    node: str
+    round: int
+    selected: bool
+    submitted: bool = False
+    late: bool = False
+    train: TrainStats | None = None
+    start: EvalResult | None = None
+    local: EvalResult | None = None
+    rewound_to: str | None = None
+    wall_s: float = 0.0
+    notes: tuple[str, ...] = ()
 
 
 class Node:
@@ -95,7 +119,9 @@ class Node:
         self.rewind = rewind or RewindConfig()
         self.node_ids = list(node_ids) or sorted({node_id, *(peers or {})})
         self._unreachable: set[str] = set()
-        self.objective = make_objective(training.objective)
+        self.objective = make_objective(training.objective,
+                                        class_proportions=data.train.label_counts())
+        self._fedcurv_own: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
         self.address: str | None = None
         self.inbox = Inbox()
         self._peers: dict[str, str | None] = dict(peers or {})
@@ -325,11 +351,37 @@ class Node:
             log.warning("%s: round %d: rewind to %s failed: %s", self.node_id, round, target, exc)
             return None
 
-    def _local(self, epochs: float, round: int, phase: int) -> TrainStats:  # noqa: A002
+    def _local(self, epochs: float, round: int, phase: int,  # noqa: A002
+               regularizers: Sequence[Regularizer] = ()) -> TrainStats:
         self._set_state("training")
         return train(self.model, self.data.train, self.training, epochs=epochs,
                      seed=self._train_seed(round, salt=phase), device=self.device,
-                     objective=self.objective)
+                     objective=self.objective, regularizers=regularizers)
+
+    def _train_round(self, round: int, target: str | None, notes: list[str],  # noqa: A002
+                     regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
+        """E local epochs, or with a rewind ``target`` FedRewind's Eq. 2 / Eq. 4:
+        (1-2*lambda)E local, lambda*E on the target through ``Rewind``, lambda*E local
+        (the target trains with its own plain objective). An unreachable target's
+        lambda*E epochs are trained locally and noted. Returns (stats, where it rewound)."""
+        epochs = self.training.epochs
+        if target is None:
+            return self._local(epochs, round, 0, regularizers), None
+        lam = self.rewind.lam
+        phases = [self._local((1 - 2 * lam) * epochs, round, 0, regularizers)]
+        back = self._rewind(target, round, lam * epochs)
+        rewound_to = None
+        if back is not None:
+            self.model.load_state_dict(back.state_dict)
+            rewound_to = target
+        else:
+            notes.append(f"rewind to {target} failed; trained its {lam * epochs:g} epochs locally")
+            phases.append(self._local(lam * epochs, round, 1, regularizers))
+        phases.append(self._local(lam * epochs, round, 2, regularizers))
+        seen = sum(p.samples for p in phases)
+        stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
+                           sum(p.steps for p in phases), seen)
+        return stats, rewound_to
 
     def run_round(self, round: int) -> RoundReport:  # noqa: A002
         """Round ``round`` (from 1): receive from the source, train, deliver onward.
@@ -359,26 +411,9 @@ class Node:
                 notes.append(f"no model from {hop.source} within {self.round_timeout_s:g}s; "
                              "trained the model it had")
                 log.warning("%s: round %d: %s", self.node_id, round, notes[-1])
-        epochs = self.training.epochs
         target = rewind_target(plan, self.node_id, self.rewind.mode, round=round, seed=self.seed,
                                nodes=self.node_ids)
-        rewound_to = None
-        if target is None:
-            stats = self._local(epochs, round, phase=0)
-        else:
-            lam = self.rewind.lam
-            phases = [self._local((1 - 2 * lam) * epochs, round, phase=0)]
-            back = self._rewind(target, round, lam * epochs)
-            if back is not None:
-                self.model.load_state_dict(back.state_dict)
-                rewound_to = target
-            else:
-                notes.append(f"rewind to {target} failed; trained its {lam * epochs:g} epochs locally")
-                phases.append(self._local(lam * epochs, round, phase=1))
-            phases.append(self._local(lam * epochs, round, phase=2))
-            seen = sum(p.samples for p in phases)
-            stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
-                               sum(p.steps for p in phases), seen)
+        stats, rewound_to = self._train_round(round, target, notes)
         local = evaluate(self.model, self.data.test, device=self.device)
         with self._lock:
             self._round = round
@@ -393,6 +428,96 @@ class Node:
         return RoundReport(self.node_id, round, hop.source, hop.destination, received, missing,
                            delivered, len(self.data.train), stats, local, time.monotonic() - start,
                            tuple(notes), received_accuracy, rewound_to)
+
+    # ------------------------------------------------------------------ star rounds (aggregator)
+    def _star_regularizers(self, strategy: str, fetched: dict[str, torch.Tensor],
+                           start_state: dict[str, torch.Tensor], fedcurv_lambda: float) -> list[Regularizer]:
+        """The strategy's extra loss terms for this round's local training.
+
+        Flashback (Alg. 1 line 10, Eq. 3): dKD against the global model it started
+        from, alpha = pi / (own counts + pi); nothing while pi is 0 (round 1).
+        FedCurv (Eq. 3, Sec. 3.1): the Fisher penalty from u, v, w minus this node's
+        own last contribution; nothing before any node has reported a Fisher.
+        """
+        regs: list[Regularizer] = []
+        if strategy == "flashback":
+            pi = fetched[extras.FLASHBACK_PI]
+            if float(pi.sum()) > 0:
+                teacher = self.fresh_model(start_state).to(self.device).eval()
+                alpha = client_alpha(torch.tensor(self.data.train.label_counts()), pi).to(self.device)
+
+                def dkd(model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+                    with torch.no_grad():
+                        teacher_logits = teacher(x)
+                    return dkd_loss(logits, teacher_logits, alpha)
+
+                regs.append(dkd)
+        if strategy == "fedcurv":
+            u = extras.split(fetched, extras.FEDCURV_U)
+            if any(float(t.abs().sum()) > 0 for t in u.values()):
+                v = extras.split(fetched, extras.FEDCURV_V)
+                w = extras.split(fetched, extras.FEDCURV_W)
+                if self._fedcurv_own is not None:
+                    own_fisher, own_theta = self._fedcurv_own
+                    u, v, w = others_terms(u, v, w, own_fisher, own_theta, dtype=torch.float64)
+                terms = [{k: t.to(self.device) for k, t in d.items()} for d in (u, v, w)]
+
+                def penalty(model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+                    return fedcurv_penalty(model, terms[0], terms[1], fedcurv_lambda, terms[2])
+
+                regs.append(penalty)
+        return regs
+
+    def run_star_round(self, round: int, aggregator: AggregatorClient, strategy: str,  # noqa: A002
+                       *, fedcurv_lambda: float = 1.0) -> StarReport:
+        """One round with an aggregator (FedRewind Alg. 2 when rewind is on).
+
+        Fetch the global model for ``round`` (blocking until the aggregator opens
+        it); when sampled, train it E epochs with the strategy's objective (with
+        rewind: (1-2*lambda)E local, lambda*E on the previous node in the chain,
+        lambda*E local, Eq. 4), and submit the update with the strategy's extras.
+        """
+        start = time.monotonic()
+        params = extras.trainable_spec(self.model)
+        expected = extras.global_spec(strategy, self._spec, params, self.data.train.num_classes)
+        self._set_state("waiting")
+        got = aggregator.fetch(self.node_id, round, expected, self.max_model_bytes,
+                               wait_s=self.round_timeout_s)
+        fetched = got.state_dict
+        selected = self.node_id in got.meta.metadata.get("selected", "").split(",")
+        if got.meta.round != round or not selected:
+            self._set_state("idle")
+            notes = ((f"the aggregator is in round {got.meta.round}; skipped round {round}",)
+                     if got.meta.round != round else ())
+            return StarReport(self.node_id, round, False, wall_s=time.monotonic() - start, notes=notes)
+        start_state = {k: fetched[k] for k in self._spec}
+        self.model.load_state_dict(start_state)
+        start_eval = evaluate(self.model, self.data.test, device=self.device)
+        notes: list[str] = []
+        regs = self._star_regularizers(strategy, fetched, start_state, fedcurv_lambda)
+        chain = self.schedule.plan(2)  # the fixed chain whose previous node a rewind goes to
+        target = rewind_target(chain, self.node_id, self.rewind.mode, round=round, seed=self.seed,
+                               nodes=self.node_ids, first_round=1)
+        stats, rewound_to = self._train_round(round, target, notes, regs)
+        local = evaluate(self.model, self.data.test, device=self.device)
+        state = self.state_dict()
+        if strategy == "fedcurv":
+            fisher = fisher_diagonal(self.model, self.data.train, self.training.batch_size, self.device)
+            state.update({extras.FISHER + k: v.to(torch.float32) for k, v in fisher.items()})
+        meta = ModelMeta(round=round, sender=self.node_id, kind="update", num_samples=len(self.data.train),
+                         label_counts=tuple(self.data.train.label_counts()), architecture=self.architecture)
+        self._set_state("sending")
+        reply = aggregator.submit(codec.encode(state, meta))
+        if reply.late:
+            notes.append(f"update for round {round} arrived after the round closed")
+        if strategy == "fedcurv" and reply.accepted:
+            self._fedcurv_own = (fisher, {k: state[k] for k in fisher})
+        with self._lock:
+            self._round = round
+            self._last_accuracy = local.accuracy
+        self._set_state("idle" if round < self.rounds else "done")
+        return StarReport(self.node_id, round, True, reply.accepted or reply.duplicate, reply.late, stats,
+                          start_eval, local, rewound_to, time.monotonic() - start, tuple(notes))
 
     def run(self, rounds: int | None = None) -> list[RoundReport]:
         """Run rounds 1..``rounds`` (default: the federation's); stops early when stopped."""

@@ -7,6 +7,7 @@ own model object). Deterministic for a given seed on a given device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,11 @@ from torch import nn
 from flmesh.node.data import ArrayData
 from flmesh.node.objectives import Objective, cross_entropy
 from flmesh.topology import TrainingConfig
+
+#: An extra loss term added to the objective: (model, inputs, logits) -> scalar tensor.
+#: Flashback's distillation (needs a teacher's logits on the inputs) and FedCurv's
+#: penalty (needs the parameters) are regularizers; CE and WSM are objectives.
+Regularizer = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -64,11 +70,13 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimiz
 
 def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: float | None = None,
           seed: int = 0, device: torch.device | None = None,
-          objective: Objective = cross_entropy) -> TrainStats:
+          objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = ()) -> TrainStats:
     """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) on ``data``.
 
+    The loss of a batch is ``objective(logits, labels) + sum(r(model, x, logits))``.
     Each pass visits the samples in a fresh order drawn from ``seed``; the
     optimizer starts fresh on every call, as local training does in each FL round.
+    ``TrainStats.loss`` is the mean total loss.
     """
     device = device or torch.device("cpu")
     epochs = cfg.epochs if epochs is None else epochs
@@ -88,7 +96,10 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
             idx = order[start:start + cfg.batch_size]
             xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
-            loss = objective(model(xb), yb)
+            logits = model(xb)
+            loss = objective(logits, yb)
+            for regularizer in regularizers:
+                loss = loss + regularizer(model, xb, logits)
             loss.backward()
             optimizer.step()
             total_loss += float(loss.detach()) * len(idx)

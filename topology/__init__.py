@@ -6,6 +6,7 @@ validation. Nothing here does I/O except reading files it is pointed at.
 """
 
 from flmesh.topology.federation import (
+    AggregatorConfig,
     DataConfig,
     Federation,
     FederationError,
@@ -33,6 +34,7 @@ from flmesh.topology.schedules import (
 )
 
 __all__ = [
+    "AggregatorConfig",
     "CyclicSchedule",
     "DataConfig",
     "Federation",

@@ -14,6 +14,8 @@ Sections (all but ``[federation]`` optional)::
                   test_fraction, min_samples
     [model]       name, hidden, channels, norm, groups, weights, small_input
     [rewind]      mode ("off", "previous", "random"), lambda
+    [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
+                  server_epochs, gamma, fedcurv_lambda (present: a star federation)
     [nodes.<id>]  address, partition, and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
@@ -49,6 +51,7 @@ OPTIMIZERS = ("sgd", "adam")
 OBJECTIVES = ("ce", "wsm")
 
 BASELINES = ("none", "standalone", "joint")
+STRATEGIES = ("fedavg", "flashback", "fedcurv")
 
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -113,6 +116,31 @@ class RewindConfig:
 
 
 @dataclass(frozen=True)
+class AggregatorConfig:
+    """The optional server role (``[aggregator]``): a star federation around one aggregator.
+
+    ``fraction`` is C, the share of nodes sampled per round (at least one);
+    ``deadline_s`` closes a round with the updates that arrived (stragglers are
+    dropped); fewer than ``min_updates`` keeps the previous global model.
+    ``public_fraction`` of the data set is carved out before partitioning as the
+    aggregator's labelled public split (Flashback's server distillation), never
+    overlapping client data. ``server_epochs`` is Flashback's E_s and ``gamma``
+    the rate at which its global label count pi grows (Algorithm 1; the paper
+    gives no value); ``fedcurv_lambda`` is FedCurv's lambda (Eq. 3).
+    """
+
+    strategy: str = "fedavg"
+    address: str | None = None
+    fraction: float = 1.0
+    min_updates: int = 1
+    deadline_s: float = 120.0
+    public_fraction: float = 0.1
+    server_epochs: float = 1.0
+    gamma: float = 0.1
+    fedcurv_lambda: float = 1.0
+
+
+@dataclass(frozen=True)
 class TopologyConfig:
     graph: str = "complete"
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -147,6 +175,7 @@ class Federation:
     nodes: tuple[NodeConfig, ...]
     rewind: RewindConfig = RewindConfig()
     baseline: str = "none"
+    aggregator: AggregatorConfig | None = None
     source: str = "<federation>"
 
     @property
@@ -278,6 +307,12 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "baseline": _str(BASELINES),
     },
     "rewind": {"mode": _str(REWIND_MODES), "lambda": _num(0, 0.5, lo_open=True)},
+    "aggregator": {
+        "strategy": _str(STRATEGIES), "address": _address, "fraction": _num(0, 1, lo_open=True),
+        "min_updates": _int(1), "deadline_s": _num(0, lo_open=True),
+        "public_fraction": _num(0, 1, hi_open=True), "server_epochs": _num(0),
+        "gamma": _num(0, 1, lo_open=True), "fedcurv_lambda": _num(0),
+    },
     "topology": {
         "nodes": _int(2), "graph": _str(), "params": _table, "file": _str(),
         "schedule": _str(SCHEDULES),
@@ -348,6 +383,11 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     model = ModelConfig(**r.section(raw, "model", _SECTIONS["model"]))
     rewind_raw = r.section(raw, "rewind", _SECTIONS["rewind"])
     rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1))
+    aggregator = (AggregatorConfig(**r.section(raw, "aggregator", _SECTIONS["aggregator"]))
+                  if "aggregator" in raw else None)
+    if aggregator is not None and fed.get("baseline", "none") != "none":
+        raise r.fail("[federation] baseline", "baselines compare exchange schedules; "
+                     "remove [aggregator] to run one")
     base = base_dir or Path.cwd()
 
     nodes_raw = raw.get("nodes", {})
@@ -398,7 +438,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         round_timeout_s=fed.get("round_timeout_s", 120.0),
         max_model_mib=fed.get("max_model_mib", 512.0),
         topology=topology, training=training, data=DataConfig(**data), model=model,
-        nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"), source=source,
+        nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
+        aggregator=aggregator, source=source,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     return federation

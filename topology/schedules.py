@@ -205,7 +205,7 @@ REWIND_MODES = ("off", "previous", "random")
 
 
 def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,  # noqa: A002
-                  nodes: Sequence[str]) -> str | None:
+                  nodes: Sequence[str], first_round: int = 2) -> str | None:
     """Where ``node`` rewinds in ``round`` (FedRewind Eq. 2 and Table 4), or None.
 
     ``previous``: the node its model came from (``plan[node].source``).
@@ -213,8 +213,10 @@ def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,  #
     nodes, from (seed, round, node) alone. Either way there is no rewind in round 1,
     where no model has been received yet: the node trains all E epochs locally,
     so every variant has the same budget and the same first round.
+    ``first_round=1`` is for rewind with a server (Eq. 4, Alg. 2), where the chain
+    is fixed and a previous node exists from round 1 (pass the chain's plan).
     """
-    if mode == "off" or round < 2:
+    if mode == "off" or round < first_round:
         return None
     if mode == "previous":
         return plan[node].source

@@ -12,7 +12,7 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 PROTO_ROOT = PROTO_DIR.parent.parent  # the folder that holds flmesh/v1/*.proto
-PROTO_FILES = ("model.proto", "peer.proto")
+PROTO_FILES = ("model.proto", "peer.proto", "aggregator.proto")
 
 
 def generate(out_root: Path) -> list[Path]:
