@@ -58,6 +58,84 @@ def _nan_to_none(values) -> list[float | None]:
     return [None if v is None or (isinstance(v, float) and np.isnan(v)) else float(v) for v in values]
 
 
+def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, prev_global: np.ndarray | None,
+             reports: dict[str, StarReport] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+    """The rounds.jsonl object of a star round, and the global per-class accuracy (for the next F_t).
+
+    Accuracies are fractions. ``accuracy`` and ``per_class_accuracy`` are the global
+    model's on the union of the nodes' test splits; ``global_forgetting`` is F_t and
+    each node's ``local_forgetting`` F_k,t (Flashback, drops positive);
+    ``client_forgetting`` is WSM's F_k (Eq. 11-12) over this round's participants.
+    ``reports`` (node-side details) are optional: an aggregator process has none.
+    """
+    glob = _pooled(outcome.global_eval, num_classes)
+    start = _pooled(outcome.start_eval, num_classes)
+    total = sum(r.total for r in outcome.global_eval.values())
+    accuracy = sum(r.correct for r in outcome.global_eval.values()) / total if total else 0.0
+    evaluated = [i for i in node_ids if i in outcome.global_eval]
+    per_node = np.array([outcome.global_eval[i].accuracy for i in evaluated])
+    fed = federation_metrics(np.tile(per_node, (len(per_node), 1))) if len(per_node) else None
+    participants = [k for k in outcome.received if k in outcome.start_eval]
+    wsm = None
+    if len(participants) >= 2:
+        before = np.array([outcome.start_eval[k].accuracy for k in participants])
+        after = np.array([[outcome.local_evals[i][k].accuracy for k in participants]
+                          for i in participants])
+        wsm = client_forgetting(before, after)
+    nodes: dict[str, Any] = {}
+    for node in node_ids:
+        rep = (reports or {}).get(node)
+        entry: dict[str, Any] = {"selected": node in outcome.selected, "submitted": node in outcome.received}
+        if node in outcome.local_evals:
+            local_pc = _pooled(outcome.local_evals[node], num_classes)
+            entry["local_forgetting"] = _nan_to_none([local_forgetting(start, local_pc)])[0]
+            entry["local_per_class_accuracy"] = _nan_to_none(local_pc)
+        if wsm is not None and node in participants:
+            entry["client_forgetting"] = float(wsm.per_client[participants.index(node)])
+        if rep is not None and rep.selected:
+            entry.update({
+                "accuracy": rep.local.accuracy if rep.local else None,
+                "start_accuracy": rep.start.accuracy if rep.start else None,
+                "train_loss": rep.train.loss if rep.train else None, "late": rep.late,
+                "rewound_to": rep.rewound_to, "wall_s": round(rep.wall_s, 4), "notes": list(rep.notes),
+            })
+        nodes[node] = entry
+    row = {
+        "round": outcome.round, "accuracy": accuracy,
+        "fa": fed.fa if fed else None, "ff": fed.ff if fed else None, "pfa": fed.pfa if fed else None,
+        "per_class_accuracy": _nan_to_none(glob),
+        "global_forgetting": (_nan_to_none([global_forgetting(prev_global, glob)])[0]
+                              if prev_global is not None else None),
+        "client_forgetting": wsm.mean if wsm is not None else None,
+        "selected": outcome.selected, "received": outcome.received, "missing": outcome.missing,
+        "aggregated": outcome.aggregated, "notes": outcome.notes, "nodes": nodes,
+        "wall_s": round(outcome.wall_s, 4),
+    }
+    return row, glob
+
+
+def star_summary(federation: Federation, rows: list[dict[str, Any]], rounds_done: int, wall_s: float,
+                 out_dir: Path) -> dict[str, Any]:
+    """summary.json of a star run: the last round's numbers, the accuracy curve, mean F_t."""
+    fed = federation
+    agg = fed.aggregator
+    last = rows[-1] if rows else None
+    forgetting = [r["global_forgetting"] for r in rows if r["global_forgetting"] is not None]
+    return {
+        "federation": fed.name, "file": fed.source, "seed": fed.seed, "strategy": agg.strategy,
+        "objective": fed.training.objective,
+        "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
+        "fraction": agg.fraction, "nodes": fed.node_ids, "dataset": fed.data.dataset,
+        "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.name,
+        "rounds": rounds_done, "rounds_planned": fed.rounds, "interrupted": rounds_done < fed.rounds,
+        "final": ({"accuracy": last["accuracy"], "fa": last["fa"], "ff": last["ff"], "pfa": last["pfa"]}
+                  if last else None),
+        "accuracy_curve": [r["accuracy"] for r in rows],
+        "mean_global_forgetting": float(np.mean(forgetting)) if forgetting else None,
+        "wall_s": round(wall_s, 3), "out_dir": str(out_dir),
+    }
+
+
 class StarSimulation:
     def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1):
         if federation.aggregator is None:
@@ -158,51 +236,8 @@ class StarSimulation:
 
     def row(self, outcome: RoundOutcome, reports: list[StarReport], prev_global: np.ndarray | None
             ) -> tuple[dict[str, Any], np.ndarray]:
-        num_classes = self.nodes[0].data.train.num_classes
-        ids = [n.node_id for n in self.nodes]
-        glob = _pooled(outcome.global_eval, num_classes)
-        start = _pooled(outcome.start_eval, num_classes)
-        total = sum(r.total for r in outcome.global_eval.values())
-        accuracy = sum(r.correct for r in outcome.global_eval.values()) / total if total else 0.0
-        per_node = np.array([outcome.global_eval[i].accuracy for i in ids])
-        fed = federation_metrics(np.tile(per_node, (len(ids), 1)))
-        participants = outcome.received
-        wsm = None
-        if len(participants) >= 2:
-            before = np.array([outcome.start_eval[k].accuracy for k in participants])
-            after = np.array([[outcome.local_evals[i][k].accuracy for k in participants]
-                              for i in participants])
-            wsm = client_forgetting(before, after)
-        nodes: dict[str, Any] = {}
-        for rep in reports:
-            entry: dict[str, Any] = {"selected": rep.selected}
-            if rep.selected:
-                local_pc = (_pooled(outcome.local_evals[rep.node], num_classes)
-                            if rep.node in outcome.local_evals else None)
-                entry.update({
-                    "accuracy": rep.local.accuracy if rep.local else None,
-                    "start_accuracy": rep.start.accuracy if rep.start else None,
-                    "train_loss": rep.train.loss if rep.train else None,
-                    "submitted": rep.submitted, "late": rep.late, "rewound_to": rep.rewound_to,
-                    "local_forgetting": (_nan_to_none([local_forgetting(start, local_pc)])[0]
-                                         if local_pc is not None else None),
-                    "local_per_class_accuracy": _nan_to_none(local_pc) if local_pc is not None else None,
-                    "client_forgetting": (float(wsm.per_client[participants.index(rep.node)])
-                                          if wsm is not None and rep.node in participants else None),
-                    "wall_s": round(rep.wall_s, 4), "notes": list(rep.notes),
-                })
-            nodes[rep.node] = entry
-        row = {
-            "round": outcome.round, "accuracy": accuracy, "fa": fed.fa, "ff": fed.ff, "pfa": fed.pfa,
-            "per_class_accuracy": _nan_to_none(glob),
-            "global_forgetting": (_nan_to_none([global_forgetting(prev_global, glob)])[0]
-                                  if prev_global is not None else None),
-            "client_forgetting": wsm.mean if wsm is not None else None,
-            "selected": outcome.selected, "received": outcome.received, "missing": outcome.missing,
-            "aggregated": outcome.aggregated, "notes": outcome.notes, "nodes": nodes,
-            "wall_s": round(outcome.wall_s, 4),
-        }
-        return row, glob
+        return star_row(outcome, [n.node_id for n in self.nodes], self.nodes[0].data.train.num_classes,
+                        prev_global, {r.node: r for r in reports})
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         fed = self.federation
@@ -232,21 +267,4 @@ class StarSimulation:
         return summary
 
     def _summary(self, rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-        fed = self.federation
-        agg = fed.aggregator
-        last = rows[-1] if rows else None
-        forgetting = [r["global_forgetting"] for r in rows if r["global_forgetting"] is not None]
-        return {
-            "federation": fed.name, "file": fed.source, "seed": fed.seed, "strategy": agg.strategy,
-            "objective": fed.training.objective,
-            "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
-            "fraction": agg.fraction, "nodes": fed.node_ids, "dataset": fed.data.dataset,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.name,
-            "rounds": self.rounds_done, "rounds_planned": fed.rounds,
-            "interrupted": self.rounds_done < fed.rounds,
-            "final": ({"accuracy": last["accuracy"], "fa": last["fa"], "ff": last["ff"], "pfa": last["pfa"]}
-                      if last else None),
-            "accuracy_curve": [r["accuracy"] for r in rows],
-            "mean_global_forgetting": float(np.mean(forgetting)) if forgetting else None,
-            "wall_s": round(wall_s, 3), "out_dir": str(self.out_dir),
-        }
+        return star_summary(self.federation, rows, self.rounds_done, wall_s, self.out_dir)

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flmesh.node.aggregator_client import AggregatorClient
 from flmesh.node.channels import BindError
-from flmesh.node.client import PeerClient, PeerError
+from flmesh.node.client import PeerClient, PeerError, with_retry
 from flmesh.node.data import DataError
 from flmesh.node.device import DeviceError
 from flmesh.node.models import ModelError
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for the scheduled peers to answer Hello (default 120)")
     p.add_argument("--cross-eval", action="store_true",
                    help="after each round, evaluate this node's model on every peer's test split")
+    p.add_argument("--aggregator", metavar="HOST:PORT",
+                   help="the aggregator of a star federation (default: [aggregator] address)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a federation-file key, e.g. training.epochs=2")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -81,9 +84,20 @@ def parse_peers(items: list[str], federation: Federation, me: str) -> dict[str, 
 
 
 def scheduled_peers(federation: Federation, me: str) -> set[str]:
-    """Every peer this node will receive from, send to or rewind to over the whole run."""
+    """Every peer this node will receive from, send to or rewind to over the whole run.
+
+    In a star federation nodes only talk to the aggregator, and to the previous
+    node of the rewind chain when rewind is on."""
     schedule = federation.schedule()
     needed: set[str] = set()
+    if federation.aggregator is not None:
+        chain = schedule.plan(2)
+        for t in range(1, federation.rounds + 1):
+            target = rewind_target(chain, me, federation.rewind.mode, round=t, seed=federation.seed,
+                                   nodes=federation.node_ids, first_round=1)
+            if target:
+                needed.add(target)
+        return needed
     for t in range(1, federation.rounds + 1):
         plan = schedule.plan(t)
         hop = plan[me]
@@ -144,6 +158,58 @@ def linger(node: Node, peers: dict[str, str], timeout: float, stopped: list[str]
     return sorted(pending)
 
 
+def run_star(node: Node, federation: Federation, address: str, args: argparse.Namespace, out: Path,
+             stopped: list[str], reports: list) -> int:
+    """The node's rounds in a star federation: join, then fetch / train / submit each round.
+
+    Keeps serving (Evaluate, Rewind) until the aggregator says it is done, so the
+    aggregator can evaluate the last round. Returns the exit status.
+    """
+    agg = federation.aggregator
+    client = AggregatorClient(address, timeout=federation.round_timeout_s)
+    prog = f"fl-node {node.node_id}"
+    try:
+        with_retry(lambda: client.join(node.node_id, len(node.data.train), node.data.train.label_counts(),
+                                       node.address or "", timeout=5.0),
+                   args.hello_timeout, should_stop=lambda: bool(stopped))
+        log.info("joined the aggregator at %s (%s)", address, agg.strategy)
+        with (out / "rounds.jsonl").open("w", encoding="utf-8") as rounds_file:
+            for t in range(1, federation.rounds + 1):
+                if stopped:
+                    break
+                report = node.run_star_round(t, client, agg.strategy, fedcurv_lambda=agg.fedcurv_lambda)
+                reports.append(report)
+                row = {"round": t, "node": node.node_id, "selected": report.selected,
+                       "submitted": report.submitted, "late": report.late,
+                       "start_accuracy": report.start.accuracy if report.start else None,
+                       "accuracy": report.local.accuracy if report.local else None,
+                       "train_loss": report.train.loss if report.train else None,
+                       "rewound_to": report.rewound_to, "wall_s": round(report.wall_s, 4),
+                       "notes": list(report.notes)}
+                rounds_file.write(json.dumps(row) + "\n")
+                rounds_file.flush()
+                if report.selected:
+                    log.info("round %d/%d: global %.1f%% -> local %.1f%%%s, submitted, %.1fs", t,
+                             federation.rounds, 100 * report.start.accuracy, 100 * report.local.accuracy,
+                             f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s)
+                else:
+                    log.info("round %d/%d: not sampled", t, federation.rounds)
+        deadline = time.monotonic() + federation.round_timeout_s + agg.deadline_s
+        while not stopped and time.monotonic() < deadline:
+            try:
+                if client.status(timeout=2.0).state == "done":
+                    break
+            except PeerError:
+                break  # the aggregator is gone: nothing more to serve
+            time.sleep(0.2)  # a poll interval, not a wait for a result
+    except PeerError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
 def report_row(report: RoundReport, cross: dict[str, float] | None) -> dict[str, Any]:
     row = {
         "round": report.round, "node": report.node, "accuracy": report.local.accuracy,
@@ -193,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         if not listen:
             raise UsageError(f"no address to listen on: pass --listen HOST:PORT or set "
                              f"[nodes.{args.id}] address")
+        aggregator = args.aggregator or (federation.aggregator.address if federation.aggregator else None)
+        if federation.aggregator is not None and not aggregator:
+            raise UsageError("no aggregator address: pass --aggregator HOST:PORT or set [aggregator] address")
         node = Node.from_federation(federation, args.id, listen=listen, peers=peers)
         node.start()
     except (*INPUT_ERRORS, UsageError) as exc:
@@ -218,41 +287,46 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: error: peers did not answer Hello within {args.hello_timeout:g}s: "
                   + ", ".join(f"{p} ({peers[p]})" for p in silent), file=sys.stderr)
             status = 1
-        with (out / "rounds.jsonl").open("w", encoding="utf-8") as rounds_file:
-            for t in range(1, federation.rounds + 1):
-                if stopped or status:
-                    break
-                report = node.run_round(t)
-                reports.append(report)
-                missing_peers |= {p for p in (report.missing,) if p}
-                if not report.delivered and report.destination:
-                    missing_peers.add(report.destination)
-                cross = cross_evaluate(node, t) if args.cross_eval else None
-                rounds_file.write(json.dumps(report_row(report, cross)) + "\n")
-                rounds_file.flush()
-                got = (f", received from {report.source} at {100 * report.received_accuracy:.1f}%"
-                       if report.received_accuracy is not None else "")
-                log.info("round %d/%d: accuracy %.1f%%%s%s%s, %.1fs", t, federation.rounds,
-                         100 * report.local.accuracy, got,
-                         f", rewound to {report.rewound_to}" if report.rewound_to else "",
-                         f", sent to {report.destination}" if report.destination and t < federation.rounds
-                         else "", report.wall_s)
-                for note in report.notes:
-                    log.warning("round %d: %s", t, note)
-        if not stopped and not status:
-            busy = linger(node, peers, federation.round_timeout_s, stopped)
-            if busy:
-                log.warning("left while %s still running", ", ".join(busy))
+        if federation.aggregator is not None:
+            if not status:
+                status = run_star(node, federation, aggregator, args, out, stopped, reports)
+        else:
+            with (out / "rounds.jsonl").open("w", encoding="utf-8") as rounds_file:
+                for t in range(1, federation.rounds + 1):
+                    if stopped or status:
+                        break
+                    report = node.run_round(t)
+                    reports.append(report)
+                    missing_peers |= {p for p in (report.missing,) if p}
+                    if not report.delivered and report.destination:
+                        missing_peers.add(report.destination)
+                    cross = cross_evaluate(node, t) if args.cross_eval else None
+                    rounds_file.write(json.dumps(report_row(report, cross)) + "\n")
+                    rounds_file.flush()
+                    got = (f", received from {report.source} at {100 * report.received_accuracy:.1f}%"
+                           if report.received_accuracy is not None else "")
+                    log.info("round %d/%d: accuracy %.1f%%%s%s%s, %.1fs", t, federation.rounds,
+                             100 * report.local.accuracy, got,
+                             f", rewound to {report.rewound_to}" if report.rewound_to else "",
+                             f", sent to {report.destination}" if report.destination and t < federation.rounds
+                             else "", report.wall_s)
+                    for note in report.notes:
+                        log.warning("round %d: %s", t, note)
+            if not stopped and not status:
+                busy = linger(node, peers, federation.round_timeout_s, stopped)
+                if busy:
+                    log.warning("left while %s still running", ", ".join(busy))
     except PeerError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         status = 1
     finally:
+        trained = [r for r in reports if r.local is not None]
         summary = {
             "federation": federation.name, "node": args.id, "address": node.address,
             "rounds": len(reports), "rounds_planned": federation.rounds,
             "interrupted": bool(stopped), "signal": stopped[0] if stopped else None,
-            "final": ({"accuracy": reports[-1].local.accuracy, "round": reports[-1].round}
-                      if reports else None),
+            "final": ({"accuracy": trained[-1].local.accuracy, "round": trained[-1].round}
+                      if trained else None),
             "missing_peers": sorted(missing_peers), "wall_s": round(time.monotonic() - started, 3),
             "pid": os.getpid(),
         }
@@ -266,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: finished {len(reports)} rounds with missing peers: "
               f"{', '.join(sorted(missing_peers))}", file=sys.stderr)
     elif status == 0:
-        print(f"{prog}: done, {len(reports)} rounds, final accuracy "
-              f"{100 * reports[-1].local.accuracy:.1f}%; results in {out}", file=sys.stderr)
+        final = f", final accuracy {100 * trained[-1].local.accuracy:.1f}%" if trained else ""
+        print(f"{prog}: done, {len(reports)} rounds{final}; results in {out}", file=sys.stderr)
     return status
 
 
