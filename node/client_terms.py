@@ -6,8 +6,10 @@ coordinator modules re-export them.
 
 - Flashback (Sec. 4.1, Algorithm 1 line 7): the dynamic per-class alpha of the
   client's single teacher, the global model, from label counts.
-- FedCurv (Sec. 3.1): the aggregates over the *other* nodes, obtained by
-  subtracting this node's own terms from the aggregator's u_t, v_t, w_t.
+- FedCurv (Sec. 3.1): the aggregates u, v, w of Fisher diagonals and
+  parameters (a node without an aggregator sums its peers' itself), and the
+  aggregates over the *other* nodes, by subtracting this node's own terms from
+  the aggregator's u_t, v_t, w_t.
 """
 
 from __future__ import annotations
@@ -96,3 +98,43 @@ def others_terms(u: Mapping[str, torch.Tensor], v: Mapping[str, torch.Tensor],
             w64 = w[key].detach().to(device="cpu", dtype=torch.float64)
             w_o[key] = (w64 - i_s * t_s * t_s).clamp_min(0).to(dtype)
     return u_o, v_o, w_o
+
+
+def aggregate_uv(fishers: Sequence[Mapping[str, torch.Tensor]],
+                 thetas: Sequence[Mapping[str, torch.Tensor]]) -> tuple[Tensors, Tensors, Tensors]:
+    """Sec. 3.1: ``(u, v, w) = (sum_j I_j, sum_j I_j theta_j, sum_j I_j theta_j^2)`` in float64.
+
+    ``fishers[j]`` is node j's Fisher diagonal (:func:`flmesh.node.objectives.fisher_diagonal`),
+    ``thetas[j]`` its parameters (a state dict; only the keys of the Fisher are
+    used). All nodes' Fishers must name the same parameters with matching shapes.
+    """
+    if not fishers:
+        raise ValueError("fedcurv aggregate needs at least one node")
+    if len(fishers) != len(thetas):
+        raise ValueError(f"fedcurv aggregate got {len(fishers)} Fisher diagonals but {len(thetas)} models")
+    keys = list(fishers[0])
+    u: Tensors = {}
+    v: Tensors = {}
+    w: Tensors = {}
+    for j, (fisher, theta) in enumerate(zip(fishers, thetas, strict=True)):
+        if set(fisher) != set(keys):
+            raise ValueError(f"fedcurv: node {j}'s Fisher names different parameters than node 0's")
+        for key in keys:
+            if key not in theta:
+                raise ValueError(f"fedcurv: node {j}'s model has no parameter {key!r}")
+            i_j = fisher[key].detach().to(device="cpu", dtype=torch.float64)
+            t_j = theta[key].detach().to(device="cpu", dtype=torch.float64)
+            if i_j.shape != t_j.shape:
+                raise ValueError(f"fedcurv: node {j}'s Fisher for {key!r} has shape {tuple(i_j.shape)}, "
+                                 f"its parameter {tuple(t_j.shape)}")
+            if key in u and u[key].shape != i_j.shape:
+                raise ValueError(f"fedcurv: node {j}'s {key!r} has shape {tuple(i_j.shape)}, node 0's "
+                                 f"{tuple(u[key].shape)}")
+            it = i_j * t_j
+            if key in u:
+                u[key] += i_j
+                v[key] += it
+                w[key] += it * t_j
+            else:
+                u[key], v[key], w[key] = i_j.clone(), it, it * t_j
+    return u, v, w

@@ -18,6 +18,7 @@ FEDCURV_U = "fedcurv/u/"     # + parameter name: sum_j I_j over the nodes heard 
 FEDCURV_V = "fedcurv/v/"     # sum_j I_j * theta_j
 FEDCURV_W = "fedcurv/w/"     # sum_j I_j * theta_j^2
 FLASHBACK_PI = "flashback/pi"  # the global label count pi, float64 (C,)
+THETA = "theta/"             # + parameter name: a node's parameters in a curvature message
 
 
 def split(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -39,6 +40,13 @@ def submit_spec(strategy: str, model_spec: ModelSpec, params: ModelSpec) -> Mode
     spec = dict(model_spec)
     if strategy == "fedcurv":
         spec.update({FISHER + n: s for n, s in params.items()})
+    return spec
+
+
+def curvature_spec(params: ModelSpec) -> ModelSpec:
+    """A decentralized FedCurv message: a node's parameters and Fisher diagonal (float32)."""
+    spec = {THETA + n: s for n, s in params.items()}
+    spec.update({FISHER + n: (torch.float32, shape) for n, (_, shape) in params.items()})
     return spec
 
 

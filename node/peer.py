@@ -32,7 +32,7 @@ from flmesh.node import codec, extras
 from flmesh.node.aggregator_client import AggregatorClient
 from flmesh.node.channels import bind, make_server
 from flmesh.node.client import PeerClient, PeerError, with_retry
-from flmesh.node.client_terms import client_alpha, others_terms
+from flmesh.node.client_terms import aggregate_uv, client_alpha, others_terms
 from flmesh.node.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta
 from flmesh.node.data import SEED_MODEL, SEED_TRAIN, NodeData, derive_seed, federation_data
 from flmesh.node.device import select_device
@@ -100,7 +100,8 @@ class Node:
                  round_timeout_s: float = 120.0, max_model_bytes: int = 512 * 2**20,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, architecture: str = "",
                  device: torch.device | None = None, index: int = 0,
-                 rewind: RewindConfig | None = None, node_ids: Sequence[str] = ()):
+                 rewind: RewindConfig | None = None, node_ids: Sequence[str] = (),
+                 neighbours: Sequence[str] = ()):
         self.node_id = node_id
         self.federation = federation
         self.architecture = architecture
@@ -119,6 +120,10 @@ class Node:
         self.rewind = rewind or RewindConfig()
         self.node_ids = list(node_ids) or sorted({node_id, *(peers or {})})
         self._unreachable: set[str] = set()
+        # Decentralized FedCurv: the latest (Fisher diagonal, parameters) heard from each peer.
+        self.neighbours = list(neighbours)
+        self._curvature: dict[str, tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor]]] = {}
+        self._params_spec = extras.trainable_spec(model)
         self.objective = make_objective(training.objective,
                                         class_proportions=data.train.label_counts())
         self._fedcurv_own: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
@@ -161,7 +166,8 @@ class Node:
                    max_model_bytes=int(federation.max_model_mib * 2**20), chunk_bytes=chunk_bytes,
                    architecture=federation.model.name,
                    device=select_device(cfg.training.device), index=cfg.index,
-                   rewind=federation.rewind, node_ids=federation.node_ids)
+                   rewind=federation.rewind, node_ids=federation.node_ids,
+                   neighbours=_neighbours(federation, node_id))
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
@@ -262,6 +268,10 @@ class Node:
     def expected_spec(self) -> codec.ModelSpec:
         return self._spec
 
+    @property
+    def curvature_spec(self) -> codec.ModelSpec:
+        return extras.curvature_spec(self._params_spec)
+
     def _check_peer(self, peer_id: str) -> None:
         """Only members of the federation may deliver, rewind or say hello (an address
         is not needed: a node's source may be a node it never sends to)."""
@@ -277,11 +287,56 @@ class Node:
     def accept(self, model: codec.DecodedModel) -> bool:
         """Put a delivered model in the inbox; False for a duplicate (sender, round, kind)."""
         self._check_peer(model.meta.sender)
+        if model.meta.kind == "curvature":
+            return self._store_curvature(model)
         fresh = self.inbox.put(InboxKey(model.meta.round, model.meta.sender, model.meta.kind), model)
         if not fresh:
             log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id,
                      model.meta.kind, model.meta.sender, model.meta.round)
         return fresh
+
+    def _store_curvature(self, model: codec.DecodedModel) -> bool:
+        """Keep a peer's newest (Fisher, parameters); False when not newer than what we have."""
+        sender, round_ = model.meta.sender, model.meta.round
+        with self._lock:
+            if sender in self._curvature and self._curvature[sender][0] >= round_:
+                return False
+            self._curvature[sender] = (round_, extras.split(model.state_dict, extras.FISHER),
+                                       extras.split(model.state_dict, extras.THETA))
+            return True
+
+    def _curvature_penalty(self) -> list[Regularizer]:
+        """FedCurv's Eq. 3 without an aggregator: lambda * sum over the peers heard from of
+        (theta - theta_j)^T diag(I_j) (theta - theta_j), summed here in float64 (Sec. 3.1's
+        u, v, w). Nothing before any peer has sent its Fisher (so nothing in round 1)."""
+        lam = self.training.fedcurv_lambda
+        with self._lock:
+            terms = [(f, t) for peer, (_, f, t) in self._curvature.items() if peer != self.node_id]
+        if lam <= 0 or not terms:
+            return []
+        u, v, w = aggregate_uv([f for f, _ in terms], [t for _, t in terms])
+        on_device = [{k: x.to(self.device) for k, x in d.items()} for d in (u, v, w)]
+
+        def penalty(model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+            return fedcurv_penalty(model, on_device[0], on_device[1], lam, on_device[2])
+
+        return [penalty]
+
+    def _share_curvature(self, round: int) -> None:  # noqa: A002
+        """Send this node's trained parameters and Fisher diagonal to every neighbour
+        (best effort: a neighbour that cannot be reached is logged and skipped)."""
+        self._set_state("sending")
+        fisher = fisher_diagonal(self.model, self.data.train, self.training.batch_size, self.device)
+        params = dict(self.model.named_parameters())
+        state = {extras.THETA + k: params[k].detach().to("cpu") for k in fisher}
+        state.update({extras.FISHER + k: v.to(torch.float32) for k, v in fisher.items()})
+        message = codec.encode(state, ModelMeta(round=round, sender=self.node_id, kind="curvature"))
+        for peer in self.neighbours:
+            try:
+                self.client(peer).deliver(message, timeout=min(self.round_timeout_s, 30.0))
+            except (PeerError, UnknownPeerError) as exc:
+                log.warning("%s: round %d: could not share curvature with %s: %s", self.node_id, round,
+                            peer, exc)
 
     def evaluate_state(self, state: Mapping[str, torch.Tensor]) -> EvalResult:
         return evaluate(self.fresh_model(state), self.data.test, device=self.device)
@@ -413,7 +468,9 @@ class Node:
                 log.warning("%s: round %d: %s", self.node_id, round, notes[-1])
         target = rewind_target(plan, self.node_id, self.rewind.mode, round=round, seed=self.seed,
                                nodes=self.node_ids)
-        stats, rewound_to = self._train_round(round, target, notes)
+        stats, rewound_to = self._train_round(round, target, notes, self._curvature_penalty())
+        if self.training.fedcurv_lambda > 0 and round < self.rounds:
+            self._share_curvature(round)
         local = evaluate(self.model, self.data.test, device=self.device)
         with self._lock:
             self._round = round
@@ -527,3 +584,11 @@ class Node:
                 break
             reports.append(self.run_round(t))
         return reports
+
+
+def _neighbours(federation: Federation, node_id: str) -> list[str]:
+    """The nodes ``node_id`` has an edge to in the federation's graph, in federation order."""
+    graph = federation.graph()
+    succ = graph.successors(node_id) if graph.is_directed() else graph.neighbors(node_id)
+    near = set(succ) - {node_id}
+    return [n for n in federation.node_ids if n in near]

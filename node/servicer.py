@@ -8,6 +8,7 @@ trains or holds state.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -33,6 +34,9 @@ class PeerLogic(Protocol):
 
     @property
     def expected_spec(self) -> codec.ModelSpec: ...
+
+    @property
+    def curvature_spec(self) -> codec.ModelSpec: ...
 
     def hello(self, node_id: str) -> int: ...
 
@@ -60,8 +64,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.logic = logic
 
     def _decode(self, chunks: Iterator[pb.ModelChunk], context: grpc.ServicerContext) -> codec.DecodedModel:
+        """Decode a stream against the local model, or against the curvature spec when the
+        header says it carries FedCurv terms (the header is read first to choose)."""
+        chunks = iter(chunks)
+        first = next(chunks, None)
+        spec = self.logic.expected_spec
+        if first is not None and first.WhichOneof("payload") == "header" \
+                and first.header.kind == pb.MODEL_KIND_CURVATURE:
+            spec = self.logic.curvature_spec
+        stream = itertools.chain([first], chunks) if first is not None else iter(())
         try:
-            return codec.decode(chunks, self.logic.expected_spec, self.logic.max_model_bytes)
+            return codec.decode(stream, spec, self.logic.max_model_bytes)
         except codec.CodecError as exc:
             context.abort(_CODEC_STATUS[exc.reason], f"{self.logic.node_id}: {exc}")
 

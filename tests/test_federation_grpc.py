@@ -228,3 +228,49 @@ def test_unreachable_rewind_node_trains_locally_instead():
     assert any("rewind to node0 failed" in note for note in report.notes)
     n = len(node.data.train)
     assert report.train.steps == steps_for(0.8, n, 16) + 2 * steps_for(0.1, n, 16)
+
+
+def _run_rounds(fed, rounds):
+    nodes = _started(fed)
+    try:
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            for t in range(1, rounds + 1):
+                list(pool.map(lambda n, t=t: n.run_round(t), nodes))
+        return {n.node_id: n for n in nodes}, {n.node_id: n.state_dict() for n in nodes}
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+
+
+def test_decentralized_fedcurv_shares_fisher_with_neighbours_and_penalises():
+    with_penalty = parse_federation(tiny_raw(nodes=3, rounds=3, training={"fedcurv_lambda": 5.0}))
+    without = parse_federation(tiny_raw(nodes=3, rounds=3))
+    nodes, states = _run_rounds(with_penalty, 2)
+    _, plain = _run_rounds(without, 2)
+    for node_id, node in nodes.items():
+        heard = node._curvature
+        assert set(heard) == set(nodes) - {node_id}, "every neighbour's Fisher arrived"
+        assert all(r == 2 for r, _, _ in heard.values()), "the newest round is kept"
+        fisher = next(iter(heard.values()))[1]
+        assert set(fisher) == {k for k, _ in node.model.named_parameters()}
+        assert all((f >= 0).all() for f in fisher.values()) and any(f.sum() > 0 for f in fisher.values())
+        assert node._curvature_penalty(), "the penalty is on from round 2"
+    # round 1 trains identically (no penalty yet), so any difference comes from round 2's penalty
+    assert not states_equal(states["node0"], plain["node0"])
+
+
+def test_curvature_messages_are_checked_and_deduplicated(nodes):
+    target = nodes[1]
+    spec = target.curvature_spec
+    good = {k: torch.ones(shape, dtype=dtype) for k, (dtype, shape) in spec.items()}
+    with PeerClient("node1", target.address) as client:
+        msg = codec.encode(good, ModelMeta(round=2, sender="node0", kind="curvature"))
+        assert client.deliver(msg).accepted
+        assert client.deliver(msg).duplicate
+        older = codec.encode(good, ModelMeta(round=1, sender="node0", kind="curvature"))
+        assert client.deliver(older).duplicate, "an older round does not replace a newer one"
+        bad = dict(good)
+        bad["fisher/net.1.weight"] = torch.ones(2, 2)
+        with pytest.raises(PeerError, match="INVALID_ARGUMENT: node1: tensor 'fisher/net.1.weight': shape"):
+            client.deliver(codec.encode(bad, ModelMeta(round=3, sender="node0", kind="curvature")))
+    assert len(target.inbox) == 0 and target._curvature["node0"][0] == 2

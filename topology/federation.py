@@ -9,7 +9,8 @@ Sections (all but ``[federation]`` optional)::
 
     [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline
     [topology]    nodes, graph, params, file, schedule
-    [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device
+    [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
+                  fedcurv_lambda
     [data]        dataset, root, download, partition, alpha, shards_per_node,
                   test_fraction, min_samples
     [model]       name, hidden, channels, norm, groups, weights, small_input
@@ -72,6 +73,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     objective: str = "ce"
     device: str = "auto"
+    fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ _TRAINING: dict[str, Check] = {
     "weight_decay": _num(0),
     "objective": _str(OBJECTIVES),
     "device": _device,
+    "fedcurv_lambda": _num(0),
 }
 
 _SECTIONS: dict[str, dict[str, Check]] = {

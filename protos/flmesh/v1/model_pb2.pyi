@@ -29,6 +29,7 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_KIND_GLOBAL: _ClassVar[ModelKind]
     MODEL_KIND_UPDATE: _ClassVar[ModelKind]
     MODEL_KIND_EVAL: _ClassVar[ModelKind]
+    MODEL_KIND_CURVATURE: _ClassVar[ModelKind]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT64: DType
@@ -46,6 +47,7 @@ MODEL_KIND_REWIND: ModelKind
 MODEL_KIND_GLOBAL: ModelKind
 MODEL_KIND_UPDATE: ModelKind
 MODEL_KIND_EVAL: ModelKind
+MODEL_KIND_CURVATURE: ModelKind
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
