@@ -107,6 +107,9 @@ def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, prev_
         "global_forgetting": (_nan_to_none([global_forgetting(prev_global, glob)])[0]
                               if prev_global is not None else None),
         "client_forgetting": wsm.mean if wsm is not None else None,
+        # WSM Eq. 11: F_ki, row i the participant whose training caused the drop on k's test split
+        "client_forgetting_matrix": ({"nodes": participants, "values": wsm.matrix.round(6).tolist()}
+                                     if wsm is not None else None),
         "selected": outcome.selected, "received": outcome.received, "missing": outcome.missing,
         "aggregated": outcome.aggregated, "notes": outcome.notes, "nodes": nodes,
         "wall_s": round(outcome.wall_s, 4),

@@ -215,3 +215,19 @@ address = "127.0.0.1:{ports[3]}"
     assert set(rows[-1]["nodes"]) == {"a", "b", "c"}
     node_rows = [json.loads(x) for x in (tmp_path / "runs/agg-b/rounds.jsonl").read_text().splitlines()]
     assert all(r["selected"] and r["submitted"] and r["rewound_to"] == "a" for r in node_rows)
+
+
+def test_public_split_never_overlaps_client_data():
+    from flmesh.node.data import ArrayData, federation_data, load_digits, public_data
+
+    digits = load_digits()
+    tagged = ArrayData(torch.arange(len(digits), dtype=torch.float32).view(-1, 1), digits.y, 10)
+    fed = parse_federation(tiny_raw(nodes=4, aggregator={"public_fraction": 0.2}))
+    public = set(public_data(fed, tagged).x.view(-1).long().tolist())
+    clients = set()
+    for split in federation_data(fed, tagged).values():
+        clients |= set(split.train.x.view(-1).long().tolist()) | set(split.test.x.view(-1).long().tolist())
+    assert not public & clients and len(public | clients) == len(digits)
+    assert abs(len(public) - 0.2 * len(digits)) < 10
+    counts = torch.bincount(digits.y[sorted(public)], minlength=10)
+    assert counts.min() > 0, "stratified: every class is in the public split"
