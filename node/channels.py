@@ -6,10 +6,12 @@ module builds a server or channel ad hoc.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
-from flmesh.node.codec import DEFAULT_CHUNK_BYTES
+
+from flmesh.node.codec import DEFAULT_CHUNK_BYTES, parse_chunk
 
 #: Largest single gRPC message. Model data arrives in chunks of at most a few
 #: MiB; the margin is for headers of models with many tensors.
@@ -35,6 +37,31 @@ _CHANNEL_OPTIONS = _COMMON_OPTIONS + [
 ]
 
 
+#: Client-streaming RPCs whose requests are plain ModelChunks.
+MODEL_STREAM_METHODS = frozenset({"/flmesh.v1.Peer/Deliver", "/flmesh.v1.Peer/Evaluate"})
+
+
+class _ModelStreamReader(grpc.ServerInterceptor):
+    """Reads the request streams of MODEL_STREAM_METHODS with :func:`codec.parse_chunk`.
+
+    Same wire bytes, same handlers: only the deserializer changes, so data
+    chunks reach the codec as views of the received bytes instead of being
+    parsed and copied twice more (about 10% of Deliver's time for a big model).
+    """
+
+    def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if (handler is None or handler_call_details.method not in MODEL_STREAM_METHODS
+                or handler.stream_unary is None):
+            return handler
+        return grpc.stream_unary_rpc_method_handler(
+            handler.stream_unary, request_deserializer=parse_chunk,
+            response_serializer=handler.response_serializer)
+
+
 class BindError(OSError):
     """A server could not listen on the requested address."""
 
@@ -42,7 +69,7 @@ class BindError(OSError):
 def make_server(max_workers: int = 8) -> grpc.Server:
     """A gRPC server with flmesh's options and a thread pool of ``max_workers``."""
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flmesh-rpc"),
-                       options=_SERVER_OPTIONS)
+                       options=_SERVER_OPTIONS, interceptors=[_ModelStreamReader()])
 
 
 def bind(server: grpc.Server, address: str) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import grpc
+
 from flmesh.node import codec
 from flmesh.node.channels import make_channel
 from flmesh.node.codec import DEFAULT_CHUNK_BYTES, EncodedModel
@@ -20,6 +21,8 @@ from flmesh.node.trainer import EvalResult
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
 T = TypeVar("T")
+
+_REWIND_CHUNK_FIELD = peer_pb2.RewindRequest.DESCRIPTOR.fields_by_name["chunk"].number
 
 #: gRPC codes worth retrying: the peer may come (back) up or free resources.
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -45,6 +48,17 @@ class PeerClient:
         self.chunk_bytes, self.timeout = chunk_bytes, timeout
         self._channel = make_channel(address)
         self._stub = peer_pb2_grpc.PeerStub(self._channel)
+        # Model streams go out pre-serialised (EncodedModel.frames) and come back
+        # through codec.parse_chunk: the stub's bytes on the wire, fewer copies.
+        self._deliver = self._channel.stream_unary(
+            "/flmesh.v1.Peer/Deliver", request_serializer=None,
+            response_deserializer=peer_pb2.DeliverReply.FromString, _registered_method=True)
+        self._evaluate = self._channel.stream_unary(
+            "/flmesh.v1.Peer/Evaluate", request_serializer=None,
+            response_deserializer=peer_pb2.EvaluateReply.FromString, _registered_method=True)
+        self._rewind = self._channel.stream_stream(
+            "/flmesh.v1.Peer/Rewind", request_serializer=None,
+            response_deserializer=codec.parse_chunk, _registered_method=True)
 
     def close(self) -> None:
         self._channel.close()
@@ -68,12 +82,12 @@ class PeerClient:
                                                    wait_for_ready=wait_for_ready))
 
     def deliver(self, model: EncodedModel, timeout: float | None = None) -> peer_pb2.DeliverReply:
-        return self._call(lambda: self._stub.Deliver(model.chunks(self.chunk_bytes),
-                                                     timeout=timeout or self.timeout))
+        return self._call(lambda: self._deliver(model.frames(self.chunk_bytes),
+                                                timeout=timeout or self.timeout))
 
     def evaluate(self, model: EncodedModel, timeout: float | None = None) -> EvalResult:
-        reply = self._call(lambda: self._stub.Evaluate(model.chunks(self.chunk_bytes),
-                                                       timeout=timeout or self.timeout))
+        reply = self._call(lambda: self._evaluate(model.frames(self.chunk_bytes),
+                                                  timeout=timeout or self.timeout))
         return eval_result(reply)
 
     def rewind(self, model: EncodedModel, epochs: float, round: int, sender: str,  # noqa: A002
@@ -81,13 +95,13 @@ class PeerClient:
                timeout: float | None = None) -> codec.DecodedModel:
         """Ask the peer to train ``model`` for ``epochs`` on its data; the model it sends back."""
 
-        def requests() -> Iterator[peer_pb2.RewindRequest]:
-            yield peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(epochs=epochs, round=round, sender=sender))
-            for chunk in model.chunks(self.chunk_bytes):
-                yield peer_pb2.RewindRequest(chunk=chunk)
+        def requests() -> Iterator[bytes]:
+            spec = peer_pb2.RewindSpec(epochs=epochs, round=round, sender=sender)
+            yield peer_pb2.RewindRequest(spec=spec).SerializeToString()
+            yield from model.frames(self.chunk_bytes, field=_REWIND_CHUNK_FIELD)
 
         def call() -> codec.DecodedModel:
-            return codec.decode(self._stub.Rewind(requests(), timeout=timeout or self.timeout),
+            return codec.decode(self._rewind(requests(), timeout=timeout or self.timeout),
                                 expected, max_bytes)
 
         return self._call(call)

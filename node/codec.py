@@ -12,26 +12,38 @@ names, dtypes and shapes; while bytes arrive their count is bounded by the
 header; at the end the SHA-256 must match. Every failure raises
 :class:`CodecError` whose ``reason`` the servicer maps to a gRPC status and
 whose message names the tensor or the limit.
+
+Speed (benchmarks/transport.py): senders stream pre-serialised frames
+(:meth:`EncodedModel.frames`); receivers read data chunks as views
+(:func:`parse_chunk`, installed by channels.py), hash on a helper thread
+while chunks arrive, and write into recycled buffers (page faults on fresh
+memory cost as much as the copy).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import mmap
+import queue
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
 from flmesh.v1 import model_pb2 as pb
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("flmesh's wire format is little-endian; big-endian hosts are not supported")
 
 #: Default payload bytes per data message. Large chunks amortise per-message
-#: overhead; the gRPC message limit in channels.py leaves room above this.
-DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+#: overhead, small ones stay in cache through gRPC's copies; 1 MiB measured
+#: best (benchmarks/transport.py). The gRPC message limit in channels.py
+#: leaves room above this.
+DEFAULT_CHUNK_BYTES = 1024 * 1024
 ALIGN = 64
 
 _TO_WIRE = {
@@ -43,8 +55,76 @@ _TO_WIRE = {
 _FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
 
 KINDS = {"trained": pb.MODEL_KIND_TRAINED, "rewind": pb.MODEL_KIND_REWIND,
-         "global": pb.MODEL_KIND_GLOBAL, "update": pb.MODEL_KIND_UPDATE, "eval": pb.MODEL_KIND_EVAL}
+         "global": pb.MODEL_KIND_GLOBAL, "update": pb.MODEL_KIND_UPDATE, "eval": pb.MODEL_KIND_EVAL,
+         "curvature": pb.MODEL_KIND_CURVATURE}
 _KIND_NAMES = {v: k for k, v in KINDS.items()}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(field: int) -> bytes:
+    return _varint(field << 3 | 2)  # wire type 2: length-delimited
+
+
+_DATA_TAG = _tag(pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number)
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``raw[pos:]`` and the position after it; (-1, pos) if there is none."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(raw))):
+        value |= (raw[i] & 0x7F) << shift
+        if raw[i] < 0x80:
+            return value, i + 1
+        shift += 7
+    return -1, pos
+
+
+class DataChunk:
+    """A ``ModelChunk(data=...)`` read without protobuf; ``data`` is a view of the received bytes.
+
+    :func:`parse_chunk` returns one for a data message, which skips two copies
+    of every payload byte (the parse and the ``data`` accessor). It offers the
+    part of ModelChunk's API that reading a stream needs.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: memoryview):
+        self.data = data
+
+    def WhichOneof(self, oneof_group: str) -> str | None:  # protobuf's name
+        if oneof_group != "payload":
+            raise ValueError(f"ModelChunk has no oneof {oneof_group!r}")
+        return "data"
+
+    def HasField(self, field_name: str) -> bool:  # protobuf's name
+        return field_name in ("payload", "data")
+
+    @property
+    def header(self) -> pb.ModelHeader:
+        return pb.ModelHeader()
+
+
+def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
+    """Deserialise one ModelChunk: data messages as :class:`DataChunk`, anything else with protobuf.
+
+    A message whose only field is ``data`` (tag, length, bytes to the end) is
+    what protobuf would parse too; every other form, valid or not, goes to
+    ``ModelChunk.FromString`` and gets its exact behaviour.
+    """
+    if raw[:1] == _DATA_TAG:
+        length, start = _read_varint(raw, 1)
+        if length >= 0 and start + length == len(raw):
+            return DataChunk(memoryview(raw)[start:])
+    return pb.ModelChunk.FromString(raw)
 
 
 class CodecError(ValueError):
@@ -89,6 +169,68 @@ def _wire_name(code: int) -> str:
         else f"dtype #{code}"
 
 
+#: Received payloads at least this large are hashed on a helper thread while they arrive.
+_THREADED_HASH_BYTES = 1 << 20
+
+
+class _Hasher:
+    """SHA-256 of a buffer filled front to back, optionally on a helper thread.
+
+    hashlib releases the GIL for large updates, so the digest of the bytes
+    received so far is computed while the receiving thread waits for and
+    copies the next chunk. Work is handed over in batches of at least
+    ``batch`` bytes: every hand-over wakes a thread, which is not free.
+    """
+
+    def __init__(self, view: memoryview, threaded: bool, batch: int = 1 << 18):
+        self._view = view
+        self._digest = hashlib.sha256()
+        self._batch = batch
+        self._start = self._end = 0  # bytes [start, end) are filled but not handed over yet
+        self._queue: queue.SimpleQueue[tuple[int, int] | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._abort = False
+        if threaded:
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, name="flmesh-sha256", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while (span := self._queue.get()) is not None:
+            if not self._abort:
+                self._digest.update(self._view[span[0]:span[1]])
+
+    def filled(self, end: int) -> None:
+        """Bytes up to ``end`` are in place (ends only grow)."""
+        self._end = end
+        if end - self._start >= self._batch:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._end > self._start:
+            if self._queue is None:
+                self._digest.update(self._view[self._start:self._end])
+            else:
+                self._queue.put((self._start, self._end))
+            self._start = self._end
+
+    def digest(self) -> bytes:
+        self._flush()
+        self.close()
+        return self._digest.digest()
+
+    def close(self, abort: bool = False) -> None:
+        """Wait for the helper thread (after skipping queued work when ``abort``); idempotent."""
+        if self._thread is not None:
+            assert self._queue is not None
+            self._abort = abort
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._view.release()
+
+
 @dataclass
 class EncodedModel:
     """A header plus the payload it describes; chunk it with :meth:`chunks`.
@@ -110,6 +252,27 @@ class EncodedModel:
         for start in range(0, self.total_bytes, chunk_bytes):
             yield pb.ModelChunk(data=bytes(view[start:start + chunk_bytes]))
 
+    def frames(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, field: int | None = None) -> Iterator[bytes]:
+        """The stream of :meth:`chunks`, already serialised: one ``bytes`` per ModelChunk.
+
+        Byte for byte what ``chunk.SerializeToString()`` gives, built with one
+        copy of the payload instead of three (slice, message, serialisation).
+        With ``field``, every ModelChunk is wrapped as that length-delimited
+        field of an outer message (``RewindRequest.chunk`` is field 2).
+        """
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        outer = b"" if field is None else _tag(field)
+        header = pb.ModelChunk(header=self.header).SerializeToString()
+        yield outer + _varint(len(header)) + header if outer else header
+        view = memoryview(self.payload.numpy())
+        for start in range(0, self.total_bytes, chunk_bytes):
+            data = view[start:start + chunk_bytes]
+            inner = _DATA_TAG + _varint(len(data))
+            if outer:
+                inner = outer + _varint(len(inner) + len(data)) + inner
+            yield b"".join((inner, data))
+
 
 def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()) -> EncodedModel:
     """Serialise ``state_dict`` (any device) into a header and one contiguous payload."""
@@ -128,11 +291,19 @@ def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()
                                    offset=offset, nbytes=nbytes))
         tensors.append((offset, nbytes, t))
         offset += nbytes
-    payload = torch.zeros(offset, dtype=torch.uint8)
+    # Only the alignment gaps need zeroing (the digest covers them): filling the
+    # whole payload first would write every byte twice. Hashing here on a
+    # helper thread measured no faster: the copy is cheap next to SHA-256.
+    payload = torch.empty(offset, dtype=torch.uint8)
+    hasher = _Hasher(memoryview(payload.numpy()), threaded=False)
+    end = 0
     for start, nbytes, t in tensors:
+        payload[end:start].zero_()
         if nbytes:
             payload[start:start + nbytes].copy_(t.view(torch.uint8))
-    digest = hashlib.sha256(memoryview(payload.numpy())).digest()
+        end = start + nbytes
+        hasher.filled(end)
+    digest = hasher.digest()
     header = pb.ModelHeader(
         tensors=specs, total_bytes=offset, sha256=digest, round=meta.round, sender=meta.sender,
         kind=KINDS[meta.kind], num_samples=meta.num_samples, label_counts=list(meta.label_counts),
@@ -202,12 +373,57 @@ class DecodedModel:
     total_bytes: int
 
 
-def decode(chunks: Iterable[pb.ModelChunk], expected: ModelSpec | None = None,
+class _PayloadPool:
+    """Receive buffers recycled once nothing references them any more.
+
+    Writing a model into fresh memory costs a page fault every 4 KiB, which on
+    a VM takes about as long as hashing those bytes. A node receives models of
+    one size round after round and drops each after loading it, so a buffer
+    is reused as soon as no tensor, array or view of it is left: the decoded
+    tensors are ``torch.frombuffer`` views, which hold a reference to it.
+    Buffers are anonymous mmaps (page aligned, pages faulted in lazily).
+    Tracks at most ``slots`` buffers of ``min_bytes`` to ``max_bytes``, so an
+    idle process keeps at most that much; relies on CPython's exact
+    reference counts (disabled elsewhere).
+    """
+
+    def __init__(self, slots: int, min_bytes: int, max_bytes: int):
+        self.slots, self.min_bytes, self.max_bytes = slots, min_bytes, max_bytes
+        self._buffers: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+        self.enabled = sys.implementation.name == "cpython" and gil
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A uint8 tensor of ``nbytes`` with undefined contents, reused when possible."""
+        if not self.enabled or not self.min_bytes <= nbytes <= self.max_bytes:
+            return torch.empty(nbytes, dtype=torch.uint8)
+        with self._lock:
+            buffers = self._buffers
+            # A free buffer's only references are the list's and getrefcount's argument.
+            free = [i for i in range(len(buffers)) if sys.getrefcount(buffers[i]) == 2]
+            match = next((i for i in free if len(buffers[i]) == nbytes), None)
+            if match is not None:
+                buffer = buffers.pop(match)
+            else:
+                buffer = mmap.mmap(-1, nbytes)
+                if len(buffers) >= self.slots:
+                    buffers.pop(free[0] if free else 0)  # a busy one is just no longer tracked
+            buffers.append(buffer)
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+# Three: the model a node trains on, the next one already delivered, one arriving.
+_POOL = _PayloadPool(slots=3, min_bytes=1 << 20, max_bytes=512 << 20)
+
+
+def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | None = None,
            max_bytes: int = 2**31) -> DecodedModel:
     """Rebuild a state dict from a chunk stream, checking everything (see module doc).
 
     Blocks while it iterates ``chunks``; raises CodecError on the first problem,
     having allocated nothing larger than the header's (limited) total size.
+    The SHA-256 is computed on a helper thread while the bytes arrive.
     """
     it = iter(chunks)
     first = next(it, None)
@@ -216,23 +432,27 @@ def decode(chunks: Iterable[pb.ModelChunk], expected: ModelSpec | None = None,
     header = first.header
     check_header(header, expected, max_bytes)
     total = int(header.total_bytes)
-    payload = torch.empty(total, dtype=torch.uint8)
+    payload = _POOL.take(total)
     target = payload.numpy()
-    digest = hashlib.sha256()
+    hasher = _Hasher(memoryview(target), threaded=total >= _THREADED_HASH_BYTES)
     pos = 0
-    for chunk in it:
-        if chunk.WhichOneof("payload") != "data":
-            raise CodecError("corrupt", "a second header arrived inside one model stream")
-        data = chunk.data
-        if pos + len(data) > total:
-            raise CodecError("corrupt", f"the stream carries more than the {total} bytes "
-                             "its header announced")
-        target[pos:pos + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        digest.update(data)
-        pos += len(data)
-    if pos != total:
-        raise CodecError("corrupt", f"the stream ended after {pos} of {total} bytes")
-    if digest.digest() != header.sha256:
+    try:
+        for chunk in it:
+            if chunk.WhichOneof("payload") != "data":
+                raise CodecError("corrupt", "a second header arrived inside one model stream")
+            data = chunk.data
+            if pos + len(data) > total:
+                raise CodecError("corrupt", f"the stream carries more than the {total} bytes "
+                                 "its header announced")
+            target[pos:pos + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            pos += len(data)
+            hasher.filled(pos)
+        if pos != total:
+            raise CodecError("corrupt", f"the stream ended after {pos} of {total} bytes")
+        digest = hasher.digest()
+    finally:
+        hasher.close(abort=True)
+    if digest != header.sha256:
         raise CodecError("corrupt", "sha256 of the received bytes does not match the header")
     state = {}
     for spec in header.tensors:
