@@ -194,6 +194,7 @@ def run_star(node: Node, federation: Federation, address: str, args: argparse.Na
                              f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s)
                 else:
                     log.info("round %d/%d: not sampled", t, federation.rounds)
+        node.mark_done()
         deadline = time.monotonic() + federation.round_timeout_s + agg.deadline_s
         while not stopped and time.monotonic() < deadline:
             try:
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                              else "", report.wall_s)
                     for note in report.notes:
                         log.warning("round %d: %s", t, note)
+            node.mark_done()
             if not stopped and not status:
                 busy = linger(node, peers, federation.round_timeout_s, stopped)
                 if busy:

@@ -196,6 +196,13 @@ class Node:
                     old.close()
                 self._peers[peer_id] = address
 
+    def mark_done(self) -> None:
+        """Say (in ``Status``) that this node needs nothing more from its peers.
+
+        Not set by the last round itself: a caller may still evaluate on its peers
+        after it (fl-node's --cross-eval), and peers keep serving until all are done."""
+        self._set_state("done")
+
     def cancel(self) -> None:
         """Make a running round loop end soon (waits stop, no new round starts). Thread-safe."""
         self._stop.set()
@@ -481,7 +488,7 @@ class Node:
             if not delivered:
                 notes.append(f"could not deliver to {hop.destination}")
         self.inbox.prune(round - 1)
-        self._set_state("idle" if round < self.rounds else "done")
+        self._set_state("idle")
         return RoundReport(self.node_id, round, hop.source, hop.destination, received, missing,
                            delivered, len(self.data.train), stats, local, time.monotonic() - start,
                            tuple(notes), received_accuracy, rewound_to)
@@ -572,7 +579,7 @@ class Node:
         with self._lock:
             self._round = round
             self._last_accuracy = local.accuracy
-        self._set_state("idle" if round < self.rounds else "done")
+        self._set_state("idle")
         return StarReport(self.node_id, round, True, reply.accepted or reply.duplicate, reply.late, stats,
                           start_eval, local, rewound_to, time.monotonic() - start, tuple(notes))
 

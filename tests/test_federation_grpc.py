@@ -68,6 +68,8 @@ def test_three_node_cwt_federation_models_change_and_move(nodes):
         own = by_id[node_id].state_dict()
         assert not states_equal(own, source_state) and not states_equal(own, after1[node_id])
         assert report.local.total == len(by_id[node_id].data.test)
+        assert by_id[node_id].status()["state"] == "idle" and by_id[node_id].status()["round"] == 2
+        by_id[node_id].mark_done()
         assert by_id[node_id].status()["state"] == "done"
 
 
