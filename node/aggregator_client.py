@@ -28,6 +28,10 @@ class AggregatorClient:
         self.timeout = timeout
         self._channel = make_channel(address)
         self._stub = aggregator_pb2_grpc.AggregatorStub(self._channel)
+        # Updates go out pre-serialised (EncodedModel.frames), like Deliver in client.py.
+        self._submit = self._channel.stream_unary(
+            "/flmesh.v1.Aggregator/SubmitUpdate", request_serializer=None,
+            response_deserializer=aggregator_pb2.SubmitReply.FromString, _registered_method=True)
 
     def close(self) -> None:
         self._channel.close()
@@ -52,8 +56,8 @@ class AggregatorClient:
                                                expected, max_bytes))
 
     def submit(self, update: EncodedModel, timeout: float | None = None) -> aggregator_pb2.SubmitReply:
-        return self._call(lambda: self._stub.SubmitUpdate(update.chunks(self.chunk_bytes),
-                                                          timeout=timeout or self.timeout))
+        return self._call(lambda: self._submit(update.frames(self.chunk_bytes),
+                                               timeout=timeout or self.timeout))
 
     def status(self, timeout: float | None = None) -> aggregator_pb2.AggregatorStatusReply:
         return self._call(lambda: self._stub.AggregatorStatus(aggregator_pb2.AggregatorStatusRequest(),

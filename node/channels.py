@@ -38,7 +38,8 @@ _CHANNEL_OPTIONS = _COMMON_OPTIONS + [
 
 
 #: Client-streaming RPCs whose requests are plain ModelChunks.
-MODEL_STREAM_METHODS = frozenset({"/flmesh.v1.Peer/Deliver", "/flmesh.v1.Peer/Evaluate"})
+MODEL_STREAM_METHODS = frozenset({"/flmesh.v1.Peer/Deliver", "/flmesh.v1.Peer/Evaluate",
+                                  "/flmesh.v1.Aggregator/SubmitUpdate"})
 
 
 class _ModelStreamReader(grpc.ServerInterceptor):
