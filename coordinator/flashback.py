@@ -29,8 +29,8 @@ from torch import nn
 
 from flmesh.node.client_terms import _counts, alpha_matrix, client_alpha
 from flmesh.node.data import ArrayData
-from flmesh.node.objectives import multi_teacher_dkd_loss
-from flmesh.node.trainer import TrainStats, make_optimizer, steps_for
+from flmesh.node.objectives import cross_entropy, dkd_loss
+from flmesh.node.trainer import TrainStats, train
 from flmesh.topology import TrainingConfig
 
 #: Slack on ``gamma * r_k <= 1`` so that e.g. gamma = 0.1 admits r_k = 10 whatever the rounding.
@@ -132,44 +132,28 @@ def distill(student: nn.Module, teachers: Sequence[nn.Module], alphas: torch.Ten
             device: torch.device | None = None) -> TrainStats:
     """Server-side distillation, Algorithm 1 lines 16-23: train ``student`` in place on ``public``.
 
-    Ordinary training in the style of :func:`flmesh.node.trainer.train` (fresh
-    optimizer from ``cfg``, batches of ``cfg.batch_size`` in a fresh seeded order
-    per pass, fractional ``epochs`` via ``steps_for``) with the loss
+    Ordinary training (:func:`flmesh.node.trainer.train`: fresh optimizer from
+    ``cfg``, seeded batch order, fractional ``epochs``) with the loss of
     :func:`flmesh.node.objectives.multi_teacher_dkd_loss`: CE on the labelled
-    public split plus the alpha-weighted KL from each teacher. Teachers run in
-    eval mode without gradients (they are moved to ``device``); ``alphas`` is
-    (len(teachers), C), e.g. :func:`server_alphas`.
+    public split plus each teacher's alpha-weighted KL, added as a regularizer.
+    Teachers run in eval mode without gradients (moved to ``device``); ``alphas``
+    is (len(teachers), C), e.g. :func:`server_alphas`.
     """
     if alphas.ndim != 2 or alphas.shape[0] != len(teachers):
         raise ValueError(f"alphas has shape {tuple(alphas.shape)}, expected ({len(teachers)}, C)")
     if alphas.shape[0] and alphas.shape[1] != public.num_classes:
         raise ValueError(f"alphas has {alphas.shape[1]} classes, the public split {public.num_classes}")
     device = device or torch.device("cpu")
-    steps = steps_for(epochs, len(public), cfg.batch_size)
-    if steps == 0:
-        return TrainStats(0.0, 0, 0)
-    student.to(device).train()
     for t in teachers:
         t.to(device).eval()
     alphas = alphas.to(device)
-    optimizer = make_optimizer(student, cfg)
-    gen = torch.Generator().manual_seed(seed)
-    x, y = public.x, public.y
-    total_loss, seen, done = 0.0, 0, 0
-    while done < steps:
-        order = torch.randperm(len(public), generator=gen)
-        for start in range(0, len(order), cfg.batch_size):
-            if done == steps:
-                break
-            idx = order[start:start + cfg.batch_size]
-            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
-            with torch.no_grad():
-                teacher_logits = [t(xb) for t in teachers]
-            optimizer.zero_grad(set_to_none=True)
-            loss = multi_teacher_dkd_loss(student(xb), teacher_logits, alphas, yb)
-            loss.backward()
-            optimizer.step()
-            total_loss += float(loss.detach()) * len(idx)
-            seen += len(idx)
-            done += 1
-    return TrainStats(total_loss / max(seen, 1), done, seen)
+
+    def teachers_kl(model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = [t(x) for t in teachers]
+        # multi_teacher_dkd_loss minus its CE term, which train() already adds
+        return sum((dkd_loss(logits, tl, alphas[i]) for i, tl in enumerate(teacher_logits)),
+                   torch.zeros((), device=logits.device))
+
+    return train(student, public, cfg, epochs=epochs, seed=seed, device=device,
+                 objective=cross_entropy, regularizers=[teachers_kl])

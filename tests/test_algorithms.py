@@ -430,3 +430,18 @@ def test_rounds_to_target_table1_with_a_dash():
     assert forgetting.rounds_to_target(sparse, fractions=(0.5,), ref_fraction=1.0) == {"a": {0.5: 3}}
     with pytest.raises(ValueError, match="at least one accuracy"):
         forgetting.rounds_to_target({"a": []})
+
+
+def test_distill_minimises_the_multi_teacher_loss():
+    # lr = 0 keeps the student fixed, so the reported loss is Eq. 3's server loss on the public split
+    public = _blobs(40)
+    cfg = TrainingConfig(epochs=1, batch_size=64, lr=1e-12)
+    torch.manual_seed(1)
+    student = MLP((4,), 3, hidden=(8,))
+    teachers = [MLP((4,), 3, hidden=(8,)) for _ in range(2)]
+    alphas = torch.tensor([[0.2, 0.5, 0.0], [0.7, 0.1, 1.0]])
+    stats = flashback.distill(student, teachers, alphas, public, 1, cfg, seed=0)
+    with torch.no_grad():
+        expected = objectives.multi_teacher_dkd_loss(student(public.x), [t(public.x) for t in teachers],
+                                                     alphas, public.y)
+    assert stats.loss == pytest.approx(float(expected), rel=1e-5)

@@ -27,6 +27,15 @@ def states_equal(a, b) -> bool:
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _started(fed):
+    data = federation_data(fed)
+    nodes = [Node.from_federation(fed, nid, data=data[nid]) for nid in fed.node_ids]
+    addresses = {n.node_id: n.start() for n in nodes}
+    for n in nodes:
+        n.connect(addresses)
+    return nodes
+
+
 @pytest.fixture
 def federation():
     return parse_federation(tiny_raw(nodes=3, rounds=2), source="tiny.toml")
@@ -34,11 +43,7 @@ def federation():
 
 @pytest.fixture
 def nodes(federation):
-    data = federation_data(federation)
-    started = [Node.from_federation(federation, nid, data=data[nid]) for nid in federation.node_ids]
-    addresses = {n.node_id: n.start() for n in started}
-    for n in started:
-        n.connect(addresses)
+    started = _started(federation)
     yield started
     for n in started:
         n.stop(grace=0)
@@ -173,15 +178,6 @@ def test_missing_source_times_out_and_trains_own_model(federation):
     assert report.missing == "node0" and not report.received
     assert "no model from node0" in report.notes[0]
     assert not report.delivered  # node2 unreachable: retried until the round timeout
-
-
-def _started(fed):
-    data = federation_data(fed)
-    nodes = [Node.from_federation(fed, nid, data=data[nid]) for nid in fed.node_ids]
-    addresses = {n.node_id: n.start() for n in nodes}
-    for n in nodes:
-        n.connect(addresses)
-    return nodes
 
 
 def test_rewind_round_over_grpc(monkeypatch):
