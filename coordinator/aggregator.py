@@ -78,8 +78,7 @@ class RoundOutcome:
 class AggregatorCore:
     def __init__(self, *, federation: str, node_ids: Sequence[str], initial: Tensors,
                  strategy: FedAvgStrategy, rounds: int, fraction: float, min_updates: int,
-                 deadline_s: float, seed: int, model_spec: codec.ModelSpec,
-                 evaluator: Evaluator | None = None):
+                 deadline_s: float, seed: int, evaluator: Evaluator | None = None):
         self.federation = federation
         self.node_ids = list(node_ids)
         self.strategy = strategy
@@ -88,7 +87,6 @@ class AggregatorCore:
         self.min_updates = min_updates
         self.deadline_s = deadline_s
         self.seed = seed
-        self.model_spec = model_spec
         self.evaluator = evaluator
         self._global: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
         self._cond = threading.Condition()

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     core = AggregatorCore(federation=fed.name, node_ids=fed.node_ids, initial=initial.state_dict(),
                           strategy=strategy, rounds=fed.rounds, fraction=agg.fraction,
                           min_updates=agg.min_updates, deadline_s=agg.deadline_s, seed=fed.seed,
-                          model_spec=spec, evaluator=evaluator)
+                          evaluator=evaluator)
     try:
         server, address = serve(core, listen, extras.submit_spec(agg.strategy, spec,
                                                                  extras.trainable_spec(initial)),

@@ -4,7 +4,7 @@
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
 percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures. Exit codes:
-0 done, 2 bad input (one line on stderr), 130 interrupted by Ctrl-C.
+0 done, 1 a peer or the aggregator failed mid-run, 2 bad input (one line on stderr), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from rich.table import Table
 from flmesh.coordinator.sim import RoundResult, Simulation
 from flmesh.coordinator.star_sim import StarSimulation
 from flmesh.node.channels import BindError
+from flmesh.node.client import PeerError
 from flmesh.node.data import DataError
 from flmesh.node.device import DeviceError
 from flmesh.node.models import ModelError
@@ -76,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         federation = load_federation(args.file, overrides)
         star = federation.aggregator is not None
-        sim = (StarSimulation if star else Simulation)(federation, args.out, eval_every=args.eval_every)
+        if star and args.eval_every != 1:
+            raise FederationError(f"{args.file}: --eval-every applies to runs without an [aggregator]; "
+                                  "star runs evaluate every round (F_t compares consecutive rounds)")
+        sim = (StarSimulation(federation, args.out) if star
+               else Simulation(federation, args.out, eval_every=args.eval_every))
         sim.start()
     except INPUT_ERRORS as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
@@ -121,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         err.print("fl-sim: interrupted; stopping all nodes")
         sim.stop()
         summary = None
+    except PeerError as exc:  # e.g. the aggregator stopped answering: one line, finished rounds kept
+        err.print(f"fl-sim: error: {exc}; results so far in {sim.out_dir}", markup=False, soft_wrap=True)
+        sim.stop()
+        return 1
     finally:
         sim.close()
         signal.signal(signal.SIGTERM, previous)

@@ -140,12 +140,11 @@ def star_summary(federation: Federation, rows: list[dict[str, Any]], rounds_done
 
 
 class StarSimulation:
-    def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1):
+    def __init__(self, federation: Federation, out_dir: Path | None = None):
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
-        self.eval_every = eval_every  # evaluation is in-process and cheap: every round is evaluated
         self.nodes: list[Node] = []
         self.clients: dict[str, AggregatorClient] = {}
         self.core: AggregatorCore | None = None
@@ -188,7 +187,7 @@ class StarSimulation:
         self.core = AggregatorCore(
             federation=fed.name, node_ids=fed.node_ids, initial=initial.state_dict(), strategy=strategy,
             rounds=fed.rounds, fraction=agg.fraction, min_updates=agg.min_updates,
-            deadline_s=agg.deadline_s, seed=fed.seed, model_spec=spec, evaluator=evaluator)
+            deadline_s=agg.deadline_s, seed=fed.seed, evaluator=evaluator)
         submit_spec = extras.submit_spec(agg.strategy, spec, extras.trainable_spec(initial))
         self._server, address = serve(self.core, "127.0.0.1:0", submit_spec,
                                       int(fed.max_model_mib * 2**20), fed.round_timeout_s)

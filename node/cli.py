@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,22 +110,16 @@ def scheduled_peers(federation: Federation, me: str) -> set[str]:
     return needed
 
 
-def wait_for_peers(node: Node, peers: dict[str, str], needed: set[str], timeout: float,
-                   stopped: list[str]) -> list[str]:
-    """Poll Hello on every needed peer until all answer or ``timeout`` passes; the silent ones."""
-    pending = set(needed)
+def poll_peers(peers: dict[str, str], pending: set[str], settled: Callable[[PeerClient], bool],
+               timeout: float, stopped: list[str]) -> list[str]:
+    """Ask each pending peer ``settled(client)`` every 0.25 s until all say yes, ``timeout``
+    seconds pass or a signal arrives; returns the peers still pending. Blocks."""
+    pending = set(pending)
     deadline = time.monotonic() + timeout
     clients = {p: PeerClient(p, peers[p], timeout=5.0) for p in pending}
     try:
         while pending and time.monotonic() < deadline and not stopped:
-            for peer in sorted(pending):
-                try:
-                    clients[peer].hello(node.node_id, node.federation, timeout=2.0)
-                    pending.discard(peer)
-                    log.info("%s: %s at %s answered", node.node_id, peer, peers[peer])
-                except PeerError as exc:
-                    if not exc.retryable:
-                        raise
+            pending -= {peer for peer in sorted(pending) if settled(clients[peer])}
             if pending:
                 time.sleep(0.25)  # a poll interval, not a wait for a result
     finally:
@@ -133,29 +128,36 @@ def wait_for_peers(node: Node, peers: dict[str, str], needed: set[str], timeout:
     return sorted(pending)
 
 
+def wait_for_peers(node: Node, peers: dict[str, str], needed: set[str], timeout: float,
+                   stopped: list[str]) -> list[str]:
+    """Poll Hello on every needed peer until all answer or ``timeout`` passes; the silent ones.
+    A refusal that retrying cannot mend (wrong federation, unknown node) is raised."""
+    def answered(client: PeerClient) -> bool:
+        try:
+            client.hello(node.node_id, node.federation, timeout=2.0)
+        except PeerError as exc:
+            if not exc.retryable:
+                raise
+            return False
+        log.info("%s: %s at %s answered", node.node_id, client.peer_id, client.address)
+        return True
+
+    return poll_peers(peers, needed, answered, timeout, stopped)
+
+
 def linger(node: Node, peers: dict[str, str], timeout: float, stopped: list[str]) -> list[str]:
     """Keep serving after the last round until every peer is done (or gone), at most ``timeout`` s.
 
     A node that finishes early must not vanish while a peer still needs it for
     its last rewind or delivery. Returns the peers still busy at the deadline.
     """
-    pending = set(peers)
-    deadline = time.monotonic() + timeout
-    clients = {p: PeerClient(p, peers[p], timeout=2.0) for p in pending}
-    try:
-        while pending and time.monotonic() < deadline and not stopped:
-            for peer in sorted(pending):
-                try:
-                    if clients[peer].status(timeout=2.0).state in ("done", "stopped"):
-                        pending.discard(peer)
-                except PeerError:
-                    pending.discard(peer)  # gone: it needs nothing more from us
-            if pending:
-                time.sleep(0.2)  # a poll interval, not a wait for a result
-    finally:
-        for client in clients.values():
-            client.close()
-    return sorted(pending)
+    def finished(client: PeerClient) -> bool:
+        try:
+            return client.status(timeout=2.0).state in ("done", "stopped")
+        except PeerError:
+            return True  # gone: it needs nothing more from us
+
+    return poll_peers(peers, set(peers), finished, timeout, stopped)
 
 
 def run_star(node: Node, federation: Federation, address: str, args: argparse.Namespace, out: Path,

@@ -26,10 +26,6 @@ def split(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def model_only(state: dict[str, torch.Tensor], model_spec: ModelSpec) -> dict[str, torch.Tensor]:
-    return {k: state[k] for k in model_spec}
-
-
 def trainable_spec(model: torch.nn.Module) -> ModelSpec:
     """Name -> (dtype, shape) of the trainable parameters (what a Fisher diagonal covers)."""
     return {n: (p.dtype, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad}

@@ -79,11 +79,14 @@ def wsm_loss(logits: torch.Tensor, labels: torch.Tensor, class_proportions: torc
     ``class_proportions`` may be fractions or raw counts (any positive scale
     gives the same loss); it must have one entry per logit column.
     """
-    if class_proportions.ndim != 1 or class_proportions.shape[0] != logits.shape[-1]:
-        raise ValueError(f"wsm class_proportions has shape {tuple(class_proportions.shape)}, "
-                         f"expected ({logits.shape[-1]},) to match the logits")
-    log_alpha = torch.log(class_proportions.to(device=logits.device, dtype=logits.dtype))
-    return F.cross_entropy(logits + log_alpha.clamp_min(WSM_LOG_ZERO), labels)
+    return _wsm_cross_entropy(logits, labels, wsm_log_weights(class_proportions))
+
+
+def _wsm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, log_alpha: torch.Tensor) -> torch.Tensor:
+    if log_alpha.shape[0] != logits.shape[-1]:
+        raise ValueError(f"wsm class_proportions has {log_alpha.shape[0]} classes, "
+                         f"the logits have {logits.shape[-1]}")
+    return F.cross_entropy(logits + log_alpha.to(device=logits.device, dtype=logits.dtype), labels)
 
 
 def make_objective(name: str, *, class_proportions: torch.Tensor | Sequence[float] | None = None
@@ -99,15 +102,8 @@ def make_objective(name: str, *, class_proportions: torch.Tensor | Sequence[floa
         if class_proportions is None:
             raise ValueError("objective 'wsm' needs class_proportions (the node's training label counts "
                              "or fractions, one per class)")
-        log_alpha = wsm_log_weights(class_proportions)
-
-        def wsm(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            if log_alpha.shape[0] != logits.shape[-1]:
-                raise ValueError(f"wsm class_proportions has {log_alpha.shape[0]} classes, "
-                                 f"the logits have {logits.shape[-1]}")
-            return F.cross_entropy(logits + log_alpha.to(device=logits.device, dtype=logits.dtype), labels)
-
-        return wsm
+        log_alpha = wsm_log_weights(class_proportions)  # validated and logged once, not per batch
+        return lambda logits, labels: _wsm_cross_entropy(logits, labels, log_alpha)
     raise ValueError(f"unknown objective {name!r} (expected one of {', '.join(OBJECTIVES)})")
 
 
@@ -135,26 +131,6 @@ def dkd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, alpha: 
     # p * (log p - log q): p underflowing to 0 multiplies a finite log p, so no 0 * -inf.
     per_class = log_p.exp() * (log_p - log_q)
     return (alpha * per_class).sum(dim=-1).mean()
-
-
-def flashback_local_loss(logits: torch.Tensor, labels: torch.Tensor, teacher_logits: torch.Tensor | None,
-                         alpha: torch.Tensor | None) -> torch.Tensor:
-    """Flashback's local objective, Algorithm 1 line 10 with Eq. 3 and one teacher.
-
-    ``L_CE(student, y) + L_dKL(teacher, student; alpha)``: the teacher is the
-    global model w_{t-1} the client started from, alpha its per-class weights
-    ``pi / (nu + pi)`` (:func:`flmesh.coordinator.flashback.client_alpha`).
-    Eq. 3 replaces Eq. 1's scalar trade-off (alpha * CE + (1 - alpha) * KL) by
-    the per-class alpha inside the KL, so CE and dKL are simply added, each with
-    weight 1. ``teacher_logits=None`` gives plain CE (Algorithm 1: "use L_CE
-    when t = 1").
-    """
-    ce = F.cross_entropy(logits, labels)
-    if teacher_logits is None:
-        return ce
-    if alpha is None:
-        raise ValueError("flashback_local_loss needs alpha whenever teacher logits are given")
-    return ce + dkd_loss(logits, teacher_logits, alpha)
 
 
 def multi_teacher_dkd_loss(student_logits: torch.Tensor, teacher_logits: Sequence[torch.Tensor],

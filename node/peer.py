@@ -542,8 +542,7 @@ class Node:
         lambda*E local, Eq. 4), and submit the update with the strategy's extras.
         """
         start = time.monotonic()
-        params = extras.trainable_spec(self.model)
-        expected = extras.global_spec(strategy, self._spec, params, self.data.train.num_classes)
+        expected = extras.global_spec(strategy, self._spec, self._params_spec, self.data.train.num_classes)
         self._set_state("waiting")
         got = aggregator.fetch(self.node_id, round, expected, self.max_model_bytes,
                                wait_s=self.round_timeout_s)

@@ -39,8 +39,7 @@ def _core(min_updates=1, deadline_s=30.0, fraction=1.0):
     cfg = AggregatorConfig(fraction=fraction, min_updates=min_updates, deadline_s=deadline_s)
     return AggregatorCore(federation="t", node_ids=["a", "b", "c"], initial=state,
                           strategy=FedAvgStrategy(cfg, ["w"], 2), rounds=3, fraction=fraction,
-                          min_updates=min_updates, deadline_s=deadline_s, seed=0,
-                          model_spec=model_spec(state))
+                          min_updates=min_updates, deadline_s=deadline_s, seed=0)
 
 
 def _update(node, round, value, samples=1):  # noqa: A002

@@ -148,15 +148,12 @@ def test_dkd_weights_each_class_term_and_may_be_negative():
         0.25 * math.log(5 / 9) + 0.125 * math.log(5), abs=1e-6)
 
 
-def test_flashback_losses_add_ce_and_the_teacher_terms():
+def test_flashback_server_loss_adds_ce_and_every_teacher_term():
     g = torch.Generator().manual_seed(1)
     s, t1, t2 = (torch.randn(6, 3, generator=g) for _ in range(3))
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     a = torch.tensor([[0.2, 0.5, 0.0], [0.4, 0.1, 1.0]])
     ce = F.cross_entropy(s, y)
-    local = objectives.flashback_local_loss(s, y, t1, a[0])
-    assert torch.allclose(local, ce + objectives.dkd_loss(s, t1, a[0]))
-    assert torch.equal(objectives.flashback_local_loss(s, y, None, None), ce)  # round 1: CE
     server = objectives.multi_teacher_dkd_loss(s, [t1, t2], a, y)
     assert torch.allclose(server, ce + objectives.dkd_loss(s, t1, a[0]) + objectives.dkd_loss(s, t2, a[1]))
     assert torch.equal(objectives.multi_teacher_dkd_loss(s, [], torch.zeros(0, 3), y), ce)

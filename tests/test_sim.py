@@ -163,3 +163,11 @@ def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path
     assert main([str(tiny_file), "--out", str(out), "--rounds", "5", "--eval-every", "2", "--quiet"]) == 0
     rows, summary = read_run(out)
     assert [r["round"] for r in rows] == [2, 4, 5] and summary["rounds"] == 5
+
+
+def test_eval_every_is_refused_for_star_runs(tiny_file, tmp_path, capsys):
+    star = tmp_path / "star.toml"
+    star.write_text(tiny_file.read_text() + "\n[aggregator]\nstrategy = \"fedavg\"\n")
+    assert main([str(star), "--eval-every", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--eval-every applies to runs without an [aggregator]" in err and err.count("\n") == 1

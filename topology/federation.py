@@ -191,24 +191,34 @@ class Federation:
         raise FederationError(f"{self.source}: unknown node {node_id!r} "
                               f"(the federation has {', '.join(self.node_ids)})")
 
+    def _memo(self, key: str, build: Callable[[], Any]) -> Any:
+        # Built once per Federation (every node of an fl-sim asks): graphs and schedules are
+        # pure functions of the (immutable) file. replace() makes a new object, a new memo.
+        if key not in self.__dict__:
+            object.__setattr__(self, key, build())
+        return self.__dict__[key]
+
     def graph(self) -> nx.Graph:
-        try:
-            return build_graph(self.topology.graph, self.node_ids, params=self.topology.params,
-                               path=self.topology.file, seed=self.seed)
-        except GraphError as exc:
-            raise FederationError(f"{self.source}: [topology] {exc}") from None
+        """The communication graph (built once; do not mutate it)."""
+        def build() -> nx.Graph:
+            try:
+                return build_graph(self.topology.graph, self.node_ids, params=self.topology.params,
+                                   path=self.topology.file, seed=self.seed)
+            except GraphError as exc:
+                raise FederationError(f"{self.source}: [topology] {exc}") from None
+        return self._memo("_graph", build)
 
     def schedule(self) -> Schedule:
-        """The exchange schedule; the Standalone baseline exchanges nothing."""
+        """The exchange schedule (built once); the Standalone baseline exchanges nothing."""
+        return self._memo("_schedule", self._build_schedule)
+
+    def _build_schedule(self) -> Schedule:
         name = "standalone" if self.baseline == "standalone" else self.topology.schedule
         try:
             return make_schedule(name, self.graph(), self.seed)
         except ScheduleError as exc:
             raise FederationError(f"{self.source}: [topology] schedule "
                                   f"{self.topology.schedule!r}: {exc}") from None
-
-    def with_rounds(self, rounds: int) -> Federation:
-        return replace(self, rounds=rounds)
 
 
 # --------------------------------------------------------------------------- checks
