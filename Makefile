@@ -3,12 +3,22 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint protos bench clean
+.PHONY: demo test test-fast lint typecheck protos bench clean FORCE
 
-$(STAMP): pyproject.toml
+# editable_mode=strict installs a tree of links that type checkers and IDEs can
+# follow (no import hook). The links cover the modules present at install time,
+# so the stamp also depends on the list of modules: adding one reinstalls.
+MODULES := $(VENV)/.modules
+
+$(MODULES): FORCE
+	@mkdir -p $(VENV)
+	@find protos topology node coordinator -name '*.py' | sort > $@.new
+	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
+
+$(STAMP): pyproject.toml $(MODULES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev]" --config-settings editable_mode=strict
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -16,6 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -24,9 +35,12 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
 # Regenerate the committed gRPC/protobuf code (tests/test_protos.py checks it is current).
 protos: $(STAMP)
-	$(PY) -m flmesh.v1.generate
+	$(PY) protos/generate.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/transport.py

@@ -58,7 +58,9 @@ def federation(method: str, nodes: int, alpha: float, seed: int, rounds: int, ep
 def run_one(raw: dict, out: Path) -> dict:
     fed = parse_federation(raw, source=raw["federation"]["name"])
     with Simulation(fed, out, eval_every=fed.rounds) as sim:
-        return sim.run()["final"]
+        final = sim.run().final
+        assert final is not None, "the run ended before its first evaluated round"
+        return {"fa": final.fa, "ff": final.ff, "pfa": final.pfa}
 
 
 def fmt(values: list[float]) -> str:

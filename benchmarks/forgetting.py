@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flmesh.coordinator.star_sim import StarSimulation
-from flmesh.node.forgetting import rounds_to_target, target_accuracy
+from flmesh.coordinator.sim import Simulation
+from flmesh.node.learning.forgetting import rounds_to_target, target_accuracy
 from flmesh.topology import parse_federation
 
 METHODS = {
@@ -90,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in seeds:
                     t0 = time.monotonic()
                     fed = parse_federation(federation(method, data, seed, args), source="forgetting")
-                    with StarSimulation(fed, Path(tmp) / f"{len(tables)}-{method}-{seed}") as sim:
-                        summary = sim.run()
+                    with Simulation(fed, Path(tmp) / f"{len(tables)}-{method}-{seed}") as sim:
+                        result = sim.run()
+                    summary = {"accuracy_curve": result.accuracy_curve,
+                               "final": {"accuracy": result.final.accuracy if result.final else None},
+                               "mean_global_forgetting": result.mean_global_forgetting}
                     curves.setdefault(method, []).append(summary["accuracy_curve"])
                     finals.setdefault(method, []).append(summary["final"]["accuracy"])
                     forgetting.setdefault(method, []).append(summary["mean_global_forgetting"])

@@ -34,12 +34,13 @@ import time
 import torch
 from torch import nn
 
-from flmesh.node import codec
-from flmesh.node.codec import DEFAULT_CHUNK_BYTES, ModelMeta
-from flmesh.node.data import ArrayData, NodeData
-from flmesh.node.peer import Node
-from flmesh.topology import TrainingConfig
-from flmesh.topology.schedules import CyclicSchedule
+from flmesh.node.errors import Refused
+from flmesh.node.reports import EvalResult
+from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
+from flmesh.node.wire import codec
+from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
+from flmesh.node.wire.peer_client import GrpcPeerTransport
+from flmesh.node.wire.server import serve_peer
 
 MiB = 2**20
 
@@ -67,12 +68,34 @@ def build_model(mib: float | None) -> nn.Module:
     return _Blob(mib)
 
 
-def make_node(node_id: str, peer: str, model: nn.Module, chunk_bytes: int) -> Node:
-    tiny = ArrayData(torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.long), 2)
-    return Node(node_id, model=model, data=NodeData(tiny, tiny), training=TrainingConfig(device="cpu"),
-                schedule=CyclicSchedule(None, cycle=[node_id, peer]), rounds=10**6,
-                peers={peer: None}, listen="127.0.0.1:0", max_model_bytes=2**31,
-                chunk_bytes=chunk_bytes, architecture="bench")
+class Sink:
+    """A receiver that takes Deliver exactly as a node does (header checks against the expected
+    spec, bytes into a recycled buffer, SHA-256 while they arrive) and then drops the model."""
+
+    node_id = "b"
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    def deliver(self, caller: str | None, chunks: Chunks) -> DeliverResult:
+        try:
+            model = codec.decode(chunks, self.spec, 2**31)
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"b: {exc}") from None
+        return DeliverResult(True, False, model.total_bytes)
+
+    def hello(self, caller: str | None, node_id: str, federation: str, architecture: str) -> HelloInfo:
+        return HelloInfo("b", "bench", "bench", "bench", 0)
+
+    def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
+        raise Refused("UNIMPLEMENTED", "b: only Deliver is benchmarked")
+
+    def rewind(self, caller: str | None, epochs: float, round: int, sender: str,
+               chunks: Chunks) -> EncodedModel:
+        raise Refused("UNIMPLEMENTED", "b: only Deliver is benchmarked")
+
+    def status(self, caller: str | None) -> PeerStatus:
+        return PeerStatus("b", "idle", 0, 0, 0, 0, 0, 0.0)
 
 
 def mib_s(nbytes: int, seconds: float) -> float:
@@ -80,15 +103,11 @@ def mib_s(nbytes: int, seconds: float) -> float:
 
 
 def bench_grpc(model: nn.Module, repeats: int, chunk_bytes: int) -> tuple[int, list[float]]:
-    sender = make_node("a", "b", model, chunk_bytes)
-    receiver = make_node("b", "a", model, chunk_bytes)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0")
+    client = GrpcPeerTransport({"b": address}, chunk_bytes=chunk_bytes)
     try:
-        sender.start()
-        address = receiver.start()
-        sender.connect({"b": address})
-        client = sender.client("b")
-        client.hello("a", wait_for_ready=True)
+        client.hello("b", "a", "", "", timeout=30)
         speeds = []
         total = 0
         for rep in range(repeats + 1):  # rep 0 is the warm-up
@@ -97,11 +116,10 @@ def bench_grpc(model: nn.Module, repeats: int, chunk_bytes: int) -> tuple[int, l
             t_enc = time.perf_counter() - t0
             total = message.total_bytes
             t0 = time.perf_counter()
-            reply = client.deliver(message)
+            reply = client.deliver("b", message, timeout=600)
             seconds = time.perf_counter() - t0
             if not reply.accepted or reply.bytes_received != total:
                 raise SystemExit(f"grpc: delivery {rep} not accepted: {reply}")
-            receiver.inbox.prune(rep + 2)  # keep memory flat; the model was fully decoded
             label = "warm-up" if rep == 0 else f"rep {rep}"
             print(f"grpc  {label:8s} {mib_s(total, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms; "
                   f"encode {t_enc * 1e3:5.1f} ms)", flush=True)
@@ -109,8 +127,8 @@ def bench_grpc(model: nn.Module, repeats: int, chunk_bytes: int) -> tuple[int, l
                 speeds.append(mib_s(total, seconds))
         return total, speeds
     finally:
-        sender.stop(0)
-        receiver.stop(0)
+        client.close()
+        server.stop(0)
 
 
 def bench_socket(nbytes: int, repeats: int) -> list[float]:

@@ -1,8 +1,7 @@
 """flmesh.coordinator: what sits above one node.
 
-The aggregator role (:mod:`~flmesh.coordinator.aggregator`, its servicer and
-``fl-node --role aggregator``) with one file per strategy (``fedavg``,
-``flashback``, ``fedcurv``); the localhost launcher ``fl-sim`` for
-decentralized (:mod:`~flmesh.coordinator.sim`) and star
-(:mod:`~flmesh.coordinator.star_sim`) federations; run results and pictures.
+The aggregator role, built in one place (:mod:`~flmesh.coordinator.aggregator`,
+its transport-free core, its thin servicer and ``fl-node --role aggregator``);
+the localhost runner ``fl-sim`` (:mod:`~flmesh.coordinator.sim`, with a peer
+driver and a star driver); the pictures of a run.
 """

@@ -1,232 +1,219 @@
-"""The aggregator role, transport-free: rounds, client sampling, stragglers, strategies.
+"""The aggregator role, built in one place for ``fl-sim`` and ``fl-node --role aggregator``.
 
-A star federation (``[aggregator]`` in the federation file) runs rounds driven
-by the aggregator. In round t it samples a fraction C of the nodes (from the
-seed and t, so anyone can recompute the choice), publishes the global model of
-round t-1 with the strategy's extras, waits for the sampled nodes' updates
-until all have arrived or ``deadline_s`` passes (the stragglers are dropped and
-named), aggregates with the strategy when at least ``min_updates`` arrived and
-otherwise keeps the previous global model, and evaluates.
+:meth:`Aggregator.from_federation` builds the initial model, the strategy's
+server half (:mod:`flmesh.node.algorithms`), the public split and the
+transport-free :class:`~flmesh.coordinator.aggregator_core.AggregatorCore`;
+:meth:`Aggregator.serve` puts it on gRPC; :meth:`Aggregator.run` is the
+aggregator's one loop: wait for joins, then each round open, collect, close,
+evaluate on every joined node's test split through their ``Evaluate`` RPC,
+and hand the round's :class:`~flmesh.node.results.RoundRow` to ``on_round``.
 
-Thread-safety: :meth:`AggregatorCore.run_round` is called by one driver
-thread; :meth:`join`, :meth:`fetch` and :meth:`submit` are called from gRPC
-handler threads; one lock and condition guard the state.
+Blocking; one thread runs it. ``stop`` may be called from any thread.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
 
-from flmesh.coordinator.strategies import FedAvgStrategy, Update
-from flmesh.node import codec
-from flmesh.node.codec import EncodedModel, ModelMeta
-from flmesh.node.data import derive_seed
-from flmesh.node.trainer import EvalResult
+from flmesh.coordinator.aggregator_core import AggregatorCore
+from flmesh.coordinator.star_rows import star_row
+from flmesh.node import algorithms
+from flmesh.node.algorithms.base import ServerContext, Tensors, trainable_spec
+from flmesh.node.clock import REAL_CLOCK, Clock
+from flmesh.node.errors import PeerError
+from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed, load_dataset, public_data
+from flmesh.node.learning.device import select_device
+from flmesh.node.learning.models import ModelPool, build_model
+from flmesh.node.learning.trainer import evaluate
+from flmesh.node.reports import EvalResult
+from flmesh.node.results import RoundRow
+from flmesh.node.transport import ByteCounter, PeerTransport
+from flmesh.node.wire.codec import ModelMeta, encode, model_spec
+from flmesh.topology import Federation
 
 log = logging.getLogger("flmesh.aggregator")
 
-SEED_SAMPLE = 6
+#: Evaluate RPCs in flight at once (one per node's test split).
+EVAL_WORKERS = 8
 
-Tensors = dict[str, torch.Tensor]
 #: Evaluates a model state on the nodes' test splits: node id -> result.
 Evaluator = Callable[[Tensors], dict[str, EvalResult]]
 
 
-def sample_clients(node_ids: Sequence[str], fraction: float, seed: int, round: int) -> list[str]:  # noqa: A002
-    """The max(1, round(C * K)) nodes sampled for ``round``, in federation order. Pure."""
-    k = max(1, int(round_half_up(fraction * len(node_ids))))
-    rng = np.random.default_rng(derive_seed(seed, SEED_SAMPLE, round))
-    chosen = set(rng.choice(len(node_ids), size=min(k, len(node_ids)), replace=False).tolist())
-    return [n for i, n in enumerate(node_ids) if i in chosen]
+def local_evaluator(tests: dict[str, ArrayData], factory: Callable[[], torch.nn.Module],
+                    device: torch.device) -> Evaluator:
+    """Evaluation on test splits held in this process (fl-sim): the numbers ``Evaluate`` gives,
+    without a model transfer per (model, node) pair."""
+    pool = ModelPool(factory, device, keep=1)
+
+    def run(state: Tensors) -> dict[str, EvalResult]:
+        with pool.loaded(state) as model:
+            return {node: evaluate(model, test, device=device) for node, test in tests.items()}
+
+    return run
 
 
-def round_half_up(x: float) -> int:
-    return int(np.floor(x + 0.5))
-
-
-class RefusedUpdate(ValueError):
-    """An update the aggregator will not take; ``reason`` is "unknown", "not_selected" or "round"."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """One aggregator round. Evaluations are keyed by the node whose test split was used."""
-
-    round: int
-    selected: list[str]
-    received: list[str]
-    missing: list[str]
-    aggregated: bool
-    global_eval: dict[str, EvalResult]
-    local_evals: dict[str, dict[str, EvalResult]]
-    start_eval: dict[str, EvalResult]  # the global model the round started from
-    wall_s: float
-    notes: list[str] = field(default_factory=list)
-
-
-class AggregatorCore:
-    def __init__(self, *, federation: str, node_ids: Sequence[str], initial: Tensors,
-                 strategy: FedAvgStrategy, rounds: int, fraction: float, min_updates: int,
-                 deadline_s: float, seed: int, evaluator: Evaluator | None = None):
+class Aggregator:
+    def __init__(self, federation: Federation, core: AggregatorCore, transport: PeerTransport, *,
+                 num_classes: int, counter: ByteCounter, clock: Clock = REAL_CLOCK,
+                 evaluator: Evaluator | None = None):
+        """``evaluator`` defaults to the nodes' ``Evaluate`` RPC on every joined node."""
         self.federation = federation
-        self.node_ids = list(node_ids)
-        self.strategy = strategy
-        self.rounds = rounds
-        self.fraction = fraction
-        self.min_updates = min_updates
-        self.deadline_s = deadline_s
-        self.seed = seed
-        self.evaluator = evaluator
-        self._global: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
-        self._cond = threading.Condition()
-        self._open = 0          # the round whose updates are being collected
-        self._closed = 0        # the last round that stopped taking updates
-        self._messages: dict[int, EncodedModel] = {}
-        self._updates: dict[int, dict[str, Update]] = {}
-        self._joined: dict[str, dict] = {}
-        self._state = "waiting"
-        self._stop = threading.Event()
+        self.core = core
+        self.transport = transport
+        self.num_classes = num_classes
+        self.counter = counter
+        self.clock = clock
+        self.address: str | None = None
+        self.rounds_done = 0
+        self._server: Any = None
+        self._health: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=EVAL_WORKERS, thread_name_prefix="flmesh-eval")
+        self.evaluate: Evaluator = evaluator or self.evaluate_remote
         self._start_eval: dict[str, EvalResult] | None = None
-        self.last_accuracy = 0.0
+        self._round_start = 0.0
+        self._prev_global: np.ndarray | None = None
 
-    # ------------------------------------------------------------------ handler side
-    def join(self, node_id: str, num_samples: int, label_counts: Sequence[int], address: str) -> int:
-        """Register a node; returns the current round. Raises RefusedUpdate for a stranger."""
-        self._check_member(node_id)
-        with self._cond:
-            self._joined[node_id] = {"samples": num_samples, "label_counts": list(label_counts),
-                                     "address": address}
-            return self._open
+    @classmethod
+    def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
+                        transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
+                        tests: dict[str, ArrayData] | None = None) -> Aggregator:
+        """The aggregator of ``federation``; ``dataset`` skips loading the data set again
+        (it is read for the model's input shape and, for Flashback, the public split).
+        ``tests`` (node id -> test split, fl-sim) evaluates in-process instead of through the
+        nodes' ``Evaluate`` RPC; the numbers are the same."""
+        fed = federation
+        data = dataset if dataset is not None else load_dataset(fed.data)
+        input_shape, num_classes = tuple(data.x.shape[1:]), data.num_classes
+        public = public_data(fed, data)
+        device = select_device(fed.training.device)
 
-    def _check_member(self, node_id: str) -> None:
-        if node_id not in self.node_ids:
-            raise RefusedUpdate("unknown", f"unknown node {node_id!r} (the federation has "
-                                f"{', '.join(self.node_ids)})")
+        def factory() -> torch.nn.Module:
+            return build_model(fed.model, input_shape, num_classes, seed=derive_seed(fed.seed, SEED_MODEL))
 
-    def fetch(self, node_id: str, round: int, wait_s: float) -> EncodedModel | None:  # noqa: A002
-        """The global model message for ``round``, blocking until that round opens
-        (at most ``wait_s`` seconds); None on timeout or stop."""
-        self._check_member(node_id)
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while self._open < round and not self._stop.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cond.wait(min(remaining, 0.5))
-            return self._messages.get(round) or self._messages.get(self._open)
+        initial = factory()
+        params = trainable_spec(initial)
+        plugin = algorithms.strategy(fed)
+        server = plugin.server(ServerContext(fed, factory, params, num_classes, public, device))
+        if server is None:
+            raise ValueError(f"{fed.source}: [aggregator] strategy {plugin.name!r} has no server half")
+        counter = transport.counter if transport is not None else ByteCounter()
+        core = AggregatorCore(fed, initial=initial.state_dict(), server=server, strategy=plugin.name,
+                              model_spec=model_spec(initial.state_dict()),
+                              update_spec=plugin.update_spec(params),
+                              clock=clock, counter=counter)
+        if transport is None:
+            from flmesh.node.wire.peer_client import GrpcPeerTransport
 
-    def submit(self, update: Update) -> bool:
-        """Take an update for the open round; False for a duplicate. Raises RefusedUpdate
-        for a stranger, a node not sampled this round, or a round that is not open."""
-        self._check_member(update.node)
-        with self._cond:
-            if update.round != self._open or self._closed >= update.round:
-                raise RefusedUpdate("round", f"round {update.round} is not open (the aggregator is in "
-                                    f"round {self._open}{', closed' if self._closed == self._open else ''})")
-            if update.node not in self._selected(update.round):
-                raise RefusedUpdate("not_selected", f"{update.node} was not sampled for round {update.round}")
-            bucket = self._updates.setdefault(update.round, {})
-            if update.node in bucket:
-                return False
-            bucket[update.node] = update
-            self._cond.notify_all()
-            return True
+            transport = GrpcPeerTransport(counter=counter)
+        evaluator = local_evaluator(tests, factory, device) if tests is not None else None
+        return cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
+                   evaluator=evaluator)
 
-    def status(self) -> dict:
-        with self._cond:
-            return {"strategy": self.strategy.name, "round": self._open, "rounds_total": self.rounds,
-                    "joined": sorted(self._joined), "state": self._state,
-                    "last_accuracy": self.last_accuracy}
+    # ------------------------------------------------------------------ life cycle
+    def serve(self, listen: str) -> str:
+        """Serve the Aggregator and health services on ``listen``; the bound HOST:PORT."""
+        from flmesh.coordinator.aggregator_service import serve
 
-    def addresses(self) -> dict[str, str]:
-        with self._cond:
-            return {n: j["address"] for n, j in self._joined.items() if j["address"]}
+        self._server, self._health, self.address = serve(self.core, listen, len(self.federation.nodes))
+        return self.address
 
     def stop(self) -> None:
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        """End the run soon: waits stop, no new round opens. Thread-safe."""
+        self.core.stop()
 
-    # ------------------------------------------------------------------ driver side
-    def _selected(self, round: int) -> list[str]:  # noqa: A002
-        return sample_clients(self.node_ids, self.fraction, self.seed, round)
+    def close(self, grace: float = 1.0) -> None:
+        self.stop()
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.transport.close()
 
-    def global_state(self) -> Tensors:
-        with self._cond:
-            return dict(self._global)
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_remote(self, state: Tensors) -> dict[str, EvalResult]:
+        """``state`` on every joined node's test split, through their Evaluate RPC (in parallel).
+        A node that cannot be reached is logged and left out."""
+        self.transport.connect(self.core.addresses())
+        message = encode(state, ModelMeta(sender="aggregator", kind="eval"))
+        timeout = self.federation.round_timeout_s
+        nodes = [n for n in self.core.joined() if self.transport.knows(n)]
 
-    def _publish(self, round: int, selected: list[str]) -> None:  # noqa: A002
-        state = {**self._global, **self.strategy.global_extras()}
-        meta = ModelMeta(round=round, sender="aggregator", kind="global",
-                         metadata={"selected": ",".join(selected), "strategy": self.strategy.name})
-        message = codec.encode(state, meta)
-        with self._cond:
-            self._messages[round] = message
-            for old in [r for r in self._messages if r < round - 1]:
-                del self._messages[old]
-            self._updates.setdefault(round, {})
-            self._open = round
-            self._state = "waiting"
-            self._cond.notify_all()
+        def one(node: str) -> tuple[str, EvalResult | None]:
+            try:
+                return node, self.transport.evaluate(node, message, timeout=timeout)
+            except PeerError as exc:
+                log.warning("cannot evaluate on %s: %s", node, exc)
+                return node, None
 
-    def run_round(self, round: int) -> RoundOutcome:  # noqa: A002
+        return {n: r for n, r in self._pool.map(one, nodes) if r is not None}
+
+    # ------------------------------------------------------------------ rounds
+    def run_round(self, round: int) -> RoundRow:
         """Open ``round``, collect updates until all sampled nodes sent one or the deadline,
-        aggregate, evaluate. Blocks for up to ``deadline_s`` plus the aggregation."""
-        start = time.monotonic()
-        selected = self._selected(round)
-        if self._start_eval is None and self.evaluator is not None:
-            self._start_eval = self.evaluator(self._global)
+        aggregate, evaluate. Blocks for up to ``deadline_s`` plus aggregation and evaluation."""
+        self.begin_round(round)
+        return self.end_round(round)
+
+    def begin_round(self, round: int) -> list[str]:
+        """Evaluate the starting model (round 1 only) and open ``round``; the sampled nodes."""
+        self._round_start = self.clock.now()
+        if self._start_eval is None:
+            self._start_eval = self.evaluate(self.core.global_state)
+        return self.core.open_round(round)
+
+    def end_round(self, round: int) -> RoundRow:
+        """Collect until every sampled update is in or the deadline passed, close, aggregate,
+        evaluate; the round's row. Blocks."""
+        core = self.core
+        start = self._round_start
         start_eval = self._start_eval or {}
-        self._publish(round, selected)
-        deadline = start + self.deadline_s
-        with self._cond:
-            while (len(self._updates[round]) < len(selected) and not self._stop.is_set()
-                   and time.monotonic() < deadline):
-                self._cond.wait(min(0.5, max(0.0, deadline - time.monotonic())))
-            self._closed = round
-            self._state = "aggregating"
-            updates = [self._updates[round][n] for n in selected if n in self._updates[round]]
-            self._updates.pop(round - 1, None)
-        received = [u.node for u in updates]
-        missing = [n for n in selected if n not in received]
-        notes = []
-        if missing:
-            why = "on stop" if self._stop.is_set() else f"at the {self.deadline_s:g}s deadline"
-            notes.append(f"round {round} closed {why} with {len(updates)} of {len(selected)} updates; "
-                         f"missing: {', '.join(missing)}")
-        aggregated = len(updates) >= self.min_updates
-        if aggregated:
-            new_global = self.strategy.aggregate(round, self._global, updates)
-        else:
-            new_global = self._global
-            notes.append(f"round {round}: {len(updates)} update(s) < min_updates {self.min_updates}; "
-                         "kept the previous global model")
-        for note in notes:
+        core.wait_for_updates(round, start + core.config.deadline_s)
+        outcome = core.close_round(round)
+        for note in outcome.notes:
             log.warning("%s", note)
-        with self._cond:
-            self._global = {k: v.detach().to("cpu") for k, v in new_global.items()}
-        global_eval: dict[str, EvalResult] = {}
-        local_evals: dict[str, dict[str, EvalResult]] = {}
-        if self.evaluator is not None:
-            global_eval = self.evaluator(self._global)
-            local_evals = {u.node: self.evaluator(u.state) for u in updates}
-            total = sum(r.total for r in global_eval.values())
-            self.last_accuracy = sum(r.correct for r in global_eval.values()) / total if total else 0.0
-            self._start_eval = global_eval
-        with self._cond:
-            self._state = "done" if round >= self.rounds else "waiting"
-            self._cond.notify_all()
-        return RoundOutcome(round, selected, received, missing, aggregated, global_eval, local_evals,
-                            start_eval, time.monotonic() - start, notes)
+        global_eval = self.evaluate(outcome.new_global)
+        local_evals = {u.node: self.evaluate(u.state) for u in outcome.updates}
+        sent, received = self.counter.take()
+        by_kind = {k: sent.get(k, 0) + received.get(k, 0) for k in {*sent, *received}}
+        row, self._prev_global = star_row(
+            outcome, self.federation.node_ids, self.num_classes, global_eval=global_eval,
+            start_eval=start_eval,
+            local_evals=local_evals, prev_global=self._prev_global, writer="aggregator",
+            wall_s=self.clock.now() - start, bytes_by_kind=by_kind)
+        self._start_eval = global_eval
+        core.finish_round(round, row.accuracy or 0.0)
+        self.rounds_done = round
+        return row
+
+    def run(self, on_round: Callable[[RoundRow], None] | None = None, *,
+            join_timeout: float = 120.0) -> list[RoundRow]:
+        """The aggregator's loop: wait (up to ``join_timeout`` s) for every node to join, then
+        every round; each row goes to ``on_round`` as soon as the round is evaluated."""
+        fed = self.federation
+        log.info("serving %s; waiting for %d nodes to join", self.core.strategy, len(fed.nodes))
+        absent = self.core.wait_for_joins(join_timeout)
+        if absent and not self.core.stop_event.is_set():
+            log.warning("starting without %s (not joined within %gs)", ", ".join(absent), join_timeout)
+        rows = []
+        for t in range(1, fed.rounds + 1):
+            if self.core.stop_event.is_set():
+                break
+            row = self.run_round(t)
+            if self.core.stop_event.is_set() and t < fed.rounds:
+                break  # interrupted mid-round: what the nodes did is incomplete; keep it out
+            rows.append(row)
+            if on_round is not None:
+                on_round(row)
+            log.info("round %d/%d: global accuracy %.1f%%, %d/%d updates%s", t, fed.rounds,
+                     100 * (row.accuracy or 0.0), len(row.received or []), len(row.selected or []),
+                     f"; missing {', '.join(row.missing)}" if row.missing else "")
+        return rows

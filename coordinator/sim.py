@@ -1,72 +1,119 @@
-"""Simulate a whole federation on localhost, over real gRPC.
+"""Simulate a whole federation on localhost, over real gRPC: the one runner.
 
-Every node is a real :class:`flmesh.node.Node` serving on 127.0.0.1:0 in this
-process. The simulation drives the rounds in lock-step (all nodes run round t
-concurrently, then the next round starts) and after each round cross-evaluates
-every node's model on every node's test split through the ``Evaluate`` RPC to
-compute FA, FF and PFA (FedRewind Eq. 5-7).
+:class:`Simulation` owns what both kinds of federation share: set-up and
+teardown, Ctrl-C, writing rounds.jsonl and summary.json (the schema of
+:mod:`flmesh.node.results`) and the pictures. A *driver* runs the federation:
+:class:`~flmesh.coordinator.sim_peer.PeerDriver` (every node a
+:class:`~flmesh.node.node.Node` on 127.0.0.1:0 running its own
+:meth:`~flmesh.node.node.Node.run`, cross-evaluated through ``Evaluate``) or
+:class:`~flmesh.coordinator.sim_star.StarDriver` (the same nodes around an
+:class:`~flmesh.coordinator.aggregator.Aggregator`).
 
 Blocking; use from one thread. ``stop()`` may be called from another thread
-(or a signal handler) to end the run after the current round's work.
+(or a signal handler) to end the run after the round in progress.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import platform
+import queue
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import networkx as nx
-import numpy as np
-import torch
+from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes
+from flmesh.topology import Federation
 
-from flmesh.coordinator.results import RunWriter
-from flmesh.node import Node, RoundReport
-from flmesh.node.client import PeerClient
-from flmesh.node.data import SEED_MODEL, ArrayData, NodeData, derive_seed, federation_data
-from flmesh.node.device import select_device
-from flmesh.node.metrics import federation_metrics
-from flmesh.node.models import build_model
-from flmesh.node.trainer import EvalResult
-from flmesh.topology import Federation, StandaloneSchedule
+#: How often the runner's thread wakes while it waits for a row (Ctrl-C is noticed then).
+WAKE_S = 0.2
 
 
-@dataclass(frozen=True)
-class RoundResult:
-    """One round of the whole federation. Accuracies are fractions in [0, 1]."""
+class Driver(Protocol):
+    def start(self) -> None: ...
 
-    round: int
-    fa: float
-    ff: float
-    pfa: float
-    accuracy: np.ndarray  # accuracy[i, j]: node i's model on node j's test split
-    per_class_accuracy: list[float]
-    reports: list[RoundReport]
-    wall_s: float
+    def rows(self) -> Iterator[RoundRow]:
+        """Finished rounds' rows, in round order; ends when the run ends. Blocks."""
+        ...
 
-    def row(self, node_ids: list[str]) -> dict[str, Any]:
-        """The JSON object written to rounds.jsonl."""
-        return {
-            "round": self.round, "fa": self.fa, "ff": self.ff, "pfa": self.pfa,
-            "nodes": {
-                r.node: {"accuracy": r.local.accuracy, "train_loss": r.train.loss,
-                         "train_steps": r.train.steps, "train_size": r.train_size, "source": r.source,
-                         "destination": r.destination, "received": r.received,
-                         "received_accuracy": r.received_accuracy, "rewound_to": r.rewound_to,
-                         "missing": r.missing, "delivered": r.delivered,
-                         "wall_s": round(r.wall_s, 4), "notes": list(r.notes)}
-                for r in self.reports
-            },
-            "accuracy_matrix": {"rows": node_ids, "values": self.accuracy.round(6).tolist()},
-            "per_class_accuracy": self.per_class_accuracy,
-            "wall_s": round(self.wall_s, 4),
-        }
+    @property
+    def rounds_done(self) -> int: ...
+
+    def config(self) -> dict[str, Any]: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RowQueue:
+    """Rows pushed by driver threads, read in order by the runner; errors re-raised there."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[RoundRow | BaseException | None] = queue.SimpleQueue()
+
+    def put(self, row: RoundRow) -> None:
+        self._queue.put(row)
+
+    def fail(self, exc: BaseException) -> None:
+        self._queue.put(exc)
+
+    def end(self) -> None:
+        self._queue.put(None)
+
+    def __iter__(self) -> Iterator[RoundRow]:
+        while True:
+            try:
+                item = self._queue.get(timeout=WAKE_S)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+def run_threads(targets: dict[str, Callable[[], object]], out: RowQueue,
+                on_error: Callable[[], None]) -> list[threading.Thread]:
+    """Run every target on its own thread; when all end, end ``out``. The first error goes to
+    ``out`` (and ``on_error`` stops the rest). Returns the threads (join them before exiting:
+    a thread still inside torch or gRPC at interpreter exit aborts the process)."""
+    failed = threading.Event()
+
+    def wrap(fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the runner's thread, which re-raises it
+                if not failed.is_set():
+                    failed.set()
+                    out.fail(exc)
+                    on_error()
+        return run
+
+    threads = [threading.Thread(target=wrap(fn), name=f"flmesh-{name}", daemon=True)
+               for name, fn in targets.items()]
+    for t in threads:
+        t.start()
+
+    def join_all() -> None:
+        for t in threads:
+            t.join()
+        out.end()
+
+    joiner = threading.Thread(target=join_all, name="flmesh-join", daemon=True)
+    joiner.start()
+    return [*threads, joiner]
+
+
+def join_threads(threads: list[threading.Thread], timeout: float) -> None:
+    """Wait (up to ``timeout`` s in all) for threads that were told to stop."""
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
@@ -74,88 +121,37 @@ def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
     return root / f"{federation.name}-{stamp}"
 
 
-JOINT_ID = "joint"
-
-
-def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
-    """The Joint baseline's single node: every node's training split on one machine.
-
-    It trains the same E epochs per round (over N times the data) from the same
-    M_0 and exchanges nothing; its test split is never used (the federation's
-    per-node test splits are, through Evaluate).
-    """
-    first = next(iter(data.values()))
-    union = NodeData(
-        train=ArrayData(torch.cat([d.train.x for d in data.values()]),
-                        torch.cat([d.train.y for d in data.values()]), first.train.num_classes),
-        test=first.test,
-    )
-    model = build_model(federation.model, union.train.input_shape, union.train.num_classes,
-                        seed=derive_seed(federation.seed, SEED_MODEL))
-    graph = nx.Graph()
-    graph.add_node(JOINT_ID)
-    return Node(JOINT_ID, model=model, data=union, training=federation.training,
-                schedule=StandaloneSchedule(graph), rounds=federation.rounds,
-                federation=federation.name, seed=federation.seed, architecture=federation.model.name,
-                device=select_device(federation.training.device))
-
-
 class Simulation:
-    """A federation on localhost. ``baseline`` in the federation file picks a row of the
-    FedRewind tables: "none" (the schedule), "standalone" (no exchange) or "joint"."""
+    """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
     def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1):
-        """``eval_every``: cross-evaluate (and write a rounds.jsonl row) every that many
-        rounds and always after the last; N x N Evaluate calls per evaluation."""
+        """``eval_every``: cross-evaluate (and write a row) every that many rounds and after the
+        last (peer federations; star runs evaluate every round: F_t compares consecutive rounds)."""
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}")
         self.federation = federation
-        self.eval_every = eval_every
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
-        self.nodes: list[Node] = []
-        self.trainers: list[Node] = []  # the nodes that run rounds: self.nodes, or the joint node
-        self.rounds_done = 0
-        self._clients: dict[str, PeerClient] = {}
-        self._stop = threading.Event()
-        self._pool: ThreadPoolExecutor | None = None
+        self.kind = "star" if federation.aggregator is not None else "peer"
+        self.driver: Driver
+        if self.kind == "star":
+            from flmesh.coordinator.sim_star import StarDriver
 
-    # ------------------------------------------------------------------ life cycle
-    def start(self) -> dict[str, str]:
-        """Split the data, build every node and start its server; returns id -> address."""
-        fed = self.federation
-        data = federation_data(fed)
-        self.nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0")
-                      for nid in fed.node_ids]
-        addresses = {node.node_id: node.start() for node in self.nodes}
-        for node in self.nodes:
-            node.connect(addresses)
-        self._clients = {nid: PeerClient(nid, addr, timeout=fed.round_timeout_s)
-                         for nid, addr in addresses.items()}
-        if fed.baseline == "joint":
-            joint = joint_node(fed, data)
-            joint.start()
-            self.trainers = [joint]
+            self.driver = StarDriver(federation)
         else:
-            self.trainers = list(self.nodes)
-        self._pool = ThreadPoolExecutor(max_workers=len(self.nodes), thread_name_prefix="flmesh-node")
-        return addresses
+            from flmesh.coordinator.sim_peer import PeerDriver
+
+            self.driver = PeerDriver(federation, eval_every)
+
+    def start(self) -> None:
+        """Split the data, build every process and start its server."""
+        self.driver.start()
 
     def stop(self) -> None:
-        """Ask the run to end; nodes stop waiting and the loop ends after this round."""
-        self._stop.set()
-        for node in self.nodes + self.trainers:
-            node.cancel()
+        """End the run after the round in progress. Thread-safe."""
+        self.driver.stop()
 
     def close(self) -> None:
-        self.stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
-        for node in {id(n): n for n in self.nodes + self.trainers}.values():
-            node.stop(grace=0.5)
+        self.driver.close()
 
     def __enter__(self) -> Simulation:
         self.start()
@@ -164,99 +160,63 @@ class Simulation:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ rounds
-    def cross_evaluate(self, round: int) -> tuple[np.ndarray, list[list[EvalResult]]]:  # noqa: A002
-        """Every node's current model on every node's test split, through Evaluate.
+    @property
+    def rounds_done(self) -> int:
+        return self.driver.rounds_done
 
-        Under Joint every node "holds" the one joint model, so its row is repeated.
-        """
-        models = [node.encode(round, kind="eval") for node in self.trainers]
-        ids = [node.node_id for node in self.nodes]
-
-        def row(i: int) -> list[EvalResult]:
-            return [self._clients[j].evaluate(models[i]) for j in ids]
-
-        assert self._pool is not None
-        results = list(self._pool.map(row, range(len(models))))
-        if len(results) != len(ids):
-            results = results * len(ids)
-        acc = np.array([[r.accuracy for r in row_] for row_ in results])
-        return acc, results
-
-    def run_round(self, round: int, evaluate: bool = True) -> RoundResult | None:  # noqa: A002
-        """Every trainer runs ``round``; then (when ``evaluate``) the N x N cross-evaluation."""
-        assert self._pool is not None, "start() the simulation first"
-        start = time.monotonic()
-        reports = list(self._pool.map(lambda node: node.run_round(round), self.trainers))
-        if not evaluate:
-            return None
-        acc, results = self.cross_evaluate(round)
-        if len(reports) != len(self.nodes):  # Joint: each node's row shows the joint model
-            reports = [replace(reports[0], node=n.node_id, local=results[i][i])
-                       for i, n in enumerate(self.nodes)]
-        metrics = federation_metrics(acc)
-        correct = np.sum([r.per_class_correct for row in results for r in row], axis=0)
-        total = np.sum([r.per_class_total for row in results for r in row], axis=0)
-        per_class = np.divide(correct, total, out=np.zeros(len(total)), where=total > 0)
-        return RoundResult(round, metrics.fa, metrics.ff, metrics.pfa, acc,
-                           per_class.round(6).tolist(), reports, time.monotonic() - start)
-
-    def run(self, on_round: Callable[[RoundResult], None] | None = None) -> dict[str, Any]:
-        """Run every round, writing rounds.jsonl as it goes; returns the summary it writes."""
-        fed = self.federation
-        ids = fed.node_ids
+    def run(self, on_round: Callable[[RoundRow], None] | None = None) -> Summary:
+        """Run every round, writing rounds.jsonl as it goes; returns the summary it writes
+        (also when interrupted or failed: the finished rounds are kept)."""
         writer = RunWriter(self.out_dir)
         started = time.monotonic()
-        results: list[RoundResult] = []
+        rows: list[RoundRow] = []
         try:
-            for t in range(1, fed.rounds + 1):
-                if self._stop.is_set():
-                    break
-                evaluate = t % self.eval_every == 0 or t == fed.rounds
-                result = self.run_round(t, evaluate)
-                if self._stop.is_set() and t < fed.rounds:
-                    # Interrupted mid-round: what the nodes did is incomplete; keep it out.
-                    break
-                self.rounds_done = t
-                if result is None:
-                    continue
-                results.append(result)
-                writer.write_round(result.row(ids))
+            for row in self.driver.rows():
+                rows.append(row)
+                writer.write_round(row)
                 if on_round is not None:
-                    on_round(result)
+                    on_round(row)
         finally:
-            writer.close()
-            summary = self._summary(results, time.monotonic() - started)
+            summary = self.summary(rows, writer.rows, time.monotonic() - started)
             writer.write_summary(summary)
-            summary["pictures"] = [str(p) for p in writer.draw()]
+            from flmesh.coordinator.pictures import draw
+
+            summary.pictures = [str(p) for p in draw(writer.rows, self.out_dir)]
             writer.write_summary(summary)
         return summary
 
-    def _summary(self, results: list[RoundResult], wall_s: float) -> dict[str, Any]:
+    def summary(self, rows: list[RoundRow], raw: list[dict[str, Any]], wall_s: float) -> Summary:
         fed = self.federation
-        last = results[-1] if results else None
-        best = max(results, key=lambda r: r.fa) if results else None
-        return {
-            "federation": fed.name,
-            "file": fed.source,
-            "seed": fed.seed,
-            "schedule": fed.topology.schedule,
-            "baseline": fed.baseline,
+        last = rows[-1] if rows else None
+        with_fa = [r for r in rows if r.fa is not None]
+        best = max(with_fa, key=lambda r: r.fa or 0.0) if with_fa else None
+        forgetting = [r.global_forgetting for r in rows if r.global_forgetting is not None]
+        missing = sorted({p for r in rows for p in r.missing})
+        final = None
+        if last is not None:
+            final = Final(last.round, last.fa, last.ff, last.pfa, last.accuracy,
+                          {n: e.accuracy for n, e in last.nodes.items() if e.accuracy is not None})
+        import torch
+
+        return Summary(
+            kind=self.kind, writer="fl-sim", federation=fed.name, file=fed.source, seed=fed.seed,
+            rounds=self.rounds_done, rounds_planned=fed.rounds, interrupted=self.rounds_done < fed.rounds,
+            config=self.driver.config(), final=final,
+            best_fa=({"round": best.round, "fa": best.fa}
+                     if best is not None and best.fa is not None else None),
+            accuracy_curve=[r.accuracy for r in rows if r.accuracy is not None],
+            mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
+            missing_peers=missing, bytes_per_round=mean_bytes(raw), wall_s=round(wall_s, 3),
+            out_dir=str(self.out_dir),
+            host={"python": platform.python_version(), "torch": torch.__version__,
+                  "cpus": torch.get_num_threads()})
+
+
+def base_config(federation: Federation) -> dict[str, Any]:
+    """What every summary says about the set-up."""
+    fed = federation
+    return {"nodes": fed.node_ids, "dataset": fed.data.dataset,
+            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.name,
+            "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
-            "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
-            "nodes": fed.node_ids,
-            "dataset": fed.data.dataset,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha},
-            "model": fed.model.name,
-            "rounds": self.rounds_done,
-            "rounds_planned": fed.rounds,
-            "interrupted": self.rounds_done < fed.rounds,
-            "final": ({"fa": last.fa, "ff": last.ff, "pfa": last.pfa,
-                       "node_accuracy": {r.node: r.local.accuracy for r in last.reports}}
-                      if last else None),
-            "best_fa": {"round": best.round, "fa": best.fa} if best else None,
-            "wall_s": round(wall_s, 3),
-            "out_dir": str(self.out_dir),
-            "host": {"python": platform.python_version(), "torch": torch.__version__,
-                     "cpus": torch.get_num_threads()},
-        }
+            "epochs": fed.training.epochs}

@@ -20,18 +20,11 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flmesh.coordinator.sim import RoundResult, Simulation
-from flmesh.coordinator.star_sim import StarSimulation
-from flmesh.node.channels import BindError
-from flmesh.node.client import PeerError
-from flmesh.node.data import DataError
-from flmesh.node.device import DeviceError
-from flmesh.node.models import ModelError
-from flmesh.node.partitions import PartitionError
+from flmesh.coordinator.sim import Simulation
+from flmesh.node.errors import PeerError, UnknownPeerError
+from flmesh.node.node_run import input_errors
+from flmesh.node.results import RoundRow
 from flmesh.topology import FederationError, load_federation
-
-# Errors that are the user's input, not our bug: one line, exit 2.
-INPUT_ERRORS = (FederationError, DataError, DeviceError, ModelError, PartitionError, BindError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,16 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.baseline is not None:
         overrides.append(f'federation.baseline="{args.baseline}"')
+    bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors())
     try:
         federation = load_federation(args.file, overrides)
         star = federation.aggregator is not None
         if star and args.eval_every != 1:
             raise FederationError(f"{args.file}: --eval-every applies to runs without an [aggregator]; "
                                   "star runs evaluate every round (F_t compares consecutive rounds)")
-        sim = (StarSimulation(federation, args.out) if star
-               else Simulation(federation, args.out, eval_every=args.eval_every))
+        sim = Simulation(federation, args.out, eval_every=args.eval_every)
         sim.start()
-    except INPUT_ERRORS as exc:
+    except bad_input as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 2
 
@@ -91,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sim.stop())
     fed = federation
     if not args.quiet:
-        how = (f"aggregator {fed.aggregator.strategy} (C={fed.aggregator.fraction:g}), "
-               f"objective {fed.training.objective}" if star else
-               f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
+        agg = fed.aggregator
+        how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
+               if agg is not None else f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
         console.print(f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.dataset} "
                       f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {fed.model.name}, "
                       f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {sim.out_dir}")
@@ -105,17 +98,17 @@ def main(argv: list[str] | None = None) -> int:
                         transient=True, disable=args.quiet)
     task = progress.add_task("rounds", total=fed.rounds)
 
-    def on_round(result: RoundResult | dict) -> None:
-        if not args.quiet and isinstance(result, dict):  # a star round's row
-            updates = f"{len(result['received'])}/{len(result['selected'])}"
+    def on_round(row: RoundRow) -> None:
+        if not args.quiet and star:
+            updates = f"{len(row.received or [])}/{len(row.selected or [])}"
             progress.console.print(
-                f"{result['round']:>5}  {_pct(result['accuracy'])}  {_pct(result['global_forgetting'])}  "
-                f"{_pct(result['client_forgetting'])}  {updates:>7}  {result['wall_s']:6.2f}")
+                f"{row.round:>5}  {_pct(row.accuracy)}  {_pct(row.global_forgetting)}  "
+                f"{_pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}")
         elif not args.quiet:
-            missing = sum(r.missing is not None for r in result.reports)
-            progress.console.print(f"{result.round:>5}  {_pct(result.fa)}  {_pct(result.ff)}  "
-                                   f"{_pct(result.pfa)}  {missing:>7}  {result.wall_s:6.2f}")
-        progress.update(task, completed=result["round"] if isinstance(result, dict) else result.round)
+            missing = sum(e.missing is not None for e in row.nodes.values())
+            progress.console.print(f"{row.round:>5}  {_pct(row.fa)}  {_pct(row.ff)}  "
+                                   f"{_pct(row.pfa)}  {missing:>7}  {row.wall_s:6.2f}")
+        progress.update(task, completed=row.round)
 
     interrupted = False
     try:
@@ -126,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print("fl-sim: interrupted; stopping all nodes")
         sim.stop()
         summary = None
-    except PeerError as exc:  # e.g. the aggregator stopped answering: one line, finished rounds kept
+    except (PeerError, UnknownPeerError) as exc:  # e.g. the aggregator stopped answering: one line
         err.print(f"fl-sim: error: {exc}; results so far in {sim.out_dir}", markup=False, soft_wrap=True)
         sim.stop()
         return 1
@@ -135,24 +128,23 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
     if summary is None:
         return 130
-    final = summary["final"]
-    if final is not None and not args.quiet and star:
-        table = Table(title=f"{fed.name}: after round {summary['rounds']}")
-        for col in ("accuracy %", "FA %", "FF %", "mean F_t %", "wall s"):
-            table.add_column(col, justify="right")
-        table.add_row(_pct(final["accuracy"]), _pct(final["fa"]), _pct(final["ff"]),
-                      _pct(summary["mean_global_forgetting"]), f"{summary['wall_s']:.1f}")
+    final = summary.final
+    if final is not None and not args.quiet:
+        table = Table(title=f"{fed.name}: after round {summary.rounds}")
+        if star:
+            for col in ("accuracy %", "FA %", "FF %", "PFA %", "mean F_t %", "wall s"):
+                table.add_column(col, justify="right")
+            table.add_row(_pct(final.accuracy), _pct(final.fa), _pct(final.ff), _pct(final.pfa),
+                          _pct(summary.mean_global_forgetting), f"{summary.wall_s:.1f}")
+        else:
+            best = summary.best_fa or {}
+            for col in ("FA %", "FF %", "PFA %", "best FA %", "wall s"):
+                table.add_column(col, justify="right")
+            table.add_row(_pct(final.fa), _pct(final.ff), _pct(final.pfa),
+                          f"{_pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}")
         console.print(table)
-    elif final is not None and not args.quiet:
-        table = Table(title=f"{fed.name}: after round {summary['rounds']}")
-        for col in ("FA %", "FF %", "PFA %", "best FA %", "wall s"):
-            table.add_column(col, justify="right")
-        table.add_row(_pct(final["fa"]), _pct(final["ff"]), _pct(final["pfa"]),
-                      f"{_pct(summary['best_fa']['fa'])} (r{summary['best_fa']['round']})",
-                      f"{summary['wall_s']:.1f}")
-        console.print(table)
-    console.print(f"results: {summary['out_dir']}/summary.json, rounds.jsonl, accuracy.png")
-    return 130 if interrupted or summary["interrupted"] else 0
+    console.print(f"results: {summary.out_dir}/summary.json, rounds.jsonl, accuracy.png")
+    return 130 if interrupted or summary.interrupted else 0
 
 
 if __name__ == "__main__":

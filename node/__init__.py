@@ -1,11 +1,34 @@
 """flmesh.node: what one peer runs.
 
-Two wings meet in :mod:`flmesh.node.peer`: the learning wing (``data``,
-``partitions``, ``models``, ``objectives``, ``trainer``, ``metrics``: torch, no
-grpc) and the wire wing (``codec``, ``channels``, ``servicer``, ``client``:
-grpc, no training logic). :class:`Node` is the embeddable API.
+Wings (see docs/architecture.md): ``learning/`` (data, models, trainer,
+metrics: torch, no grpc), ``algorithms/`` (one file per algorithm plug-in),
+``wire/`` (codec, channels, servicers, the gRPC transport: grpc, no training);
+``transport.py`` (the seam and its in-memory twin in ``memory.py``),
+``rounds.py`` (the round engine), ``node.py`` (:class:`Node`, the embeddable
+API) and ``cli.py`` (fl-node).
+
+Importing this package loads nothing heavy: ``Node`` and the reports are
+resolved on first use.
 """
 
-from flmesh.node.peer import Node, RoundReport
+from __future__ import annotations
 
-__all__ = ["Node", "RoundReport"]
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flmesh.node.node import Node
+    from flmesh.node.reports import RoundReport, StarReport
+
+__all__ = ["Node", "RoundReport", "StarReport"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Node":
+        from flmesh.node.node import Node
+
+        return Node
+    if name in ("RoundReport", "StarReport"):
+        from flmesh.node import reports
+
+        return getattr(reports, name)
+    raise AttributeError(f"module 'flmesh.node' has no attribute {name!r}")

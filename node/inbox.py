@@ -1,15 +1,19 @@
-"""The node's inbox: delivered models keyed by (round, sender, kind).
+"""The node's inbox: delivered messages keyed by (round, sender, kind).
 
-Thread-safe: gRPC handler threads put, the round loop waits. A second delivery
+Thread-safe: RPC handler threads put, the round loop waits. A second delivery
 of the same key is a duplicate and is dropped, which makes Deliver idempotent.
+Waiting goes through a :class:`~flmesh.node.clock.Clock`, so tests can use
+virtual time.
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from flmesh.node.clock import REAL_CLOCK, Clock
 
 
 @dataclass(frozen=True, order=True)
@@ -20,9 +24,10 @@ class InboxKey:
 
 
 class Inbox:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = REAL_CLOCK) -> None:
         self._items: dict[InboxKey, Any] = {}
         self._cond = threading.Condition()
+        self._clock = clock
 
     def put(self, key: InboxKey, item: Any) -> bool:
         """Store ``item`` under ``key``; False (and nothing stored) when the key is already there."""
@@ -39,17 +44,26 @@ class Inbox:
 
     def wait(self, key: InboxKey, timeout: float | None, stop: threading.Event | None = None) -> Any | None:
         """Block until ``key`` arrives, ``timeout`` seconds pass or ``stop`` is set; the item or None."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        found = self.wait_all([key], timeout, stop)
+        return found.get(key)
+
+    def wait_all(self, keys: Iterable[InboxKey], timeout: float | None,
+                 stop: threading.Event | None = None) -> dict[InboxKey, Any]:
+        """Block until every key has arrived, ``timeout`` seconds pass or ``stop`` is set.
+
+        Returns what arrived (a subset of ``keys`` on timeout or stop).
+        """
+        wanted = list(keys)
+        deadline = None if timeout is None else self._clock.now() + timeout
         with self._cond:
-            while key not in self._items:
-                if stop is not None and stop.is_set():
-                    return None
-                remaining = None if deadline is None else deadline - time.monotonic()
+            while True:
+                found = {k: self._items[k] for k in wanted if k in self._items}
+                if len(found) == len(wanted) or (stop is not None and stop.is_set()):
+                    return found
+                remaining = None if deadline is None else deadline - self._clock.now()
                 if remaining is not None and remaining <= 0:
-                    return None
-                # Wake at least every 0.2 s to notice `stop` without a notify.
-                self._cond.wait(0.2 if remaining is None else min(remaining, 0.2))
-            return self._items[key]
+                    return found
+                self._clock.wait(self._cond, 3600.0 if remaining is None else remaining)
 
     def wake(self) -> None:
         """Wake every waiter (used on stop)."""

@@ -1,26 +1,23 @@
-"""The aggregator role: sampling, stragglers, strategies over real gRPC, fl-node processes."""
+"""The aggregator role: sampling, rounds on a manual clock, refusals, strategies over real gRPC."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
 import pytest
 import torch
 
-from flmesh.coordinator.aggregator import AggregatorCore, RefusedUpdate, sample_clients
+from flmesh.coordinator.aggregator_core import MAX_POLL_WAIT_S, AggregatorCore, sample_clients
 from flmesh.coordinator.aggregator_service import serve
-from flmesh.coordinator.star_sim import StarSimulation
-from flmesh.coordinator.strategies import FedAvgStrategy, Update
-from flmesh.node.aggregator_client import AggregatorClient
-from flmesh.node.client import PeerError
-from flmesh.node.codec import ModelMeta, encode, model_spec
-from flmesh.topology import AggregatorConfig, FederationError, parse_federation
+from flmesh.coordinator.sim import Simulation
+from flmesh.node.algorithms.fedavg import FedAvgServer
+from flmesh.node.clock import ManualClock
+from flmesh.node.errors import PeerError, Refused
+from flmesh.node.learning.data import ArrayData, federation_data, load_digits, public_data
+from flmesh.node.results import read_rows
+from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
+from flmesh.node.wire.codec import ModelMeta, encode, model_spec
+from flmesh.topology import FederationError, parse_federation
 
-from conftest import tiny_raw, wait_until
+from conftest import tiny_raw
 
 IDS = [f"node{i}" for i in range(10)]
 
@@ -34,92 +31,118 @@ def test_client_sampling_is_seeded_and_sized():
     assert sample_clients(IDS, 0.01, seed=1, round=1) != [] and len(sample_clients(IDS, 1.0, 1, 1)) == 10
 
 
-def _core(min_updates=1, deadline_s=30.0, fraction=1.0):
+def _core(min_updates=1, deadline_s=30.0, fraction=1.0, rounds=3):
+    raw = tiny_raw(nodes=3, rounds=rounds, aggregator={"fraction": fraction, "min_updates": min_updates,
+                                                       "deadline_s": deadline_s})
+    raw["nodes"] = {n: {} for n in "abc"}
+    del raw["topology"]["nodes"]
+    fed = parse_federation(raw)
     state = {"w": torch.zeros(2)}
-    cfg = AggregatorConfig(fraction=fraction, min_updates=min_updates, deadline_s=deadline_s)
-    return AggregatorCore(federation="t", node_ids=["a", "b", "c"], initial=state,
-                          strategy=FedAvgStrategy(cfg, ["w"], 2), rounds=3, fraction=fraction,
-                          min_updates=min_updates, deadline_s=deadline_s, seed=0)
+    clock = ManualClock()
+    return AggregatorCore(fed, initial=state, server=FedAvgServer(), strategy="fedavg",
+                          model_spec=model_spec(state), update_spec={}, clock=clock), clock
 
 
-def _update(node, round, value, samples=1):  # noqa: A002
-    return Update(node, round, {"w": torch.full((2,), float(value))}, samples, (1, 0))
+def _update(node, round, value, samples=1, shape=(2,)):
+    meta = ModelMeta(round=round, sender=node, kind="update", num_samples=samples, label_counts=(1, 0))
+    return encode({"w": torch.full(shape, float(value))}, meta)
 
 
-def _run_in_thread(core, round):  # noqa: A002
-    result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("o", core.run_round(round)))
-    thread.start()
-    wait_until(lambda: core.status()["round"] == round)
-    return thread, result
+def _submit(core, node, round, value, samples=1):
+    return core.submit(None, _update(node, round, value, samples).chunks())
 
 
 def test_round_closes_when_every_sampled_update_is_in_and_weights_by_samples():
-    core = _core()
-    thread, result = _run_in_thread(core, 1)
-    assert core.submit(_update("a", 1, 1.0, samples=1))
-    assert not core.submit(_update("a", 1, 5.0)), "a second update from a is a duplicate"
-    core.submit(_update("b", 1, 2.0, samples=2))
-    core.submit(_update("c", 1, 4.0, samples=1))
-    thread.join(timeout=30)
-    outcome = result["o"]
+    core, clock = _core()
+    core.open_round(1)
+    assert _submit(core, "a", 1, 1.0, samples=1).accepted
+    again = _submit(core, "a", 1, 5.0)
+    assert again.duplicate and not again.accepted, "a second update from a is a duplicate"
+    _submit(core, "b", 1, 2.0, samples=2)
+    _submit(core, "c", 1, 4.0, samples=1)
+    start = clock.now()
+    core.wait_for_updates(1, start + 30)
+    assert clock.now() == start, "all updates in: no waiting"
+    outcome = core.close_round(1)
     assert outcome.received == ["a", "b", "c"] and outcome.missing == [] and outcome.aggregated
-    assert torch.allclose(core.global_state()["w"], torch.full((2,), (1 + 4 + 4) / 4))
+    assert torch.allclose(core.global_state["w"], torch.full((2,), (1 + 4 + 4) / 4))
 
 
 def test_straggler_deadline_closes_the_round_with_what_arrived():
-    core = _core(deadline_s=0.5)
-    thread, result = _run_in_thread(core, 1)
-    core.submit(_update("a", 1, 3.0))
-    thread.join(timeout=30)
-    outcome = result["o"]
+    core, clock = _core(deadline_s=30)
+    core.open_round(1)
+    _submit(core, "a", 1, 3.0)
+    core.wait_for_updates(1, clock.now() + 30)
+    outcome = core.close_round(1)
     assert outcome.received == ["a"] and outcome.missing == ["b", "c"] and outcome.aggregated
-    assert "at the 0.5s deadline with 1 of 3 updates; missing: b, c" in outcome.notes[0]
-    assert torch.allclose(core.global_state()["w"], torch.full((2,), 3.0))
-    with pytest.raises(RefusedUpdate, match="round 1 is not open"):
-        core.submit(_update("b", 1, 9.0))  # late
+    assert "at the 30s deadline with 1 of 3 updates; missing: b, c" in outcome.notes[0]
+    assert torch.allclose(core.global_state["w"], torch.full((2,), 3.0))
+    late = _submit(core, "b", 1, 9.0)
+    assert late.late and not late.accepted
+    assert torch.allclose(core.global_state["w"], torch.full((2,), 3.0)), "a late update is not used"
 
 
 def test_too_few_updates_keep_the_previous_global_model():
-    core = _core(deadline_s=0.3, min_updates=2)
-    thread, result = _run_in_thread(core, 1)
-    core.submit(_update("a", 1, 3.0))
-    thread.join(timeout=30)
-    assert not result["o"].aggregated
-    assert "kept the previous global model" in result["o"].notes[-1]
-    assert torch.equal(core.global_state()["w"], torch.zeros(2))
+    core, clock = _core(min_updates=2)
+    core.open_round(1)
+    _submit(core, "a", 1, 3.0)
+    core.wait_for_updates(1, clock.now() + 30)
+    outcome = core.close_round(1)
+    assert not outcome.aggregated and "kept the previous global model" in outcome.notes[-1]
+    assert torch.equal(core.global_state["w"], torch.zeros(2))
 
 
-def test_strangers_and_unsampled_nodes_are_refused():
-    core = _core(fraction=0.34)
-    thread, _ = _run_in_thread(core, 1)
-    chosen = sample_clients(["a", "b", "c"], 0.34, 0, 1)
+def test_strangers_unsampled_and_bad_updates_are_refused():
+    core, _ = _core(fraction=0.34)
+    core.open_round(1)
+    chosen = sample_clients(["a", "b", "c"], 0.34, 3, 1)
     other = next(n for n in "abc" if n not in chosen)
-    with pytest.raises(RefusedUpdate, match="unknown node 'zed'"):
-        core.submit(_update("zed", 1, 1.0))
-    with pytest.raises(RefusedUpdate, match=f"{other} was not sampled for round 1"):
-        core.submit(_update(other, 1, 1.0))
-    core.submit(_update(chosen[0], 1, 1.0))
-    thread.join(timeout=30)
+    cases = [
+        (lambda: _submit(core, "zed", 1, 1.0), "PERMISSION_DENIED", "unknown node 'zed'"),
+        (lambda: _submit(core, other, 1, 1.0), "FAILED_PRECONDITION", f"{other} was not sampled for round 1"),
+        (lambda: _submit(core, chosen[0], 2, 1.0), "FAILED_PRECONDITION", "round 2 is not open"),
+        (lambda: core.submit(None, _update(chosen[0], 1, 1.0, shape=(3,)).chunks()), "INVALID_ARGUMENT",
+         "tensor 'w': shape [3]"),
+        (lambda: core.join(None, "zed", 1, [1], ""), "PERMISSION_DENIED", "unknown node 'zed'"),
+        (lambda: core.fetch(None, other, 1), "FAILED_PRECONDITION", "was not sampled"),
+        (lambda: core.fetch(None, chosen[0], 2), "FAILED_PRECONDITION", "round 2 is not open"),
+    ]
+    for call, code, message in cases:
+        with pytest.raises(Refused) as err:
+            call()
+        assert err.value.code == code and message in str(err.value), message
+    assert _submit(core, chosen[0], 1, 1.0).accepted
+
+
+def test_poll_says_who_is_sampled_and_waits_at_most_its_own_bound():
+    core, clock = _core(fraction=0.34)
+    start = clock.now()
+    info = core.poll(None, "a", 1, wait_s=1000)  # nothing open yet
+    assert info.round == 0 and not info.selected and not info.done
+    assert clock.now() - start == MAX_POLL_WAIT_S, "a caller cannot hold a worker longer than the bound"
+    chosen = core.open_round(1)
+    for node in "abc":
+        info = core.poll(None, node, 1, wait_s=5)
+        assert info.round == 1 and info.selected == (node in chosen)
+    assert core.fetch(None, chosen[0], 1).header.round == 1
 
 
 def test_late_update_over_grpc_is_answered_late():
-    core = _core(deadline_s=0.3)
-    spec = model_spec({"w": torch.zeros(2)})
-    server, address = serve(core, "127.0.0.1:0", spec, 1 << 20, 5.0)
-    client = AggregatorClient(address, timeout=10)
+    core, clock = _core(deadline_s=30)
+    server, health, address = serve(core, "127.0.0.1:0")
+    client = GrpcAggregatorTransport(address)
     try:
-        assert client.join("a", 1, [1, 0]).strategy == "fedavg"
+        assert client.join("a", 1, [1, 0], "", timeout=10).strategy == "fedavg"
         with pytest.raises(PeerError, match="PERMISSION_DENIED: aggregator: unknown node 'zed'"):
-            client.join("zed", 1, [1, 0])
-        thread, _ = _run_in_thread(core, 1)
-        thread.join(timeout=30)
-        reply = client.submit(encode({"w": torch.ones(2)}, ModelMeta(round=1, sender="b", kind="update",
-                                                                     num_samples=1, label_counts=(1, 0))))
+            client.join("zed", 1, [1, 0], "", timeout=10)
+        core.open_round(1)
+        core.wait_for_updates(1, clock.now() + 30)
+        core.close_round(1)
+        reply = client.submit(_update("b", 1, 1.0), timeout=10)
         assert reply.late and not reply.accepted
-        bad = encode({"w": torch.ones(3)}, ModelMeta(round=1, sender="b", kind="update"))
         with pytest.raises(PeerError, match="INVALID_ARGUMENT: aggregator: tensor 'w': shape"):
-            client.submit(bad)
+            client.submit(_update("b", 1, 1.0, shape=(3,)), timeout=10)
+        assert client.poll("a", 1, wait_s=0).round == 1
     finally:
         client.close()
         server.stop(0)
@@ -130,28 +153,30 @@ def test_aggregator_federation_over_grpc(tmp_path, strategy):
     raw = tiny_raw(nodes=4, rounds=3, aggregator={"strategy": strategy, "fraction": 0.5, "deadline_s": 60},
                    training={"objective": "wsm"} if strategy == "fedcurv" else {})
     fed = parse_federation(raw)
-    globals_seen = []
-    with StarSimulation(fed, tmp_path / strategy) as sim:
-        summary = sim.run(lambda row: globals_seen.append(sim.core.global_state()))
-        core = sim.core
-    rows = [json.loads(line) for line in (tmp_path / strategy / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    for row, g in zip(rows, globals_seen, strict=True):
+    with Simulation(fed, tmp_path / strategy) as sim:
+        summary = sim.run()
+        server = sim.driver.aggregator.core.server  # type: ignore[attr-defined]
+    rows = read_rows(tmp_path / strategy / "rounds.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3] and all(r["kind"] == "star" for r in rows)
+    for row in rows:
         assert len(row["selected"]) == 2 and row["received"] == row["selected"] and row["aggregated"]
         assert 0 <= row["accuracy"] <= 1 and len(row["per_class_accuracy"]) == 10
+        # FA/PFA come from the participants' trained models on every node's test split
+        assert row["accuracy_matrix"]["rows"] == row["selected"]
+        assert len(row["accuracy_matrix"]["cols"]) == 4
         for node in row["selected"]:
             entry = row["nodes"][node]
             assert entry["submitted"] and entry["local_per_class_accuracy"] is not None
             assert entry["local_forgetting"] is None or entry["local_forgetting"] >= 0
-        assert g is not None
+            assert entry["start_accuracy"] is not None and entry["train_steps"] > 0
+        assert row["bytes_by_kind"]["global"] > 0 and row["bytes_by_kind"]["update"] > 0
     assert rows[0]["global_forgetting"] is None and rows[1]["global_forgetting"] >= 0
-    assert not all(torch.equal(globals_seen[0][k], globals_seen[1][k]) for k in globals_seen[0])
-    assert summary["final"]["accuracy"] == rows[-1]["accuracy"] and summary["strategy"] == strategy
+    assert summary.final.accuracy == rows[-1]["accuracy"] and summary.config["strategy"] == strategy
     assert (tmp_path / strategy / "local_forgetting.png").exists()
     if strategy == "flashback":
-        assert float(core.strategy.state.pi.sum()) > 0 and core.strategy.state.rounds == 3
+        assert float(server.state.pi.sum()) > 0 and server.state.rounds == 3
     if strategy == "fedcurv":
-        assert len(core.strategy.latest) >= 2  # Fisher diagonals from every node that took part
+        assert len(server.latest) >= 2  # Fisher diagonals from every node that took part
 
 
 def test_aggregator_section_validation():
@@ -163,62 +188,7 @@ def test_aggregator_section_validation():
         parse_federation(tiny_raw(aggregator={}, federation={"baseline": "joint"}))
 
 
-FL_NODE = str(Path(sys.executable).with_name("fl-node"))
-
-
-@pytest.mark.slow
-def test_fl_node_aggregator_with_rewind_across_processes(tmp_path):
-    from test_fl_node import free_ports
-
-    ports = free_ports(4)
-    fed = tmp_path / "fed.toml"
-    fed.write_text(f"""
-[federation]
-name = "agg"
-seed = 3
-rounds = 2
-round_timeout_s = 60
-[topology]
-graph = "complete"
-[training]
-epochs = 1
-batch_size = 16
-[model]
-hidden = [16]
-[rewind]
-mode = "previous"
-[aggregator]
-strategy = "fedavg"
-address = "127.0.0.1:{ports[0]}"
-deadline_s = 60
-[nodes.a]
-address = "127.0.0.1:{ports[1]}"
-[nodes.b]
-address = "127.0.0.1:{ports[2]}"
-[nodes.c]
-address = "127.0.0.1:{ports[3]}"
-""")
-    procs = [subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed)], cwd=tmp_path,
-                              stderr=subprocess.PIPE, text=True)]
-    procs += [subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed)], cwd=tmp_path,
-                               stderr=subprocess.PIPE, text=True) for i in "abc"]
-    try:
-        errs = [p.communicate(timeout=300)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], errs
-    assert "fl-node aggregator: done, 2 rounds" in errs[0]
-    rows = [json.loads(x) for x in (tmp_path / "runs/agg-aggregator/rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1, 2] and all(r["received"] == ["a", "b", "c"] for r in rows)
-    assert set(rows[-1]["nodes"]) == {"a", "b", "c"}
-    node_rows = [json.loads(x) for x in (tmp_path / "runs/agg-b/rounds.jsonl").read_text().splitlines()]
-    assert all(r["selected"] and r["submitted"] and r["rewound_to"] == "a" for r in node_rows)
-
-
 def test_public_split_never_overlaps_client_data():
-    from flmesh.node.data import ArrayData, federation_data, load_digits, public_data
-
     digits = load_digits()
     tagged = ArrayData(torch.arange(len(digits), dtype=torch.float32).view(-1, 1), digits.y, 10)
     fed = parse_federation(tiny_raw(nodes=4, aggregator={"public_fraction": 0.2}))

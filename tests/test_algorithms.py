@@ -15,12 +15,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flmesh.coordinator import fedcurv, flashback
-from flmesh.coordinator.fedavg import fedavg
-from flmesh.node import forgetting, objectives
-from flmesh.node.data import ArrayData
-from flmesh.node.models import MLP
-from flmesh.node.trainer import train
+from flmesh.node.algorithms import fedcurv, flashback, wsm
+from flmesh.node.algorithms.fedavg import fedavg
+from flmesh.node.learning import distillation, forgetting
+from flmesh.node.learning import fisher as fisher_mod
+from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.models import MLP
+from flmesh.node.learning.objectives import cross_entropy
+from flmesh.node.learning.trainer import train
 from flmesh.topology import TrainingConfig
 
 
@@ -134,17 +136,17 @@ def test_dkd_with_unit_alpha_is_plain_kl_teacher_to_student():
     student, teacher = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
     expected = F.kl_div(F.log_softmax(student, 1), F.log_softmax(teacher, 1), reduction="batchmean",
                         log_target=True)
-    assert torch.allclose(objectives.dkd_loss(student, teacher, torch.ones(4)), expected, atol=1e-6)
-    assert float(objectives.dkd_loss(student, teacher, torch.zeros(4))) == 0.0
+    assert torch.allclose(distillation.dkd_loss(student, teacher, torch.ones(4)), expected, atol=1e-6)
+    assert float(distillation.dkd_loss(student, teacher, torch.zeros(4))) == 0.0
 
 
 def test_dkd_weights_each_class_term_and_may_be_negative():
     # p = [0.5, 0.5], q = [0.9, 0.1]: class terms 0.5 ln(5/9) = -0.293893, 0.5 ln 5 = 0.804719
     student = torch.log(torch.tensor([[0.9, 0.1]]))
     teacher = torch.log(torch.tensor([[0.5, 0.5]]))
-    assert float(objectives.dkd_loss(student, teacher, torch.tensor([1.0, 0.0]))) == pytest.approx(
+    assert float(distillation.dkd_loss(student, teacher, torch.tensor([1.0, 0.0]))) == pytest.approx(
         0.5 * math.log(5 / 9), abs=1e-6)
-    assert float(objectives.dkd_loss(student, teacher, torch.tensor([0.5, 0.25]))) == pytest.approx(
+    assert float(distillation.dkd_loss(student, teacher, torch.tensor([0.5, 0.25]))) == pytest.approx(
         0.25 * math.log(5 / 9) + 0.125 * math.log(5), abs=1e-6)
 
 
@@ -154,11 +156,12 @@ def test_flashback_server_loss_adds_ce_and_every_teacher_term():
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     a = torch.tensor([[0.2, 0.5, 0.0], [0.4, 0.1, 1.0]])
     ce = F.cross_entropy(s, y)
-    server = objectives.multi_teacher_dkd_loss(s, [t1, t2], a, y)
-    assert torch.allclose(server, ce + objectives.dkd_loss(s, t1, a[0]) + objectives.dkd_loss(s, t2, a[1]))
-    assert torch.equal(objectives.multi_teacher_dkd_loss(s, [], torch.zeros(0, 3), y), ce)
+    server = distillation.multi_teacher_dkd_loss(s, [t1, t2], a, y)
+    terms = distillation.dkd_loss(s, t1, a[0]) + distillation.dkd_loss(s, t2, a[1])
+    assert torch.allclose(server, ce + terms)
+    assert torch.equal(distillation.multi_teacher_dkd_loss(s, [], torch.zeros(0, 3), y), ce)
     with pytest.raises(ValueError, match="one row per teacher"):
-        objectives.multi_teacher_dkd_loss(s, [t1], a, y)
+        distillation.multi_teacher_dkd_loss(s, [t1], a, y)
 
 
 def _blobs(n: int, num_classes: int = 3, dim: int = 4, seed: int = 0) -> ArrayData:
@@ -179,7 +182,7 @@ def test_distill_follows_the_trainer_loop_and_leaves_teachers_alone():
     twin = MLP((4,), 3, hidden=(8,))
     twin.load_state_dict(init)
     # with zero alphas the KL terms vanish: exactly the trainer with CE, same seed
-    stats = flashback.distill(student, teachers, torch.zeros(2, 3), public, 1.5, cfg, seed=5)
+    stats = distillation.distill(student, teachers, torch.zeros(2, 3), public, 1.5, cfg, seed=5)
     ref = train(twin, public, cfg, epochs=1.5, seed=5)
     # round(1.5 * 3 batches) = 4 steps: 16 + 16 + 8, then 16 samples
     assert (stats.steps, stats.samples) == (ref.steps, ref.samples) == (4, 56)
@@ -192,7 +195,7 @@ def test_distill_follows_the_trainer_loop_and_leaves_teachers_alone():
     # non-zero alphas pull the student towards the teachers and change the result
     again = MLP((4,), 3, hidden=(8,))
     again.load_state_dict(init)
-    flashback.distill(again, teachers, torch.ones(2, 3), public, 1.5, cfg, seed=5)
+    distillation.distill(again, teachers, torch.ones(2, 3), public, 1.5, cfg, seed=5)
     assert not torch.allclose(again.net[1].weight, twin.net[1].weight)
 
 
@@ -202,24 +205,24 @@ def test_wsm_equals_ce_when_all_proportions_are_equal():
     g = torch.Generator().manual_seed(2)
     logits, y = torch.randn(7, 5, generator=g), torch.randint(0, 5, (7,), generator=g)
     for props in (torch.full((5,), 0.2), torch.full((5,), 30.0)):
-        assert torch.allclose(objectives.wsm_loss(logits, y, props), F.cross_entropy(logits, y))
-    assert torch.allclose(objectives.make_objective("wsm", class_proportions=[1] * 5)(logits, y),
+        assert torch.allclose(wsm.wsm_loss(logits, y, props), F.cross_entropy(logits, y))
+    assert torch.allclose(wsm.WsmClient([1] * 5).objective(cross_entropy)(logits, y),
                           F.cross_entropy(logits, y))
 
 
 def test_wsm_by_hand_and_absent_classes_have_no_effect():
     # logits 0, alpha = [0.25, 0.75, 0], label 0: CE on log alpha = -log 0.25 = ln 4
     props = torch.tensor([0.25, 0.75, 0.0])
-    loss = objectives.wsm_loss(torch.zeros(1, 3), torch.tensor([0]), props)
+    loss = wsm.wsm_loss(torch.zeros(1, 3), torch.tensor([0]), props)
     assert float(loss) == pytest.approx(math.log(4), abs=1e-6)
-    wsm = objectives.make_objective("wsm", class_proportions=props)
+    objective = wsm.WsmClient(props).objective(cross_entropy)
     y = torch.tensor([0, 1, 1])
     for absent_logit in (-50.0, 0.0, 30.0):
         logits = torch.tensor([[1.0, 2.0, absent_logit], [0.5, -1.0, absent_logit],
                                [0.0, 0.3, absent_logit]], requires_grad=True)
-        out = wsm(logits, y)
+        out = objective(logits, y)
         out.backward()
-        plain = wsm(torch.tensor([[1.0, 2, 0], [0.5, -1, 0], [0, 0.3, 0]]), y)
+        plain = objective(torch.tensor([[1.0, 2, 0], [0.5, -1, 0], [0, 0.3, 0]]), y)
         assert float(out.detach()) == pytest.approx(float(plain), abs=1e-6)
         assert torch.all(logits.grad[:, 2] == 0)
         assert torch.isfinite(logits.grad).all()
@@ -230,7 +233,7 @@ def test_wsm_has_the_gradients_of_eq15():
     props = torch.tensor([0.1, 0.6, 0.3])
     logits = torch.randn(4, 3, generator=g, requires_grad=True)
     y = torch.tensor([0, 1, 2, 1])
-    objectives.wsm_loss(logits, y, props).backward()
+    wsm.wsm_loss(logits, y, props).backward()
     ours = logits.grad.clone()
     logits.grad = None
     picked = logits.gather(1, y[:, None]).squeeze(1)
@@ -239,17 +242,12 @@ def test_wsm_has_the_gradients_of_eq15():
     assert torch.allclose(ours, logits.grad, atol=1e-6)
 
 
-def test_wsm_objective_needs_proportions():
-    with pytest.raises(ValueError, match="needs class_proportions"):
-        objectives.make_objective("wsm")
+def test_wsm_objective_needs_usable_proportions():
     with pytest.raises(ValueError, match="all zero"):
-        objectives.make_objective("wsm", class_proportions=[0, 0])
-    with pytest.raises(ValueError, match="unknown objective"):
-        objectives.make_objective("nope")
-    assert objectives.make_objective("ce", class_proportions=[1, 2]) is objectives.cross_entropy
-    wsm = objectives.make_objective("wsm", class_proportions=[1, 2])
+        wsm.WsmClient([0, 0])
+    objective = wsm.WsmClient([1, 2]).objective(cross_entropy)
     with pytest.raises(ValueError, match="2 classes"):
-        wsm(torch.zeros(1, 3), torch.tensor([0]))
+        objective(torch.zeros(1, 3), torch.tensor([0]))
 
 
 # ----------------------------------------------------------------------- FedCurv
@@ -273,7 +271,7 @@ def test_fisher_by_hand_is_the_mean_of_per_sample_squared_gradients():
     model = _OneParam(0.0)
     for bs in (1, 2, 3):
         for method in ("vmap", "loop"):
-            fisher = objectives.fisher_diagonal(model, data, bs, method=method)
+            fisher = fisher_mod.fisher_diagonal(model, data, bs, method=method)
             assert float(fisher["theta"]) == pytest.approx(7 / 6, rel=1e-6)
     assert model.theta.grad is None and float(model.theta.detach()) == 0.0
 
@@ -284,9 +282,9 @@ def test_fisher_accumulates_over_batches_and_touches_nothing():
     model.train()
     data = _blobs(13)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    whole = objectives.fisher_diagonal(model, data, 13)
-    ones = objectives.fisher_diagonal(model, data, 1)
-    fives = objectives.fisher_diagonal(model, data, 5, method="loop")
+    whole = fisher_mod.fisher_diagonal(model, data, 13)
+    ones = fisher_mod.fisher_diagonal(model, data, 1)
+    fives = fisher_mod.fisher_diagonal(model, data, 5, method="loop")
     assert set(whole) == {n for n, _ in model.named_parameters()}
     for name in whole:
         assert whole[name].dtype == torch.float32 and whole[name].shape == state[name].shape
@@ -303,7 +301,7 @@ def test_fisher_accumulates_over_batches_and_touches_nothing():
         F.cross_entropy(model(data.x[i:i + 1]), data.y[i:i + 1]).backward()
         total += model[3].weight.grad ** 2
     assert torch.allclose(whole["3.weight"], total / len(data), rtol=1e-5, atol=1e-9)
-    empty = objectives.fisher_diagonal(model, data.subset(np.array([], dtype=int)), 4)
+    empty = fisher_mod.fisher_diagonal(model, data.subset(np.array([], dtype=int)), 4)
     assert all(float(v.abs().sum()) == 0 for v in empty.values())
 
 
@@ -327,11 +325,11 @@ def test_fedcurv_penalty_from_u_v_w_equals_the_direct_sum_over_peers():
     model = nn.Sequential(nn.Linear(3, 2)).double()
     u, v, w = fedcurv.aggregate_uv(fishers, thetas)
     lam = 0.7
-    with_w = objectives.fedcurv_penalty(model, u, v, lam, w)
+    with_w = fedcurv.fedcurv_penalty(model, u, v, lam, w)
     direct = lam * _direct_penalty(model, fishers, thetas)
     assert float(with_w.detach()) == pytest.approx(float(direct.detach()), rel=1e-12)
     (g_direct,) = torch.autograd.grad(direct, [model[0].weight])
-    no_w = objectives.fedcurv_penalty(model, u, v, lam)
+    no_w = fedcurv.fedcurv_penalty(model, u, v, lam)
     w_sum = sum(float(x.sum()) for x in w.values())
     assert float(no_w.detach()) == pytest.approx(float(direct.detach()) - lam * w_sum)  # up to the constant
     (g_uv,) = torch.autograd.grad(no_w, [model[0].weight])
@@ -349,7 +347,7 @@ def test_others_terms_subtracts_the_own_node_and_is_ready_for_float32_models():
         assert torch.allclose(vo[k].double(), ev[k], atol=1e-6)
         assert torch.allclose(wo[k].double(), ew[k], atol=1e-6)
     model = nn.Sequential(nn.Linear(3, 2))
-    pen = objectives.fedcurv_penalty(model, uo, vo, 1.0, wo)
+    pen = fedcurv.fedcurv_penalty(model, uo, vo, 1.0, wo)
     assert pen.dtype == torch.float32
     direct = _direct_penalty(model.double(), fishers[1:], thetas[1:]).detach()
     assert float(pen.detach()) == pytest.approx(float(direct), rel=1e-4)
@@ -374,9 +372,9 @@ def test_fedcurv_rejects_mismatched_aggregates():
         fedcurv.aggregate_uv(fishers, thetas[:1])
     u, v, w = fedcurv.aggregate_uv(fishers, thetas)
     with pytest.raises(ValueError, match="not a parameter"):
-        objectives.fedcurv_penalty(nn.Linear(3, 2), u, v, 1.0)
+        fedcurv.fedcurv_penalty(nn.Linear(3, 2), u, v, 1.0)
     with pytest.raises(ValueError, match="same parameters"):
-        objectives.fedcurv_penalty(nn.Sequential(nn.Linear(3, 2)), u, {}, 1.0)
+        fedcurv.fedcurv_penalty(nn.Sequential(nn.Linear(3, 2)), u, {}, 1.0)
 
 
 # -------------------------------------------------------------------- forgetting
@@ -437,8 +435,42 @@ def test_distill_minimises_the_multi_teacher_loss():
     student = MLP((4,), 3, hidden=(8,))
     teachers = [MLP((4,), 3, hidden=(8,)) for _ in range(2)]
     alphas = torch.tensor([[0.2, 0.5, 0.0], [0.7, 0.1, 1.0]])
-    stats = flashback.distill(student, teachers, alphas, public, 1, cfg, seed=0)
+    stats = distillation.distill(student, teachers, alphas, public, 1, cfg, seed=0)
     with torch.no_grad():
-        expected = objectives.multi_teacher_dkd_loss(student(public.x), [t(public.x) for t in teachers],
+        expected = distillation.multi_teacher_dkd_loss(student(public.x), [t(public.x) for t in teachers],
                                                      alphas, public.y)
     assert stats.loss == pytest.approx(float(expected), rel=1e-5)
+
+
+class _NeedsItem(nn.Module):
+    """A model torch.func.vmap cannot batch (``.item()`` on a per-sample tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        scale = float(x.abs().max().item()) or 1.0
+        return self.lin(x / scale)
+
+
+class _Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        raise TypeError("a bug in the model, not a vmap limitation")
+
+
+def test_fisher_falls_back_to_the_loop_only_when_vmap_cannot_batch(caplog):
+    data = ArrayData(torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]]), torch.tensor([0, 1, 0]), 2)
+    torch.manual_seed(0)
+    model = _NeedsItem()
+    with caplog.at_level("WARNING", logger="flmesh.learning"):
+        auto = fisher_mod.fisher_diagonal(model, data, 2)
+    assert "vmap cannot batch _NeedsItem" in caplog.text and "using the per-sample loop" in caplog.text
+    loop = fisher_mod.fisher_diagonal(model, data, 2, method="loop")
+    assert all(torch.allclose(auto[k], loop[k]) for k in loop)
+    with pytest.raises(TypeError, match="a bug in the model"):
+        fisher_mod.fisher_diagonal(_Broken(), data, 2)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.node import codec
-from flmesh.node.codec import CodecError, ModelMeta, decode, encode, model_spec
+from flmesh.node.wire import codec
+from flmesh.node.wire.codec import CodecError, ModelMeta, decode, encode, model_spec
+from flmesh.node.wire.frames import parse_chunk
 from flmesh.v1 import model_pb2 as pb
 
 
@@ -144,3 +145,58 @@ def test_unknown_kind_and_dtype_cannot_be_encoded():
 def test_payload_offsets_are_aligned():
     header = encode(sample_state()).header
     assert all(t.offset % codec.ALIGN == 0 for t in header.tensors)
+
+
+@pytest.mark.parametrize("kind", [pb.MODEL_KIND_UNSPECIFIED, 42])
+def test_unknown_or_unspecified_kind_is_refused_as_invalid(kind):
+    chunks = chunks_of({"w": torch.zeros(4)})
+    header = pb.ModelHeader()
+    header.CopyFrom(chunks[0].header)
+    header.kind = kind
+    with pytest.raises(CodecError, match="is not one a node accepts") as err:
+        decode([pb.ModelChunk(header=header), *chunks[1:]])
+    assert err.value.reason == "invalid" and err.value.code == "INVALID_ARGUMENT"
+
+
+def test_typed_metadata_round_trips():
+    meta = ModelMeta(round=3, sender="a", kind="extras",
+                     metadata={"algorithm": "fedcurv", "n": 7, "x": 0.5, "flag": True})
+    out = decode(encode({"w": torch.zeros(2)}, meta).chunks())
+    assert out.meta.metadata == {"algorithm": "fedcurv", "n": 7, "x": 0.5, "flag": True}
+    assert isinstance(out.meta.metadata["flag"], bool) and isinstance(out.meta.metadata["n"], int)
+    with pytest.raises(ValueError, match="metadata 'bad'"):
+        encode({"w": torch.zeros(2)}, ModelMeta(metadata={"bad": [1, 2]}))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 100, 1 << 20])
+@pytest.mark.parametrize("field", [None, 2])
+def test_frames_are_byte_equal_to_serialised_chunks(chunk_bytes, field):
+    from flmesh.v1 import peer_pb2
+
+    message = encode(sample_state(), ModelMeta(round=2, sender="n", metadata={"k": "v"}))
+    frames = list(message.frames(chunk_bytes, field=field))
+    if field is None:
+        expected = [c.SerializeToString() for c in message.chunks(chunk_bytes)]
+    else:
+        expected = [peer_pb2.RewindRequest(chunk=c).SerializeToString() for c in message.chunks(chunk_bytes)]
+    assert frames == expected
+    serialised = [c.SerializeToString() for c in message.chunks(chunk_bytes)]
+    assert message.wire_bytes(chunk_bytes) == sum(map(len, serialised))
+    assert decode([parse_chunk(f) for f in message.frames(chunk_bytes)]).wire_bytes == \
+        message.wire_bytes(chunk_bytes)
+
+
+def test_receive_buffers_are_reused_only_once_no_tensor_is_left():
+    from flmesh.node.wire.buffers import PayloadPool
+
+    pool = PayloadPool(slots=2, min_bytes=1, max_bytes=1 << 20)
+    first = pool.take(4096)
+    view = first[:16]  # a decoded tensor still alive keeps its buffer busy
+    del first
+    second = pool.take(4096)
+    assert second.data_ptr() != view.data_ptr(), "a buffer still referenced was handed out again"
+    address = second.data_ptr()
+    del second
+    third = pool.take(4096)
+    assert third.data_ptr() == address, "a free buffer of the same size is reused"
+    del view

@@ -1,41 +1,34 @@
-"""fl-node as separate processes: the four-node example script, results per node, SIGTERM."""
+"""fl-node as separate processes: the four-node example, SIGTERM, an aggregator, bad flags.
+
+No port is guessed: every process binds port 0 and announces the address it
+got (``--ready-file``); the test collects them into a peers file the nodes
+read while they wait for each other.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from flmesh.coordinator.node_entry import main as entry_main
 from flmesh.node.cli import main
+from flmesh.node.results import read_rows
 
 from conftest import REPO, wait_until
 
 FL_NODE = str(Path(sys.executable).with_name("fl-node"))
 
 
-def free_ports(n: int) -> list[int]:
-    """Ports the OS hands out for port 0 on loopback; each process then binds its own."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def federation_file(tmp_path: Path, ids: list[str], *, rounds: int, extra: str = "",
-                    node_extra: dict[str, str] | None = None, timeout: float = 60) -> Path:
-    ports = free_ports(len(ids))
-    nodes = "".join(f'[nodes.{i}]\naddress = "127.0.0.1:{p}"\n{(node_extra or {}).get(i, "")}\n'
-                    for i, p in zip(ids, ports, strict=True))
+                    node_extra: dict[str, str] | None = None, timeout: float = 60,
+                    graph: str = "ring") -> Path:
+    nodes = "".join(f"[nodes.{i}]\n{(node_extra or {}).get(i, '')}\n" for i in ids)
     path = tmp_path / "fed.toml"
     path.write_text(f"""
 [federation]
@@ -45,7 +38,7 @@ rounds = {rounds}
 round_timeout_s = {timeout}
 
 [topology]
-graph = "ring"
+graph = "{graph}"
 
 [training]
 epochs = 1
@@ -63,8 +56,24 @@ hidden = [16]
 
 
 def read_results(run_dir: Path):
-    rows = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    return rows, json.loads((run_dir / "summary.json").read_text())
+    return read_rows(run_dir / "rounds.jsonl"), json.loads((run_dir / "summary.json").read_text())
+
+
+def launch(tmp_path: Path, fed: Path, ids: list[str], *extra: str) -> dict[str, subprocess.Popen]:
+    """Start one fl-node per id on port 0; once all announced, write the peers file they read."""
+    work = tmp_path / "addr"
+    work.mkdir(exist_ok=True)
+    procs = {i: subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed), "--listen", "127.0.0.1:0",
+                                  "--ready-file", str(work / f"{i}.addr"), "--peers-file",
+                                  str(work / "peers.json"), *extra],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in ids}
+    wait_until(lambda: all((work / f"{i}.addr").exists() or procs[i].poll() is not None for i in ids),
+               timeout=120)
+    addresses = {i: (work / f"{i}.addr").read_text().strip() for i in ids}
+    (work / ".peers.json").write_text(json.dumps(addresses))
+    os.replace(work / ".peers.json", work / "peers.json")
+    return procs
 
 
 @pytest.mark.slow
@@ -79,31 +88,29 @@ def test_four_fl_node_processes_cwt_with_rewind(tmp_path):
     previous = {v: k for k, v in cycle.items()}
     for node_id in ids:
         rows, summary = read_results(tmp_path / "runs" / f"procs-{node_id}")
-        assert [r["round"] for r in rows] == [1, 2, 3]
-        assert summary["rounds"] == 3 and not summary["interrupted"] and summary["missing_peers"] == []
-        assert summary["final"]["accuracy"] == rows[-1]["accuracy"]
-        assert rows[0]["rewound_to"] is None and rows[0]["destination"] == cycle[node_id]
-        for row in rows[1:]:
-            assert row["received"] and row["source"] == previous[node_id]
-            assert row["rewound_to"] == previous[node_id]
-            assert 0 <= row["received_accuracy"] <= 1
-        assert set(rows[-1]["cross_accuracy"]) == set(ids)
-        assert f"fl-node {node_id}: done, 3 rounds" in proc.stderr
+        assert [r["round"] for r in rows] == [1, 2, 3] and summary["rounds"] == 3
+        assert summary["writer"] == "fl-node" and summary["node"] == node_id and not summary["interrupted"]
+        entries = [r["nodes"][node_id] for r in rows]
+        assert entries[0]["rewound_to"] is None and entries[0]["destination"] == cycle[node_id]
+        for e in entries[1:]:
+            assert e["source"] == previous[node_id] and e["received"] and e["rewound_to"] == previous[node_id]
+        assert set(entries[-1]["cross_accuracy"]) == set(ids)
+    assert "listening on 127.0.0.1:" in proc.stdout
 
 
 @pytest.mark.slow
 def test_sigterm_stops_one_node_cleanly_and_the_others_name_it(tmp_path):
     ids = ["n1", "n2", "n3", "n4"]
-    # n3 trains long rounds so it is surely mid-run when it is killed.
-    fed = federation_file(tmp_path, ids, rounds=5, timeout=4, node_extra={"n3": "epochs = 40"})
-    procs = {i: subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed)], cwd=tmp_path,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in ids}
+    fed = federation_file(tmp_path, ids, rounds=6, timeout=4)
+    procs = launch(tmp_path, fed, ids)
     try:
-        victim_rounds = tmp_path / "runs" / "procs-n3" / "rounds.jsonl"
-        wait_until(lambda: victim_rounds.exists() and victim_rounds.read_text().count("\n") >= 1,
-                   timeout=180)
+        victim_rows = tmp_path / "runs" / "procs-n3" / "rounds.jsonl"
+        wait_until(lambda: victim_rows.exists() and victim_rows.read_text().count("\n") >= 1, timeout=180)
+        procs["n3"].send_signal(signal.SIGSTOP)  # freeze it, then read where it is
+        done = victim_rows.read_text().count("\n")
+        assert done < 5, f"n3 had already finished {done} rounds; the run is too short for this test"
         procs["n3"].send_signal(signal.SIGTERM)
+        procs["n3"].send_signal(signal.SIGCONT)
         outputs = {i: p.communicate(timeout=300) for i, p in procs.items()}
     finally:
         for p in procs.values():
@@ -112,16 +119,48 @@ def test_sigterm_stops_one_node_cleanly_and_the_others_name_it(tmp_path):
     assert procs["n3"].returncode == 143
     assert "fl-node n3: stopped by SIGTERM after round" in err and "Traceback" not in err
     _, summary = read_results(tmp_path / "runs" / "procs-n3")
-    assert summary["interrupted"] and summary["signal"] == "SIGTERM" and summary["rounds"] < 5
+    assert summary["interrupted"] and summary["signal"] == "SIGTERM" and summary["rounds"] <= done + 1
     # n4 trains what n3 would have sent it: it must name n3 rather than hang
     _, err = outputs["n4"]
     assert procs["n4"].returncode == 0, err[-2000:]
     assert "missing peers: n3" in err and "no model from n3" in err
     _, summary = read_results(tmp_path / "runs" / "procs-n4")
-    assert summary["rounds"] == 5 and summary["missing_peers"] == ["n3"]
+    assert summary["rounds"] == 6 and summary["missing_peers"] == ["n3"]
     for i in ("n1", "n2"):  # the rest finish every round
         assert procs[i].returncode == 0, outputs[i][1][-2000:]
-        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["rounds"] == 5
+        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["rounds"] == 6
+
+
+@pytest.mark.slow
+def test_fl_node_aggregator_with_rewind_across_processes(tmp_path):
+    ids = ["a", "b", "c"]
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete",
+                          extra='[rewind]\nmode = "previous"\n'
+                                '[aggregator]\nstrategy = "fedavg"\ndeadline_s = 60\n')
+    ready = tmp_path / "agg.addr"
+    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
+                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
+        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
+        agg_out, agg_err = agg.communicate(timeout=300)
+        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
+    finally:
+        for p in [agg, *procs.values()]:
+            p.kill()
+    assert agg.returncode == 0, agg_err[-3000:]
+    assert [p.returncode for p in procs.values()] == [0, 0, 0], errs
+    assert "fl-node aggregator: listening on 127.0.0.1:" in agg_out
+    assert "fl-node aggregator: done, 2 rounds" in agg_err
+    rows, summary = read_results(tmp_path / "runs/procs-aggregator")
+    assert [r["round"] for r in rows] == [1, 2] and all(r["received"] == ids for r in rows)
+    assert summary["writer"] == "aggregator" and rows[-1]["fa"] is not None
+    assert set(rows[-1]["nodes"]) == set(ids)
+    node_rows, _ = read_results(tmp_path / "runs/procs-b")
+    assert all(r["nodes"]["b"]["selected"] and r["nodes"]["b"]["submitted"] for r in node_rows)
+    assert all(r["nodes"]["b"]["rewound_to"] == "a" for r in node_rows)
 
 
 @pytest.mark.parametrize(
@@ -130,34 +169,80 @@ def test_sigterm_stops_one_node_cleanly_and_the_others_name_it(tmp_path):
         (["--peer", "zed=127.0.0.1:5000"], "--peer 'zed=127.0.0.1:5000': unknown peer 'zed'"),
         (["--peer", "b=nowhere"], "--peer 'b=nowhere': expected ID=HOST:PORT"),
         (["--peer", "b=127.0.0.1:99999"], "expected a port from 1 to 65535"),
+        (["--peer", "b=127.0.0.1:1", "--peer", "b=127.0.0.1:2"], "'b' is given twice"),
         (["--set", "training.lr=0"], "[training] lr: expected a number > 0, got 0"),
+        (["--hello-timeout", "-5"], "--hello-timeout: expected a number of seconds > 0, got -5"),
+        (["--listen", "127.0.0.1:70001"], "--listen '127.0.0.1:70001': expected a port from 0 to 65535"),
+        (["--set", 'federation.baseline="joint"'],
+         'baseline = "joint" trains every node\'s data on one node'),
+        (["--set", "nodes.a.lr=-2"], "[nodes.a] lr: expected a number > 0, got -2"),
     ],
 )
 def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, message):
     fed = federation_file(tmp_path, ["a", "b", "c"], rounds=1)
-    assert main(["--id", "a", "--federation", str(fed), *args]) == 2
+    base = ["--id", "a", "--federation", str(fed), "--peer", "c=127.0.0.1:1"]
+    if not any(a.startswith("b=") for a in args):
+        base += ["--peer", "b=127.0.0.1:1"]
+    if "--listen" not in args:
+        base += ["--listen", "127.0.0.1:0"]
+    assert main([*base, *args]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1, err
 
 
-def test_unknown_id_and_missing_address(tmp_path, capsys):
+def test_set_overrides_a_node_of_the_file(tmp_path):
+    from flmesh.topology import load_federation
+
+    fed = federation_file(tmp_path, ["a", "b", "c"], rounds=1)
+    loaded = load_federation(fed, ["nodes.b.epochs=3", "nodes.b.address=\"127.0.0.1:7000\""])
+    assert loaded.node("b").training.epochs == 3 and loaded.node("b").address == "127.0.0.1:7000"
+    assert loaded.node("a").training.epochs == 1
+
+
+def test_unknown_id_missing_address_and_unwritable_out(tmp_path, capsys):
     fed = federation_file(tmp_path, ["a", "b", "c"], rounds=2)
     assert main(["--id", "zz", "--federation", str(fed)]) == 2
     assert "unknown node 'zz'" in capsys.readouterr().err
-    bare = tmp_path / "bare.toml"
-    bare.write_text("\n".join(line for line in fed.read_text().splitlines() if "address" not in line))
-    assert main(["--id", "a", "--federation", str(bare), "--listen", "127.0.0.1:0"]) == 2
+    assert main(["--id", "a", "--federation", str(fed), "--listen", "127.0.0.1:0"]) == 2
     assert "no address for peer 'b': pass --peer b=HOST:PORT" in capsys.readouterr().err
-    assert main(["--id", "a", "--federation", str(bare), "--peer", "b=127.0.0.1:1",
-                 "--peer", "c=127.0.0.1:1"]) == 2
+    peers = ["--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1"]
+    assert main(["--id", "a", "--federation", str(fed), *peers]) == 2
     assert "no address to listen on: pass --listen HOST:PORT" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["--id", "a", "--federation", str(fed), *peers, "--listen", "127.0.0.1:0",
+                 "--out", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker / 'out'}: cannot write results there" in err and err.count("\n") == 1
 
 
 def test_silent_peers_are_named_after_the_hello_deadline(tmp_path, capsys):
     fed = federation_file(tmp_path, ["a", "b", "c"], rounds=2)
-    code = main(["--id", "a", "--federation", str(fed), "--hello-timeout", "0.5",
-                 "--out", str(tmp_path / "out")])
+    ready = tmp_path / "a.addr"
+    code = main(["--id", "a", "--federation", str(fed), "--hello-timeout", "1", "--listen", "127.0.0.1:0",
+                 "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1", "--out", str(tmp_path / "out"),
+                 "--ready-file", str(ready)])
     assert code == 1
+    out, err = capsys.readouterr()
+    assert "peers did not answer Hello within 1s: " in err
+    assert "b (127.0.0.1:1)" in err and "c (127.0.0.1:1)" in err  # a's destination and source
+    assert f"fl-node a: listening on {ready.read_text().strip()}" in out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rounds"] == 0 and "b" in summary["error"]
+
+
+@pytest.mark.parametrize(
+    ("role_args", "expect"),
+    [(["--role", "aggregator"], "no [aggregator] section"),
+     (["--role=aggregator"], "no [aggregator] section"),
+     (["--role", "node"], "no address for peer"),
+     (["--role", "chef"], "--role: expected 'node' or 'aggregator'")],
+)
+def test_role_flag_picks_the_process(tmp_path, capsys, role_args, expect):
+    fed = federation_file(tmp_path, ["a", "b", "c"], rounds=2)
+    args = ["--federation", str(fed), "--listen", "127.0.0.1:0"]
+    if "aggregator" not in " ".join(role_args):
+        args = ["--id", "a", *args]
+    assert entry_main([*role_args, *args]) == 2
     err = capsys.readouterr().err
-    assert "peers did not answer Hello within 0.5s: " in err
-    assert "b (127.0.0.1:" in err and "c (127.0.0.1:" in err  # a's destination and source
+    assert expect in err and err.count("\n") == 1

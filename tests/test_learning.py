@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from flmesh.node import data as data_mod
-from flmesh.node import models, objectives, partitions
-from flmesh.node.data import ArrayData, federation_data, load_digits
-from flmesh.node.metrics import federation_metrics
-from flmesh.node.trainer import evaluate, steps_for, train
+from flmesh.node import algorithms
+from flmesh.node.learning import data as data_mod
+from flmesh.node.learning import models, partitions
+from flmesh.node.learning.data import ArrayData, federation_data, load_digits
+from flmesh.node.learning.metrics import federation_metrics
+from flmesh.node.learning.trainer import evaluate, steps_for, train
 from flmesh.topology import ModelConfig, TrainingConfig, parse_federation
 from flmesh.topology import federation as fedfile
 
@@ -21,7 +22,8 @@ def test_registries_match_the_federation_file_vocabulary():
     assert set(fedfile.DATASETS) == set(data_mod.DATASETS)
     assert set(fedfile.PARTITIONS) == set(data_mod.PARTITIONS)
     assert set(fedfile.MODELS) == set(models.MODELS)
-    assert set(fedfile.OBJECTIVES) == set(objectives.OBJECTIVES)
+    for name in (*fedfile.OBJECTIVES, *fedfile.STRATEGIES):
+        assert algorithms.load(name).name == name  # every registered plug-in loads under its name
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.25, 1.0, 100.0])
@@ -137,3 +139,16 @@ def test_federation_metrics_known_numbers():
     assert m.ff == pytest.approx((0.5 / 3) ** 0.5)
     with pytest.raises(ValueError, match="square"):
         federation_metrics(np.zeros((2, 3)))
+
+
+def test_a_node_keeps_only_its_own_share_in_memory():
+    fed = parse_federation({"federation": {"name": "s", "rounds": 1, "seed": 5},
+                            "topology": {"nodes": 4}, "model": {"hidden": [8]}})
+    every = federation_data(fed)
+    own = data_mod.node_data(fed, "node2")
+    for split in ("train", "test"):
+        mine, ref = getattr(own, split), getattr(every["node2"], split)
+        assert torch.equal(mine.x, ref.x) and torch.equal(mine.y, ref.y), "the same share as the full split"
+        # a copy, not a view into the whole data set: its storage holds exactly its own samples
+        assert mine.x.untyped_storage().nbytes() == mine.x.numel() * mine.x.element_size()
+    assert len(own.train) + len(own.test) < len(load_digits())

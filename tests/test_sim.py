@@ -71,8 +71,11 @@ def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
     assert summary["federation"] == "tiny" and summary["rounds"] == 2 and not summary["interrupted"]
     assert summary["final"]["fa"] == pytest.approx(rows[-1]["fa"])
     assert summary["final"]["pfa"] == pytest.approx(rows[-1]["pfa"])
-    assert summary["wall_s"] > 0
+    assert summary["kind"] == "peer" and summary["writer"] == "fl-sim"
+    assert all(r["schema_version"] == summary["schema_version"] == 1 for r in rows)
+    assert summary["bytes_per_round"] > 0 and summary["final"]["round"] == 2
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "per_class.png").stat().st_size > 0
+    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
     printed = capsys.readouterr().out
     assert "FA %" in printed and "PFA %" in printed
 
@@ -143,7 +146,7 @@ def test_baselines_produce_results_in_the_same_format(tiny_file, tmp_path, basel
     assert main([str(tiny_file), "--out", str(out), "--quiet", "--baseline", baseline]) == 0
     ref_rows, ref_summary = read_run(ref)
     rows, summary = read_run(out)
-    assert set(summary) == set(ref_summary) and summary["baseline"] == baseline
+    assert set(summary) == set(ref_summary) and summary["config"]["baseline"] == baseline
     for row, ref_row in zip(rows, ref_rows, strict=True):
         assert set(row) == set(ref_row)
         assert set(row["nodes"]) == set(ref_row["nodes"])
@@ -171,3 +174,32 @@ def test_eval_every_is_refused_for_star_runs(tiny_file, tmp_path, capsys):
     assert main([str(star), "--eval-every", "2"]) == 2
     err = capsys.readouterr().err
     assert "--eval-every applies to runs without an [aggregator]" in err and err.count("\n") == 1
+
+
+STAR = TINY.replace('graph = "ring"', 'graph = "complete"') + """
+[aggregator]
+strategy = "fedavg"
+fraction = 0.67
+deadline_s = 60
+"""
+
+
+def test_star_run_through_the_cli_is_reproducible(tmp_path, capsys):
+    star = tmp_path / "star.toml"
+    star.write_text(STAR)
+    for name in ("a", "b"):
+        assert main([str(star), "--out", str(tmp_path / name)]) == 0
+    printed = capsys.readouterr().out
+    assert "acc %" in printed and "F_t %" in printed and "updates" in printed
+    rows_a, summary = read_run(tmp_path / "a")
+    rows_b, _ = read_run(tmp_path / "b")
+    assert [r["round"] for r in rows_a] == [1, 2] and summary["kind"] == "star"
+    for a, b in zip(rows_a, rows_b, strict=True):
+        assert (a["accuracy"], a["fa"], a["ff"], a["pfa"]) == (b["accuracy"], b["fa"], b["ff"], b["pfa"])
+        assert a["accuracy_matrix"] == b["accuracy_matrix"] and a["selected"] == b["selected"]
+        assert len(a["selected"]) == 2
+        # FA comes from the sampled nodes' trained models, not the global model's row repeated
+        assert a["accuracy_matrix"]["rows"] == a["selected"]
+    assert summary["final"]["accuracy"] == rows_a[-1]["accuracy"]
+    assert summary["final"]["fa"] == rows_a[-1]["fa"] != rows_a[-1]["accuracy"]
+    assert (tmp_path / "a" / "local_forgetting.png").exists()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import json
 import math
 import pickle
 import struct
@@ -29,11 +30,12 @@ import torch
 from torch import nn
 
 from flmesh.coordinator.sim_cli import main
-from flmesh.node import data as data_mod
-from flmesh.node import models
-from flmesh.node.data import DataError, federation_data, load_dataset
-from flmesh.node.models import ModelError, build_model
-from flmesh.node.trainer import evaluate, train
+from flmesh.node.learning import data as learning_data
+from flmesh.node.learning import models
+from flmesh.node.learning import vision as data_mod
+from flmesh.node.learning.data import DataError, federation_data, load_dataset
+from flmesh.node.learning.models import ModelError, build_model
+from flmesh.node.learning.trainer import evaluate, train
 from flmesh.topology import FederationError, ModelConfig, parse_federation
 
 from conftest import tiny_raw
@@ -165,7 +167,7 @@ def assert_one_line(message: str, *parts: str) -> None:
 def test_registries_list_the_torchvision_sets():
     from flmesh.topology import federation as fedfile
 
-    assert set(VISION) <= set(data_mod.DATASETS) == set(fedfile.DATASETS)
+    assert set(VISION) <= set(learning_data.DATASETS) == set(fedfile.DATASETS)
     assert set(data_mod.VISION_SETS) == set(VISION)
 
 
@@ -300,7 +302,14 @@ def test_fl_sim_runs_a_round_on_tiny_mnist(tmp_path, capsys):
                     '[data]\ndataset = "mnist"\nroot = "mnist-data"\npartition = "iid"\n'
                     '[model]\nname = "cnn2"\n')
     assert main([str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert (tmp_path / "run" / "summary.json").is_file()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert summary["rounds"] == 1 and summary["config"]["dataset"] == "mnist" and len(rows) == 1
+    assert 0 <= rows[0]["fa"] <= 1 and len(rows[0]["per_class_accuracy"]) == 10
+    # 80 images split IID over 2 nodes, 20% of each share held out for testing
+    sizes = [n["train_size"] for n in rows[0]["nodes"].values()]
+    tests = [sum(n["per_class_total"]) for n in rows[0]["nodes"].values()]
+    assert sizes == [32, 32] and tests == [8, 8]
 
 
 # ------------------------------------------------------------------ models

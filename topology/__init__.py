@@ -1,11 +1,12 @@
 """flmesh.topology: who talks to whom.
 
 Pure logic with no torch and no grpc: communication graphs built with networkx,
-schedules (``plan(round) -> {node: Hop}``) and the federation file with its
-validation. Nothing here does I/O except reading files it is pointed at.
+schedules (``plan(round) -> {node: Hop}``), the federation file with its
+validation, and the registry of algorithm names. Nothing here does I/O except
+reading files it is pointed at.
 """
 
-from flmesh.topology.federation import (
+from flmesh.topology.config import (
     AggregatorConfig,
     DataConfig,
     Federation,
@@ -15,9 +16,8 @@ from flmesh.topology.federation import (
     RewindConfig,
     TopologyConfig,
     TrainingConfig,
-    load_federation,
-    parse_federation,
 )
+from flmesh.topology.federation import load_federation, parse_federation
 from flmesh.topology.graphs import GraphError, build_graph
 from flmesh.topology.schedules import (
     CyclicSchedule,

@@ -25,324 +25,90 @@ fractional (a share of one pass over the node's batches).
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
-from flmesh.topology.graphs import GraphError, build_graph
-from flmesh.topology.schedules import (
-    REWIND_MODES,
-    SCHEDULES,
-    Schedule,
-    ScheduleError,
-    make_schedule,
+from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
+from flmesh.topology.checks import (
+    Bad,
+    Check,
+    address,
+    boolean,
+    device,
+    int_list,
+    integer,
+    number,
+    string,
+    table,
 )
+from flmesh.topology.config import (
+    AggregatorConfig,
+    DataConfig,
+    Federation,
+    FederationError,
+    ModelConfig,
+    NodeConfig,
+    RewindConfig,
+    TopologyConfig,
+    TrainingConfig,
+)
+from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
 
-# Values the node side implements; tests check these match its registries.
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 PARTITIONS = ("dirichlet", "iid", "shards")
 MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
-OBJECTIVES = ("ce", "wsm")
 
 BASELINES = ("none", "standalone", "joint")
-STRATEGIES = ("fedavg", "flashback", "fedcurv")
 
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
-
-class FederationError(ValueError):
-    """A federation file (or an override of it) is invalid. ``str()`` is one line."""
-
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    """Local training settings. ``epochs`` may be fractional; ``lr`` is per step."""
-
-    epochs: float = 1.0
-    batch_size: int = 32
-    lr: float = 0.05
-    optimizer: str = "sgd"
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    objective: str = "ce"
-    device: str = "auto"
-    fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Which data set, and how it is split across nodes and into train/test."""
-
-    dataset: str = "digits"
-    root: str | None = None
-    download: bool = False
-    partition: str = "dirichlet"
-    alpha: float = 0.5
-    shards_per_node: int = 2
-    test_fraction: float = 0.2
-    min_samples: int = 10
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Architecture name and its sizes (``hidden`` for the MLP, ``channels`` for the CNN).
-
-    For ``resnet18``: ``norm`` "batch" or "group" (GroupNorm with ``groups`` groups) and
-    ``small_input`` (3x3 stem without max-pool; None: when H and W <= 64). ``weights`` is a
-    local state-dict file any model starts from (absolute once parsed).
-    """
-
-    name: str = "mlp"
-    hidden: tuple[int, ...] = (64,)
-    channels: tuple[int, ...] = (16, 32)
-    norm: str = "batch"
-    groups: int = 2
-    weights: str | None = None
-    small_input: bool | None = None
-
-
-@dataclass(frozen=True)
-class RewindConfig:
-    """FedRewind (Eq. 2): ``mode`` "off", "previous" (to the source) or "random"
-    (RandRewind); ``lam`` is lambda, the share of E spent on the rewind node (0 < lam <= 0.5)."""
-
-    mode: str = "off"
-    lam: float = 0.1
-
-
-@dataclass(frozen=True)
-class AggregatorConfig:
-    """The optional server role (``[aggregator]``): a star federation around one aggregator.
-
-    ``fraction`` is C, the share of nodes sampled per round (at least one);
-    ``deadline_s`` closes a round with the updates that arrived (stragglers are
-    dropped); fewer than ``min_updates`` keeps the previous global model.
-    ``public_fraction`` of the data set is carved out before partitioning as the
-    aggregator's labelled public split (Flashback's server distillation), never
-    overlapping client data. ``server_epochs`` is Flashback's E_s and ``gamma``
-    the rate at which its global label count pi grows (Algorithm 1; the paper
-    gives no value); ``fedcurv_lambda`` is FedCurv's lambda (Eq. 3).
-    """
-
-    strategy: str = "fedavg"
-    address: str | None = None
-    fraction: float = 1.0
-    min_updates: int = 1
-    deadline_s: float = 120.0
-    public_fraction: float = 0.1
-    server_epochs: float = 1.0
-    gamma: float = 0.1
-    fedcurv_lambda: float = 1.0
-
-
-@dataclass(frozen=True)
-class TopologyConfig:
-    graph: str = "complete"
-    params: Mapping[str, Any] = field(default_factory=dict)
-    file: Path | None = None
-    schedule: str = "cwt"
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    """One node: its id, optional address (HOST:PORT), partition index and training."""
-
-    id: str
-    index: int
-    training: TrainingConfig
-    address: str | None = None
-    partition: int | None = None
-
-
-@dataclass(frozen=True)
-class Federation:
-    """A validated federation file. Immutable; build with :func:`load_federation`."""
-
-    name: str
-    seed: int
-    rounds: int
-    round_timeout_s: float
-    max_model_mib: float
-    topology: TopologyConfig
-    training: TrainingConfig
-    data: DataConfig
-    model: ModelConfig
-    nodes: tuple[NodeConfig, ...]
-    rewind: RewindConfig = RewindConfig()
-    baseline: str = "none"
-    aggregator: AggregatorConfig | None = None
-    source: str = "<federation>"
-
-    @property
-    def node_ids(self) -> list[str]:
-        return [n.id for n in self.nodes]
-
-    def node(self, node_id: str) -> NodeConfig:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise FederationError(f"{self.source}: unknown node {node_id!r} "
-                              f"(the federation has {', '.join(self.node_ids)})")
-
-    def _memo(self, key: str, build: Callable[[], Any]) -> Any:
-        # Built once per Federation (every node of an fl-sim asks): graphs and schedules are
-        # pure functions of the (immutable) file. replace() makes a new object, a new memo.
-        if key not in self.__dict__:
-            object.__setattr__(self, key, build())
-        return self.__dict__[key]
-
-    def graph(self) -> nx.Graph:
-        """The communication graph (built once; do not mutate it)."""
-        def build() -> nx.Graph:
-            try:
-                return build_graph(self.topology.graph, self.node_ids, params=self.topology.params,
-                                   path=self.topology.file, seed=self.seed)
-            except GraphError as exc:
-                raise FederationError(f"{self.source}: [topology] {exc}") from None
-        return self._memo("_graph", build)
-
-    def schedule(self) -> Schedule:
-        """The exchange schedule (built once); the Standalone baseline exchanges nothing."""
-        return self._memo("_schedule", self._build_schedule)
-
-    def _build_schedule(self) -> Schedule:
-        name = "standalone" if self.baseline == "standalone" else self.topology.schedule
-        try:
-            return make_schedule(name, self.graph(), self.seed)
-        except ScheduleError as exc:
-            raise FederationError(f"{self.source}: [topology] schedule "
-                                  f"{self.topology.schedule!r}: {exc}") from None
-
-
-# --------------------------------------------------------------------------- checks
-# A check returns the converted value or raises _Bad(expected-description).
-
-class _Bad(Exception):
-    pass
-
-
-Check = Callable[[Any], Any]
-
-
-def _int(lo: int | None = None) -> Check:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-            raise _Bad(f"an integer >= {lo}" if lo is not None else "an integer")
-        return v
-    return check
-
-
-def _num(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-         hi_open: bool = False) -> Check:
-    desc = "a number"
-    if lo is not None and hi is not None:
-        desc += f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-    elif lo is not None:
-        desc += f" {'>' if lo_open else '>='} {lo}"
-
-    def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise _Bad(desc)
-        if lo is not None and (v < lo or (lo_open and v == lo)):
-            raise _Bad(desc)
-        if hi is not None and (v > hi or (hi_open and v == hi)):
-            raise _Bad(desc)
-        return float(v)
-    return check
-
-
-def _str(choices: Iterable[str] | None = None) -> Check:
-    options = tuple(choices) if choices is not None else None
-
-    def check(v: Any) -> str:
-        if not isinstance(v, str) or not v or (options is not None and v not in options):
-            raise _Bad(f"one of {', '.join(repr(o) for o in options)}" if options else
-                       "a non-empty string")
-        return v
-    return check
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise _Bad("true or false")
-    return v
-
-
-def _table(v: Any) -> dict:
-    if not isinstance(v, dict):
-        raise _Bad("a table")
-    return dict(v)
-
-
-def _int_list(v: Any) -> tuple[int, ...]:
-    if (not isinstance(v, list) or not v
-            or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)):
-        raise _Bad("a non-empty list of positive integers")
-    return tuple(v)
-
-
-def _address(v: Any) -> str:
-    if not isinstance(v, str) or not re.fullmatch(r"\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}", v) \
-            or not 0 < int(v.rsplit(":", 1)[1]) < 65536:
-        raise _Bad("HOST:PORT with a port from 1 to 65535")
-    return v
-
-
-def _device(v: Any) -> str:
-    if not isinstance(v, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
-        raise _Bad("'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-    return v
-
-
 _TRAINING: dict[str, Check] = {
-    "epochs": _num(0, lo_open=True),
-    "batch_size": _int(1),
-    "lr": _num(0, lo_open=True),
-    "optimizer": _str(OPTIMIZERS),
-    "momentum": _num(0, 1, hi_open=True),
-    "weight_decay": _num(0),
-    "objective": _str(OBJECTIVES),
-    "device": _device,
-    "fedcurv_lambda": _num(0),
+    "epochs": number(0, lo_open=True),
+    "batch_size": integer(1),
+    "lr": number(0, lo_open=True),
+    "optimizer": string(OPTIMIZERS),
+    "momentum": number(0, 1, hi_open=True),
+    "weight_decay": number(0),
+    "objective": string(OBJECTIVES),
+    "device": device,
+    "fedcurv_lambda": number(0),
 }
 
 _SECTIONS: dict[str, dict[str, Check]] = {
     "federation": {
-        "name": _str(), "seed": _int(0), "rounds": _int(1),
-        "round_timeout_s": _num(0, lo_open=True), "max_model_mib": _num(0, lo_open=True),
-        "baseline": _str(BASELINES),
+        "name": string(), "seed": integer(0), "rounds": integer(1),
+        "round_timeout_s": number(0, lo_open=True), "max_model_mib": number(0, lo_open=True),
+        "baseline": string(BASELINES),
     },
-    "rewind": {"mode": _str(REWIND_MODES), "lambda": _num(0, 0.5, lo_open=True)},
+    "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True)},
     "aggregator": {
-        "strategy": _str(STRATEGIES), "address": _address, "fraction": _num(0, 1, lo_open=True),
-        "min_updates": _int(1), "deadline_s": _num(0, lo_open=True),
-        "public_fraction": _num(0, 1, hi_open=True), "server_epochs": _num(0),
-        "gamma": _num(0, 1, lo_open=True), "fedcurv_lambda": _num(0),
+        "strategy": string(STRATEGIES), "address": address, "fraction": number(0, 1, lo_open=True),
+        "min_updates": integer(1), "deadline_s": number(0, lo_open=True),
+        "public_fraction": number(0, 1, hi_open=True), "server_epochs": number(0),
+        "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": number(0),
     },
     "topology": {
-        "nodes": _int(2), "graph": _str(), "params": _table, "file": _str(),
-        "schedule": _str(SCHEDULES),
+        "nodes": integer(2), "graph": string(), "params": table, "file": string(),
+        "schedule": string(SCHEDULES),
     },
     "training": _TRAINING,
     "data": {
-        "dataset": _str(DATASETS), "root": _str(), "download": _bool,
-        "partition": _str(PARTITIONS), "alpha": _num(0, lo_open=True),
-        "shards_per_node": _int(1), "test_fraction": _num(0, 1, lo_open=True, hi_open=True),
-        "min_samples": _int(1),
+        "dataset": string(DATASETS), "root": string(), "download": boolean,
+        "partition": string(PARTITIONS), "alpha": number(0, lo_open=True),
+        "shards_per_node": integer(1), "test_fraction": number(0, 1, lo_open=True, hi_open=True),
+        "min_samples": integer(1),
     },
     "model": {
-        "name": _str(MODELS), "hidden": _int_list, "channels": _int_list,
-        "norm": _str(("batch", "group")), "groups": _int(1), "weights": _str(), "small_input": _bool,
+        "name": string(MODELS), "hidden": int_list, "channels": int_list,
+        "norm": string(("batch", "group")), "groups": integer(1), "weights": string(), "small_input": boolean,
     },
 }
-_NODE_KEYS: dict[str, Check] = {"address": _address, "partition": _int(0), **_TRAINING}
+_NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **_TRAINING}
 _REQUIRED = {"federation": ("name", "rounds")}
 
 
@@ -369,7 +135,7 @@ class _Reader:
                                 f"{', '.join(sorted(checks))})")
             try:
                 out[key] = check(value)
-            except _Bad as bad:
+            except Bad as bad:
                 raise self.fail(f"{label} {key}", f"expected {bad}, got {value!r}") from None
         for key in _REQUIRED.get(name, ()):
             if key not in out:

@@ -69,6 +69,7 @@ def generate_graph(name: str, node_ids: Sequence[str], params: Mapping[str, Any]
     """
     func = _generator(name)
     params = dict(params or {})
+    accepts: Mapping[str, Any]
     try:
         accepts = inspect.signature(func).parameters
     except (TypeError, ValueError):  # builtins without a signature

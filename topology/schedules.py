@@ -53,7 +53,7 @@ class Schedule(Protocol):
 
     name: str
 
-    def plan(self, round: int) -> Plan:  # noqa: A002 - "round" is the domain word
+    def plan(self, round: int) -> Plan:
         ...
 
 
@@ -124,7 +124,7 @@ class CyclicSchedule:
         self._next = {v: self.cycle[(i + 1) % len(self.cycle)] for i, v in enumerate(self.cycle)}
         self._prev = {v: self.cycle[i - 1] for i, v in enumerate(self.cycle)}
 
-    def plan(self, round: int) -> Plan:  # noqa: A002
+    def plan(self, round: int) -> Plan:
         if round < 1:
             raise ValueError(f"rounds are numbered from 1, got {round}")
         return {v: Hop(self._prev[v] if round > 1 else None, self._next[v]) for v in self.cycle}
@@ -175,10 +175,10 @@ class RandomSchedule:
         self.cover(1)  # fail at construction when the graph admits no cover
 
     @functools.lru_cache(maxsize=64)  # noqa: B019 - schedules live as long as the federation
-    def cover(self, round: int) -> dict[str, str]:  # noqa: A002
+    def cover(self, round: int) -> dict[str, str]:
         return random_cycle_cover(self.graph, np.random.default_rng([self.seed, _SEED_RWT, round]))
 
-    def plan(self, round: int) -> Plan:  # noqa: A002
+    def plan(self, round: int) -> Plan:
         if round < 1:
             raise ValueError(f"rounds are numbered from 1, got {round}")
         sent = self.cover(round)
@@ -194,7 +194,7 @@ class StandaloneSchedule:
     def __init__(self, graph: nx.Graph):
         self.nodes = list(graph.nodes)
 
-    def plan(self, round: int) -> Plan:  # noqa: A002
+    def plan(self, round: int) -> Plan:
         if round < 1:
             raise ValueError(f"rounds are numbered from 1, got {round}")
         return {v: Hop(None, None) for v in self.nodes}
@@ -204,7 +204,7 @@ SCHEDULES = ("cwt", "rwt")
 REWIND_MODES = ("off", "previous", "random")
 
 
-def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,  # noqa: A002
+def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,
                   nodes: Sequence[str], first_round: int = 2) -> str | None:
     """Where ``node`` rewinds in ``round`` (FedRewind Eq. 2 and Table 4), or None.
 

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Start the four nodes of federation.toml as separate fl-node processes, wait
-# for all of them, and exit non-zero if any failed. Results: runs/four-nodes-<id>/.
+# Start the nodes of federation.toml as separate fl-node processes on 127.0.0.1,
+# wait for all of them, and exit non-zero if any failed. Results: runs/four-nodes-<id>/.
+#
+# Each node binds a free port (--listen 127.0.0.1:0) and announces it in a ready
+# file; once all have, this script writes their addresses into one peers file,
+# which the nodes read while they wait for each other. (On separate machines, use
+# the addresses in federation.toml, or --listen / --peer, instead.)
 # Usage: examples/four-nodes/run.sh [federation.toml] [extra fl-node flags...]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -8,15 +13,36 @@ file=${1:-$here/federation.toml}
 shift || true
 fl_node=${FL_NODE:-fl-node}
 command -v "$fl_node" >/dev/null || fl_node="$here/../../.venv/bin/fl-node"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
 ids=$(python3 -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["nodes"]))' "$file")
 pids=()
 for id in $ids; do
-  "$fl_node" --id "$id" --federation "$file" "$@" &
+  "$fl_node" --id "$id" --federation "$file" --listen 127.0.0.1:0 \
+    --ready-file "$work/$id.addr" --peers-file "$work/peers.json" "$@" &
   pids+=($!)
 done
 # Ctrl-C / SIGTERM here stops every node cleanly.
-trap 'kill -TERM "${pids[@]}" 2>/dev/null' INT TERM
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; rm -rf "$work"' INT TERM
+
+# Collect the announced addresses (a node that fails to start ends the wait early).
+python3 - "$work" $ids <<'PY'
+import json, os, sys, time
+work, ids = sys.argv[1], sys.argv[2:]
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    ready = {i: open(os.path.join(work, f"{i}.addr")).read().strip()
+             for i in ids if os.path.exists(os.path.join(work, f"{i}.addr"))}
+    if len(ready) == len(ids):
+        tmp = os.path.join(work, ".peers.json")
+        with open(tmp, "w") as fh:
+            json.dump(ready, fh)
+        os.replace(tmp, os.path.join(work, "peers.json"))
+        sys.exit(0)
+    time.sleep(0.1)  # a poll interval
+sys.exit("run.sh: not every node announced its address within 120 s")
+PY
 
 failed=0
 set -- $ids

@@ -31,7 +31,7 @@ class JoinReply(_message.Message):
     round: int
     def __init__(self, federation: _Optional[str] = ..., strategy: _Optional[str] = ..., rounds: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
-class FetchRequest(_message.Message):
+class PollRequest(_message.Message):
     __slots__ = ("node_id", "round", "wait_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,26 @@ class FetchRequest(_message.Message):
     round: int
     wait_s: float
     def __init__(self, node_id: _Optional[str] = ..., round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class PollReply(_message.Message):
+    __slots__ = ("round", "selected", "done", "rounds_total")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SELECTED_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    selected: bool
+    done: bool
+    rounds_total: int
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[bool] = ..., done: _Optional[bool] = ..., rounds_total: _Optional[int] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("node_id", "round")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    round: int
+    def __init__(self, node_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("accepted", "duplicate", "late", "round")

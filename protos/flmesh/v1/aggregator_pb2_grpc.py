@@ -40,6 +40,11 @@ class AggregatorStub:
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.JoinRequest.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.JoinReply.FromString,
                 _registered_method=True)
+        self.Poll = channel.unary_unary(
+                '/flmesh.v1.Aggregator/Poll',
+                request_serializer=flmesh_dot_v1_dot_aggregator__pb2.PollRequest.SerializeToString,
+                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.PollReply.FromString,
+                _registered_method=True)
         self.FetchGlobal = channel.unary_stream(
                 '/flmesh.v1.Aggregator/FetchGlobal',
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.FetchRequest.SerializeToString,
@@ -61,26 +66,37 @@ class AggregatorServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Join(self, request, context):
-        """Announce a node (its training-set size and label histogram).
+        """Announce a node (its training-set size and label histogram, and where it
+        serves Peer, so the aggregator can evaluate on its test split).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Poll(self, request, context):
+        """Wait (at most the server's own bound) until `round` has opened, then say
+        which round is open and whether this node is sampled for it. No model.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FetchGlobal(self, request, context):
-        """The global model for `round` (the model of round - 1's aggregation), blocking
-        until it exists. The header's metadata says whether the node is selected
-        this round ("selected" = "1" or "0"); extra tensors the strategy needs
-        travel in the same stream under the names the strategy documents.
+        """The global model of the open round, for a node sampled in it (others get
+        FAILED_PRECONDITION). Extra tensors the strategy publishes (FedCurv's
+        u, v, w; Flashback's label count) travel in the same stream under the
+        names the strategy's plug-in documents. Never blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SubmitUpdate(self, request_iterator, context):
-        """Submit a trained update for a round: header (round, sender, num_samples,
-        label_counts) then tensors, including strategy extras. Idempotent per
-        (sender, round); late updates (after the round closed) are refused.
+        """Submit a trained update: header (round, sender, num_samples, label_counts)
+        then tensors, strategy extras included. Idempotent per (sender, round):
+        a repeat is answered `duplicate`. An update for a round that has already
+        closed is answered `late` and not used; a node that was not sampled, or a
+        round that has not opened, gets FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -100,6 +116,11 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.Join,
                     request_deserializer=flmesh_dot_v1_dot_aggregator__pb2.JoinRequest.FromString,
                     response_serializer=flmesh_dot_v1_dot_aggregator__pb2.JoinReply.SerializeToString,
+            ),
+            'Poll': grpc.unary_unary_rpc_method_handler(
+                    servicer.Poll,
+                    request_deserializer=flmesh_dot_v1_dot_aggregator__pb2.PollRequest.FromString,
+                    response_serializer=flmesh_dot_v1_dot_aggregator__pb2.PollReply.SerializeToString,
             ),
             'FetchGlobal': grpc.unary_stream_rpc_method_handler(
                     servicer.FetchGlobal,
@@ -144,6 +165,33 @@ class Aggregator:
             '/flmesh.v1.Aggregator/Join',
             flmesh_dot_v1_dot_aggregator__pb2.JoinRequest.SerializeToString,
             flmesh_dot_v1_dot_aggregator__pb2.JoinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Poll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flmesh.v1.Aggregator/Poll',
+            flmesh_dot_v1_dot_aggregator__pb2.PollRequest.SerializeToString,
+            flmesh_dot_v1_dot_aggregator__pb2.PollReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,7 +29,7 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_KIND_GLOBAL: _ClassVar[ModelKind]
     MODEL_KIND_UPDATE: _ClassVar[ModelKind]
     MODEL_KIND_EVAL: _ClassVar[ModelKind]
-    MODEL_KIND_CURVATURE: _ClassVar[ModelKind]
+    MODEL_KIND_EXTRAS: _ClassVar[ModelKind]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT64: DType
@@ -47,7 +47,19 @@ MODEL_KIND_REWIND: ModelKind
 MODEL_KIND_GLOBAL: ModelKind
 MODEL_KIND_UPDATE: ModelKind
 MODEL_KIND_EVAL: ModelKind
-MODEL_KIND_CURVATURE: ModelKind
+MODEL_KIND_EXTRAS: ModelKind
+
+class MetaValue(_message.Message):
+    __slots__ = ("int_value", "double_value", "string_value", "bool_value")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    double_value: float
+    string_value: str
+    bool_value: bool
+    def __init__(self, int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bool_value: _Optional[bool] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
@@ -70,8 +82,8 @@ class ModelHeader(_message.Message):
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        value: MetaValue
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetaValue, _Mapping]] = ...) -> None: ...
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -91,8 +103,8 @@ class ModelHeader(_message.Message):
     num_samples: int
     label_counts: _containers.RepeatedScalarFieldContainer[int]
     architecture: str
-    metadata: _containers.ScalarMap[str, str]
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    metadata: _containers.MessageMap[str, MetaValue]
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., metadata: _Optional[_Mapping[str, MetaValue]] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -1,0 +1,259 @@
+"""The aggregator's rounds and its answers to nodes, transport-free.
+
+A star federation (``[aggregator]`` in the federation file) runs rounds driven
+by the aggregator. In round t it samples a fraction C of the nodes (from the
+seed and t, so anyone can recompute the choice), publishes the global model
+of round t-1 with the strategy's extras, takes the sampled nodes' updates
+until all have arrived or ``deadline_s`` passes (the stragglers are dropped
+and named), aggregates with the strategy's server half when at least
+``min_updates`` arrived, and otherwise keeps the previous global model.
+
+Nodes learn whether they are sampled from :meth:`AggregatorCore.poll` (a small
+reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model.
+
+Thread-safety: the driver (:class:`~flmesh.coordinator.aggregator.Aggregator`)
+calls ``open_round``/``wait_for_updates``/``close_round``/``finish_round``
+from one thread; the handler methods are called from RPC threads; one
+condition guards the state. Waits go through the injected clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
+from flmesh.node.clock import REAL_CLOCK, Clock
+from flmesh.node.errors import Refused
+from flmesh.node.learning.data import derive_seed
+from flmesh.node.transport import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
+from flmesh.node.wire import codec
+from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
+from flmesh.topology import Federation
+
+SEED_SAMPLE = 6
+
+#: The longest one Poll waits on the server, whatever the caller asks: a stalled
+#: caller cannot hold a worker thread longer than this.
+MAX_POLL_WAIT_S = 5.0
+
+
+def round_half_up(x: float) -> int:
+    return int(np.floor(x + 0.5))
+
+
+def sample_clients(node_ids: Sequence[str], fraction: float, seed: int, round: int) -> list[str]:
+    """The max(1, round(C * K)) nodes sampled for ``round``, in federation order. Pure."""
+    k = max(1, round_half_up(fraction * len(node_ids)))
+    rng = np.random.default_rng(derive_seed(seed, SEED_SAMPLE, round))
+    chosen = set(rng.choice(len(node_ids), size=min(k, len(node_ids)), replace=False).tolist())
+    return [n for i, n in enumerate(node_ids) if i in chosen]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one aggregator round collected and decided."""
+
+    round: int
+    selected: list[str]
+    received: list[str]
+    missing: list[str]
+    aggregated: bool
+    updates: list[Update]
+    start_global: Tensors  # the global model the round started from
+    new_global: Tensors
+    notes: list[str] = field(default_factory=list)
+
+
+class AggregatorCore:
+    def __init__(self, federation: Federation, *, initial: Tensors, server: ServerHalf, strategy: str,
+                 model_spec: ModelSpec, update_spec: ModelSpec, clock: Clock = REAL_CLOCK,
+                 counter: ByteCounter | None = None):
+        agg = federation.aggregator
+        assert agg is not None, "an aggregator needs an [aggregator] section"
+        self.federation = federation
+        self.config = agg
+        self.node_ids = federation.node_ids
+        self.server = server
+        self.strategy = strategy
+        self.model_spec = model_spec
+        self.update_spec = {**model_spec, **update_spec}
+        self.max_model_bytes = int(federation.max_model_mib * 2**20)
+        self.clock = clock
+        self.counter = counter or ByteCounter()
+        self.global_state: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
+        self.last_accuracy = 0.0
+        self._cond = threading.Condition()
+        self._open = 0  # the round whose updates are being collected (0 before the first)
+        self._closed = 0  # the last round that stopped taking updates
+        self._message: EncodedModel | None = None
+        self._updates: dict[str, Update] = {}
+        self._joined: dict[str, str] = {}  # node -> address
+        self._state = "waiting"
+        self._done = False
+        self.stop_event = threading.Event()
+
+    # ------------------------------------------------------------------ checks
+    def _member(self, node_id: str) -> None:
+        if node_id not in self.node_ids:
+            raise Refused("PERMISSION_DENIED", f"aggregator: unknown node {node_id!r} (the federation has "
+                          f"{', '.join(self.node_ids)})")
+
+    def selected(self, round: int) -> list[str]:
+        return sample_clients(self.node_ids, self.config.fraction, self.federation.seed, round)
+
+    # ------------------------------------------------------------------ handlers (RPC threads)
+    def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
+             address: str) -> JoinInfo:
+        self._member(node_id)
+        with self._cond:
+            self._joined[node_id] = address
+            self._cond.notify_all()
+            return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
+
+    def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo:
+        self._member(node_id)
+        deadline = self.clock.now() + max(0.0, min(wait_s, MAX_POLL_WAIT_S))
+        with self._cond:
+            while self._open < round and not self._done and not self.stop_event.is_set():
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
+            return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
+                            self._done, self.federation.rounds)
+
+    def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
+        self._member(node_id)
+        with self._cond:
+            if round != self._open or self._message is None:
+                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
+                              f"is in round {self._open})")
+            if node_id not in self.selected(round):
+                raise Refused("FAILED_PRECONDITION",
+                              f"aggregator: {node_id} was not sampled for round {round}")
+            message = self._message
+        self.counter.add_sent("global", message.wire_bytes())
+        return message
+
+    def submit(self, caller: str | None, chunks: Chunks) -> SubmitResult:
+        try:
+            decoded = codec.decode(chunks, self.update_spec, self.max_model_bytes)
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"aggregator: {exc}") from None
+        meta = decoded.meta
+        self.counter.add_received("update", decoded.wire_bytes)
+        self._member(meta.sender)
+        if caller is not None and caller != meta.sender:
+            raise Refused("PERMISSION_DENIED", f"aggregator: the update claims to come from {meta.sender!r} "
+                          f"but was sent by {caller!r}")
+        if meta.kind != "update":
+            raise Refused("INVALID_ARGUMENT",
+                          f"aggregator: SubmitUpdate takes kind 'update', not {meta.kind!r}")
+        state = {k: v for k, v in decoded.state_dict.items() if k in self.model_spec}
+        extras = {k: v for k, v in decoded.state_dict.items() if k not in self.model_spec}
+        update = Update(meta.sender, meta.round, state, meta.num_samples, tuple(meta.label_counts), extras)
+        with self._cond:
+            if update.round <= self._closed:
+                return SubmitResult(accepted=False, duplicate=False, late=True, round=update.round)
+            if update.round != self._open:
+                raise Refused("FAILED_PRECONDITION", f"aggregator: round {update.round} is not open (the "
+                              f"aggregator is in round {self._open})")
+            if update.node not in self.selected(update.round):
+                raise Refused("FAILED_PRECONDITION",
+                              f"aggregator: {update.node} was not sampled for round {update.round}")
+            if update.node in self._updates:
+                return SubmitResult(accepted=False, duplicate=True, late=False, round=update.round)
+            self._updates[update.node] = update
+            self._cond.notify_all()
+        return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
+
+    def status(self, caller: str | None) -> AggregatorStatus:
+        with self._cond:
+            return AggregatorStatus(self.strategy, self._open, self.federation.rounds,
+                                    tuple(sorted(self._joined)), self._state, self.last_accuracy)
+
+    # ------------------------------------------------------------------ driver side (one thread)
+    def addresses(self) -> dict[str, str]:
+        with self._cond:
+            return {n: a for n, a in self._joined.items() if a}
+
+    def joined(self) -> list[str]:
+        with self._cond:
+            return [n for n in self.node_ids if n in self._joined]
+
+    def wait_for_joins(self, timeout: float) -> list[str]:
+        """Block until every node joined, ``timeout`` passes or stop; the nodes still missing."""
+        deadline = self.clock.now() + timeout
+        with self._cond:
+            while len(self._joined) < len(self.node_ids) and not self.stop_event.is_set():
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
+            return [n for n in self.node_ids if n not in self._joined]
+
+    def open_round(self, round: int) -> list[str]:
+        """Publish the global model (and the strategy's extras) for ``round``; the sampled nodes."""
+        selected = self.selected(round)
+        state = {**self.global_state, **self.server.published_extras()}
+        message = codec.encode(state, ModelMeta(round=round, sender="aggregator", kind="global",
+                                                metadata={"strategy": self.strategy}))
+        with self._cond:
+            self._message = message
+            self._updates = {}
+            self._open = round
+            self._state = "waiting"
+            self._cond.notify_all()
+        return selected
+
+    def wait_for_updates(self, round: int, deadline: float) -> None:
+        """Block until every sampled node's update is in, the clock reaches ``deadline``, or stop."""
+        wanted = len(self.selected(round))
+        with self._cond:
+            while len(self._updates) < wanted and not self.stop_event.is_set():
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
+
+    def close_round(self, round: int) -> RoundOutcome:
+        """Stop taking updates for ``round``; aggregate when at least ``min_updates`` arrived."""
+        selected = self.selected(round)
+        with self._cond:
+            self._closed = round
+            self._state = "aggregating"
+            updates = [self._updates[n] for n in selected if n in self._updates]
+        received = [u.node for u in updates]
+        missing = [n for n in selected if n not in received]
+        notes = []
+        if missing:
+            why = "on stop" if self.stop_event.is_set() else f"at the {self.config.deadline_s:g}s deadline"
+            notes.append(f"round {round} closed {why} with {len(updates)} of {len(selected)} updates; "
+                         f"missing: {', '.join(missing)}")
+        start = self.global_state
+        aggregated = len(updates) >= self.config.min_updates
+        if aggregated:
+            new = self.server.aggregate(round, start, updates)
+            self.global_state = {k: v.detach().to("cpu") for k, v in new.items()}
+        else:
+            notes.append(f"round {round}: {len(updates)} update(s) < min_updates {self.config.min_updates}; "
+                         "kept the previous global model")
+        return RoundOutcome(round, selected, received, missing, aggregated, updates, start,
+                            self.global_state, notes)
+
+    def finish_round(self, round: int, accuracy: float) -> None:
+        """The round is evaluated: nodes may go on (and after the last round, leave)."""
+        with self._cond:
+            self.last_accuracy = accuracy
+            self._done = round >= self.federation.rounds
+            self._state = "done" if self._done else "waiting"
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        with self._cond:
+            self._cond.notify_all()

@@ -1,0 +1,108 @@
+"""Pictures of a run, drawn from its rounds.jsonl rows (matplotlib, files only).
+
+``accuracy.png`` (FA with FA ± FF, and PFA or the global model's accuracy),
+``per_class.png`` (per-class accuracy over rounds) and, for star runs,
+``local_forgetting.png`` (each node's F_k,t). Rows are the JSON objects of
+:class:`flmesh.node.results.RoundRow`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
+    """Draw the pictures of ``rows`` into ``out_dir``; their paths (none without rows)."""
+    if not rows:
+        return []
+    out_dir = Path(out_dir)
+    pictures = [plot_accuracy(rows, out_dir / "accuracy.png"),
+                plot_per_class(rows, out_dir / "per_class.png")]
+    if rows[0].get("kind") == "star":
+        pictures.append(plot_local_forgetting(rows, out_dir / "local_forgetting.png"))
+    return pictures
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """FA and PFA over rounds (percent), with FA ± FF shaded; star runs add the global model."""
+    plt = _pyplot()
+    with_fa = [r for r in rows if r.get("fa") is not None]
+    rounds = [r["round"] for r in with_fa]
+    fa = [100 * r["fa"] for r in with_fa]
+    ff = [100 * (r.get("ff") or 0.0) for r in with_fa]
+    pfa = [100 * r["pfa"] for r in with_fa]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    ax.plot(rounds, fa, marker="o", label="FA (federation accuracy)")
+    ax.fill_between(rounds, [a - s for a, s in zip(fa, ff, strict=True)],
+                    [a + s for a, s in zip(fa, ff, strict=True)], alpha=0.2, label="FA ± FF")
+    ax.plot(rounds, pfa, marker="s", label="PFA (personalized)")
+    if rows[0].get("kind") == "star":
+        ax.plot([r["round"] for r in rows], [100 * (r.get("accuracy") or 0.0) for r in rows], marker="^",
+                label="global model accuracy")
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Heat map of the federation's per-class accuracy (class x round), in percent."""
+    plt = _pyplot()
+    import numpy as np
+
+    matrix = np.array([[np.nan if v is None else v for v in r.get("per_class_accuracy") or []] for r in rows],
+                      dtype=float).T * 100
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    image = ax.imshow(matrix, aspect="auto", origin="lower", vmin=0, vmax=100, cmap="viridis",
+                      extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5,
+                              matrix.shape[0] - 0.5))
+    ax.set_xlabel("round")
+    ax.set_ylabel("class")
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Heat map of each node's local forgetting F_k,t (percent; blank when not sampled),
+    as in the WSM thesis Fig. 2.2 and Flashback's per-client view."""
+    plt = _pyplot()
+    import numpy as np
+
+    nodes = list(rows[0]["nodes"])
+    matrix = np.full((len(nodes), len(rows)), np.nan)
+    for j, row in enumerate(rows):
+        for i, node in enumerate(nodes):
+            value = row["nodes"][node].get("local_forgetting")
+            if value is not None:
+                matrix[i, j] = 100 * value
+    fig, ax = plt.subplots(figsize=(6.4, max(3.0, 0.18 * len(nodes) + 1.5)), dpi=100)
+    image = ax.imshow(matrix, aspect="auto", origin="lower", cmap="magma_r", vmin=0,
+                      extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5, len(nodes) - 0.5))
+    ax.set_xlabel("round")
+    ax.set_ylabel("node")
+    if len(nodes) <= 20:
+        ax.set_yticks(range(len(nodes)), nodes)
+    fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

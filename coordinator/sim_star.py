@@ -1,0 +1,130 @@
+"""fl-sim's star driver: a federation with an aggregator, on localhost.
+
+The aggregator (:meth:`~flmesh.coordinator.aggregator.Aggregator.from_federation`,
+exactly as ``fl-node --role aggregator`` builds it) and every node are real
+gRPC servers on 127.0.0.1:0 in this process. Each node runs its own
+:meth:`~flmesh.node.node.Node.run` (join, poll, and when sampled fetch, train,
+submit; rewinds go node to node), and the aggregator runs its own loop. It
+evaluates in-process on the nodes' test splits, which it can reach here; an
+aggregator process (``fl-node --role aggregator``) asks the nodes over
+``Evaluate`` instead, with the same numbers (tests/test_aggregator.py). A round's row is the
+aggregator's, with each node's own report (starting accuracy, loss, rewind,
+notes) added once every node has finished that round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from flmesh.coordinator.aggregator import Aggregator
+from flmesh.coordinator.sim import RowQueue, base_config, join_threads, run_threads
+from flmesh.node.learning.data import federation_data, load_dataset
+from flmesh.node.node import Node, Report
+from flmesh.node.reports import StarReport
+from flmesh.node.results import NodeRound, RoundRow
+from flmesh.topology import Federation
+
+
+class StarDriver:
+    def __init__(self, federation: Federation):
+        if federation.aggregator is None:
+            raise ValueError("a star simulation needs an [aggregator] section")
+        self.federation = federation
+        self.nodes: list[Node] = []
+        self.aggregator: Aggregator | None = None
+        self._lock = threading.Lock()
+        self._agg_rows: dict[int, RoundRow] = {}
+        self._reports: dict[int, dict[str, Report]] = {}
+        self._next = 1
+        self._rounds_done = 0
+        self._rows = RowQueue()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def config(self) -> dict[str, Any]:
+        agg = self.federation.aggregator
+        assert agg is not None
+        return {**base_config(self.federation), "strategy": agg.strategy, "fraction": agg.fraction,
+                "deadline_s": agg.deadline_s, "min_updates": agg.min_updates}
+
+    @property
+    def rounds_done(self) -> int:
+        return self._rounds_done
+
+    def start(self) -> None:
+        fed = self.federation
+        dataset = load_dataset(fed.data)
+        data = federation_data(fed, dataset)
+        tests = {nid: data[nid].test for nid in fed.node_ids}
+        self.aggregator = Aggregator.from_federation(fed, dataset=dataset, tests=tests)
+        address = self.aggregator.serve("127.0.0.1:0")
+        self.nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0", aggregator=address)
+                      for nid in fed.node_ids]
+        addresses = {n.node_id: n.start() for n in self.nodes}
+        for n in self.nodes:
+            n.connect(addresses)  # rewinds go node to node
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.aggregator is not None:
+            self.aggregator.stop()
+        for n in self.nodes:
+            n.cancel()
+
+    def close(self) -> None:
+        self.stop()
+        join_threads(self._threads, self.federation.round_timeout_s)
+        if self.aggregator is not None:
+            self.aggregator.close(grace=0.5)
+        for n in self.nodes:
+            n.stop(grace=0.5)
+
+    # ------------------------------------------------------------------ rounds
+    def _on_agg_row(self, row: RoundRow) -> None:
+        with self._lock:
+            self._agg_rows[row.round] = row
+            self._emit()
+
+    def _on_report(self, report: Report) -> None:
+        with self._lock:
+            self._reports.setdefault(report.round, {})[report.node] = report
+            self._emit()
+
+    def _emit(self) -> None:
+        """Hand on every round whose aggregator row and node reports are all in (lock held)."""
+        while (self._next in self._agg_rows
+               and len(self._reports.get(self._next, {})) == len(self.nodes)):
+            row = self._agg_rows.pop(self._next)
+            for node_id, report in self._reports.pop(self._next).items():
+                row.nodes[node_id] = merge(row.nodes.get(node_id), report)
+            row.writer = "fl-sim"
+            if not self._stopped.is_set():
+                self._rows.put(row)
+                self._rounds_done = self._next
+            self._next += 1
+
+    def rows(self) -> Iterator[RoundRow]:
+        assert self.aggregator is not None, "start() the simulation first"
+        aggregator = self.aggregator
+        targets: dict[str, Any] = {"aggregator": lambda: aggregator.run(self._on_agg_row, join_timeout=60.0)}
+        targets.update({n.node_id: (lambda n=n: n.run(on_round=self._on_report)) for n in self.nodes})
+        self._threads = run_threads(targets, self._rows, self.stop)
+        yield from self._rows
+
+
+def merge(entry: NodeRound | None, report: Report) -> NodeRound:
+    """The aggregator's view of a node in a round, plus what the node itself reported."""
+    own = NodeRound.from_report(report)
+    if entry is None:
+        return own
+    if isinstance(report, StarReport) and report.selected:
+        entry.accuracy = own.accuracy
+        entry.start_accuracy = own.start_accuracy
+        entry.late, entry.rewound_to = own.late, own.rewound_to
+        entry.train_loss, entry.train_steps = own.train_loss, own.train_steps
+        entry.train_samples = own.train_samples
+    entry.bytes_sent, entry.bytes_received = own.bytes_sent, own.bytes_received
+    entry.wall_s, entry.notes = own.wall_s, own.notes
+    return entry

@@ -1,0 +1,160 @@
+"""The shape of an algorithm plug-in: a client half, a server half, and what travels between.
+
+An algorithm is one file under ``node/algorithms/`` that defines an
+:class:`Algorithm` and registers it in :mod:`flmesh.topology.algorithms`.
+
+- The **client half** (:class:`ClientHalf`, one per node) may replace the
+  local objective (WSM), add regularizers to local training given what the
+  server half published (Flashback's distillation, FedCurv's penalty), attach
+  extra tensors to the node's update (FedCurv's Fisher diagonal), and learn
+  whether its update was used.
+- The **server half** (:class:`ServerHalf`) publishes extra tensors beside
+  the global model (Flashback's label count, FedCurv's u, v, w) and turns a
+  round's updates into the next global model. In a star federation the
+  aggregator runs it; an algorithm that also runs between peers (FedCurv
+  without an aggregator, ``gossip``) runs both halves on every node: each node
+  sends its update to its graph neighbours, its own server half absorbs the
+  neighbours' updates, and its client half trains against what that server
+  half publishes.
+
+Extras travel as named tensors in the model stream, checked against the specs
+the plug-in declares (:meth:`Algorithm.update_spec`,
+:meth:`Algorithm.published_spec`); no servicer, codec or round loop looks at an
+algorithm's name. Halves are not thread-safe: the round engine or the
+aggregator calls them from one thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.objectives import Objective, Regularizer
+from flmesh.node.wire.specs import ModelSpec
+from flmesh.topology import Federation, TrainingConfig
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Update:
+    """One node's update for a round (CPU tensors). ``state`` is the model, ``extras`` the rest."""
+
+    node: str
+    round: int
+    state: Tensors
+    num_samples: int
+    label_counts: tuple[int, ...]
+    extras: Tensors = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """What a node's client half may use. ``training`` has the node's own overrides applied."""
+
+    node_id: str
+    federation: Federation
+    training: TrainingConfig
+    train: ArrayData  # the node's training split
+    model_factory: Callable[[], nn.Module]  # a fresh model of the federation's architecture
+    device: torch.device
+
+    @property
+    def label_counts(self) -> list[int]:
+        return self.train.label_counts()
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What a server half may use: the aggregator's (or a gossiping node's) resources."""
+
+    federation: Federation
+    model_factory: Callable[[], nn.Module]
+    params: ModelSpec  # the trainable parameters: name -> (dtype, shape)
+    num_classes: int
+    public: ArrayData | None  # the aggregator's labelled public split (None between peers)
+    device: torch.device
+
+
+class ClientHalf:
+    """One node's side of an algorithm. Every hook has a do-nothing default."""
+
+    def objective(self, base: Objective) -> Objective:
+        """The local loss (logits, labels) -> scalar; return ``base`` to keep it."""
+        return base
+
+    def regularizers(self, start: Tensors, published: Tensors) -> list[Regularizer]:
+        """Extra loss terms for this round's local training.
+
+        ``start`` is the model the round starts from; ``published`` the server
+        half's extra tensors (the aggregator's, or this node's own server half
+        between peers).
+        """
+        return []
+
+    def update_extras(self, model: nn.Module) -> Tensors:
+        """Extra tensors to send with this node's trained ``model`` (its update)."""
+        return {}
+
+    def after_update(self, state: Tensors, extras: Tensors, included: bool) -> None:
+        """The update (``state`` and ``extras``) went out; ``included``: the server half will
+        count it in what it publishes next (the aggregator accepted it)."""
+
+
+class ServerHalf:
+    """The side of an algorithm that sees every update."""
+
+    def published_extras(self) -> Tensors:
+        """Extra tensors to publish beside the global model (same names and shapes every round)."""
+        return {}
+
+    def absorb(self, update: Update) -> None:
+        """Take note of an update without aggregating (a neighbour's, between peers)."""
+
+    def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
+        """The next global model from ``round``'s updates (at least one)."""
+        raise NotImplementedError
+
+
+class Algorithm:
+    """A registered plug-in. Subclasses set ``name`` and override what they need."""
+
+    name: ClassVar[str] = ""
+
+    def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
+        """Does a node with ``training`` run this algorithm's client half in ``federation``?"""
+        return False
+
+    def gossip(self, federation: Federation, training: TrainingConfig) -> bool:
+        """Between peers: send updates to graph neighbours and run the server half on the node."""
+        return False
+
+    def update_spec(self, params: ModelSpec) -> ModelSpec:
+        """The extra tensors of an update, beside the model's own (name -> (dtype, shape))."""
+        return {}
+
+    def published_spec(self, params: ModelSpec, num_classes: int) -> ModelSpec:
+        """The extra tensors the server half publishes (always present, so the spec is fixed)."""
+        return {}
+
+    def client(self, ctx: ClientContext) -> ClientHalf:
+        return ClientHalf()
+
+    def server(self, ctx: ServerContext) -> ServerHalf | None:
+        """The server half; None for an algorithm that only changes local training."""
+        return None
+
+
+def split(state: Tensors, prefix: str) -> Tensors:
+    """The entries of ``state`` under ``prefix``, with the prefix removed."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def trainable_spec(model: nn.Module) -> ModelSpec:
+    """Name -> (dtype, shape) of the trainable parameters (what a Fisher diagonal covers)."""
+    return {n: (p.dtype, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad}

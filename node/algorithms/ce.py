@@ -1,0 +1,20 @@
+"""Plain cross-entropy: the default local objective (``[training] objective = "ce"``).
+
+The softmax cross-entropy of McMahan et al. (2017) local training; every
+other objective plug-in (e.g. WSM) replaces it.
+"""
+
+from __future__ import annotations
+
+from flmesh.node.algorithms.base import Algorithm
+from flmesh.topology import Federation, TrainingConfig
+
+
+class CrossEntropy(Algorithm):
+    name = "ce"
+
+    def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
+        return training.objective == self.name
+
+
+ALGORITHM = CrossEntropy()

@@ -1,0 +1,175 @@
+"""Data sets and each node's share of them (learning wing: torch, no grpc).
+
+The embedded default is scikit-learn's bundled digits set: 1,797 real 8x8
+grey-scale images of the digits 0-9, available offline. MNIST, Fashion-MNIST,
+CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root`` (see
+:mod:`flmesh.node.learning.vision`). A data set is held in memory as an
+:class:`ArrayData` (inputs as float32 in [0, 1], labels int64).
+
+Every node derives the same partition from the federation seed, so a node
+needs no message to know its share. :func:`node_data` keeps only that share:
+the whole data set is read once, split, and dropped, so a node process holds
+its own training and test samples and nothing of its peers'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flmesh.node.learning import partitions
+from flmesh.topology import DataConfig, Federation
+
+# Stream ids for numpy/torch seeding, so independent uses of one federation seed
+# never draw from the same stream.
+SEED_PARTITION = 1
+SEED_SPLIT = 2
+SEED_MODEL = 3
+SEED_TRAIN = 4
+SEED_PUBLIC = 5
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from integers (federation seed, stream id, node, round...), stable
+    across processes and platforms."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFF_FFFF)
+
+
+class DataError(ValueError):
+    """A data set is missing or unusable; the message names what and where."""
+
+
+@dataclass(frozen=True)
+class ArrayData:
+    """An in-memory labelled set: ``x`` float32 (N, *input_shape), ``y`` int64 (N,)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def subset(self, indices: np.ndarray) -> ArrayData:
+        """A copy of the samples at ``indices`` (it shares no memory with this set)."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return ArrayData(self.x[idx], self.y[idx], self.num_classes)
+
+    def label_counts(self) -> list[int]:
+        """Samples per class, a list of length ``num_classes``."""
+        return torch.bincount(self.y, minlength=self.num_classes).tolist()
+
+
+@dataclass(frozen=True)
+class NodeData:
+    train: ArrayData
+    test: ArrayData
+
+
+def load_digits() -> ArrayData:
+    """scikit-learn's bundled digits as (N, 1, 8, 8) images scaled to [0, 1]."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    x = torch.tensor(bunch.images / 16.0, dtype=torch.float32).unsqueeze(1)
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    return ArrayData(x, y, 10)
+
+
+def load_dataset(cfg: DataConfig) -> ArrayData:
+    """The whole data set named by ``cfg.dataset``."""
+    if cfg.dataset == "digits":
+        return load_digits()
+    from flmesh.node.learning.vision import VISION_SETS, load_vision
+
+    if cfg.dataset in VISION_SETS:
+        return load_vision(cfg.dataset, cfg.root, cfg.download)
+    raise DataError(f"unknown dataset {cfg.dataset!r}")
+
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+
+
+def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,
+                      seed: int) -> list[np.ndarray]:
+    """Every node's sample indices, derived from the federation seed alone."""
+    rng = np.random.default_rng([seed, SEED_PARTITION])
+    if cfg.partition == "iid":
+        return partitions.iid(len(labels), num_nodes, rng)
+    if cfg.partition == "dirichlet":
+        return partitions.dirichlet(labels, num_nodes, cfg.alpha, rng, cfg.min_samples)
+    if cfg.partition == "shards":
+        return partitions.shards(labels, num_nodes, cfg.shards_per_node, rng)
+    raise DataError(f"unknown partition {cfg.partition!r}")
+
+
+PARTITIONS = ("dirichlet", "iid", "shards")
+
+
+def public_split(labels: np.ndarray, federation: Federation) -> tuple[np.ndarray, np.ndarray]:
+    """(public indices, client indices): the aggregator's labelled public split, carved
+    from the whole data set before partitioning, so it never overlaps client data.
+
+    Stratified by label (each class gives ``public_fraction`` of its samples) and
+    seeded by the federation seed. Without an ``[aggregator]`` the public split is empty.
+    """
+    everything = np.arange(len(labels))
+    agg = federation.aggregator
+    if agg is None or agg.public_fraction <= 0:
+        return everything[:0], everything
+    rng = np.random.default_rng([federation.seed, SEED_PUBLIC])
+    public = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        public.append(idx[:int(round(len(idx) * agg.public_fraction))])
+    public_idx = np.sort(np.concatenate(public))
+    return public_idx, np.setdiff1d(everything, public_idx)
+
+
+def federation_data(federation: Federation, dataset: ArrayData | None = None,
+                    only: str | None = None) -> dict[str, NodeData]:
+    """Each node's train/test split, keyed by node id (with ``only``: just that node's).
+
+    A node's partition is ``[nodes.<id>] partition`` when set, else its position
+    in the federation. The train/test split of partition p uses its own seeded
+    stream, so it is the same whichever process computes it. With an
+    ``[aggregator]``, its public split is removed first (see :func:`public_split`).
+    Every share is a copy: nothing returned keeps the whole data set alive.
+    """
+    data = dataset if dataset is not None else load_dataset(federation.data)
+    labels = data.y.numpy()
+    _, pool = public_split(labels, federation)
+    parts = [pool[p] for p in partition_indices(labels[pool], federation.data, len(federation.nodes),
+                                                federation.seed)]
+    out = {}
+    for node in federation.nodes:
+        if only is not None and node.id != only:
+            continue
+        p = node.partition if node.partition is not None else node.index
+        rng = np.random.default_rng([federation.seed, SEED_SPLIT, p])
+        train_idx, test_idx = partitions.train_test_split(parts[p], federation.data.test_fraction, rng)
+        out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx))
+    return out
+
+
+def node_data(federation: Federation, node_id: str) -> NodeData:
+    """Node ``node_id``'s own train/test share, and nothing else kept in memory.
+
+    The whole data set is loaded, split exactly as :func:`federation_data`
+    splits it, and released before this returns.
+    """
+    federation.node(node_id)  # one clear line for an unknown id
+    return federation_data(federation, only=node_id)[node_id]
+
+
+def public_data(federation: Federation, dataset: ArrayData | None = None) -> ArrayData:
+    """The aggregator's public split (empty without an ``[aggregator]``)."""
+    data = dataset if dataset is not None else load_dataset(federation.data)
+    public_idx, _ = public_split(data.y.numpy(), federation)
+    return data.subset(public_idx)

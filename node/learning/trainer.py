@@ -1,0 +1,102 @@
+"""Local training and evaluation of a model on in-memory data (learning wing).
+
+Blocking, CPU/GPU bound; not thread-safe for one model (each caller trains its
+own model object). Deterministic for a given seed on a given device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.objectives import Objective, Regularizer, cross_entropy
+from flmesh.node.reports import EvalResult, TrainStats
+from flmesh.topology import TrainingConfig
+
+__all__ = ["EvalResult", "Regularizer", "TrainStats", "evaluate", "make_optimizer", "steps_for", "train"]
+
+
+def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
+    """Optimizer steps for ``epochs`` passes (fractional allowed) over ``num_samples``.
+
+    A fraction is a share of one pass's batches, rounded to the nearest batch and
+    at least one step whenever epochs > 0 and there is data.
+    """
+    if epochs <= 0 or num_samples == 0:
+        return 0
+    per_epoch = math.ceil(num_samples / batch_size)
+    return max(1, round(epochs * per_epoch))
+
+
+def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: float | None = None,
+          seed: int = 0, device: torch.device | None = None,
+          objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = ()) -> TrainStats:
+    """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) on ``data``.
+
+    The loss of a batch is ``objective(logits, labels) + sum(r(model, x, logits))``.
+    Each pass visits the samples in a fresh order drawn from ``seed``; the
+    optimizer starts fresh on every call, as local training does in each FL round.
+    ``TrainStats.loss`` is the mean total loss.
+    """
+    device = device or torch.device("cpu")
+    epochs = cfg.epochs if epochs is None else epochs
+    steps = steps_for(epochs, len(data), cfg.batch_size)
+    if steps == 0:
+        return TrainStats(0.0, 0, 0)
+    model.to(device).train()
+    optimizer = make_optimizer(model, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = data.x, data.y
+    total_loss, seen, done = 0.0, 0, 0
+    while done < steps:
+        order = torch.randperm(len(data), generator=gen)
+        for start in range(0, len(order), cfg.batch_size):
+            if done == steps:
+                break
+            idx = order[start:start + cfg.batch_size]
+            xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(xb)
+            loss = objective(logits, yb)
+            for regularizer in regularizers:
+                loss = loss + regularizer(model, xb, logits)
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach()) * len(idx)
+            seen += len(idx)
+            done += 1
+    return TrainStats(total_loss / max(seen, 1), done, seen)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
+             batch_size: int = 1024) -> EvalResult:
+    """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``."""
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    correct = torch.zeros(data.num_classes, dtype=torch.long)
+    total = torch.bincount(data.y, minlength=data.num_classes)
+    loss_sum = 0.0
+    for start in range(0, len(data), batch_size):
+        xb = data.x[start:start + batch_size].to(device)
+        yb = data.y[start:start + batch_size].to(device)
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        hits = (logits.argmax(dim=1) == yb).cpu()
+        correct += torch.bincount(yb.cpu()[hits], minlength=data.num_classes)
+    n = len(data)
+    return EvalResult(int(correct.sum()), n, loss_sum / n if n else 0.0,
+                      tuple(correct.tolist()), tuple(total.tolist()))

@@ -1,0 +1,198 @@
+"""One ``fl-node`` process's run: serve, wait for peers, run the rounds, write results, linger.
+
+:class:`NodeRun` is what ``fl-node`` does between parsing its flags and
+exiting: it owns the :class:`~flmesh.node.node.Node`, writes every round's
+row as soon as the round ends (:mod:`flmesh.node.results`), and writes the
+summary (atomically) however the run ends. ``interrupt`` may be called from a
+signal handler; everything else from one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from flmesh.node.errors import PeerError
+from flmesh.node.membership import linger, wait_aggregator_done, wait_for_peers
+from flmesh.node.node import Node, Report
+from flmesh.node.reports import RoundReport, StarReport
+from flmesh.node.results import Final, NodeRound, RoundRow, RunWriter, Summary, mean_bytes, write_atomic
+from flmesh.topology import Federation
+
+log = logging.getLogger("flmesh.node")
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's input, not our bug: one line, exit 2."""
+    from flmesh.node.learning.data import DataError
+    from flmesh.node.learning.device import DeviceError
+    from flmesh.node.learning.models import ModelError
+    from flmesh.node.learning.partitions import PartitionError
+    from flmesh.node.wire.channels import BindError
+
+    return (DataError, DeviceError, ModelError, PartitionError, BindError)
+
+
+class NodeRun:
+    def __init__(self, federation: Federation, node_id: str, *, listen: str, peers: dict[str, str],
+                 aggregator: str | None, out: Path, needed: list[str], cross_eval: bool,
+                 hello_timeout: float):
+        self.federation, self.node_id = federation, node_id
+        self.listen, self.peers, self.aggregator_address = listen, peers, aggregator
+        self.out, self.needed, self.cross_eval, self.hello_timeout = out, needed, cross_eval, hello_timeout
+        self.node: Node
+        self.writer: RunWriter
+        self.reports: list[Report] = []
+        self.missing_peers: set[str] = set()
+        self.signal: str | None = None
+        self.error: str | None = None
+        self.refresh_peers: Callable[[], None] | None = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        """Build the node (its data share), open the results folder, serve. Raises input errors."""
+        try:
+            self.writer = RunWriter(self.out)
+        except OSError as exc:
+            raise OSError(f"--out {self.out}: cannot write results there: {exc.strerror or exc}") from None
+        self.node = Node.from_federation(self.federation, self.node_id, listen=self.listen, peers=self.peers,
+                                         aggregator=self.aggregator_address)
+        self.node.start()
+        self._started = self.node.clock.now()
+
+    def announce(self, ready_file: Path | None) -> None:
+        """Say where this node serves: a stdout line, and ``ready_file`` (written atomically)."""
+        print(f"fl-node {self.node_id}: listening on {self.node.address}", flush=True)
+        if ready_file is not None:
+            write_atomic(ready_file, f"{self.node.address}\n")
+
+    def interrupt(self, signal_name: str) -> None:
+        if self.signal is None:
+            self.signal = signal_name
+        self.node.cancel()
+
+    def failed(self, message: str) -> None:
+        self.error = message
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        """Wait for peers, run every round, linger; the exit status (0 or 1)."""
+        node, fed = self.node, self.federation
+        star = fed.aggregator is not None
+        log.info("listening on %s; waiting for %s", node.address, ", ".join(self.needed) or "nobody")
+        silent = wait_for_peers(node.transport, self.node_id, fed.name, node.architecture, self.needed,
+                                self.hello_timeout, node.stop_event, refresh=self.refresh_peers)
+        if silent and self.signal is None:
+            print(f"fl-node {self.node_id}: error: peers did not answer Hello within "
+                  f"{self.hello_timeout:g}s: " + ", ".join(f"{p} ({self.peers.get(p, 'no address')})"
+                                                         for p in silent), file=sys.stderr)
+            self.error = f"peers did not answer Hello: {', '.join(silent)}"
+            return 1
+        if star:
+            log.info("joining the aggregator at %s", self.aggregator_address)
+            node.join(self.hello_timeout)
+        node.run(on_round=self._on_round)
+        node.mark_done()
+        if self.signal is None:
+            if star:
+                agg = fed.aggregator
+                assert agg is not None and node.aggregator is not None
+                wait_aggregator_done(node.aggregator, fed.round_timeout_s + agg.deadline_s, node.stop_event)
+            else:
+                busy = linger(node.transport, [p for p in fed.node_ids if p != self.node_id],
+                              fed.round_timeout_s, node.stop_event)
+                if busy:
+                    log.warning("left while %s still running", ", ".join(busy))
+        return 0
+
+    def _cross_evaluate(self, round: int) -> dict[str, float]:
+        """This node's model on every node's test split (its own locally, the others via Evaluate)."""
+        node = self.node
+        message = node.encode(round, kind="eval")
+        out = {node.node_id: node.evaluate_own().accuracy}
+        for peer in self.federation.node_ids:
+            if peer == node.node_id or not node.transport.knows(peer):
+                continue
+            try:
+                out[peer] = node.transport.evaluate(peer, message, timeout=node.round_timeout_s).accuracy
+            except PeerError as exc:
+                log.warning("%s: round %d: cannot evaluate on %s: %s", node.node_id, round, peer, exc)
+        return out
+
+    def _on_round(self, report: Report) -> None:
+        self.reports.append(report)
+        entry = NodeRound.from_report(report)
+        if isinstance(report, RoundReport):
+            self.missing_peers |= {p for p in (report.missing,) if p}
+            if not report.delivered and report.destination:
+                self.missing_peers.add(report.destination)
+            if self.cross_eval:
+                entry.cross_accuracy = self._cross_evaluate(report.round)
+        kind = "star" if isinstance(report, StarReport) else "peer"
+        row = RoundRow(report.round, kind, "fl-node", nodes={self.node_id: entry},
+                       missing=sorted(p for p in (getattr(report, "missing", None),) if p),
+                       bytes_by_kind={"sent": report.bytes_sent, "received": report.bytes_received},
+                       wall_s=round(report.wall_s, 4), notes=list(report.notes))
+        self.writer.write_round(row)
+        _log_round(report, self.federation.rounds)
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """Write the summary (atomically) and stop serving; called however the run ended."""
+        fed = self.federation
+        trained = [r for r in self.reports if r.local is not None]
+        last = trained[-1] if trained else None
+        final = None
+        if last is not None and last.local is not None:
+            final = Final(last.round, accuracy=last.local.accuracy,
+                          node_accuracy={self.node_id: last.local.accuracy})
+        summary = Summary(
+            kind="star" if fed.aggregator is not None else "peer", writer="fl-node", federation=fed.name,
+            file=fed.source, seed=fed.seed, rounds=len(self.reports), rounds_planned=fed.rounds,
+            interrupted=self.signal is not None, node=self.node_id, address=self.node.address,
+            signal=self.signal, error=self.error, final=final, missing_peers=sorted(self.missing_peers),
+            bytes_per_round=mean_bytes(self.writer.rows),
+            wall_s=round(self.node.clock.now() - self._started, 3), out_dir=str(self.out),
+            host={"pid": os.getpid()})
+        self.writer.write_summary(summary)
+        self.node.stop(grace=1.0)
+
+    def exit_message(self, prog: str, status: int) -> int:
+        """Print the closing line and return the exit code."""
+        done, planned = len(self.reports), self.federation.rounds
+        if self.signal is not None:
+            print(f"{prog}: stopped by {self.signal} after round {done} of {planned}; results in {self.out}",
+                  file=sys.stderr)
+            return 143 if self.signal == "SIGTERM" else 130
+        if self.missing_peers:
+            missing = ", ".join(sorted(self.missing_peers))
+            print(f"{prog}: finished {done} rounds with missing peers: {missing}",
+                  file=sys.stderr)
+        elif status == 0:
+            trained = [r for r in self.reports if r.local is not None]
+            final = (f", final accuracy {100 * trained[-1].local.accuracy:.1f}%"  # type: ignore[union-attr]
+                     if trained else "")
+            print(f"{prog}: done, {done} rounds{final}; results in {self.out}", file=sys.stderr)
+        return status
+
+
+def _log_round(report: Report, rounds: int) -> None:
+    t = report.round
+    if isinstance(report, StarReport):
+        if report.selected and report.start and report.local:
+            log.info("round %d/%d: global %.1f%% -> local %.1f%%%s, submitted, %.1fs", t, rounds,
+                     100 * report.start.accuracy, 100 * report.local.accuracy,
+                     f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s)
+        else:
+            log.info("round %d/%d: not sampled", t, rounds)
+    else:
+        got = (f", received from {report.source} at {100 * report.received_accuracy:.1f}%"
+               if report.received_accuracy is not None else "")
+        log.info("round %d/%d: accuracy %.1f%%%s%s%s, %.1fs", t, rounds, 100 * report.local.accuracy, got,
+                 f", rewound to {report.rewound_to}" if report.rewound_to else "",
+                 f", sent to {report.delivered_to}" if report.delivered_to else "", report.wall_s)
+    for note in report.notes:
+        log.warning("round %d: %s", t, note)

@@ -1,0 +1,229 @@
+"""The one results schema: round rows and run summaries, and their atomic writer.
+
+Every writer (``fl-sim`` for both kinds of federation, ``fl-node``, the
+aggregator) builds these dataclasses and writes them with :class:`RunWriter`:
+``rounds.jsonl`` (one :class:`RoundRow` per line) and ``summary.json`` (a
+:class:`Summary`), each replaced atomically (temporary file, then rename), so a
+reader never sees a half-written file, even after a crash. Every object
+carries ``schema_version``. Fields and units: docs/results-schema.md.
+Accuracies and forgetting are fractions in [0, 1]; times are seconds; bytes
+are model-stream bytes.
+
+Not thread-safe: one writer per run, used from one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flmesh.node.reports import RoundReport, StarReport
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class NodeRound:
+    """One node in one round. Unset fields are null; ``kind`` of the row says which apply."""
+
+    node: str
+    round: int
+    selected: bool = True  # star: sampled this round (False: it did nothing)
+    accuracy: float | None = None  # its model after the round, on its own test split
+    start_accuracy: float | None = None  # star: the global model it started from, own split
+    received_accuracy: float | None = None  # peer: the model it received, own split
+    source: str | None = None
+    destination: str | None = None
+    received: bool | None = None
+    missing: str | None = None  # peer: the source whose model never came
+    delivered: bool | None = None
+    submitted: bool | None = None
+    late: bool | None = None
+    rewound_to: str | None = None
+    train_loss: float | None = None
+    train_steps: int | None = None
+    train_samples: int | None = None  # samples seen in training this round
+    train_size: int | None = None  # samples in its training split
+    per_class_correct: list[int] | None = None
+    per_class_total: list[int] | None = None
+    cross_accuracy: dict[str, float] | None = None  # its model on each node's test split
+    local_forgetting: float | None = None  # star: Flashback's F_k,t
+    client_forgetting: float | None = None  # star: WSM's F_k
+    local_per_class_accuracy: list[float | None] | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_report(cls, report: RoundReport | StarReport) -> NodeRound:
+        if isinstance(report, StarReport):
+            return cls(
+                report.node, report.round, selected=report.selected,
+                accuracy=report.local.accuracy if report.local else None,
+                start_accuracy=report.start.accuracy if report.start else None,
+                submitted=report.submitted if report.selected else None,
+                late=report.late if report.selected else None, rewound_to=report.rewound_to,
+                train_loss=report.train.loss if report.train else None,
+                train_steps=report.train.steps if report.train else None,
+                train_samples=report.train.samples if report.train else None,
+                bytes_sent=report.bytes_sent, bytes_received=report.bytes_received,
+                wall_s=round(report.wall_s, 4), notes=list(report.notes))
+        return cls(
+            report.node, report.round, accuracy=report.local.accuracy,
+            received_accuracy=report.received_accuracy, source=report.source,
+            destination=report.destination, received=report.received, missing=report.missing,
+            delivered=report.delivered, rewound_to=report.rewound_to, train_loss=report.train.loss,
+            train_steps=report.train.steps, train_samples=report.train.samples,
+            train_size=report.train_size, per_class_correct=list(report.local.per_class_correct),
+            per_class_total=list(report.local.per_class_total), bytes_sent=report.bytes_sent,
+            bytes_received=report.bytes_received, wall_s=round(report.wall_s, 4), notes=list(report.notes))
+
+
+@dataclass
+class Matrix:
+    """A labelled matrix: ``values[i][j]`` for row ``rows[i]`` and column ``cols[j]``."""
+
+    rows: list[str]
+    cols: list[str]
+    values: list[list[float]]
+
+
+@dataclass
+class RoundRow:
+    """One line of rounds.jsonl: the federation (or one node, for fl-node) after a round."""
+
+    round: int
+    kind: str  # "peer" (decentralized schedule) or "star" (with an aggregator)
+    writer: str  # "fl-sim", "fl-node" or "aggregator"
+    fa: float | None = None  # FedRewind Eq. 5 over the trained models x test splits
+    ff: float | None = None  # Eq. 6
+    pfa: float | None = None  # Eq. 7
+    accuracy_matrix: Matrix | None = None  # trained model (row) on test split (column)
+    accuracy: float | None = None  # star: the global model on the union of the nodes' test splits
+    per_class_accuracy: list[float | None] | None = None
+    global_forgetting: float | None = None  # star: Flashback's F_t
+    client_forgetting: float | None = None  # star: WSM's mean F_k over this round's participants
+    client_forgetting_matrix: Matrix | None = None  # star: WSM's F_ki
+    selected: list[str] | None = None  # star: the sampled nodes
+    received: list[str] | None = None  # star: whose updates arrived in time
+    missing: list[str] = field(default_factory=list)  # peers that failed this round
+    aggregated: bool | None = None  # star: False when too few updates kept the old model
+    bytes_by_kind: dict[str, int] = field(default_factory=dict)  # model-stream bytes moved this round
+    nodes: dict[str, NodeRound] = field(default_factory=dict)
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass
+class Final:
+    """The last evaluated round's headline numbers."""
+
+    round: int
+    fa: float | None = None
+    ff: float | None = None
+    pfa: float | None = None
+    accuracy: float | None = None  # star: the global model; fl-node: its own model
+    node_accuracy: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Summary:
+    """summary.json: what ran, how far it got, and its final numbers."""
+
+    kind: str
+    writer: str
+    federation: str
+    file: str
+    seed: int
+    rounds: int  # rounds finished
+    rounds_planned: int
+    interrupted: bool
+    config: dict[str, Any] = field(default_factory=dict)  # schedule or strategy, model, data, ...
+    node: str | None = None  # fl-node: which node wrote it
+    address: str | None = None
+    signal: str | None = None
+    error: str | None = None
+    final: Final | None = None
+    best_fa: dict[str, float] | None = None  # {"round": r, "fa": x}
+    accuracy_curve: list[float] = field(default_factory=list)  # star: global accuracy per round
+    mean_global_forgetting: float | None = None
+    missing_peers: list[str] = field(default_factory=list)
+    bytes_per_round: float | None = None  # mean model-stream bytes per round
+    wall_s: float = 0.0
+    out_dir: str = ""
+    pictures: list[str] = field(default_factory=list)
+    host: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def to_json(obj: Any) -> dict[str, Any]:
+    """A dataclass as a JSON-ready dict (nested dataclasses included)."""
+    out: dict[str, Any] = _clean(dataclasses.asdict(obj))
+    return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """rounds.jsonl and summary.json in ``out_dir``, both replaced atomically on every write.
+
+    ``append=True`` keeps the rows already in rounds.jsonl (a resumed run).
+    """
+
+    def __init__(self, out_dir: Path, append: bool = False):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.rounds_path = self.out_dir / "rounds.jsonl"
+        self.summary_path = self.out_dir / "summary.json"
+        self.rows: list[dict[str, Any]] = []
+        self._lines: list[str] = []
+        if append and self.rounds_path.exists():
+            self._lines = [line for line in self.rounds_path.read_text(encoding="utf-8").splitlines() if line]
+            self.rows = [json.loads(line) for line in self._lines]
+        write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
+
+    def write_round(self, row: RoundRow) -> None:
+        data = to_json(row)
+        self.rows.append(data)
+        self._lines.append(json.dumps(data))
+        write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
+
+    def write_summary(self, summary: Summary) -> None:
+        write_atomic(self.summary_path, json.dumps(to_json(summary), indent=2) + "\n")
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a rounds.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+
+
+def mean_bytes(rows: Sequence[dict[str, Any]]) -> float | None:
+    totals = [sum(r.get("bytes_by_kind", {}).values()) for r in rows]
+    return sum(totals) / len(totals) if totals else None

@@ -1,0 +1,232 @@
+"""The two kinds of round a node runs, written once against the transport seam.
+
+- :func:`run_peer_round`: a decentralized round (CWT, RWT; FedRewind Alg. 1):
+  receive the model the source trained in round t-1, train it (with rewind:
+  Eq. 2), share plug-in updates with graph neighbours (FedCurv without an
+  aggregator), deliver to the destination.
+- :func:`run_star_round`: a round with an aggregator (FedRewind Alg. 2 when
+  rewind is on): poll, and only when sampled fetch the global model, train it
+  with the strategy's client half, submit the update with its extras.
+
+Both block, use only :class:`~flmesh.node.transport.PeerTransport` /
+:class:`~flmesh.node.transport.AggregatorTransport` and the node's clock, and
+are called from the node's one round loop (:meth:`flmesh.node.node.Node.run`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flmesh.node.algorithms.base import Tensors, Update
+from flmesh.node.errors import PeerError, UnknownPeerError
+from flmesh.node.inbox import InboxKey
+from flmesh.node.learning.objectives import Regularizer
+from flmesh.node.local_training import train_round
+from flmesh.node.reports import RoundReport, StarReport
+from flmesh.node.wire.codec import DecodedModel, ModelMeta, encode
+from flmesh.topology.peers import round_peers
+from flmesh.topology.schedules import rewind_target
+
+if TYPE_CHECKING:
+    from flmesh.node.node import Node
+
+#: Longest single Poll the node asks for; it polls again until its own deadline.
+POLL_WAIT_S = 5.0
+
+
+def check_addresses(node: Node, round: int) -> None:
+    """Refuse a round whose plan names a peer this node has no address for, before training."""
+    for peer, role in round_peers(node.federation, node.node_id, round).items():
+        if not node.transport.knows(peer):
+            raise UnknownPeerError(f"{node.node_id}: no address for peer {peer!r} ({role} in round {round}); "
+                                   f"pass --peer {peer}=HOST:PORT, set [nodes.{peer}] address, "
+                                   "or connect() it")
+
+
+def _as_update(model: DecodedModel, spec_names: set[str]) -> Update:
+    state = {k: v for k, v in model.state_dict.items() if k in spec_names}
+    extras = {k: v for k, v in model.state_dict.items() if k not in spec_names}
+    return Update(model.meta.sender, model.meta.round, state, model.meta.num_samples,
+                  tuple(model.meta.label_counts), extras)
+
+
+def _gossip_regularizers(node: Node, round: int, arrived: dict[InboxKey, DecodedModel],
+                         notes: list[str]) -> list[Regularizer]:
+    """Each gossiping plug-in's server half absorbs the neighbours' round t-1 updates; its
+    client half trains against what that publishes."""
+    regs: list[Regularizer] = []
+    if not node.gossip_servers:
+        return regs
+    names = set(node.spec)
+    start = node.state_dict()
+    for name, server in node.gossip_servers.items():
+        for peer in node.neighbours:
+            message = arrived.get(InboxKey(round - 1, peer, f"extras/{name}"))
+            if message is not None:
+                server.absorb(_as_update(message, names))
+            elif round > 1:
+                notes.append(f"no {name} update from {peer} for round {round - 1}; used its last one")
+        regs += node.clients[name].regularizers(start, server.published_extras())
+    return regs
+
+
+def _share_gossip(node: Node, round: int) -> None:
+    """Send each gossiping plug-in's update (model + extras) to the graph neighbours; best effort."""
+    for name in node.gossip_servers:
+        node.set_state("sending")
+        client = node.clients[name]
+        with node.model_lock:
+            extras = client.update_extras(node.model)
+        state = node.state_dict()
+        meta = ModelMeta(round=round, sender=node.node_id, kind="extras", num_samples=len(node.data.train),
+                         label_counts=tuple(node.data.train.label_counts()), architecture=node.architecture,
+                         metadata={"algorithm": name})
+        message = encode({**state, **extras}, meta)
+        for peer in node.neighbours:
+            try:
+                node.transport.deliver(peer, message, timeout=min(node.round_timeout_s, 30.0))
+            except PeerError as exc:
+                node.log.warning("%s: round %d: could not send the %s update to %s: %s", node.node_id,
+                                 round, name, peer, exc)
+        client.after_update(state, extras, included=False)
+
+
+def _deliver(node: Node, destination: str, round: int) -> bool:
+    """Send the trained model to ``destination``, retrying with backoff; False (logged) on failure."""
+    node.set_state("sending")
+    message = node.encode(round)
+    sent = node.call_peer(destination, "delivery to", round,
+                          lambda: node.transport.deliver(destination, message, timeout=node.round_timeout_s))
+    return sent is not None
+
+
+def run_peer_round(node: Node, round: int) -> RoundReport:
+    """Round ``round`` (from 1): receive from the source, train, deliver onward.
+
+    Training is E local epochs, or with rewind (FedRewind Eq. 2, Alg. 1):
+    (1-2λ)E local, λE on the rewind node's data through ``Rewind``, λE local.
+    There is no rewind in round 1 (no model has been received, so there is no
+    previous node). When the source's model does not arrive within the round
+    timeout the node trains the model it has; when the rewind node cannot be
+    reached it spends those λE epochs locally; the report says so in both
+    cases. Blocks until the model has been delivered (or delivery failed).
+    """
+    check_addresses(node, round)
+    start = node.clock.now()
+    fed = node.federation
+    plan = fed.schedule().plan(round)
+    hop = plan[node.node_id]
+    notes: list[str] = []
+    received, missing, received_accuracy = False, None, None
+    wanted = [InboxKey(round - 1, hop.source, "trained")] if hop.source is not None else []
+    if round > 1:
+        wanted += [InboxKey(round - 1, p, f"extras/{n}")
+                   for n in node.gossip_servers for p in node.neighbours]
+    node.set_state("waiting")
+    arrived = node.inbox.wait_all(wanted, node.round_timeout_s, node.stop_event) if wanted else {}
+    if hop.source is not None:
+        incoming = arrived.get(InboxKey(round - 1, hop.source, "trained"))
+        if incoming is not None:
+            node.load_state(incoming.state_dict)
+            received = True
+            received_accuracy = node.evaluate_own().accuracy
+        else:
+            missing = hop.source
+            notes.append(f"no model from {hop.source} within {node.round_timeout_s:g}s; "
+                         "trained the model it had")
+            node.log.warning("%s: round %d: %s", node.node_id, round, notes[-1])
+    regularizers = _gossip_regularizers(node, round, arrived, notes)
+    target = rewind_target(plan, node.node_id, fed.rewind.mode, round=round, seed=fed.seed,
+                           nodes=fed.node_ids)
+    stats, rewound_to = train_round(node, round, target, notes, regularizers)
+    if round < node.rounds:
+        _share_gossip(node, round)
+    local = node.evaluate_own()
+    node.finish_round(round, local.accuracy)
+    delivered, delivered_to = True, None
+    if hop.destination is not None and round < node.rounds:
+        delivered = _deliver(node, hop.destination, round)
+        delivered_to = hop.destination if delivered else None
+        if not delivered:
+            notes.append(f"could not deliver to {hop.destination}")
+    node.inbox.prune(round - 1)
+    node.set_state("idle")
+    sent, got = node.counter.take()
+    return RoundReport(node.node_id, round, hop.source, hop.destination, received, missing, delivered,
+                       len(node.data.train), stats, local, node.clock.now() - start, tuple(notes),
+                       received_accuracy, rewound_to, delivered_to, sum(sent.values()), sum(got.values()))
+
+
+def _poll_until_open(node: Node, round: int) -> tuple[int, bool, bool]:
+    """Poll the aggregator until ``round`` (or a later one) is open: (open round, selected, done).
+    Raises PeerError UNAVAILABLE when it does not open within the round timeout."""
+    assert node.aggregator is not None
+    deadline = node.clock.now() + node.round_timeout_s
+    while True:
+        remaining = deadline - node.clock.now()
+        info = node.aggregator.poll(node.node_id, round, wait_s=max(0.0, min(POLL_WAIT_S, remaining)))
+        if info.round >= round or info.done:
+            return info.round, info.selected, info.done
+        if remaining <= 0 or node.stop_event.is_set():
+            raise PeerError("aggregator", "", "UNAVAILABLE",
+                            f"round {round} did not open within {node.round_timeout_s:g}s "
+                            f"(the aggregator is in round {info.round})")
+
+
+def run_star_round(node: Node, round: int) -> StarReport:
+    """One round with an aggregator (FedRewind Alg. 2 when rewind is on).
+
+    Poll until the aggregator opens ``round``; a node not sampled downloads
+    nothing. A sampled node fetches the global model (with the strategy's
+    published extras), trains it E epochs with its client halves' objective
+    and regularizers (with rewind: (1-2λ)E local, λE on the previous node in
+    the chain, λE local, Eq. 4), and submits the update with its extras.
+    """
+    assert node.aggregator is not None, "a star round needs an aggregator transport"
+    start = node.clock.now()
+    node.set_state("waiting")
+    open_round, selected, done = _poll_until_open(node, round)
+    if open_round != round or done or not selected:
+        node.set_state("idle")
+        skipped = ((f"the aggregator is in round {open_round}{' (done)' if done else ''}; "
+                    f"skipped round {round}",) if open_round != round or done else ())
+        sent, got = node.counter.take()
+        return StarReport(node.node_id, round, False, wall_s=node.clock.now() - start, notes=skipped,
+                          bytes_sent=sum(sent.values()), bytes_received=sum(got.values()))
+    fetched = node.aggregator.fetch(node.node_id, round, expected=node.global_spec,
+                                    max_bytes=node.max_model_bytes, timeout=node.round_timeout_s)
+    start_state: Tensors = {k: fetched.state_dict[k] for k in node.spec}
+    published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in node.spec}
+    node.load_state(start_state)
+    start_eval = node.evaluate_own()
+    notes: list[str] = []
+    regularizers = [r for client in node.clients.values()
+                    for r in client.regularizers(start_state, published)]
+    fed = node.federation
+    chain = fed.schedule().plan(2)  # the fixed chain whose previous node a rewind goes to
+    target = rewind_target(chain, node.node_id, fed.rewind.mode, round=round, seed=fed.seed,
+                           nodes=fed.node_ids, first_round=1)
+    stats, rewound_to = train_round(node, round, target, notes, regularizers)
+    local = node.evaluate_own()
+    state = node.state_dict()
+    extras: Tensors = {}
+    with node.model_lock:
+        for client in node.clients.values():
+            extras.update(client.update_extras(node.model))
+    meta = ModelMeta(round=round, sender=node.node_id, kind="update", num_samples=len(node.data.train),
+                     label_counts=tuple(node.data.train.label_counts()), architecture=node.architecture)
+    node.set_state("sending")
+    reply = node.aggregator.submit(encode({**state, **extras}, meta), timeout=node.round_timeout_s)
+    if reply.late:
+        notes.append(f"update for round {round} arrived after the round closed")
+    for client in node.clients.values():
+        client.after_update(state, extras, included=reply.accepted)
+    node.finish_round(round, local.accuracy)
+    node.set_state("idle")
+    sent, got = node.counter.take()
+    return StarReport(node.node_id, round, True, reply.accepted or reply.duplicate, reply.late, stats,
+                      start_eval, local, rewound_to, node.clock.now() - start, tuple(notes),
+                      sum(sent.values()), sum(got.values()))
+
+
+__all__ = ["check_addresses", "run_peer_round", "run_star_round"]

@@ -1,0 +1,77 @@
+"""The gRPC :class:`~flmesh.node.transport.AggregatorTransport`, used by ordinary nodes (wire wing).
+
+Methods block until the call ends or its timeout (seconds) and raise
+:class:`~flmesh.node.errors.PeerError` naming the aggregator on failure.
+Thread-safe; close when done.
+"""
+
+from __future__ import annotations
+
+from flmesh.node.errors import PeerError
+from flmesh.node.transport import AggregatorStatus, ByteCounter, JoinInfo, PollInfo, SubmitResult
+from flmesh.node.wire import codec, serde
+from flmesh.node.wire.channels import make_channel
+from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.wire.peer_client import rpc
+from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
+
+NAME = "aggregator"
+
+#: Extra seconds a Poll call may take beyond the wait it asks the server for.
+POLL_SLACK_S = 10.0
+
+
+class GrpcAggregatorTransport:
+    def __init__(self, address: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 counter: ByteCounter | None = None):
+        self.address = address
+        self.chunk_bytes = chunk_bytes
+        self.counter = counter or ByteCounter()
+        self._channel = make_channel(address)
+        self._stub = aggregator_pb2_grpc.AggregatorStub(self._channel)
+        # Updates go out pre-serialised (EncodedModel.frames), like Deliver in peer_client.py.
+        self._submit = self._channel.stream_unary(
+            "/flmesh.v1.Aggregator/SubmitUpdate", request_serializer=None,
+            response_deserializer=aggregator_pb2.SubmitReply.FromString,
+            _registered_method=True)  # type: ignore[call-arg]
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def join(self, node_id: str, num_samples: int, label_counts: list[int], address: str, *,
+             timeout: float) -> JoinInfo:
+        request = aggregator_pb2.JoinRequest(node_id=node_id, num_samples=num_samples,
+                                             label_counts=label_counts, address=address)
+        reply = rpc(NAME, self.address, lambda: self._stub.Join(request, timeout=timeout))
+        return serde.from_proto(JoinInfo, reply)
+
+    def poll(self, node_id: str, round: int, *, wait_s: float) -> PollInfo:
+        request = aggregator_pb2.PollRequest(node_id=node_id, round=round, wait_s=wait_s)
+        reply = rpc(NAME, self.address, lambda: self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S))
+        return serde.from_proto(PollInfo, reply)
+
+    def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
+              timeout: float) -> DecodedModel:
+        """The global model (with strategy extras) of the open round, for a sampled node."""
+        request = aggregator_pb2.FetchRequest(node_id=node_id, round=round)
+
+        def call() -> DecodedModel:
+            try:
+                return codec.decode(self._stub.FetchGlobal(request, timeout=timeout), expected, max_bytes)
+            except codec.CodecError as exc:
+                raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
+
+        result = rpc(NAME, self.address, call)
+        self.counter.add_received("global", result.wire_bytes)
+        return result
+
+    def submit(self, update: EncodedModel, *, timeout: float) -> SubmitResult:
+        reply = rpc(NAME, self.address,
+                    lambda: self._submit(update.frames(self.chunk_bytes), timeout=timeout))
+        self.counter.add_sent("update", update.wire_bytes(self.chunk_bytes))
+        return serde.from_proto(SubmitResult, reply)
+
+    def status(self, *, timeout: float) -> AggregatorStatus:
+        reply = rpc(NAME, self.address, lambda: self._stub.AggregatorStatus(
+            aggregator_pb2.AggregatorStatusRequest(), timeout=timeout))
+        return serde.from_proto(AggregatorStatus, reply)

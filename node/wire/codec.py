@@ -1,0 +1,277 @@
+"""State dict <-> model chunk stream, with no pickle (wire wing).
+
+A stream is one ``ModelChunk(header=...)`` then ``ModelChunk(data=...)``
+messages of at most ``chunk_bytes`` each. The header lists every tensor's name,
+dtype, shape, byte offset and length; the payload is the tensors' raw
+little-endian bytes at those offsets (each start aligned to 64 bytes so the
+receiver can view them without copying), hashed with SHA-256. Typed metadata
+(:class:`ModelMeta.metadata`) travels in the header.
+
+Receiving is strict. Before any byte is accepted the header is checked for
+consistency, its kind, against the size limit and against the tensor names,
+dtypes and shapes the receiver expects; while bytes arrive their count is
+bounded by the header; at the end the SHA-256 must match. Every failure
+raises :class:`CodecError` whose ``code`` is the status the caller gets and
+whose message names the tensor or the limit.
+
+Speed (benchmarks/transport.py): senders stream pre-serialised frames
+(:meth:`EncodedModel.frames`, :mod:`~flmesh.node.wire.frames`); receivers read
+data chunks as views, hash on a helper thread while chunks arrive, and write
+into recycled buffers (:mod:`~flmesh.node.wire.buffers`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, Hasher
+from flmesh.node.wire.frames import DATA_TAG, DataChunk, tag, varint
+from flmesh.node.wire.specs import (
+    FROM_WIRE,
+    KINDS,
+    TO_WIRE,
+    CodecError,
+    ModelSpec,
+    check_header,
+    dtype_name,
+    kind_of,
+    model_spec,
+)
+from flmesh.v1 import model_pb2 as pb
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "KINDS", "CodecError", "DecodedModel", "EncodedModel", "ModelMeta",
+           "ModelSpec", "check_header", "decode", "encode", "kind_of", "meta_of", "model_spec",
+           "peek_header"]
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("flmesh's wire format is little-endian; big-endian hosts are not supported")
+
+#: Default payload bytes per data message. Large chunks amortise per-message
+#: overhead, small ones stay in cache through gRPC's copies; 1 MiB measured
+#: best (benchmarks/transport.py). The gRPC message limit in channels.py
+#: leaves room above this.
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+ALIGN = 64
+
+MetaValue = int | float | str | bool
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """Everything in a header besides the tensors.
+
+    ``round`` counts from 1 (0: not tied to a round); ``kind`` is a key of KINDS;
+    ``label_counts[c]`` is the number of training samples of class c.
+    """
+
+    round: int = 0
+    sender: str = ""
+    kind: str = "trained"
+    num_samples: int = 0
+    label_counts: tuple[int, ...] = ()
+    architecture: str = ""
+    metadata: Mapping[str, MetaValue] = field(default_factory=dict)
+
+
+def _meta_to_wire(metadata: Mapping[str, MetaValue]) -> dict[str, pb.MetaValue]:
+    out = {}
+    for key, value in metadata.items():
+        if isinstance(value, bool):
+            out[key] = pb.MetaValue(bool_value=value)
+        elif isinstance(value, int):
+            out[key] = pb.MetaValue(int_value=value)
+        elif isinstance(value, float):
+            out[key] = pb.MetaValue(double_value=value)
+        elif isinstance(value, str):
+            out[key] = pb.MetaValue(string_value=value)
+        else:
+            raise ValueError(f"metadata {key!r}: {type(value).__name__} cannot be sent "
+                             "(expected int, float, str or bool)")
+    return out
+
+
+def _meta_from_wire(metadata: Mapping[str, pb.MetaValue]) -> dict[str, MetaValue]:
+    out: dict[str, MetaValue] = {}
+    for key, value in metadata.items():
+        which = value.WhichOneof("value")
+        if which is not None:
+            out[key] = getattr(value, which)
+    return out
+
+@dataclass
+class EncodedModel:
+    """A header plus the payload it describes; chunk it with :meth:`chunks`.
+
+    Encoding is done once; the same object may be streamed many times (e.g. to
+    every node for evaluation). Read-only after construction, so thread-safe.
+    """
+
+    header: pb.ModelHeader
+    payload: torch.Tensor  # uint8, total_bytes long
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.header.total_bytes)
+
+    def wire_bytes(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+        """Bytes of the serialised stream (header, data and framing): what a transfer moves."""
+        header = pb.ModelChunk(header=self.header).ByteSize()
+        full, rest = divmod(self.total_bytes, chunk_bytes)
+        framing = len(DATA_TAG) + len(varint(chunk_bytes))
+        data = full * (framing + chunk_bytes)
+        if rest:
+            data += len(DATA_TAG) + len(varint(rest)) + rest
+        return header + data
+
+    def chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.ModelChunk]:
+        yield pb.ModelChunk(header=self.header)
+        view = self.payload.numpy().data
+        for start in range(0, self.total_bytes, chunk_bytes):
+            yield pb.ModelChunk(data=bytes(view[start:start + chunk_bytes]))
+
+    def frames(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, field: int | None = None) -> Iterator[bytes]:
+        """The stream of :meth:`chunks`, already serialised: one ``bytes`` per ModelChunk.
+
+        Byte for byte what ``chunk.SerializeToString()`` gives, built with one
+        copy of the payload instead of three (slice, message, serialisation).
+        With ``field``, every ModelChunk is wrapped as that length-delimited
+        field of an outer message (``RewindRequest.chunk`` is field 2).
+        """
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        outer = b"" if field is None else tag(field)
+        header = pb.ModelChunk(header=self.header).SerializeToString()
+        yield outer + varint(len(header)) + header if outer else header
+        view = self.payload.numpy().data
+        for start in range(0, self.total_bytes, chunk_bytes):
+            data = view[start:start + chunk_bytes]
+            inner = DATA_TAG + varint(len(data))
+            if outer:
+                inner = outer + varint(len(inner) + len(data)) + inner
+            yield b"".join((inner, data))
+
+
+def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()) -> EncodedModel:
+    """Serialise ``state_dict`` (any device) into a header and one contiguous payload."""
+    if meta.kind not in KINDS:
+        raise ValueError(f"unknown model kind {meta.kind!r} (expected one of {', '.join(KINDS)})")
+    tensors = []
+    specs = []
+    offset = 0
+    for name, tensor in state_dict.items():
+        if tensor.dtype not in TO_WIRE:
+            raise ValueError(f"tensor {name!r}: dtype {dtype_name(tensor.dtype)} cannot be sent")
+        t = tensor.detach().to("cpu").contiguous().reshape(-1)
+        nbytes = t.numel() * t.element_size()
+        offset = -(-offset // ALIGN) * ALIGN
+        specs.append(pb.TensorSpec(name=name, dtype=TO_WIRE[t.dtype], shape=list(tensor.shape),
+                                   offset=offset, nbytes=nbytes))
+        tensors.append((offset, nbytes, t))
+        offset += nbytes
+    # Only the alignment gaps need zeroing (the digest covers them): filling the
+    # whole payload first would write every byte twice. Hashing here on a
+    # helper thread measured no faster: the copy is cheap next to SHA-256.
+    payload = torch.empty(offset, dtype=torch.uint8)
+    hasher = Hasher(payload.numpy().data, threaded=False)
+    end = 0
+    for start, nbytes, t in tensors:
+        payload[end:start].zero_()
+        if nbytes:
+            payload[start:start + nbytes].copy_(t.view(torch.uint8))
+        end = start + nbytes
+        hasher.filled(end)
+    digest = hasher.digest()
+    header = pb.ModelHeader(
+        tensors=specs, total_bytes=offset, sha256=digest, round=meta.round, sender=meta.sender,
+        kind=KINDS[meta.kind], num_samples=meta.num_samples, label_counts=list(meta.label_counts),
+        architecture=meta.architecture, metadata=_meta_to_wire(meta.metadata),
+    )
+    return EncodedModel(header, payload)
+
+
+def meta_of(header: pb.ModelHeader) -> ModelMeta:
+    """The header's metadata; CodecError("invalid") for an unknown kind."""
+    return ModelMeta(round=header.round, sender=header.sender, kind=kind_of(header),
+                     num_samples=header.num_samples, label_counts=tuple(header.label_counts),
+                     architecture=header.architecture, metadata=_meta_from_wire(header.metadata))
+
+
+def peek_header(chunks: Iterable[pb.ModelChunk | DataChunk]
+                ) -> tuple[pb.ModelHeader, Iterator[pb.ModelChunk | DataChunk]]:
+    """The stream's header (to choose what to expect) and the whole stream, header included."""
+    it = iter(chunks)
+    first = next(it, None)
+    if first is None or first.WhichOneof("payload") != "header":
+        raise CodecError("corrupt", "the stream must start with a model header")
+    return first.header, itertools.chain([first], it)
+
+
+@dataclass(frozen=True)
+class DecodedModel:
+    """A received model: tensors (views of one receive buffer), metadata, sizes.
+
+    ``total_bytes`` is the payload; ``wire_bytes`` everything the stream carried
+    (header and chunk framing included).
+    """
+
+    state_dict: dict[str, torch.Tensor]
+    meta: ModelMeta
+    total_bytes: int
+    wire_bytes: int = 0
+
+
+def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | None = None,
+           max_bytes: int = 2**31) -> DecodedModel:
+    """Rebuild a state dict from a chunk stream, checking everything (see module doc).
+
+    Blocks while it iterates ``chunks``; raises CodecError on the first problem,
+    having allocated nothing larger than the header's (limited) total size.
+    The SHA-256 is computed on a helper thread while the bytes arrive.
+    """
+    it = iter(chunks)
+    first = next(it, None)
+    if first is None or first.WhichOneof("payload") != "header":
+        raise CodecError("corrupt", "the stream must start with a model header")
+    header = first.header
+    meta = meta_of(header)
+    check_header(header, expected, max_bytes)
+    total = int(header.total_bytes)
+    payload = POOL.take(total)
+    target = payload.numpy()
+    hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES)
+    pos = 0
+    wire = pb.ModelChunk(header=header).ByteSize()
+    try:
+        for chunk in it:
+            if chunk.WhichOneof("payload") != "data":
+                raise CodecError("corrupt", "a second header arrived inside one model stream")
+            data = chunk.data
+            if pos + len(data) > total:
+                raise CodecError("corrupt", f"the stream carries more than the {total} bytes "
+                                 "its header announced")
+            target[pos:pos + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            pos += len(data)
+            wire += len(DATA_TAG) + len(varint(len(data))) + len(data)
+            hasher.filled(pos)
+        if pos != total:
+            raise CodecError("corrupt", f"the stream ended after {pos} of {total} bytes")
+        digest = hasher.digest()
+    finally:
+        hasher.close(abort=True)
+    if digest != header.sha256:
+        raise CodecError("corrupt", "sha256 of the received bytes does not match the header")
+    state = {}
+    for spec in header.tensors:
+        dtype = FROM_WIRE[spec.dtype]
+        raw = payload[spec.offset:spec.offset + spec.nbytes]
+        try:
+            flat = raw.view(dtype)
+        except RuntimeError:  # offset not aligned for this dtype: copy once instead
+            flat = raw.clone().view(dtype)
+        state[spec.name] = flat.reshape(tuple(spec.shape))
+    return DecodedModel(state, meta, total, wire)

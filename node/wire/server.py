@@ -1,0 +1,37 @@
+"""Serving flmesh services next to the standard gRPC health service (wire wing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from flmesh.node.transport import PeerHandlers
+from flmesh.node.wire.channels import bind, make_server
+from flmesh.node.wire.peer_service import PeerServicer
+from flmesh.v1 import peer_pb2_grpc
+
+PEER_SERVICE = "flmesh.v1.Peer"
+
+
+def serve(add: Callable[[grpc.Server], None], service: str, listen: str,
+          max_workers: int = 8) -> tuple[grpc.Server, health.HealthServicer, str]:
+    """Start a server with the servicers ``add`` registers, plus health saying ``service`` is
+    SERVING, on ``listen`` (HOST:PORT; port 0 picks one). Returns (server, health, HOST:PORT).
+    Raises :class:`~flmesh.node.wire.channels.BindError` when it cannot listen."""
+    server = make_server(max_workers)
+    add(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = bind(server, listen)
+    server.start()
+    health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, f"{listen.rsplit(':', 1)[0]}:{port}"
+
+
+def serve_peer(handlers: PeerHandlers, listen: str) -> tuple[grpc.Server, health.HealthServicer, str]:
+    """A node's Peer service on ``listen`` (see :func:`serve`)."""
+    return serve(lambda server: peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(handlers), server),
+                 PEER_SERVICE, listen)

@@ -1,0 +1,139 @@
+"""What a model stream must look like: dtypes, kinds, tensor specs and the header check (wire wing).
+
+A receiver describes the model it expects as a :data:`ModelSpec` (name ->
+(dtype, shape)); :func:`check_header` refuses, before any payload byte is
+accepted, a header that is inconsistent, of a kind nobody accepts, over the
+size limit, or other than expected. Every refusal is a :class:`CodecError`
+whose message names the tensor or the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+
+import torch
+
+from flmesh.node.errors import StatusName
+from flmesh.v1 import model_pb2 as pb
+
+TO_WIRE = {
+    torch.float32: pb.DTYPE_FLOAT32, torch.float64: pb.DTYPE_FLOAT64,
+    torch.float16: pb.DTYPE_FLOAT16, torch.bfloat16: pb.DTYPE_BFLOAT16,
+    torch.int64: pb.DTYPE_INT64, torch.int32: pb.DTYPE_INT32, torch.int16: pb.DTYPE_INT16,
+    torch.int8: pb.DTYPE_INT8, torch.uint8: pb.DTYPE_UINT8, torch.bool: pb.DTYPE_BOOL,
+}
+FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
+
+#: Why a model is sent (part of the idempotency key). "extras" is an algorithm
+#: plug-in's message; its metadata "algorithm" names the plug-in.
+KINDS = {"trained": pb.MODEL_KIND_TRAINED, "rewind": pb.MODEL_KIND_REWIND,
+         "global": pb.MODEL_KIND_GLOBAL, "update": pb.MODEL_KIND_UPDATE, "eval": pb.MODEL_KIND_EVAL,
+         "extras": pb.MODEL_KIND_EXTRAS}
+KIND_NAMES = {v: k for k, v in KINDS.items()}
+
+_REASON_CODES: dict[str, StatusName] = {
+    "corrupt": "DATA_LOSS", "oversize": "RESOURCE_EXHAUSTED", "mismatch": "INVALID_ARGUMENT",
+    "invalid": "INVALID_ARGUMENT",
+}
+
+
+class CodecError(ValueError):
+    """A model stream was rejected.
+
+    ``reason`` is "corrupt" (bytes or header inconsistent), "oversize" (over the
+    limit), "mismatch" (tensors other than expected) or "invalid" (a kind or
+    field the receiver does not accept); ``code`` is the status name for it.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+    @property
+    def code(self) -> StatusName:
+        return _REASON_CODES[self.reason]
+
+
+# A model's shape as the receiver expects it: name -> (dtype, shape).
+ModelSpec = dict[str, tuple[torch.dtype, tuple[int, ...]]]
+
+
+def model_spec(state_dict: Mapping[str, torch.Tensor]) -> ModelSpec:
+    return {name: (t.dtype, tuple(t.shape)) for name, t in state_dict.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _wire_name(code: int) -> str:
+    return pb.DType.Name(code).removeprefix("DTYPE_").lower() if code in pb.DType.values() \
+        else f"dtype #{code}"
+
+
+
+def kind_of(header: pb.ModelHeader) -> str:
+    """The header's kind name; CodecError("invalid") for an unknown or unspecified kind."""
+    name = KIND_NAMES.get(header.kind)
+    if name is None:
+        label = pb.ModelKind.Name(header.kind) if header.kind in pb.ModelKind.values() else f"#{header.kind}"
+        raise CodecError("invalid", f"model kind {label} is not one a node accepts "
+                         f"(expected one of {', '.join(KINDS)})")
+    return name
+
+
+def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: int) -> None:
+    """Reject a header that is inconsistent, of an unknown kind, too large, or does not fit
+    ``expected``."""
+    kind_of(header)
+    total = header.total_bytes
+    if total > max_bytes:
+        raise CodecError("oversize", f"model of {total} bytes exceeds the limit of {max_bytes} bytes "
+                         f"({max_bytes / 2**20:.1f} MiB)")
+    if len(header.sha256) != 32:
+        raise CodecError("corrupt", "header sha256 must be 32 bytes")
+    end = 0
+    seen = set()
+    for spec in header.tensors:
+        if spec.name in seen:
+            raise CodecError("corrupt", f"tensor {spec.name!r} is listed twice")
+        seen.add(spec.name)
+        if spec.dtype not in FROM_WIRE:
+            raise CodecError("corrupt", f"tensor {spec.name!r}: unknown {_wire_name(spec.dtype)}")
+        if any(d < 0 for d in spec.shape):
+            raise CodecError("corrupt", f"tensor {spec.name!r}: negative dimension in {list(spec.shape)}")
+        dtype = FROM_WIRE[spec.dtype]
+        want = math.prod(spec.shape) * torch.empty((), dtype=dtype).element_size()
+        if spec.nbytes != want:
+            raise CodecError("corrupt", f"tensor {spec.name!r}: {spec.nbytes} bytes for shape "
+                             f"{list(spec.shape)} of {dtype_name(dtype)} (expected {want})")
+        if spec.offset < end or spec.offset + spec.nbytes > total:
+            raise CodecError("corrupt", f"tensor {spec.name!r}: bytes {spec.offset}.."
+                             f"{spec.offset + spec.nbytes} overlap another tensor or pass the "
+                             f"payload end {total}")
+        end = spec.offset + spec.nbytes
+    if expected is None:
+        return
+    for spec in header.tensors:
+        if spec.name not in expected:
+            raise CodecError("mismatch", f"unknown tensor {spec.name!r}: the local model has no such tensor")
+        dtype, shape = expected[spec.name]
+        got_dtype = FROM_WIRE[spec.dtype]
+        if got_dtype != dtype:
+            raise CodecError("mismatch", f"tensor {spec.name!r}: dtype {dtype_name(got_dtype)} "
+                             f"does not match the local {dtype_name(dtype)}")
+        if tuple(spec.shape) != shape:
+            raise CodecError("mismatch", f"tensor {spec.name!r}: shape {list(spec.shape)} "
+                             f"does not match the local {list(shape)}")
+    missing = [name for name in expected if name not in seen]
+    if missing:
+        raise CodecError("mismatch", f"tensor {missing[0]!r} is missing from the model "
+                         f"({len(missing)} missing)")
+
+
+def fingerprint(name: str, spec: ModelSpec) -> str:
+    """``name:digest`` of a model's tensor names, dtypes and shapes (what Hello compares)."""
+    text = ";".join(f"{k}:{dtype_name(d)}:{list(s)}" for k, (d, s) in spec.items())
+    return f"{name}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"

@@ -1,0 +1,69 @@
+"""Import hygiene, checked in fresh interpreters: each layer loads only what it should."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import importlib, json, pkgutil, sys
+for name in {modules!r}:
+    module = importlib.import_module(name)
+    if {walk!r} and hasattr(module, "__path__"):
+        for info in pkgutil.iter_modules(module.__path__, name + "."):
+            importlib.import_module(info.name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def loaded(*modules: str, walk: bool = False) -> set[str]:
+    code = PROBE.format(modules=list(modules), walk=walk)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         check=True)
+    return set(json.loads(out.stdout))
+
+
+def heavy(mods: set[str], *prefixes: str) -> list[str]:
+    return sorted(m for m in mods if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+def test_topology_loads_neither_torch_nor_grpc():
+    mods = loaded("flmesh.topology", "flmesh.topology.peers", "flmesh.topology.algorithms")
+    assert not heavy(mods, "torch", "grpc", "flmesh.node", "flmesh.coordinator")
+
+
+def test_importing_flmesh_node_is_lazy():
+    mods = loaded("flmesh.node")
+    assert not heavy(mods, "torch", "grpc", "flmesh.node.node", "flmesh.node.wire")
+
+
+def test_partitions_is_pure_numpy():
+    mods = loaded("flmesh.node.learning.partitions")
+    assert not heavy(mods, "torch", "grpc")
+
+
+def test_the_learning_wing_loads_no_grpc_and_no_wire():
+    mods = loaded("flmesh.node.learning", walk=True)
+    assert "flmesh.node.learning.trainer" in mods
+    assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.rounds", "flmesh.node.node")
+
+
+def test_the_wire_wing_imports_no_training_code():
+    mods = loaded("flmesh.node.wire", walk=True)
+    assert "flmesh.node.wire.peer_client" in mods and "grpc" in mods
+    assert not heavy(mods, "flmesh.node.learning", "flmesh.node.algorithms", "flmesh.node.rounds",
+                     "flmesh.node.local_training", "flmesh.coordinator")
+
+
+@pytest.mark.parametrize("module", ["flmesh.node.algorithms.fedavg", "flmesh.node.algorithms.flashback",
+                                    "flmesh.node.algorithms.fedcurv", "flmesh.node.algorithms.wsm"])
+def test_algorithm_plugins_load_no_grpc(module):
+    assert not heavy(loaded(module), "grpc", "flmesh.coordinator")
+
+
+def test_round_logic_on_the_memory_transport_loads_no_grpc():
+    mods = loaded("flmesh.node.rounds", "flmesh.node.memory", "flmesh.node.node")
+    assert not heavy(mods, "grpc")

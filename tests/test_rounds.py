@@ -1,0 +1,232 @@
+"""Round logic, the same scenarios over the in-memory transport and over real gRPC.
+
+The in-memory runs use no socket and a manual clock: a 60 s round timeout
+that runs out costs nothing and cannot flake.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flmesh.node.errors import UnknownPeerError
+from flmesh.node.inbox import InboxKey
+from flmesh.node.learning.data import federation_data
+from flmesh.node.learning.trainer import steps_for
+from flmesh.node.node import Node
+from flmesh.node.wire.codec import ModelMeta, decode, encode
+from flmesh.node.wire.peer_client import GrpcPeerTransport
+from flmesh.topology import parse_federation
+
+from conftest import tiny_raw
+from harness import TRANSPORTS, Cluster
+
+
+def states_equal(a, b) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def fed(**sections):
+    return parse_federation(tiny_raw(**sections), source="tiny.toml")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_cwt_models_change_and_move(transport):
+    with Cluster(fed(nodes=3, rounds=3), transport) as c:
+        initial = c.nodes[0].state_dict()
+        assert all(states_equal(initial, n.state_dict()) for n in c.nodes), "every node starts from M_0"
+        round1 = c.peer_round(1)
+        after1 = c.states()
+        for node_id, report in round1.items():
+            assert report.delivered and not report.received and report.source is None
+            dest = c.by_id[report.destination]
+            arrived = dest.inbox.get(InboxKey(1, node_id, "trained"))
+            assert arrived is not None and states_equal(arrived.state_dict, after1[node_id]), "bit-exact"
+        assert all(not states_equal(initial, s) for s in after1.values()), "training changed the models"
+        round2 = c.peer_round(2)
+        for node_id, report in round2.items():
+            assert report.received and report.missing is None and report.source is not None
+            own = c.by_id[node_id].state_dict()
+            assert not states_equal(own, after1[report.source]) and not states_equal(own, after1[node_id])
+            assert report.local.total == len(c.by_id[node_id].data.test)
+            assert report.bytes_sent > 0
+            assert c.by_id[node_id].status().round == 2
+
+
+def test_both_transports_give_the_same_models():
+    f = fed(nodes=3, rounds=3, rewind={"mode": "previous", "lambda": 0.2})
+    results = {}
+    for transport in TRANSPORTS:
+        with Cluster(f, transport) as c:
+            for t in (1, 2, 3):
+                c.peer_round(t)
+            results[transport] = c.states()
+    for node_id, state in results["memory"].items():
+        assert states_equal(state, results["grpc"][node_id]), node_id
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_duplicate_delivery_is_acknowledged_and_dropped(transport):
+    with Cluster(fed(nodes=3), transport) as c:
+        a, b = c.nodes[0], c.nodes[1]
+        message = a.encode(round=1)
+        first = a.transport.deliver("node1", message, timeout=10)
+        second = a.transport.deliver("node1", message, timeout=10)
+        assert first.accepted and not first.duplicate
+        assert second.duplicate and not second.accepted
+        assert len(b.inbox) == 1
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport):
+    f = fed(nodes=3, rounds=3, rewind={"mode": "previous", "lambda": 0.2}, training={"epochs": 1.0})
+    with Cluster(f, transport) as c:
+        round1 = c.peer_round(1)
+        assert all(r.rewound_to is None for r in round1.values()), "no rewind in round 1"
+        source_before = c.by_id["node0"].state_dict()
+        node1 = c.by_id["node1"]
+        report = node1.run_round(2)
+        assert report.source == "node0" and report.rewound_to == "node0" and report.received
+        assert states_equal(c.by_id["node0"].state_dict(), source_before), "serving a rewind copies"
+        n = len(node1.data.train)
+        # (1 - 2*lambda)E and lambda*E run locally; the other lambda*E ran on node0
+        assert report.train.steps == steps_for(0.6, n, 16) + steps_for(0.2, n, 16)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_unreachable_rewind_node_trains_locally_instead(transport):
+    f = fed(nodes=3, rounds=3, rewind={"mode": "previous"}, federation={"round_timeout_s": 1})
+    with Cluster(f, transport) as c:
+        node1 = c.by_id["node1"]
+        incoming = encode(node1.state_dict(), ModelMeta(round=1, sender="node0"))
+        node1.inbox.put(InboxKey(1, "node0", "trained"), decode(incoming.chunks()))
+        if c.network is not None:
+            c.network.take_down("node0")
+        else:
+            node1.connect({"node0": "127.0.0.1:1"})  # nobody listens there
+        report = node1.run_round(2)
+    assert report.received and report.rewound_to is None
+    assert any("rewind to node0 failed" in note for note in report.notes)
+    n = len(node1.data.train)
+    assert report.train.steps == steps_for(0.8, n, 16) + 2 * steps_for(0.1, n, 16)
+
+
+def test_missing_source_runs_out_on_the_manual_clock_and_trains_its_own_model():
+    with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 600}), "memory") as c:
+        node1 = c.by_id["node1"]
+        before = c.clock.now()
+        report = node1.run_round(2)  # nobody ran round 1, so node0's model never comes
+        assert c.clock.now() - before >= 600, "the whole timeout passed, on the manual clock"
+    assert report.missing == "node0" and not report.received
+    assert "no model from node0 within 600s" in report.notes[0]
+    assert report.delivered  # node2 is up
+
+
+def test_dead_destination_is_retried_then_named():
+    with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
+        c.network.take_down("node2")
+        report = c.by_id["node1"].run_round(1)
+    assert not report.delivered and report.delivered_to is None
+    assert "could not deliver to node2" in report.notes
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_decentralized_fedcurv_shares_with_neighbours_and_penalises(transport):
+    with_penalty = fed(nodes=3, rounds=3, training={"fedcurv_lambda": 5.0})
+    with Cluster(with_penalty, transport) as c:
+        c.peer_round(1)
+        for node in c.nodes:  # every neighbour's round-1 update (model + Fisher) arrived
+            keys = {k for k in node.inbox.keys() if k.kind == "extras/fedcurv"}
+            assert {k.sender for k in keys} == set(c.by_id) - {node.node_id}
+        reports = c.peer_round(2)
+        assert not any(r.notes for r in reports.values())
+        server = c.by_id["node0"].gossip_servers["fedcurv"]
+        fisher, _ = server.latest["node1"]
+        assert all((f >= 0).all() for f in fisher.values()) and any(f.sum() > 0 for f in fisher.values())
+        penalised = c.states()
+    with Cluster(fed(nodes=3, rounds=3), transport) as plain:
+        plain.peer_round(1)
+        plain.peer_round(2)
+        # round 1 trains identically (no penalty yet), so the difference is round 2's penalty
+        assert not states_equal(penalised["node0"], plain.states()["node0"])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_star_round_only_sampled_nodes_download(transport):
+    f = fed(nodes=5, rounds=2, aggregator={"strategy": "fedavg", "fraction": 0.4, "deadline_s": 60})
+    with Cluster(f, transport) as c:
+        row, reports = c.star_round(1)
+        sampled = [n for n, r in reports.items() if r.selected]
+        assert sorted(sampled) == sorted(row.selected) and len(sampled) == 2
+        for node_id, report in reports.items():
+            if report.selected:
+                assert report.submitted and report.bytes_received > 0 and report.bytes_sent > 0
+            else:
+                assert report.bytes_received == 0 and report.train is None, f"{node_id} downloaded"
+        assert row.bytes_by_kind["global"] == sum(r.bytes_received for r in reports.values())
+        assert row.received == row.selected and row.aggregated
+        assert row.fa is not None and row.accuracy_matrix.rows == row.selected
+        assert row.accuracy_matrix.cols == f.node_ids
+
+
+@pytest.mark.parametrize("strategy", ["fedcurv", "flashback"])
+def test_star_strategies_exchange_their_extras(strategy):
+    f = fed(nodes=4, rounds=3, aggregator={"strategy": strategy, "fraction": 1.0, "deadline_s": 60})
+    with Cluster(f, "memory") as c:
+        rows = [c.star_round(t)[0] for t in (1, 2, 3)]
+        extras = c.aggregator.core.server.published_extras()
+    assert all(r.aggregated for r in rows)
+    assert any(float(t.abs().sum()) > 0 for t in extras.values()), "the server half published something"
+
+
+def test_node_refuses_a_plan_with_an_unknown_address_before_training():
+    f = fed(nodes=3, rounds=2)
+    data = federation_data(f)
+    node = Node(f, "node1", data=data["node1"], transport=GrpcPeerTransport({"node0": "127.0.0.1:1"}))
+    before = node.state_dict()
+    with pytest.raises(UnknownPeerError, match="no address for peer 'node2' \\(destination in round 1\\)"):
+        node.run_round(1)
+    with pytest.raises(UnknownPeerError, match="node2"):
+        node.run()
+    assert states_equal(node.state_dict(), before), "nothing was trained"
+    node.stop()
+
+
+def test_embedding_api_runs_every_round_with_a_callback():
+    f = fed(nodes=3, rounds=2)
+    data = federation_data(f)
+    nodes = [Node.from_federation(f, nid, data=data[nid], listen="127.0.0.1:0") for nid in f.node_ids]
+    addresses = {n.node_id: n.start() for n in nodes}
+    seen: dict[str, list[int]] = {n.node_id: [] for n in nodes}
+    try:
+        for n in nodes:
+            n.connect(addresses)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(3) as pool:
+            reports = list(pool.map(lambda n: n.run(on_round=lambda r, n=n: seen[n.node_id].append(r.round)),
+                                    nodes))
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+    assert all(rounds == [1, 2] for rounds in seen.values())
+    assert all([r.round for r in rs] == [1, 2] and rs[1].received for rs in reports)
+
+
+def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
+    from flmesh.coordinator.aggregator import local_evaluator
+
+    f = fed(nodes=4, rounds=2, aggregator={"strategy": "fedavg", "fraction": 0.5, "deadline_s": 60})
+    rows = {}
+    for how in ("rpc", "local"):
+        with Cluster(f, "memory") as c:
+            if how == "local":
+                agg = c.aggregator
+                tests = {n.node_id: n.data.test for n in c.nodes}
+                agg.evaluate = local_evaluator(tests, c.nodes[0]._new_model, c.nodes[0].device)
+            rows[how] = [c.star_round(t)[0] for t in (1, 2)]
+    for a, b in zip(rows["rpc"], rows["local"], strict=True):
+        assert (a.accuracy, a.fa, a.ff, a.pfa, a.global_forgetting) == (b.accuracy, b.fa, b.ff, b.pfa,
+                                                                         b.global_forgetting)
+        assert a.accuracy_matrix == b.accuracy_matrix and a.per_class_accuracy == b.per_class_accuracy
+    assert rows["rpc"][0].bytes_by_kind.get("eval", 0) > 0 and "eval" not in rows["local"][0].bytes_by_kind

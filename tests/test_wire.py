@@ -1,0 +1,190 @@
+"""The Peer service over real gRPC on 127.0.0.1:0: every refusal, and what it leaves untouched."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from flmesh.node.errors import PeerError
+from flmesh.node.handlers import VERSION
+from flmesh.node.learning.data import federation_data
+from flmesh.node.node import Node
+from flmesh.node.wire import codec
+from flmesh.node.wire.channels import make_channel
+from flmesh.node.wire.codec import ModelMeta
+from flmesh.topology import parse_federation
+from flmesh.v1 import model_pb2 as pb
+from flmesh.v1 import peer_pb2, peer_pb2_grpc
+
+from conftest import tiny_raw
+
+
+def states_equal(a, b) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def federation():
+    return parse_federation(tiny_raw(nodes=3, rounds=2), source="tiny.toml")
+
+
+@pytest.fixture
+def nodes(federation):
+    data = federation_data(federation)
+    started = [Node.from_federation(federation, nid, data=data[nid], listen="127.0.0.1:0")
+               for nid in federation.node_ids]
+    addresses = {n.node_id: n.start() for n in started}
+    for n in started:
+        n.connect(addresses)
+    yield started
+    for n in started:
+        n.stop(grace=0)
+
+
+def _stub(address):
+    channel = make_channel(address)
+    return channel, peer_pb2_grpc.PeerStub(channel)
+
+
+def _deliver_raw(address, chunks):
+    channel, stub = _stub(address)
+    try:
+        return stub.Deliver(iter(chunks), timeout=10)
+    finally:
+        channel.close()
+
+
+def _header_with(chunks, **fields):
+    header = pb.ModelHeader()
+    header.CopyFrom(chunks[0].header)
+    for k, v in fields.items():
+        setattr(header, k, v)
+    return [pb.ModelChunk(header=header), *chunks[1:]]
+
+
+def test_bad_payloads_are_refused_with_a_status_and_the_node_keeps_running(nodes):
+    sender, target = nodes[0], nodes[1]
+    before = target.state_dict()
+    good = list(sender.encode(round=1).chunks(1024))
+    wrong_shape = sender.state_dict()
+    wrong_shape["net.1.weight"] = torch.zeros(3, 3)
+    corrupt = list(good)
+    corrupt[1] = pb.ModelChunk(data=bytes(b ^ 0xFF for b in corrupt[1].data))
+    cases = [
+        (codec.encode(wrong_shape, ModelMeta(round=1, sender="node0")).chunks(),
+         grpc.StatusCode.INVALID_ARGUMENT, "tensor 'net.1.weight': shape [3, 3]"),
+        (corrupt, grpc.StatusCode.DATA_LOSS, "sha256"),
+        (codec.encode({"bogus": torch.zeros(2)}, ModelMeta(round=1, sender="node0")).chunks(),
+         grpc.StatusCode.INVALID_ARGUMENT, "unknown tensor 'bogus'"),
+        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="mallory")).chunks(),
+         grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'mallory'"),
+        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="")).chunks(),
+         grpc.StatusCode.INVALID_ARGUMENT, "names no sender"),
+        (_header_with(good, kind=pb.MODEL_KIND_UNSPECIFIED), grpc.StatusCode.INVALID_ARGUMENT,
+         "model kind MODEL_KIND_UNSPECIFIED is not one a node accepts"),
+        (_header_with(good, kind=77), grpc.StatusCode.INVALID_ARGUMENT, "model kind #77"),
+        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="node0", kind="global")).chunks(),
+         grpc.StatusCode.INVALID_ARGUMENT, "Deliver takes trained models"),
+        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="node0", kind="extras",
+                                                     metadata={"algorithm": "fedcurv"})).chunks(),
+         grpc.StatusCode.INVALID_ARGUMENT, "extras for algorithm 'fedcurv', which this node does not run"),
+    ]
+    for chunks, code, message in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            _deliver_raw(target.address, list(chunks))
+        assert err.value.code() == code, message
+        assert message in err.value.details() and "node1" in err.value.details()
+    target.max_model_bytes = 100
+    oversize = "RESOURCE_EXHAUSTED: node1: model of .* exceeds the limit of 100 bytes"
+    with pytest.raises(PeerError, match=oversize):
+        sender.transport.deliver("node1", sender.encode(round=1), timeout=10)
+    target.max_model_bytes = 2**30
+    assert len(target.inbox) == 0 and states_equal(before, target.state_dict())
+    assert sender.transport.deliver("node1", sender.encode(round=1), timeout=10).accepted
+
+
+def test_evaluate_status_hello_version_and_health(nodes, federation):
+    asker, node = nodes[0], nodes[2]
+    result = asker.transport.evaluate("node2", asker.encode(round=0, kind="eval"), timeout=10)
+    assert result == node.handlers.evaluate_state(asker.state_dict())
+    assert sum(result.per_class_total) == len(node.data.test) == result.total
+    status = asker.transport.status("node2", timeout=10)
+    assert status.node_id == "node2" and status.rounds_total == federation.rounds
+    assert status.test_samples == len(node.data.test)
+    hello = asker.transport.hello("node2", "node0", federation.name, asker.architecture, timeout=10)
+    assert hello.version == VERSION == importlib.metadata.version("flmesh")
+    assert hello.architecture == node.architecture and hello.architecture.startswith("mlp:")
+    with pytest.raises(PeerError, match="PERMISSION_DENIED: node2: unknown peer 'eve'"):
+        asker.transport.hello("node2", "eve", "", "", timeout=10)
+    with pytest.raises(PeerError, match="FAILED_PRECONDITION"):
+        asker.transport.hello("node2", "node0", "other", "", timeout=10)
+    channel = make_channel(node.address)
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="flmesh.v1.Peer"), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        channel.close()
+
+
+def test_hello_refuses_a_node_with_another_model():
+    base = tiny_raw(nodes=2, rounds=1)
+    mine = parse_federation(base, source="a.toml")
+    other = parse_federation(tiny_raw(nodes=2, rounds=1, model={"hidden": [32]}), source="b.toml")
+    data = federation_data(mine)
+    a = Node.from_federation(mine, "node0", data=data["node0"], listen="127.0.0.1:0")
+    b = Node.from_federation(other, "node1", data=data["node1"], listen="127.0.0.1:0")
+    try:
+        b.connect({"node0": a.start()})
+        with pytest.raises(PeerError, match="FAILED_PRECONDITION: node0 runs model mlp:.*the caller 'node1' "
+                                            "runs mlp:.*same \\[model\\]") as err:
+            b.transport.hello("node0", "node1", mine.name, b.architecture, timeout=10)
+        assert not err.value.retryable
+    finally:
+        a.stop(grace=0)
+        b.stop(grace=0)
+
+
+def _rewind_raw(address, requests):
+    channel, stub = _stub(address)
+    try:
+        return list(stub.Rewind(iter(requests), timeout=10))
+    finally:
+        channel.close()
+
+
+def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
+    source, peer = nodes[0], nodes[1]
+    sent, peer_before = source.state_dict(), peer.state_dict()
+    back = source.transport.rewind("node1", source.encode(1, kind="rewind"), 0.5, 1, "node0",
+                                   expected=source.spec, max_bytes=2**30, timeout=10)
+    assert back.meta.kind == "rewind" and back.meta.sender == "node1"
+    assert not states_equal(back.state_dict, sent)
+    assert states_equal(peer.state_dict(), peer_before)
+    model = [peer_pb2.RewindRequest(chunk=c) for c in source.encode(1, kind="rewind").chunks()]
+    trained = [peer_pb2.RewindRequest(chunk=c) for c in source.encode(1).chunks()]
+
+    def spec(**kw):
+        fields = {"epochs": 0.5, "round": 1, "sender": "node0", **kw}
+        return peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(**fields))
+
+    cases = [
+        ([], grpc.StatusCode.INVALID_ARGUMENT, "must start with a RewindSpec"),
+        (model, grpc.StatusCode.INVALID_ARGUMENT, "must start with a RewindSpec"),
+        ([spec(epochs=0), *model], grpc.StatusCode.INVALID_ARGUMENT, "epochs must be > 0"),
+        ([spec(epochs=-1), *model], grpc.StatusCode.INVALID_ARGUMENT, "epochs must be > 0"),
+        ([spec(sender="eve"), *model], grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'eve'"),
+        ([spec(sender=""), *model], grpc.StatusCode.INVALID_ARGUMENT, "names no sender"),
+        ([spec()], grpc.StatusCode.DATA_LOSS, "start with a model header"),
+        ([spec(), *trained], grpc.StatusCode.INVALID_ARGUMENT, "kind 'rewind', not 'trained'"),
+    ]
+    for requests, code, message in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            _rewind_raw(peer.address, requests)
+        assert err.value.code() == code, message
+        assert message in err.value.details(), err.value.details()
+    assert states_equal(peer.state_dict(), peer_before) and len(peer.inbox) == 0

@@ -1,0 +1,190 @@
+"""The federation file's settings as immutable dataclasses (pure: no torch, no grpc).
+
+:func:`flmesh.topology.federation.load_federation` builds a :class:`Federation`
+from a file; everything else in flmesh reads these objects. Units: seconds
+for ``*_s``, MiB for ``*_mib``; ``epochs`` may be fractional (a share of one
+pass over the node's batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from flmesh.topology.graphs import GraphError, build_graph
+from flmesh.topology.schedules import Schedule, ScheduleError, make_schedule
+
+
+class FederationError(ValueError):
+    """A federation file (or an override of it) is invalid. ``str()`` is one line."""
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local training settings. ``epochs`` may be fractional; ``lr`` is per step."""
+
+    epochs: float = 1.0
+    batch_size: int = 32
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    objective: str = "ce"
+    device: str = "auto"
+    fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data set, and how it is split across nodes and into train/test."""
+
+    dataset: str = "digits"
+    root: str | None = None
+    download: bool = False
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    shards_per_node: int = 2
+    test_fraction: float = 0.2
+    min_samples: int = 10
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture name and its sizes (``hidden`` for the MLP, ``channels`` for the CNN).
+
+    For ``resnet18``: ``norm`` "batch" or "group" (GroupNorm with ``groups`` groups) and
+    ``small_input`` (3x3 stem without max-pool; None: when H and W <= 64). ``weights`` is a
+    local state-dict file any model starts from (absolute once parsed).
+    """
+
+    name: str = "mlp"
+    hidden: tuple[int, ...] = (64,)
+    channels: tuple[int, ...] = (16, 32)
+    norm: str = "batch"
+    groups: int = 2
+    weights: str | None = None
+    small_input: bool | None = None
+
+
+@dataclass(frozen=True)
+class RewindConfig:
+    """FedRewind (Eq. 2): ``mode`` "off", "previous" (to the source) or "random"
+    (RandRewind); ``lam`` is lambda, the share of E spent on the rewind node (0 < lam <= 0.5)."""
+
+    mode: str = "off"
+    lam: float = 0.1
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    """The optional server role (``[aggregator]``): a star federation around one aggregator.
+
+    ``fraction`` is C, the share of nodes sampled per round (at least one);
+    ``deadline_s`` closes a round with the updates that arrived (stragglers are
+    dropped); fewer than ``min_updates`` keeps the previous global model.
+    ``public_fraction`` of the data set is carved out before partitioning as the
+    aggregator's labelled public split (Flashback's server distillation), never
+    overlapping client data. ``server_epochs`` is Flashback's E_s and ``gamma``
+    the rate at which its global label count pi grows (Algorithm 1; the paper
+    gives no value); ``fedcurv_lambda`` is FedCurv's lambda (Eq. 3).
+    """
+
+    strategy: str = "fedavg"
+    address: str | None = None
+    fraction: float = 1.0
+    min_updates: int = 1
+    deadline_s: float = 120.0
+    public_fraction: float = 0.1
+    server_epochs: float = 1.0
+    gamma: float = 0.1
+    fedcurv_lambda: float = 1.0
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    graph: str = "complete"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    file: Path | None = None
+    schedule: str = "cwt"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node: its id, optional address (HOST:PORT), partition index and training."""
+
+    id: str
+    index: int
+    training: TrainingConfig
+    address: str | None = None
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class Federation:
+    """A validated federation file. Immutable; build with :func:`load_federation`."""
+
+    name: str
+    seed: int
+    rounds: int
+    round_timeout_s: float
+    max_model_mib: float
+    topology: TopologyConfig
+    training: TrainingConfig
+    data: DataConfig
+    model: ModelConfig
+    nodes: tuple[NodeConfig, ...]
+    rewind: RewindConfig = RewindConfig()
+    baseline: str = "none"
+    aggregator: AggregatorConfig | None = None
+    source: str = "<federation>"
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+    def node(self, node_id: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise FederationError(f"{self.source}: unknown node {node_id!r} "
+                              f"(the federation has {', '.join(self.node_ids)})")
+
+    def _memo(self, key: str, build: Callable[[], Any]) -> Any:
+        # Built once per Federation (every node of an fl-sim asks): graphs and schedules are
+        # pure functions of the (immutable) file. replace() makes a new object, a new memo.
+        if key not in self.__dict__:
+            object.__setattr__(self, key, build())
+        return self.__dict__[key]
+
+    def graph(self) -> nx.Graph:
+        """The communication graph (built once; do not mutate it)."""
+        def build() -> nx.Graph:
+            try:
+                return build_graph(self.topology.graph, self.node_ids, params=self.topology.params,
+                                   path=self.topology.file, seed=self.seed)
+            except GraphError as exc:
+                raise FederationError(f"{self.source}: [topology] {exc}") from None
+        return self._memo("_graph", build)
+
+    def neighbours(self, node_id: str) -> list[str]:
+        """The nodes ``node_id`` has an edge to in the graph (successors if directed), in
+        federation order."""
+        graph = self.graph()
+        near = set(graph.successors(node_id) if graph.is_directed() else graph.neighbors(node_id))
+        return [n for n in self.node_ids if n in near and n != node_id]
+
+    def schedule(self) -> Schedule:
+        """The exchange schedule (built once); the Standalone baseline exchanges nothing."""
+        return self._memo("_schedule", self._build_schedule)
+
+    def _build_schedule(self) -> Schedule:
+        name = "standalone" if self.baseline == "standalone" else self.topology.schedule
+        try:
+            return make_schedule(name, self.graph(), self.seed)
+        except ScheduleError as exc:
+            raise FederationError(f"{self.source}: [topology] schedule "
+                                  f"{self.topology.schedule!r}: {exc}") from None
