@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,37 +25,41 @@ import torch
 from flmesh.coordinator.aggregator_core import AggregatorCore
 from flmesh.coordinator.star_rows import star_row
 from flmesh.node import algorithms
-from flmesh.node.algorithms.base import ServerContext, Tensors, trainable_spec
+from flmesh.node.algorithms.base import RefinedServer, ServerContext, Tensors, trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import PeerError
 from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed, load_dataset, public_data
 from flmesh.node.learning.device import select_device
 from flmesh.node.learning.models import ModelPool, build_model
 from flmesh.node.learning.trainer import evaluate
+from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
 from flmesh.node.transport import ByteCounter, PeerTransport
 from flmesh.node.wire.codec import ModelMeta, encode, model_spec
 from flmesh.topology import Federation
+from flmesh.topology.tasks import task_of
 
 log = logging.getLogger("flmesh.aggregator")
 
 #: Evaluate RPCs in flight at once (one per node's test split).
 EVAL_WORKERS = 8
 
-#: Evaluates a model state on the nodes' test splits: node id -> result.
-Evaluator = Callable[[Tensors], dict[str, EvalResult]]
+#: Evaluates a model state on the nodes' test splits (in a continual federation only the
+#: samples of tasks <= the given one): node id -> result.
+Evaluator = Callable[[Tensors, int | None], dict[str, EvalResult]]
 
 
-def local_evaluator(tests: dict[str, ArrayData], factory: Callable[[], torch.nn.Module],
+def local_evaluator(tests: Callable[[], dict[str, ArrayData]], factory: Callable[[], torch.nn.Module],
                     device: torch.device) -> Evaluator:
     """Evaluation on test splits held in this process (fl-sim): the numbers ``Evaluate`` gives,
-    without a model transfer per (model, node) pair."""
+    without a model transfer per (model, node) pair. ``tests`` says what each node holds now."""
     pool = ModelPool(factory, device, keep=1)
 
-    def run(state: Tensors) -> dict[str, EvalResult]:
+    def run(state: Tensors, max_task: int | None) -> dict[str, EvalResult]:
         with pool.loaded(state) as model:
-            return {node: evaluate(model, test, device=device) for node, test in tests.items()}
+            return {node: evaluate(model, test.up_to_task(max_task), device=device)
+                    for node, test in tests().items()}
 
     return run
 
@@ -77,17 +82,20 @@ class Aggregator:
         self._pool = ThreadPoolExecutor(max_workers=EVAL_WORKERS, thread_name_prefix="flmesh-eval")
         self.evaluate: Evaluator = evaluator or self.evaluate_remote
         self._start_eval: dict[str, EvalResult] | None = None
+        self.replay: ReplayBufferCore | None = None  # the replay buffer, when this aggregator hosts it
         self._round_start = 0.0
         self._prev_global: np.ndarray | None = None
 
     @classmethod
     def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
                         transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
-                        tests: dict[str, ArrayData] | None = None) -> Aggregator:
+                        tests: Callable[[], dict[str, ArrayData]] | None = None,
+                        state_dir: Path | None = None) -> Aggregator:
         """The aggregator of ``federation``; ``dataset`` skips loading the data set again
         (it is read for the model's input shape and, for Flashback, the public split).
-        ``tests`` (node id -> test split, fl-sim) evaluates in-process instead of through the
-        nodes' ``Evaluate`` RPC; the numbers are the same."""
+        ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
+        through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
+        aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``)."""
         fed = federation
         data = dataset if dataset is not None else load_dataset(fed.data)
         input_shape, num_classes = tuple(data.x.shape[1:]), data.num_classes
@@ -100,9 +108,15 @@ class Aggregator:
         initial = factory()
         params = trainable_spec(initial)
         plugin = algorithms.strategy(fed)
-        server = plugin.server(ServerContext(fed, factory, params, num_classes, public, device))
+        replay = (ReplayBufferCore(fed, input_shape, num_classes, state_dir=state_dir, clock=clock)
+                  if fed.replay is not None else None)
+        ctx = ServerContext(fed, factory, params, num_classes, public, device, replay)
+        server = plugin.server(ctx)
         if server is None:
             raise ValueError(f"{fed.source}: [aggregator] strategy {plugin.name!r} has no server half")
+        refiners = [r for p in algorithms.for_node(fed, fed.training) if (r := p.refiner(ctx)) is not None]
+        if refiners:
+            server = RefinedServer(server, refiners)
         counter = transport.counter if transport is not None else ByteCounter()
         core = AggregatorCore(fed, initial=initial.state_dict(), server=server, strategy=plugin.name,
                               model_spec=model_spec(initial.state_dict()),
@@ -113,15 +127,18 @@ class Aggregator:
 
             transport = GrpcPeerTransport(counter=counter)
         evaluator = local_evaluator(tests, factory, device) if tests is not None else None
-        return cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
-                   evaluator=evaluator)
+        aggregator = cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
+                         evaluator=evaluator)
+        aggregator.replay = replay
+        return aggregator
 
     # ------------------------------------------------------------------ life cycle
     def serve(self, listen: str) -> str:
         """Serve the Aggregator and health services on ``listen``; the bound HOST:PORT."""
         from flmesh.coordinator.aggregator_service import serve
 
-        self._server, self._health, self.address = serve(self.core, listen, len(self.federation.nodes))
+        self._server, self._health, self.address = serve(self.core, listen, len(self.federation.nodes),
+                                                         self.replay)
         return self.address
 
     def stop(self) -> None:
@@ -139,11 +156,12 @@ class Aggregator:
         self.transport.close()
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate_remote(self, state: Tensors) -> dict[str, EvalResult]:
+    def evaluate_remote(self, state: Tensors, max_task: int | None = None) -> dict[str, EvalResult]:
         """``state`` on every joined node's test split, through their Evaluate RPC (in parallel).
         A node that cannot be reached is logged and left out."""
         self.transport.connect(self.core.addresses())
-        message = encode(state, ModelMeta(sender="aggregator", kind="eval"))
+        meta = {"max_task": max_task} if max_task is not None else {}
+        message = encode(state, ModelMeta(sender="aggregator", kind="eval", metadata=meta))
         timeout = self.federation.round_timeout_s
         nodes = [n for n in self.core.joined() if self.transport.knows(n)]
 
@@ -163,11 +181,15 @@ class Aggregator:
         self.begin_round(round)
         return self.end_round(round)
 
+    def _task(self, round: int) -> int | None:
+        stream = self.federation.tasks
+        return task_of(stream, round) if stream is not None else None
+
     def begin_round(self, round: int) -> list[str]:
         """Evaluate the starting model (round 1 only) and open ``round``; the sampled nodes."""
         self._round_start = self.clock.now()
         if self._start_eval is None:
-            self._start_eval = self.evaluate(self.core.global_state)
+            self._start_eval = self.evaluate(self.core.global_state, self._task(round))
         return self.core.open_round(round)
 
     def end_round(self, round: int) -> RoundRow:
@@ -180,15 +202,18 @@ class Aggregator:
         outcome = core.close_round(round)
         for note in outcome.notes:
             log.warning("%s", note)
-        global_eval = self.evaluate(outcome.new_global)
-        local_evals = {u.node: self.evaluate(u.state) for u in outcome.updates}
+        task = self._task(round)
+        global_eval = self.evaluate(outcome.new_global, task)
+        local_evals = {u.node: self.evaluate(u.state, task) for u in outcome.updates}
         sent, received = self.counter.take()
         by_kind = {k: sent.get(k, 0) + received.get(k, 0) for k in {*sent, *received}}
         row, self._prev_global = star_row(
             outcome, self.federation.node_ids, self.num_classes, global_eval=global_eval,
             start_eval=start_eval,
             local_evals=local_evals, prev_global=self._prev_global, writer="aggregator",
-            wall_s=self.clock.now() - start, bytes_by_kind=by_kind)
+            wall_s=self.clock.now() - start, bytes_by_kind=by_kind, task=task)
+        if self.replay is not None:  # releases made by this round: those of the tasks before it
+            row.privacy_spent = self.replay.ledger.totals(before_task=task)
         self._start_eval = global_eval
         core.finish_round(round, row.accuracy or 0.0)
         self.rounds_done = round

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         check_address("--listen", listen)
         out = args.out or Path("runs") / f"{fed.name}-aggregator"
         writer = RunWriter(out)
-        aggregator = Aggregator.from_federation(fed)
+        aggregator = Aggregator.from_federation(fed, state_dir=out)
         address = aggregator.serve(listen)
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             final=Final(last.round, last.fa, last.ff, last.pfa, last.accuracy) if last else None,
             accuracy_curve=[r.accuracy for r in rows if r.accuracy is not None],
             mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
+            task_accuracy=last.task_accuracy if last else None,
+            privacy_spent=last.privacy_spent if last else None,
             missing_peers=sorted({p for r in rows for p in r.missing}),
             bytes_per_round=mean_bytes(writer.rows),
             wall_s=round(time.monotonic() - started, 3), out_dir=str(out), host={"pid": os.getpid()})

@@ -33,6 +33,7 @@ from flmesh.node.transport import AggregatorStatus, ByteCounter, Chunks, JoinInf
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.topology import Federation
+from flmesh.topology.tasks import participants
 
 SEED_SAMPLE = 6
 
@@ -103,6 +104,11 @@ class AggregatorCore:
                           f"{', '.join(self.node_ids)})")
 
     def selected(self, round: int) -> list[str]:
+        """Who takes part in ``round``: a seeded sample of C*K nodes, or in a continual
+        federation the present nodes whose participation draw says yes (Zizzo et al., Eq. 1)."""
+        stream = self.federation.tasks
+        if stream is not None:
+            return participants(stream, self.node_ids, round, self.federation.seed)
         return sample_clients(self.node_ids, self.config.fraction, self.federation.seed, round)
 
     # ------------------------------------------------------------------ handlers (RPC threads)

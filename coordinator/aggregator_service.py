@@ -13,9 +13,10 @@ from collections.abc import Iterator
 import grpc
 from grpc_health.v1 import health
 
-from flmesh.node.transport import AggregatorHandlers
+from flmesh.node.transport import AggregatorHandlers, ReplayHandlers
 from flmesh.node.wire import serde
 from flmesh.node.wire.peer_service import caller_of, handle
+from flmesh.node.wire.replay_service import add_replay
 from flmesh.node.wire.server import serve as wire_serve
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
 from flmesh.v1 import model_pb2 as pb
@@ -57,12 +58,17 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServicer):
         return serde.to_proto(aggregator_pb2.AggregatorStatusReply, status)
 
 
-def serve(handlers: AggregatorHandlers, listen: str,
-          nodes: int = 8) -> tuple[grpc.Server, health.HealthServicer, str]:
+def serve(handlers: AggregatorHandlers, listen: str, nodes: int = 8,
+          replay: ReplayHandlers | None = None) -> tuple[grpc.Server, health.HealthServicer, str]:
     """Start the Aggregator service (and gRPC health) on ``listen``: (server, health, HOST:PORT).
 
     Every node may hold one worker in a Poll (at most a few seconds), so the pool
     has a worker per node plus some for fetches, submits and status."""
     servicer = AggregatorServicer(handlers)
-    return wire_serve(lambda server: aggregator_pb2_grpc.add_AggregatorServicer_to_server(servicer, server),
-                      SERVICE_NAME, listen, max_workers=min(nodes + 8, 512))
+
+    def add(server: grpc.Server) -> None:
+        aggregator_pb2_grpc.add_AggregatorServicer_to_server(servicer, server)
+        if replay is not None:
+            add_replay(server, replay)
+
+    return wire_serve(add, SERVICE_NAME, listen, max_workers=min(2 * nodes + 8, 512))

@@ -22,6 +22,8 @@ def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
                 plot_per_class(rows, out_dir / "per_class.png")]
     if rows[0].get("kind") == "star":
         pictures.append(plot_local_forgetting(rows, out_dir / "local_forgetting.png"))
+    if any(r.get("task_accuracy") for r in rows):
+        pictures.append(plot_tasks(rows, out_dir / "tasks.png"))
     return pictures
 
 
@@ -102,6 +104,32 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path) -> Path
     if len(nodes) <= 20:
         ax.set_yticks(range(len(nodes)), nodes)
     fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Accuracy on each task's test data over rounds (percent), with the task changes marked:
+    forgetting shows as a task's line falling after the stream moved on."""
+    plt = _pyplot()
+    tasks = max(len(r.get("task_accuracy") or []) for r in rows)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for k in range(tasks):
+        points = [(r["round"], 100 * r["task_accuracy"][k]) for r in rows
+                  if r.get("task_accuracy") and k < len(r["task_accuracy"])
+                  and r["task_accuracy"][k] is not None]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"task {k}")
+    changes = [b["round"] for a, b in zip(rows, rows[1:], strict=False) if b.get("task") != a.get("task")]
+    for x in changes:
+        ax.axvline(x - 0.5, color="grey", alpha=0.3, linewidth=1)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy on the task (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize="small", ncol=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -206,6 +206,8 @@ class Simulation:
                      if best is not None and best.fa is not None else None),
             accuracy_curve=[r.accuracy for r in rows if r.accuracy is not None],
             mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
+            task_accuracy=last.task_accuracy if last is not None else None,
+            privacy_spent=last.privacy_spent if last is not None else None,
             missing_peers=missing, bytes_per_round=mean_bytes(raw), wall_s=round(wall_s, 3),
             out_dir=str(self.out_dir),
             host={"python": platform.python_version(), "torch": torch.__version__,

@@ -25,13 +25,16 @@ import numpy as np
 import torch
 
 from flmesh.coordinator.sim import WAKE_S, RowQueue, base_config, join_threads, run_threads
-from flmesh.node.learning.data import ArrayData, NodeData, federation_data
+from flmesh.coordinator.star_rows import task_accuracy
+from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
 from flmesh.node.learning.metrics import federation_metrics
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
+from flmesh.node.wire.codec import ModelMeta, encode
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import Federation, NodeConfig
+from flmesh.topology.tasks import present
 
 JOINT_ID = "joint"
 
@@ -90,8 +93,9 @@ class PeerDriver:
 
     def start(self) -> None:
         fed = self.federation
-        data = federation_data(fed)
-        self.nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0")
+        dataset = load_dataset(fed.data)
+        data = federation_data(fed, dataset)
+        self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0")
                       for nid in fed.node_ids]
         addresses = {node.node_id: node.start() for node in self.nodes}
         for node in self.nodes:
@@ -135,7 +139,10 @@ class PeerDriver:
         t = report.round
         evals: list[EvalResult] = []
         if self._evaluated(t):
-            message = trainer.encode(t, kind="eval")
+            task = getattr(report, "task", None)
+            meta = ModelMeta(round=t, sender=trainer.node_id, kind="eval",
+                             metadata={"max_task": task} if task is not None else {})
+            message = encode(trainer.state_dict(), meta)
             timeout = self.federation.round_timeout_s
             evals = [self.evaluator.evaluate(n.node_id, message, timeout=timeout) for n in self.nodes]
         with self._lock:
@@ -160,7 +167,10 @@ class PeerDriver:
         else:
             results = [finished[i][1] for i in ids]
             reports = {i: finished[i][0] for i in ids}
-        acc = np.array([[r.accuracy for r in row] for row in results])
+        task = getattr(next(iter(reports.values())), "task", None)
+        scope = self._present(task, ids)  # a continual federation counts the nodes already there
+        cols = [ids.index(i) for i in scope]
+        acc = np.array([[results[i][j].accuracy for j in cols] for i in cols])
         metrics = federation_metrics(acc)
         correct = np.sum([r.per_class_correct for row in results for r in row], axis=0)
         total = np.sum([r.per_class_total for row in results for r in row], axis=0)
@@ -178,11 +188,26 @@ class PeerDriver:
         missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
                           for p in (r.missing, None if r.delivered else r.destination) if p})
         by_kind = {"sent": sum(r.bytes_sent for r in reports.values())}
+        spent = {i: r.privacy_spent for i, r in reports.items()
+                 if isinstance(r, RoundReport) and r.privacy_spent is not None}
+        task_acc = seen = None
+        if task is not None:  # the models of the nodes present, on every task seen so far
+            per_model = [task_accuracy([results[i][j] for j in cols]) for i in cols]
+            task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
+            seen = _mean([sum(results[i][j].correct for j in cols)
+                          / max(1, sum(results[i][j].total for j in cols)) for i in cols])
         return RoundRow(t, "peer", "fl-sim", fa=metrics.fa, ff=metrics.ff, pfa=metrics.pfa,
-                        accuracy_matrix=Matrix(ids, ids, acc.round(6).tolist()),
+                        accuracy_matrix=Matrix(scope, scope, acc.round(6).tolist()),
+                        task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
                         per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
                         bytes_by_kind=by_kind, nodes=nodes,
                         wall_s=round(max(r.wall_s for r in reports.values()), 4))
+
+    def _present(self, task: int | None, ids: list[str]) -> list[str]:
+        stream = self.federation.tasks
+        if task is None or stream is None:
+            return ids
+        return [i for i in present(stream, ids, task) if i in ids]
 
     def _runner(self, trainer: Node) -> Callable[[], object]:
         def on_round(report: Report) -> None:
@@ -194,3 +219,8 @@ class PeerDriver:
         targets = {t.node_id: self._runner(t) for t in self.trainers}
         self._threads = run_threads(targets, self._rows, self.stop)
         yield from self._rows
+
+
+def _mean(values: list[float | None]) -> float | None:
+    real = [v for v in values if v is not None]
+    return sum(real) / len(real) if real else None

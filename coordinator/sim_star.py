@@ -57,11 +57,11 @@ class StarDriver:
         fed = self.federation
         dataset = load_dataset(fed.data)
         data = federation_data(fed, dataset)
-        tests = {nid: data[nid].test for nid in fed.node_ids}
-        self.aggregator = Aggregator.from_federation(fed, dataset=dataset, tests=tests)
+        self.aggregator = Aggregator.from_federation(
+            fed, dataset=dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes})
         address = self.aggregator.serve("127.0.0.1:0")
-        self.nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0", aggregator=address)
-                      for nid in fed.node_ids]
+        self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
+                                           aggregator=address) for nid in fed.node_ids]
         addresses = {n.node_id: n.start() for n in self.nodes}
         for n in self.nodes:
             n.connect(addresses)  # rewinds go node to node
@@ -126,5 +126,6 @@ def merge(entry: NodeRound | None, report: Report) -> NodeRound:
         entry.train_loss, entry.train_steps = own.train_loss, own.train_steps
         entry.train_samples = own.train_samples
     entry.bytes_sent, entry.bytes_received = own.bytes_sent, own.bytes_received
+    entry.privacy_spent = own.privacy_spent
     entry.wall_s, entry.notes = own.wall_s, own.notes
     return entry

@@ -18,7 +18,7 @@ alike) from evaluations it asked the nodes for over ``Evaluate``:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -55,14 +55,17 @@ def _first(value: float) -> float | None:
 
 def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, *, global_eval: Evals,
              start_eval: Evals, local_evals: dict[str, Evals], prev_global: np.ndarray | None,
-             writer: str, wall_s: float, bytes_by_kind: dict[str, int]) -> tuple[RoundRow, np.ndarray]:
+             writer: str, wall_s: float, bytes_by_kind: dict[str, int],
+             task: int | None = None) -> tuple[RoundRow, np.ndarray]:
     """The round's row, and the global per-class accuracy (for the next round's F_t)."""
     glob = pooled(global_eval, num_classes)
     start = pooled(start_eval, num_classes)
     total = sum(r.total for r in global_eval.values())
     accuracy = sum(r.correct for r in global_eval.values()) / total if total else None
     participants = [k for k in outcome.received if k in local_evals]
-    cols = [n for n in node_ids if all(n in local_evals[p] for p in participants)] if participants else []
+    # every node's test split that holds samples (in a continual federation, the nodes present)
+    cols = [n for n in node_ids if all(n in local_evals[p] and local_evals[p][n].total > 0
+                                       for p in participants)] if participants else []
     fa = ff = pfa = None
     matrix = None
     if participants and cols and all(p in cols for p in participants):
@@ -98,5 +101,18 @@ def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, *, gl
                                   if wsm is not None else None),
         selected=list(outcome.selected), received=list(outcome.received), missing=list(outcome.missing),
         aggregated=outcome.aggregated, bytes_by_kind=dict(bytes_by_kind), nodes=nodes,
-        wall_s=round(wall_s, 4), notes=list(outcome.notes))
+        wall_s=round(wall_s, 4), notes=list(outcome.notes), task=task,
+        task_accuracy=task_accuracy(global_eval.values()) if task is not None else None)
     return row, glob
+
+
+def task_accuracy(results: Iterable[EvalResult]) -> list[float | None]:
+    """Accuracy per task on the union of the given test splits (None: no sample of that task)."""
+    pooled: list[list[int]] = []
+    for r in results:
+        for t, (k, n) in enumerate(zip(r.per_task_correct, r.per_task_total, strict=True)):
+            while len(pooled) <= t:
+                pooled.append([0, 0])
+            pooled[t][0] += k
+            pooled[t][1] += n
+    return [k / n if n else None for k, n in pooled]

@@ -74,10 +74,12 @@ class NodeHandlers:
             return self.node.update_specs[name]
         return self.node.spec
 
-    def evaluate_state(self, state: Mapping[str, torch.Tensor]) -> EvalResult:
-        """Any model state on this node's test split (a pooled copy is evaluated). Thread-safe."""
+    def evaluate_state(self, state: Mapping[str, torch.Tensor], max_task: int | None = None) -> EvalResult:
+        """Any model state on this node's test split (a pooled copy is evaluated); in a continual
+        federation only the test samples of tasks ``<= max_task``. Thread-safe."""
+        test = self.node.data.test.up_to_task(max_task)
         with self.node.spare.loaded(state) as model:
-            return evaluate(model, self.node.data.test, device=self.node.device)
+            return evaluate(model, test, device=self.node.device)
 
     def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, round: int) -> Tensors:
         """Train a copy of ``state`` for ``epochs`` on this node's data (FedRewind's rewind step).
@@ -129,7 +131,8 @@ class NodeHandlers:
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
         model = self._decode(chunks)
-        return self.evaluate_state(model.state_dict)
+        max_task = model.meta.metadata.get("max_task")
+        return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
 
     def rewind(self, caller: str | None, epochs: float, round: int, sender: str,
                chunks: Chunks) -> EncodedModel:

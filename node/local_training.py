@@ -37,7 +37,7 @@ def rewind_on(node: Node, target: str, round: int, epochs: float) -> bool:
     sends it back, which replaces the node's model. False (logged) when it cannot be reached."""
     node.set_state("rewinding")
     message = node.encode(round, kind="rewind")
-    back = node.call_peer(target, "rewind to", round, lambda: node.transport.rewind(
+    back = node.calls.call(target, "rewind to", round, lambda: node.transport.rewind(
         target, message, epochs, round, node.node_id, expected=node.spec, max_bytes=node.max_model_bytes,
         timeout=node.round_timeout_s))
     if back is None:

@@ -25,12 +25,16 @@ from flmesh.node.transport import (
     AggregatorHandlers,
     AggregatorStatus,
     ByteCounter,
+    ContributeResult,
     DeliverResult,
     HelloInfo,
     JoinInfo,
     PeerHandlers,
     PeerStatus,
     PollInfo,
+    ReplayHandlers,
+    ReplayStatus,
+    ReplayTransport,
     SubmitResult,
 )
 from flmesh.node.wire import codec
@@ -41,6 +45,7 @@ from flmesh.v1 import model_pb2 as pb
 T = TypeVar("T")
 
 AGGREGATOR = "aggregator"
+REPLAY = "replay"
 
 
 def _as_received(model: EncodedModel, chunk_bytes: int) -> Iterator[pb.ModelChunk | DataChunk]:
@@ -55,6 +60,7 @@ class MemoryNetwork:
         self.chunk_bytes = chunk_bytes
         self._peers: dict[str, PeerHandlers] = {}
         self._aggregator: AggregatorHandlers | None = None
+        self._replay: ReplayHandlers | None = None
         self._down: set[str] = set()
         self._cut: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
@@ -66,6 +72,10 @@ class MemoryNetwork:
     def register_aggregator(self, handlers: AggregatorHandlers) -> None:
         with self._lock:
             self._aggregator = handlers
+
+    def register_replay(self, handlers: ReplayHandlers) -> None:
+        with self._lock:
+            self._replay = handlers
 
     def take_down(self, node_id: str) -> None:
         with self._lock:
@@ -95,6 +105,13 @@ class MemoryNetwork:
         with self._lock:
             target = self._peers.get(peer)
         self._check_link(me, peer, target is not None)
+        assert target is not None
+        return target
+
+    def replay(self, me: str) -> ReplayHandlers:
+        with self._lock:
+            target = self._replay
+        self._check_link(me, REPLAY, target is not None)
         assert target is not None
         return target
 
@@ -201,3 +218,76 @@ class MemoryAggregatorTransport:
 
     def close(self) -> None:
         pass
+
+
+class MemoryReplayTransport:
+    """:class:`~flmesh.node.transport.ReplayTransport` over a :class:`MemoryNetwork`."""
+
+    def __init__(self, network: MemoryNetwork, me: str, counter: ByteCounter | None = None):
+        self.network, self.me = network, me
+        self.counter = counter or ByteCounter()
+
+    def contribute(self, release: EncodedModel, *, timeout: float) -> ContributeResult:
+        chunks = _as_received(release, self.network.chunk_bytes)
+        result = _call(REPLAY, lambda: self.network.replay(self.me).contribute(self.me, chunks))
+        self.counter.add_sent("contribution", release.wire_bytes(self.network.chunk_bytes))
+        return result
+
+    def fetch(self, node_id: str, task: int, *, expected: ModelSpec, wait_s: float) -> DecodedModel:
+        def call() -> DecodedModel:
+            message = self.network.replay(self.me).fetch(self.me, node_id, task, wait_s)
+            return codec.decode(_as_received(message, self.network.chunk_bytes), expected, 1 << 31)
+
+        result = _call(REPLAY, call)
+        self.counter.add_received("buffer", result.wire_bytes)
+        return result
+
+    def status(self, node_id: str, *, timeout: float) -> ReplayStatus:
+        return _call(REPLAY, lambda: self.network.replay(self.me).status(self.me))
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayLink:
+    """A :class:`~flmesh.node.transport.ReplayTransport` whose target is set when it is known.
+
+    Either directly (``target``), or, for a buffer hosted by peer ``host``,
+    from ``factory(address)`` once :meth:`connect` learns that peer's address.
+    Calls before then fail UNAVAILABLE."""
+
+    def __init__(self, counter: ByteCounter) -> None:
+        self.counter = counter
+        self.target: ReplayTransport | None = None
+        self.host: str | None = None
+        self.factory: Callable[[str], ReplayTransport] | None = None
+
+    def connect(self, peers: Mapping[str, str]) -> None:
+        """Point at the host peer once its address is known (the first address wins)."""
+        if self.target is None and self.factory is not None and self.host is not None and self.host in peers:
+            self.target = self.factory(peers[self.host])
+
+    def _t(self) -> ReplayTransport:
+        if self.target is None:
+            raise PeerError(REPLAY, "(no address)", "UNAVAILABLE", "the replay buffer host is not known yet")
+        return self.target
+
+    def contribute(self, release: EncodedModel, *, timeout: float) -> ContributeResult:
+        return self._t().contribute(release, timeout=timeout)
+
+    def fetch(self, node_id: str, task: int, *, expected: ModelSpec, wait_s: float) -> DecodedModel:
+        return self._t().fetch(node_id, task, expected=expected, wait_s=wait_s)
+
+    def status(self, node_id: str, *, timeout: float) -> ReplayStatus:
+        return self._t().status(node_id, timeout=timeout)
+
+    def close(self) -> None:
+        if self.target is not None:
+            self.target.close()
+
+
+def local_replay(handlers: ReplayHandlers, me: str, counter: ByteCounter) -> MemoryReplayTransport:
+    """A replay transport to a buffer hosted in this very process."""
+    network = MemoryNetwork()
+    network.register_replay(handlers)
+    return MemoryReplayTransport(network, me, counter)

@@ -21,23 +21,42 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from flmesh.node.algorithms.base import trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
+from flmesh.node.continual import ContinualState, empty_share, wire_replay
 from flmesh.node.errors import PeerError
 from flmesh.node.handlers import NodeHandlers
 from flmesh.node.inbox import Inbox
-from flmesh.node.learning.data import SEED_MODEL, SEED_TRAIN, NodeData, derive_seed, node_data
+from flmesh.node.learning.data import (
+    SEED_MODEL,
+    SEED_TRAIN,
+    ArrayData,
+    NodeData,
+    derive_seed,
+    node_data,
+)
 from flmesh.node.learning.device import select_device
 from flmesh.node.learning.models import ModelPool, build_model
+from flmesh.node.learning.tasks import TaskSource
 from flmesh.node.learning.trainer import evaluate
+from flmesh.node.memory import ReplayLink
+from flmesh.node.peer_calls import PeerCalls
 from flmesh.node.plugins import NodePlugins
+from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult, RoundReport, StarReport
-from flmesh.node.transport import AggregatorTransport, ByteCounter, PeerStatus, PeerTransport, with_retry
+from flmesh.node.transport import (
+    AggregatorTransport,
+    ByteCounter,
+    PeerStatus,
+    PeerTransport,
+    with_retry,
+)
 from flmesh.node.wire.codec import (
     DEFAULT_CHUNK_BYTES,
     EncodedModel,
@@ -50,11 +69,6 @@ from flmesh.topology import Federation, FederationError
 
 Report = RoundReport | StarReport
 Tensors = dict[str, torch.Tensor]
-T = TypeVar("T")
-
-#: How long to keep retrying a peer that already failed once, so a dead peer does
-#: not cost a whole round timeout every round.
-DEAD_PEER_RETRY_S = 3.0
 
 
 class Node:
@@ -62,9 +76,12 @@ class Node:
 
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, transport: PeerTransport,
                  aggregator: AggregatorTransport | None = None, clock: Clock = REAL_CLOCK,
-                 members: list[str] | None = None):
+                 members: list[str] | None = None, tasks: TaskSource | None = None):
         """``members``: who may call this node (default: the federation's nodes); the Joint
-        baseline's node is not in the federation it serves."""
+        baseline's node is not in the federation it serves. ``tasks``: this node's data task by
+        task in a continual federation (``data`` is then only the shapes; the first round
+        brings the first task). Set ``replay.target`` (a :class:`~flmesh.node.memory.ReplayLink`)
+        once the replay-buffer host is known."""
         cfg = federation.node(node_id)
         self.federation = federation
         self.node_id = node_id
@@ -83,6 +100,7 @@ class Node:
         self.counter = transport.counter  # bytes moved by this node's transports and handlers
         self.inbox = Inbox(clock)
         self.stop_event = threading.Event()
+        self.calls = PeerCalls(node_id, self.round_timeout_s, clock, self.stop_event)
         self.model_lock = threading.RLock()
         self.address: str | None = None
         self.listen = "127.0.0.1:0"  # where start() serves; from_federation sets the configured one
@@ -97,12 +115,14 @@ class Node:
         self._state = "starting"
         self._round = 0
         self._last_accuracy = 0.0
-        self._unreachable: set[str] = set()
         self._lock = threading.Lock()
         self._server: Any = None
         self._health: Any = None
-        plugins = NodePlugins.build(federation, node_id, self.training, data.train, self._new_model,
-                                    self.spec, self.device)
+        self.replay = ReplayLink(self.counter)  # to the replay-buffer host (continual federations)
+        self.replay_host: ReplayBufferCore | None = None  # when this node hosts the buffer
+        self.continual = ContinualState(tasks) if tasks is not None else None
+        plugins = NodePlugins.build(federation, node_id, self.training, lambda: self.data.train,
+                                    self._new_model, self.spec, self.device, self.replay)
         self.clients = plugins.clients
         self.gossip_servers = plugins.gossip_servers
         self.objective = plugins.objective
@@ -119,15 +139,20 @@ class Node:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_federation(cls, federation: Federation, node_id: str, *, data: NodeData | None = None,
-                        listen: str | None = None, peers: Mapping[str, str] | None = None,
-                        aggregator: str | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Node:
+                        dataset: ArrayData | None = None, listen: str | None = None,
+                        peers: Mapping[str, str] | None = None, aggregator: str | None = None,
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, state_dir: Path | None = None) -> Node:
         """Node ``node_id`` of ``federation`` over gRPC: its own data share, M_0, transports.
 
         Every node starts from the same initial model (seeded by the federation
         seed). ``data`` skips loading when the caller already split the data
-        set; otherwise only this node's share is kept in memory. ``peers``
-        defaults to the addresses in the file; ``aggregator`` (HOST:PORT) makes
-        it a node of a star federation. Call :meth:`start` to serve.
+        set; otherwise only this node's share is kept in memory. In a continual
+        federation ``dataset`` (the whole set, fl-sim) is cut into task shares
+        without reading it again; otherwise each task change reads it and keeps
+        only the share. ``peers`` defaults to the addresses in the file;
+        ``aggregator`` (HOST:PORT) makes it a node of a star federation, whose
+        aggregator also hosts the replay buffer; a node that hosts it keeps its privacy ledger
+        in ``state_dir``. Call :meth:`start` to serve.
         """
         from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
         from flmesh.node.wire.peer_client import GrpcPeerTransport
@@ -139,9 +164,15 @@ class Node:
         transport = GrpcPeerTransport(peers, chunk_bytes=chunk_bytes, counter=counter)
         star = (GrpcAggregatorTransport(aggregator, chunk_bytes=chunk_bytes, counter=counter)
                 if aggregator else None)
-        node = cls(federation, node_id, data=data if data is not None else node_data(federation, node_id),
-                   transport=transport, aggregator=star)
+        tasks = TaskSource.for_node(federation, node_id, dataset) if federation.tasks is not None else None
+        if tasks is not None:
+            data = empty_share(tasks)
+        elif data is None:
+            data = node_data(federation, node_id)
+        node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks)
         node.listen = listen or cfg.address or "127.0.0.1:0"
+        wire_replay(node, aggregator, chunk_bytes, state_dir)
+        node.connect(peers)
         return node
 
     # ------------------------------------------------------------------ life cycle
@@ -149,13 +180,14 @@ class Node:
         """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking."""
         from flmesh.node.wire.server import serve_peer
 
-        self._server, self._health, self.address = serve_peer(self.handlers, self.listen)
+        self._server, self._health, self.address = serve_peer(self.handlers, self.listen, self.replay_host)
         self.set_state("idle")
         return self.address
 
     def connect(self, peers: Mapping[str, str]) -> None:
-        """Set or update peers' addresses (node id -> HOST:PORT)."""
+        """Set or update peers' addresses (node id -> HOST:PORT), the replay host's among them."""
         self.transport.connect({p: a for p, a in peers.items() if p != self.node_id})
+        self.replay.connect(peers)
 
     def mark_done(self) -> None:
         """Say (in ``Status``) that this node needs nothing more from its peers.
@@ -178,6 +210,7 @@ class Node:
             self._server.stop(grace).wait()
             self._server = None
         self.transport.close()
+        self.replay.close()
         if self.aggregator is not None:
             self.aggregator.close()
         self.set_state("stopped")
@@ -213,27 +246,6 @@ class Node:
     def train_seed(self, round: int, salt: int = 0) -> int:
         return derive_seed(self.federation.seed, SEED_TRAIN, self.index, round, salt)
 
-    def retry_window(self, peer: str) -> float:
-        """How long to keep retrying ``peer``: the round timeout, or a few seconds once it
-        has already failed."""
-        with self._lock:
-            dead = peer in self._unreachable
-        return min(self.round_timeout_s, DEAD_PEER_RETRY_S) if dead else self.round_timeout_s
-
-    def call_peer(self, peer: str, what: str, round: int, fn: Callable[[], T]) -> T | None:
-        """``fn()`` with retries and backoff while ``peer`` may come back (the round timeout, or a
-        few seconds for a peer that already failed); None, logged, when it stays unreachable."""
-        try:
-            result = with_retry(fn, self.retry_window(peer), clock=self.clock, stop=self.stop_event)
-        except PeerError as exc:
-            with self._lock:
-                self._unreachable.add(peer)
-            self.log.warning("%s: round %d: %s %s failed: %s", self.node_id, round, what, peer, exc)
-            return None
-        with self._lock:
-            self._unreachable.discard(peer)
-        return result
-
     def state_dict(self) -> Tensors:
         """A snapshot of the node's current model weights (CPU copies)."""
         with self.model_lock:
@@ -242,7 +254,6 @@ class Node:
     def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
         with self.model_lock:
             self.model.load_state_dict(state)
-
 
     def encode(self, round: int, kind: str = "trained") -> EncodedModel:
         """The node's current model as a wire message for ``round``."""

@@ -59,7 +59,7 @@ class NodeRun:
         except OSError as exc:
             raise OSError(f"--out {self.out}: cannot write results there: {exc.strerror or exc}") from None
         self.node = Node.from_federation(self.federation, self.node_id, listen=self.listen, peers=self.peers,
-                                         aggregator=self.aggregator_address)
+                                         aggregator=self.aggregator_address, state_dir=self.out)
         self.node.start()
         self._started = self.node.clock.now()
 
@@ -154,11 +154,16 @@ class NodeRun:
             file=fed.source, seed=fed.seed, rounds=len(self.reports), rounds_planned=fed.rounds,
             interrupted=self.signal is not None, node=self.node_id, address=self.node.address,
             signal=self.signal, error=self.error, final=final, missing_peers=sorted(self.missing_peers),
+            privacy_spent=self._privacy_spent(),
             bytes_per_round=mean_bytes(self.writer.rows),
             wall_s=round(self.node.clock.now() - self._started, 3), out_dir=str(self.out),
             host={"pid": os.getpid()})
         self.writer.write_summary(summary)
         self.node.stop(grace=1.0)
+
+    def _privacy_spent(self) -> dict[str, float] | None:
+        spent = self.reports[-1].privacy_spent if self.reports else None
+        return {self.node_id: spent} if spent is not None else None
 
     def exit_message(self, prog: str, status: int) -> int:
         """Print the closing line and return the exit code."""

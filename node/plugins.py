@@ -21,6 +21,7 @@ from flmesh.node import algorithms
 from flmesh.node.algorithms.base import ClientContext, ClientHalf, ServerContext, ServerHalf, trainable_spec
 from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.objectives import Objective, cross_entropy
+from flmesh.node.transport import ReplayTransport
 from flmesh.node.wire.specs import ModelSpec
 from flmesh.topology import Federation, TrainingConfig
 
@@ -34,13 +35,15 @@ class NodePlugins:
     update_specs: dict[str, ModelSpec]  # plug-in name -> what its peer messages carry
 
     @classmethod
-    def build(cls, federation: Federation, node_id: str, training: TrainingConfig, train: ArrayData,
-              model_factory: Callable[[], nn.Module], spec: ModelSpec, device: torch.device) -> NodePlugins:
+    def build(cls, federation: Federation, node_id: str, training: TrainingConfig,
+              train: Callable[[], ArrayData], model_factory: Callable[[], nn.Module], spec: ModelSpec,
+              device: torch.device, replay: ReplayTransport | None = None) -> NodePlugins:
         plugins = algorithms.for_node(federation, training)
         params = trainable_spec(model_factory())
-        ctx = ClientContext(node_id, federation, training, train, model_factory, device)
+        num_classes = train().num_classes
+        ctx = ClientContext(node_id, federation, training, train, model_factory, device, replay)
         clients = {p.name: p.client(ctx) for p in plugins}
-        server_ctx = ServerContext(federation, model_factory, params, train.num_classes, None, device)
+        server_ctx = ServerContext(federation, model_factory, params, num_classes, None, device)
         gossip: dict[str, ServerHalf] = {}
         update_specs: dict[str, ModelSpec] = {}
         for p in plugins:
@@ -53,5 +56,5 @@ class NodePlugins:
             objective = client.objective(objective)
         global_spec = dict(spec)
         if federation.aggregator is not None:
-            global_spec.update(algorithms.strategy(federation).published_spec(params, train.num_classes))
+            global_spec.update(algorithms.strategy(federation).published_spec(params, num_classes))
         return cls(clients, gossip, objective, global_spec, update_specs)

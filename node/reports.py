@@ -31,6 +31,8 @@ class EvalResult:
     loss: float
     per_class_correct: tuple[int, ...]
     per_class_total: tuple[int, ...]
+    per_task_correct: tuple[int, ...] = ()  # continual federations: by task, from 0
+    per_task_total: tuple[int, ...] = ()
 
     @property
     def accuracy(self) -> float:
@@ -58,6 +60,9 @@ class RoundReport:
     delivered_to: str | None = None  # where the model went (the destination, or None)
     bytes_sent: int = 0
     bytes_received: int = 0
+    participated: bool = True  # continual federations: False when it sat the round out
+    privacy_spent: float | None = None  # epsilon released so far (DP replay)
+    task: int | None = None  # continual federations: the task the round belongs to
 
 
 @dataclass(frozen=True)
@@ -83,3 +88,5 @@ class StarReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
     bytes_sent: int = 0
     bytes_received: int = 0
+    privacy_spent: float | None = None  # epsilon released so far (DP replay)
+    task: int | None = None  # continual federations: the task the round belongs to

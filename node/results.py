@@ -58,6 +58,8 @@ class NodeRound:
     local_per_class_accuracy: list[float | None] | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    participated: bool | None = None  # continual federations: False when it sat the round out
+    privacy_spent: float | None = None  # DP replay: epsilon this node has released so far
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -74,7 +76,7 @@ class NodeRound:
                 train_steps=report.train.steps if report.train else None,
                 train_samples=report.train.samples if report.train else None,
                 bytes_sent=report.bytes_sent, bytes_received=report.bytes_received,
-                wall_s=round(report.wall_s, 4), notes=list(report.notes))
+                privacy_spent=report.privacy_spent, wall_s=round(report.wall_s, 4), notes=list(report.notes))
         return cls(
             report.node, report.round, accuracy=report.local.accuracy,
             received_accuracy=report.received_accuracy, source=report.source,
@@ -83,7 +85,8 @@ class NodeRound:
             train_steps=report.train.steps, train_samples=report.train.samples,
             train_size=report.train_size, per_class_correct=list(report.local.per_class_correct),
             per_class_total=list(report.local.per_class_total), bytes_sent=report.bytes_sent,
-            bytes_received=report.bytes_received, wall_s=round(report.wall_s, 4), notes=list(report.notes))
+            bytes_received=report.bytes_received, participated=report.participated,
+            privacy_spent=report.privacy_spent, wall_s=round(report.wall_s, 4), notes=list(report.notes))
 
 
 @dataclass
@@ -116,6 +119,9 @@ class RoundRow:
     missing: list[str] = field(default_factory=list)  # peers that failed this round
     aggregated: bool | None = None  # star: False when too few updates kept the old model
     bytes_by_kind: dict[str, int] = field(default_factory=dict)  # model-stream bytes moved this round
+    task: int | None = None  # continual federations: the task this round belongs to (from 0)
+    task_accuracy: list[float | None] | None = None  # accuracy per task seen so far (star: global model)
+    privacy_spent: dict[str, float] | None = None  # DP replay: epsilon each client has released
     nodes: dict[str, NodeRound] = field(default_factory=dict)
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -155,6 +161,8 @@ class Summary:
     best_fa: dict[str, float] | None = None  # {"round": r, "fa": x}
     accuracy_curve: list[float] = field(default_factory=list)  # star: global accuracy per round
     mean_global_forgetting: float | None = None
+    task_accuracy: list[float | None] | None = None  # continual: the last row's accuracy per task
+    privacy_spent: dict[str, float] | None = None  # DP replay: epsilon each client released in all
     missing_peers: list[str] = field(default_factory=list)
     bytes_per_round: float | None = None  # mean model-stream bytes per round
     wall_s: float = 0.0

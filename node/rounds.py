@@ -22,7 +22,7 @@ from flmesh.node.errors import PeerError, UnknownPeerError
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.local_training import train_round
-from flmesh.node.reports import RoundReport, StarReport
+from flmesh.node.reports import RoundReport, StarReport, TrainStats
 from flmesh.node.wire.codec import DecodedModel, ModelMeta, encode
 from flmesh.topology.peers import round_peers
 from flmesh.topology.schedules import rewind_target
@@ -95,7 +95,7 @@ def _deliver(node: Node, destination: str, round: int) -> bool:
     """Send the trained model to ``destination``, retrying with backoff; False (logged) on failure."""
     node.set_state("sending")
     message = node.encode(round)
-    sent = node.call_peer(destination, "delivery to", round,
+    sent = node.calls.call(destination, "delivery to", round,
                           lambda: node.transport.deliver(destination, message, timeout=node.round_timeout_s))
     return sent is not None
 
@@ -116,7 +116,8 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
     fed = node.federation
     plan = fed.schedule().plan(round)
     hop = plan[node.node_id]
-    notes: list[str] = []
+    notes = node.continual.advance(node, round) if node.continual is not None else []
+    trains = node.continual is None or node.continual.participates(node, round)
     received, missing, received_accuracy = False, None, None
     wanted = [InboxKey(round - 1, hop.source, "trained")] if hop.source is not None else []
     if round > 1:
@@ -135,12 +136,16 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
             notes.append(f"no model from {hop.source} within {node.round_timeout_s:g}s; "
                          "trained the model it had")
             node.log.warning("%s: round %d: %s", node.node_id, round, notes[-1])
-    regularizers = _gossip_regularizers(node, round, arrived, notes)
-    target = rewind_target(plan, node.node_id, fed.rewind.mode, round=round, seed=fed.seed,
-                           nodes=fed.node_ids)
-    stats, rewound_to = train_round(node, round, target, notes, regularizers)
-    if round < node.rounds:
-        _share_gossip(node, round)
+    if trains:
+        regularizers = _gossip_regularizers(node, round, arrived, notes)
+        target = rewind_target(plan, node.node_id, fed.rewind.mode, round=round, seed=fed.seed,
+                               nodes=fed.node_ids)
+        stats, rewound_to = train_round(node, round, target, notes, regularizers)
+        if round < node.rounds:
+            _share_gossip(node, round)
+    else:  # a continual federation's client that sits this round out: it passes the model on
+        stats, rewound_to = TrainStats(0.0, 0, 0), None
+        notes.append("did not take part this round (participation); passed the model on untrained")
     local = node.evaluate_own()
     node.finish_round(round, local.accuracy)
     delivered, delivered_to = True, None
@@ -154,7 +159,14 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
     sent, got = node.counter.take()
     return RoundReport(node.node_id, round, hop.source, hop.destination, received, missing, delivered,
                        len(node.data.train), stats, local, node.clock.now() - start, tuple(notes),
-                       received_accuracy, rewound_to, delivered_to, sum(sent.values()), sum(got.values()))
+                       received_accuracy, rewound_to, delivered_to, sum(sent.values()), sum(got.values()),
+                       participated=trains, privacy_spent=_privacy_spent(node),
+                       task=node.continual.task if node.continual is not None else None)
+
+
+def _privacy_spent(node: Node) -> float | None:
+    spent = [s for c in node.clients.values() if (s := c.privacy_spent()) is not None]
+    return sum(spent) if spent else None
 
 
 def _poll_until_open(node: Node, round: int) -> tuple[int, bool, bool]:
@@ -184,22 +196,25 @@ def run_star_round(node: Node, round: int) -> StarReport:
     """
     assert node.aggregator is not None, "a star round needs an aggregator transport"
     start = node.clock.now()
+    notes = node.continual.advance(node, round) if node.continual is not None else []
+    task = node.continual.task if node.continual is not None else None
     node.set_state("waiting")
     open_round, selected, done = _poll_until_open(node, round)
     if open_round != round or done or not selected:
         node.set_state("idle")
-        skipped = ((f"the aggregator is in round {open_round}{' (done)' if done else ''}; "
-                    f"skipped round {round}",) if open_round != round or done else ())
+        if open_round != round or done:
+            notes.append(f"the aggregator is in round {open_round}{' (done)' if done else ''}; "
+                         f"skipped round {round}")
         sent, got = node.counter.take()
-        return StarReport(node.node_id, round, False, wall_s=node.clock.now() - start, notes=skipped,
-                          bytes_sent=sum(sent.values()), bytes_received=sum(got.values()))
+        return StarReport(node.node_id, round, False, wall_s=node.clock.now() - start, notes=tuple(notes),
+                          bytes_sent=sum(sent.values()), bytes_received=sum(got.values()),
+                          privacy_spent=_privacy_spent(node), task=task)
     fetched = node.aggregator.fetch(node.node_id, round, expected=node.global_spec,
                                     max_bytes=node.max_model_bytes, timeout=node.round_timeout_s)
     start_state: Tensors = {k: fetched.state_dict[k] for k in node.spec}
     published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in node.spec}
     node.load_state(start_state)
     start_eval = node.evaluate_own()
-    notes: list[str] = []
     regularizers = [r for client in node.clients.values()
                     for r in client.regularizers(start_state, published)]
     fed = node.federation
@@ -226,7 +241,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
     sent, got = node.counter.take()
     return StarReport(node.node_id, round, True, reply.accepted or reply.duplicate, reply.late, stats,
                       start_eval, local, rewound_to, node.clock.now() - start, tuple(notes),
-                      sum(sent.values()), sum(got.values()))
+                      sum(sent.values()), sum(got.values()), _privacy_spent(node), task)
 
 
 __all__ = ["check_addresses", "run_peer_round", "run_star_round"]

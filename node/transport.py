@@ -97,6 +97,24 @@ class AggregatorStatus:
     last_accuracy: float
 
 
+@dataclass(frozen=True)
+class ContributeResult:
+    accepted: bool  # False: a withheld release (nothing was released)
+    spent: float  # the sender's epsilon after this release
+    budget: float  # 0: no budget
+    classes: int  # classes the release added a mean to
+
+
+@dataclass(frozen=True)
+class ReplayStatus:
+    version: int
+    means: dict[int, int]  # class -> means in the global buffer (at most N)
+    contributions: dict[int, int]  # class -> releases that carried it
+    spent: dict[str, float]  # client -> epsilon spent
+    budget: float
+    epsilon: float
+
+
 @dataclass
 class ByteCounter:
     """Model-stream bytes moved, by model kind. Thread-safe; ``take`` resets."""
@@ -211,6 +229,32 @@ class AggregatorHandlers(Protocol):
     def submit(self, caller: str | None, chunks: Chunks) -> SubmitResult: ...
 
     def status(self, caller: str | None) -> AggregatorStatus: ...
+
+
+class ReplayTransport(Protocol):
+    """Calls from a node to the replay-buffer host of its continual federation."""
+
+    counter: ByteCounter
+
+    def contribute(self, release: EncodedModel, *, timeout: float) -> ContributeResult: ...
+
+    def fetch(self, node_id: str, task: int, *, expected: ModelSpec, wait_s: float) -> DecodedModel:
+        """The global buffer of ``task``; blocks (bounded) until its contributors have reported."""
+        ...
+
+    def status(self, node_id: str, *, timeout: float) -> ReplayStatus: ...
+
+    def close(self) -> None: ...
+
+
+class ReplayHandlers(Protocol):
+    """The buffer host's side of the ReplayBuffer service, with no transport in it."""
+
+    def contribute(self, caller: str | None, chunks: Chunks) -> ContributeResult: ...
+
+    def fetch(self, caller: str | None, node_id: str, task: int, wait_s: float) -> EncodedModel: ...
+
+    def status(self, caller: str | None) -> ReplayStatus: ...
 
 
 def with_retry(fn: Callable[[], T], deadline_s: float, *, clock: Clock = REAL_CLOCK,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent  # the folder that holds flmesh/v1/*.proto
 PROTO_DIR = PROTO_ROOT / "flmesh" / "v1"
-PROTO_FILES = ("model.proto", "peer.proto", "aggregator.proto")
+PROTO_FILES = ("model.proto", "peer.proto", "aggregator.proto", "replay.proto")
 
 
 def generate(out_root: Path) -> list[Path]:

@@ -10,13 +10,23 @@ from __future__ import annotations
 
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.node.clock import REAL_CLOCK, Clock, ManualClock
+from flmesh.node.continual import empty_share
 from flmesh.node.learning.data import federation_data, load_dataset
-from flmesh.node.memory import AGGREGATOR, MemoryAggregatorTransport, MemoryNetwork, MemoryPeerTransport
+from flmesh.node.learning.tasks import TaskSource
+from flmesh.node.memory import (
+    AGGREGATOR,
+    MemoryAggregatorTransport,
+    MemoryNetwork,
+    MemoryPeerTransport,
+    MemoryReplayTransport,
+)
 from flmesh.node.node import Node
+from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import RoundReport, StarReport
 from flmesh.node.results import RoundRow
 from flmesh.node.transport import ByteCounter
 from flmesh.topology import Federation
+from flmesh.topology.tasks import task_of
 
 TRANSPORTS = ["memory", "grpc"]
 
@@ -38,12 +48,22 @@ class Cluster:
                 self.aggregator = Aggregator.from_federation(
                     federation, dataset=dataset, transport=MemoryPeerTransport(net, AGGREGATOR), clock=clock)
                 net.register_aggregator(self.aggregator.core)
+                if self.aggregator.replay is not None:
+                    net.register_replay(self.aggregator.replay)
             self.nodes = []
             for nid in federation.node_ids:
                 counter = ByteCounter()
-                node = Node(federation, nid, data=data[nid], transport=MemoryPeerTransport(net, nid, counter),
+                tasks = TaskSource.for_node(federation, nid, dataset) if federation.tasks else None
+                node = Node(federation, nid, data=empty_share(tasks) if tasks else data[nid],
+                            transport=MemoryPeerTransport(net, nid, counter),
                             aggregator=MemoryAggregatorTransport(net, nid, counter) if star else None,
-                            clock=clock)
+                            clock=clock, tasks=tasks)
+                if federation.replay is not None:
+                    node.replay.target = MemoryReplayTransport(net, nid, counter)
+                    if not star and (federation.replay.host or federation.node_ids[0]) == nid:
+                        node.replay_host = ReplayBufferCore(federation, node.data.train.input_shape,
+                                                            node.data.train.num_classes, clock=clock)
+                        net.register_replay(node.replay_host)
                 net.register(nid, node.handlers)
                 self.nodes.append(node)
         else:
@@ -52,8 +72,9 @@ class Cluster:
             if star:
                 self.aggregator = Aggregator.from_federation(federation, dataset=dataset)
                 address = self.aggregator.serve("127.0.0.1:0")
-            self.nodes = [Node.from_federation(federation, nid, data=data[nid], listen="127.0.0.1:0",
-                                               aggregator=address) for nid in federation.node_ids]
+            self.nodes = [Node.from_federation(federation, nid, data=data[nid], dataset=dataset,
+                                               listen="127.0.0.1:0", aggregator=address)
+                          for nid in federation.node_ids]
             addresses = {n.node_id: n.start() for n in self.nodes}
             for n in self.nodes:
                 n.connect(addresses)
@@ -62,11 +83,22 @@ class Cluster:
                 n.join()
         self.by_id = {n.node_id: n for n in self.nodes}
 
+    def release(self, t: int) -> None:
+        """Continual federations: every node's release for round ``t``'s task change comes first,
+        as it does when nodes run concurrently, so no fetch waits on a node not yet run."""
+        for n in self.nodes:
+            if n.continual is not None:
+                stream = self.federation.tasks
+                assert stream is not None
+                n.continual.release(n, task_of(stream, t))
+
     def peer_round(self, t: int) -> dict[str, RoundReport]:
+        self.release(t)
         return {n.node_id: n.run_round(t) for n in self.nodes}
 
     def star_round(self, t: int) -> tuple[RoundRow, dict[str, StarReport]]:
         assert self.aggregator is not None
+        self.release(t)
         self.aggregator.begin_round(t)
         reports = {n.node_id: n.run_star_round(t) for n in self.nodes}
         return self.aggregator.end_round(t), reports

@@ -89,7 +89,10 @@ MALFORMED = [
     ("alpha = 0.3", "alpha = 0", "[data] alpha: expected a number > 0, got 0"),
     ("alpha = 0.3", "test_fraction = 1.0", "[data] test_fraction: expected a number in (0, 1), got 1.0"),
     ("alpha = 0.3", 'dataset = "imagenet"',
-     "[data] dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100', got"),
+     "[data] dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100', "
+     "'emnist_byclass', 'emnist_bymerge', 'emnist_balanced', 'emnist_letters', 'emnist_digits', "
+     "'emnist_mnist', or several joined by '+', got 'imagenet'"),
+    ("alpha = 0.3", 'dataset = "digits+digits"', "[data] dataset: expected one of"),
     ('name = "cnn"', 'name = "vit"',
      "[model] name: expected one of 'mlp', 'cnn', 'cnn2', 'resnet18', got 'vit'"),
     ("channels = [8]", "channels = [8, 0]", "[model] channels: expected a non-empty list of positive"),

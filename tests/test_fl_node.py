@@ -246,3 +246,48 @@ def test_role_flag_picks_the_process(tmp_path, capsys, role_args, expect):
     assert entry_main([*role_args, *args]) == 2
     err = capsys.readouterr().err
     assert expect in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_continual_federation_with_the_buffer_on_a_separate_aggregator_process(tmp_path):
+    ids = ["a", "b", "c", "d"]
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete", extra="""
+[aggregator]
+strategy = "fedavg"
+deadline_s = 60
+public_fraction = 0.0
+[tasks]
+scenario = "novel_targets"
+tasks = 2
+rounds_per_task = 1
+initial_clients = 2
+joining_clients = 2
+participation = "full"
+[replay]
+mode = "client"
+epsilon = 10.0
+budget = 50.0
+""")
+    ready = tmp_path / "agg.addr"
+    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
+                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
+        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
+        _, agg_err = agg.communicate(timeout=300)
+        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
+    finally:
+        for p in [agg, *procs.values()]:
+            p.kill()
+    assert agg.returncode == 0, agg_err[-3000:]
+    assert all(p.returncode == 0 for p in procs.values()), errs
+    rows, summary = read_results(tmp_path / "runs/procs-aggregator")
+    assert [r["task"] for r in rows] == [0, 1] and len(rows[-1]["task_accuracy"]) == 2
+    assert rows[-1]["privacy_spent"] == {"a": 10.0, "b": 10.0}, "a and b released task 0's means"
+    assert summary["privacy_spent"] == {"a": 10.0, "b": 10.0}
+    ledger = json.loads((tmp_path / "runs/procs-aggregator/privacy_ledger.json").read_text())
+    assert sorted(r["client"] for r in ledger["releases"]) == ["a", "b"]
+    d_rows, _ = read_results(tmp_path / "runs/procs-d")
+    assert any("replayed" in note for note in d_rows[-1]["nodes"]["d"]["notes"]), "d got the global buffer"

@@ -222,8 +222,9 @@ def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
         with Cluster(f, "memory") as c:
             if how == "local":
                 agg = c.aggregator
-                tests = {n.node_id: n.data.test for n in c.nodes}
-                agg.evaluate = local_evaluator(tests, c.nodes[0]._new_model, c.nodes[0].device)
+                nodes = list(c.nodes)
+                agg.evaluate = local_evaluator(lambda nodes=nodes: {n.node_id: n.data.test for n in nodes},
+                                               c.nodes[0]._new_model, c.nodes[0].device)
             rows[how] = [c.star_round(t)[0] for t in (1, 2)]
     for a, b in zip(rows["rpc"], rows["local"], strict=True):
         assert (a.accuracy, a.fa, a.ff, a.pfa, a.global_forgetting) == (b.accuracy, b.fa, b.ff, b.pfa,

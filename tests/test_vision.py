@@ -1,7 +1,7 @@
 """torchvision data sets from a local root and the vision models (cnn2, resnet18 with BN/GN, weights).
 
 Every data set is written here, tiny, in the on-disk format torchvision reads
-(idx files for MNIST and Fashion-MNIST, pickled batches for CIFAR), then
+(idx files for MNIST, Fashion-MNIST and EMNIST, pickled batches for CIFAR), then
 loaded through the federation file like a user's run would.
 
 torchvision checks the MD5 of every CIFAR file on every load (not only after a
@@ -41,6 +41,10 @@ from flmesh.topology import FederationError, ModelConfig, parse_federation
 from conftest import tiny_raw
 
 VISION = ("mnist", "fashion_mnist", "cifar10", "cifar100")
+# name -> (split, classes) as torchvision.datasets.EMNIST defines them
+EMNIST = {"emnist_byclass": ("byclass", 62), "emnist_bymerge": ("bymerge", 47),
+          "emnist_balanced": ("balanced", 47), "emnist_letters": ("letters", 26),
+          "emnist_digits": ("digits", 10), "emnist_mnist": ("mnist", 10)}
 
 
 # ------------------------------------------------------------------ tiny files
@@ -56,19 +60,41 @@ def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> None:
         path.write_bytes(raw)
 
 
-def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False):
-    """Tiny MNIST-format files under root/folder/raw; returns the pool (uint8 NCHW, labels)."""
+def write_mnist(root: Path, folder: str, n_train: int = 30, n_test: int = 10, gz: bool = False,
+                files: tuple[str, str, str, str] = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                                    "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+                num_classes: int = 10, label_offset: int = 0, transposed: bool = False):
+    """Tiny MNIST-format files under root/folder/raw; returns the pool (uint8 NCHW, labels 0..C-1).
+
+    ``files`` are the train images, train labels, test images and test labels file names;
+    ``label_offset`` is added to the labels written; ``transposed`` writes every image
+    transposed, as the EMNIST files hold them (the returned pool is upright).
+    """
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(n_train + n_test, 28, 28), dtype=np.uint8)
     images[0] = 0
     images[1] = 255  # both ends of the range
-    labels = np.arange(n_train + n_test) % 10
+    labels = np.arange(n_train + n_test) % num_classes
+    on_disk = images.transpose(0, 2, 1) if transposed else images
     raw = root / folder / "raw"
-    write_idx(raw / "train-images-idx3-ubyte", images[:n_train], gz)
-    write_idx(raw / "train-labels-idx1-ubyte", labels[:n_train], gz)
-    write_idx(raw / "t10k-images-idx3-ubyte", images[n_train:], gz)
-    write_idx(raw / "t10k-labels-idx1-ubyte", labels[n_train:], gz)
+    write_idx(raw / files[0], on_disk[:n_train], gz)
+    write_idx(raw / files[1], labels[:n_train] + label_offset, gz)
+    write_idx(raw / files[2], on_disk[n_train:], gz)
+    write_idx(raw / files[3], labels[n_train:] + label_offset, gz)
     return images[:, None], labels
+
+
+def emnist_files(split: str) -> tuple[str, str, str, str]:
+    return (f"emnist-{split}-train-images-idx3-ubyte", f"emnist-{split}-train-labels-idx1-ubyte",
+            f"emnist-{split}-test-images-idx3-ubyte", f"emnist-{split}-test-labels-idx1-ubyte")
+
+
+def write_emnist(root: Path, name: str, n_train: int = 60, n_test: int = 10, gz: bool = False):
+    """Tiny files of one EMNIST split under root/EMNIST/raw as torchvision reads them: images
+    transposed, letters labelled 1..26. Returns the upright pool with labels 0..C-1."""
+    split, classes = EMNIST[name]
+    return write_mnist(root, "EMNIST", n_train, n_test, gz, files=emnist_files(split), num_classes=classes,
+                       label_offset=1 if split == "letters" else 0, transposed=True)
 
 
 def _pickle(path: Path, obj: dict) -> None:
@@ -167,8 +193,10 @@ def assert_one_line(message: str, *parts: str) -> None:
 def test_registries_list_the_torchvision_sets():
     from flmesh.topology import federation as fedfile
 
-    assert set(VISION) <= set(learning_data.DATASETS) == set(fedfile.DATASETS)
-    assert set(data_mod.VISION_SETS) == set(VISION)
+    assert set(VISION) | set(EMNIST) <= set(learning_data.DATASETS) == set(fedfile.DATASETS)
+    assert set(data_mod.VISION_SETS) == set(VISION) | set(EMNIST)
+    assert {name: (spec.num_classes, dict(spec.kwargs)) for name, spec in data_mod.VISION_SETS.items()
+            if name in EMNIST} == {name: (c, {"split": split}) for name, (split, c) in EMNIST.items()}
 
 
 @pytest.mark.parametrize("name", VISION)
@@ -202,6 +230,75 @@ def test_dataset_loads_from_root_and_trains(name, tmp_path, monkeypatch):
     assert result.total == len(node.test) and len(result.per_class_total) == pool.num_classes
 
 
+@pytest.mark.parametrize("name", EMNIST)
+def test_emnist_split_loads_upright_with_labels_from_zero(name, tmp_path):
+    import torchvision
+
+    images, labels = write_emnist(tmp_path / "data", name)
+    split, classes = EMNIST[name]
+    fed = vision_federation(name, tmp_path)
+    assert fed.data.dataset == name
+    pool = load_dataset(fed.data)
+    assert pool.x.shape == (70, 1, 28, 28) and pool.x.dtype == torch.float32
+    assert pool.y.dtype == torch.int64 and pool.num_classes == classes
+    assert float(pool.x.min()) == 0.0 and float(pool.x.max()) == 1.0
+    assert int(pool.y.min()) == 0 and int(pool.y.max()) == classes - 1  # every class 0..C-1 once at least
+    assert torch.equal(pool.x, torch.from_numpy(images).float() / 255)
+    assert torch.equal(pool.y, torch.from_numpy(labels).long())
+    # torchvision's own class: the same files, images transposed, letters labelled 1..26
+    tv = torchvision.datasets.EMNIST(str(tmp_path / "data"), split=split, train=True)
+    assert torch.equal(pool.x[:60, 0], tv.data.transpose(1, 2).float() / 255)
+    assert torch.equal(pool.y[:60], tv.targets - (1 if split == "letters" else 0))
+
+
+def test_emnist_letters_trains_through_the_federation(tmp_path):
+    write_emnist(tmp_path / "data", "emnist_letters")
+    fed = vision_federation("emnist_letters", tmp_path)
+    node = federation_data(fed)["node0"]
+    assert node.train.num_classes == 26 and node.train.input_shape == (1, 28, 28)
+    model = build_model(fed.model, node.train.input_shape, node.train.num_classes, seed=1)
+    assert math.isfinite(train(model, node.train, fed.training, epochs=1, seed=0).loss)
+    assert len(evaluate(model, node.test).per_class_total) == 26
+
+
+def test_emnist_splits_share_one_folder(tmp_path):
+    letters, _ = write_emnist(tmp_path, "emnist_letters")
+    write_emnist(tmp_path, "emnist_balanced", n_train=50)
+    assert len(data_mod.load_vision("emnist_letters", tmp_path)) == 70
+    assert len(data_mod.load_vision("emnist_balanced", tmp_path)) == 60
+
+
+def test_gzipped_emnist_files_are_read(tmp_path):
+    images, labels = write_emnist(tmp_path, "emnist_balanced", gz=True)
+    assert not (tmp_path / "EMNIST/raw/emnist-balanced-train-images-idx3-ubyte").exists()
+    pool = data_mod.load_vision("emnist_balanced", tmp_path)
+    assert torch.equal(pool.x, torch.from_numpy(images).float() / 255)
+    assert torch.equal(pool.y, torch.from_numpy(labels).long())
+
+
+def test_missing_emnist_file_is_named_in_one_line(tmp_path):
+    write_emnist(tmp_path, "emnist_letters")
+    (tmp_path / "EMNIST/raw/emnist-letters-test-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError) as info:
+        load_dataset(vision_federation("emnist_letters", tmp_path, root=str(tmp_path)).data)
+    assert_one_line(str(info.value), "emnist_letters: expected EMNIST/raw/{emnist-letters-train-images-idx3",
+                    "(or .gz)", f"under {tmp_path}; missing emnist-letters-test-labels-idx1-ubyte;",
+                    "folder that holds EMNIST/")
+    assert "no such folder" not in str(info.value)
+    # the files of another split do not stand in for balanced's
+    with pytest.raises(DataError) as info:
+        data_mod.load_vision("emnist_balanced", tmp_path)
+    assert_one_line(str(info.value), "emnist_balanced: expected EMNIST/raw/{emnist-balanced-train-images",
+                    "emnist-balanced-test-labels-idx1-ubyte}", "none found")
+
+
+def test_emnist_letters_label_zero_is_refused(tmp_path):
+    write_mnist(tmp_path, "EMNIST", files=emnist_files("letters"), num_classes=26)  # 0..25 on disk
+    with pytest.raises(DataError) as info:
+        data_mod.load_vision("emnist_letters", tmp_path)
+    assert_one_line(str(info.value), "emnist_letters: labels must be 0..25, found -1..24")
+
+
 def test_gzipped_mnist_files_are_read(tmp_path):
     images, labels = write_mnist(tmp_path, "FashionMNIST", gz=True)
     assert not (tmp_path / "FashionMNIST/raw/train-images-idx3-ubyte").exists()
@@ -217,6 +314,10 @@ def test_gzipped_mnist_files_are_read(tmp_path):
         ("fashion_mnist", ["FashionMNIST/raw/", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte"]),
         ("cifar10", ["cifar-10-batches-py/", "data_batch_1", "data_batch_5", "test_batch", "batches.meta"]),
         ("cifar100", ["cifar-100-python/", "train", "test", "meta"]),
+        ("emnist_balanced", ["EMNIST/raw/", "emnist-balanced-train-images-idx3-ubyte",
+                             "emnist-balanced-test-labels-idx1-ubyte", "(or .gz)", "none found"]),
+        ("emnist_letters", ["EMNIST/raw/", "emnist-letters-train-labels-idx1-ubyte",
+                            "emnist-letters-test-images-idx3-ubyte", "(or .gz)"]),
     ],
 )
 def test_missing_files_give_one_line_naming_files_and_root(name, expected, tmp_path):

@@ -9,7 +9,8 @@ federation uses it. Adding an algorithm is one new file and one line below.
 Kinds: a ``strategy`` is named by ``[aggregator] strategy`` (it has a server
 half that aggregates, and may also run between peers, as FedCurv does with
 ``[training] fedcurv_lambda``); an ``objective`` is named by ``[training]
-objective`` (a client half that replaces the local loss).
+objective`` (a client half that replaces the local loss); a ``data`` plug-in is
+switched on by its own section (``[replay]``) and changes what nodes train on.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "fedavg": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedavg"),
     "flashback": AlgorithmEntry("strategy", "flmesh.node.algorithms.flashback"),
     "fedcurv": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedcurv"),
+    "dp_replay": AlgorithmEntry("data", "flmesh.node.algorithms.dp_replay"),
 }
 
 STRATEGIES = tuple(name for name, e in ALGORITHMS.items() if e.kind == "strategy")

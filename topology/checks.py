@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from flmesh.topology.config import FederationError
 
 
 class Bad(Exception):
@@ -87,3 +89,46 @@ def device(v: Any) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
         raise Bad("'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
     return v
+
+
+class SectionReader:
+    """Checks one raw TOML document, collecting nothing: the first error raises."""
+
+    def __init__(self, source: str, required: Mapping[str, Sequence[str]] | None = None):
+        self.source = source
+        self.required = dict(required or {})
+
+    def fail(self, where: str, msg: str) -> FederationError:
+        return FederationError(f"{self.source}: {where}: {msg}")
+
+    def section(self, raw: Mapping[str, Any], name: str, checks: Mapping[str, Check],
+                label: str | None = None) -> dict[str, Any]:
+        label = label or f"[{name}]"
+        table = raw.get(name, {})
+        if not isinstance(table, dict):
+            raise self.fail(label, f"expected a table, got {table!r}")
+        out = {}
+        for key, value in table.items():
+            check = checks.get(key)
+            if check is None:
+                raise self.fail(f"{label} {key}", "unknown key (expected one of "
+                                f"{', '.join(sorted(checks))})")
+            try:
+                out[key] = check(value)
+            except Bad as bad:
+                raise self.fail(f"{label} {key}", f"expected {bad}, got {value!r}") from None
+        for key in self.required.get(name, ()):
+            if key not in out:
+                raise self.fail(f"{label} {key}", "required key is missing")
+        return out
+
+
+def dataset_name(known: Sequence[str]) -> Check:
+    """A known data set, or several joined by "+" (one label space: the first's classes, then
+    the next's after them, e.g. "mnist+fashion_mnist" has 20 classes)."""
+    def check(v: Any) -> str:
+        parts = v.split("+") if isinstance(v, str) else []
+        if not parts or any(p not in known for p in parts) or len(set(parts)) != len(parts):
+            raise Bad(f"one of {', '.join(repr(k) for k in known)}, or several joined by '+'")
+        return str(v)
+    return check

@@ -17,6 +17,7 @@ import networkx as nx
 
 from flmesh.topology.graphs import GraphError, build_graph
 from flmesh.topology.schedules import Schedule, ScheduleError, make_schedule
+from flmesh.topology.tasks import ReplayConfig, TaskStreamConfig
 
 
 class FederationError(ValueError):
@@ -141,6 +142,8 @@ class Federation:
     baseline: str = "none"
     aggregator: AggregatorConfig | None = None
     source: str = "<federation>"
+    tasks: TaskStreamConfig | None = None  # a continual federation (topology/tasks.py)
+    replay: ReplayConfig | None = None  # replay buffers of class means, with DP sharing
 
     @property
     def node_ids(self) -> list[str]:

@@ -34,10 +34,11 @@ from typing import Any
 
 from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
 from flmesh.topology.checks import (
-    Bad,
     Check,
+    SectionReader,
     address,
     boolean,
+    dataset_name,
     device,
     int_list,
     integer,
@@ -56,9 +57,11 @@ from flmesh.topology.config import (
     TopologyConfig,
     TrainingConfig,
 )
+from flmesh.topology.continual import read_continual
 from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
+            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
 PARTITIONS = ("dirichlet", "iid", "shards")
 MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
@@ -98,7 +101,7 @@ _SECTIONS: dict[str, dict[str, Check]] = {
     },
     "training": _TRAINING,
     "data": {
-        "dataset": string(DATASETS), "root": string(), "download": boolean,
+        "dataset": dataset_name(DATASETS), "root": string(), "download": boolean,
         "partition": string(PARTITIONS), "alpha": number(0, lo_open=True),
         "shards_per_node": integer(1), "test_fraction": number(0, 1, lo_open=True, hi_open=True),
         "min_samples": integer(1),
@@ -112,37 +115,6 @@ _NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **_
 _REQUIRED = {"federation": ("name", "rounds")}
 
 
-class _Reader:
-    """Checks one raw TOML document, collecting nothing: the first error raises."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, where: str, msg: str) -> FederationError:
-        return FederationError(f"{self.source}: {where}: {msg}")
-
-    def section(self, raw: Mapping[str, Any], name: str, checks: Mapping[str, Check],
-                label: str | None = None) -> dict[str, Any]:
-        label = label or f"[{name}]"
-        table = raw.get(name, {})
-        if not isinstance(table, dict):
-            raise self.fail(label, f"expected a table, got {table!r}")
-        out = {}
-        for key, value in table.items():
-            check = checks.get(key)
-            if check is None:
-                raise self.fail(f"{label} {key}", "unknown key (expected one of "
-                                f"{', '.join(sorted(checks))})")
-            try:
-                out[key] = check(value)
-            except Bad as bad:
-                raise self.fail(f"{label} {key}", f"expected {bad}, got {value!r}") from None
-        for key in _REQUIRED.get(name, ()):
-            if key not in out:
-                raise self.fail(f"{label} {key}", "required key is missing")
-        return out
-
-
 def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
                      base_dir: Path | None = None) -> Federation:
     """Validate a parsed TOML document into a :class:`Federation`.
@@ -150,8 +122,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     ``base_dir`` resolves relative paths (graph file, data root); it defaults to
     the current directory. Raises FederationError on the first problem.
     """
-    r = _Reader(source)
-    known = set(_SECTIONS) | {"nodes"}
+    r = SectionReader(source, _REQUIRED)
+    known = set(_SECTIONS) | {"nodes", "tasks", "replay"}
     for key in raw:
         if key not in known:
             raise r.fail(f"[{key}]", f"unknown section (expected one of {', '.join(sorted(known))})")
@@ -212,13 +184,14 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         **{k: v for k, v in topo.items() if k != "nodes"},
         file=(base / graph_file).resolve() if graph_file else None,
     )
+    tasks, replay = read_continual(r, raw, ids, fed["rounds"], aggregator)
     federation = Federation(
         name=fed["name"], seed=fed.get("seed", 0), rounds=fed["rounds"],
         round_timeout_s=fed.get("round_timeout_s", 120.0),
         max_model_mib=fed.get("max_model_mib", 512.0),
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
-        aggregator=aggregator, source=source,
+        aggregator=aggregator, source=source, tasks=tasks, replay=replay,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     return federation

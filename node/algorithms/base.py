@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.objectives import Objective, Regularizer
+from flmesh.node.transport import ReplayTransport
 from flmesh.node.wire.specs import ModelSpec
 from flmesh.topology import Federation, TrainingConfig
 
@@ -60,13 +61,14 @@ class ClientContext:
     node_id: str
     federation: Federation
     training: TrainingConfig
-    train: ArrayData  # the node's training split
+    train: Callable[[], ArrayData]  # the node's training data now (it changes with the task)
     model_factory: Callable[[], nn.Module]  # a fresh model of the federation's architecture
     device: torch.device
+    replay: ReplayTransport | None = None  # the replay-buffer host of a continual federation
 
     @property
     def label_counts(self) -> list[int]:
-        return self.train.label_counts()
+        return self.train().label_counts()
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,25 @@ class ServerContext:
     num_classes: int
     public: ArrayData | None  # the aggregator's labelled public split (None between peers)
     device: torch.device
+    replay_host: ReplayHost | None = None  # the replay buffer, when this process hosts it
+
+
+class ReplayHost(Protocol):
+    """What a server half may ask of a replay buffer hosted in the same process."""
+
+    def wait_for(self, task: int, wait_s: float) -> list[str]: ...
+
+    def buffer(self, task: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class ClientHalf:
-    """One node's side of an algorithm. Every hook has a do-nothing default."""
+    """One node's side of an algorithm. Every hook has a do-nothing default.
+
+    ``notes`` collects what the round's report should say (the round engine
+    empties it)."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
 
     def objective(self, base: Objective) -> Objective:
         """The local loss (logits, labels) -> scalar; return ``base`` to keep it."""
@@ -105,6 +122,21 @@ class ClientHalf:
         """The update (``state`` and ``extras``) went out; ``included``: the server half will
         count it in what it publishes next (the aggregator accepted it)."""
 
+    def on_task_change(self, old: ArrayData | None, old_task: int, new_task: int) -> None:
+        """A continual federation moves on; ``old`` is the training data about to be lost
+        (None when the node held none)."""
+
+    def after_task_change(self, new_task: int) -> None:
+        """The node now holds ``new_task``'s data (see :meth:`ClientContext.train`)."""
+
+    def extra_training_data(self) -> list[ArrayData]:
+        """Samples to train on besides the node's own (replay buffers)."""
+        return []
+
+    def privacy_spent(self) -> float | None:
+        """Epsilon this node has released so far (None: the algorithm releases nothing)."""
+        return None
+
 
 class ServerHalf:
     """The side of an algorithm that sees every update."""
@@ -119,6 +151,32 @@ class ServerHalf:
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         """The next global model from ``round``'s updates (at least one)."""
         raise NotImplementedError
+
+
+class Refiner:
+    """A step after aggregation (e.g. training the global model on a replay buffer)."""
+
+    def refine(self, round: int, state: Tensors) -> Tensors:
+        return state
+
+
+class RefinedServer(ServerHalf):
+    """A strategy's server half followed by refiners, each on the previous one's result."""
+
+    def __init__(self, server: ServerHalf, refiners: Sequence[Refiner]):
+        self.server, self.refiners = server, list(refiners)
+
+    def published_extras(self) -> Tensors:
+        return self.server.published_extras()
+
+    def absorb(self, update: Update) -> None:
+        self.server.absorb(update)
+
+    def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
+        state = self.server.aggregate(round, global_state, updates)
+        for refiner in self.refiners:
+            state = refiner.refine(round, state)
+        return state
 
 
 class Algorithm:
@@ -147,6 +205,10 @@ class Algorithm:
 
     def server(self, ctx: ServerContext) -> ServerHalf | None:
         """The server half; None for an algorithm that only changes local training."""
+        return None
+
+    def refiner(self, ctx: ServerContext) -> Refiner | None:
+        """A step the aggregator runs after the strategy aggregated (None: nothing)."""
         return None
 
 

@@ -166,6 +166,7 @@ class FedCurvClient(ClientHalf):
     and sends the node's Fisher diagonal with its update."""
 
     def __init__(self, ctx: ClientContext, lam: float):
+        super().__init__()
         self.ctx = ctx
         self.lam = lam
         self.own: tuple[Tensors, Tensors] | None = None  # (Fisher, theta) the server half has counted
@@ -189,7 +190,7 @@ class FedCurvClient(ClientHalf):
         return [penalty]
 
     def update_extras(self, model: nn.Module) -> Tensors:
-        fisher = fisher_diagonal(model, self.ctx.train, self.ctx.training.batch_size, self.ctx.device)
+        fisher = fisher_diagonal(model, self.ctx.train(), self.ctx.training.batch_size, self.ctx.device)
         return {FISHER + k: v.to(torch.float32) for k, v in fisher.items()}
 
     def after_update(self, state: Tensors, extras: Tensors, included: bool) -> None:

@@ -189,6 +189,7 @@ class FlashbackClient(ClientHalf):
     alpha = pi / (own counts + pi); plain CE while pi is 0 (round 1)."""
 
     def __init__(self, ctx: ClientContext):
+        super().__init__()
         self.ctx = ctx
 
     def regularizers(self, start: Tensors, published: Tensors) -> list[Regularizer]:

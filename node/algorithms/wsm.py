@@ -72,13 +72,30 @@ def _wsm_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, log_alpha: to
 
 
 class WsmClient(ClientHalf):
-    def __init__(self, label_counts: Sequence[int]):
-        # validated once here, not per batch
-        self.log_alpha = wsm_log_weights(label_counts)
+    """alpha_k is the node's class distribution; in a continual federation it follows the
+    node's data from task to task (plain CE while the node holds no data)."""
+
+    def __init__(self, label_counts: Sequence[int], ctx: ClientContext | None = None):
+        super().__init__()
+        self.ctx = ctx
+        self.log_alpha: torch.Tensor | None = None
+        self._set(label_counts)
+
+    def _set(self, label_counts: Sequence[int]) -> None:
+        # validated once here, not per batch; a node without data (yet) has no alpha
+        self.log_alpha = wsm_log_weights(label_counts) if sum(label_counts) > 0 or self.ctx is None else None
 
     def objective(self, base: Objective) -> Objective:
-        log_alpha = self.log_alpha
-        return lambda logits, labels: _wsm_cross_entropy(logits, labels, log_alpha)
+        def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            if self.log_alpha is None:
+                return base(logits, labels)
+            return _wsm_cross_entropy(logits, labels, self.log_alpha)
+
+        return loss
+
+    def after_task_change(self, new_task: int) -> None:
+        if self.ctx is not None:
+            self._set(self.ctx.label_counts)
 
 
 class Wsm(Algorithm):
@@ -88,7 +105,7 @@ class Wsm(Algorithm):
         return training.objective == self.name
 
     def client(self, ctx: ClientContext) -> ClientHalf:
-        return WsmClient(ctx.label_counts)
+        return WsmClient(ctx.label_counts, ctx)
 
 
 ALGORITHM = Wsm()

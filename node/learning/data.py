@@ -2,8 +2,9 @@
 
 The embedded default is scikit-learn's bundled digits set: 1,797 real 8x8
 grey-scale images of the digits 0-9, available offline. MNIST, Fashion-MNIST,
-CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root`` (see
-:mod:`flmesh.node.learning.vision`). A data set is held in memory as an
+EMNIST, CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root``
+(see :mod:`flmesh.node.learning.vision`); "a+b" joins sets into one label
+space. A data set is held in memory as an
 :class:`ArrayData` (inputs as float32 in [0, 1], labels int64).
 
 Every node derives the same partition from the federation seed, so a node
@@ -43,11 +44,17 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class ArrayData:
-    """An in-memory labelled set: ``x`` float32 (N, *input_shape), ``y`` int64 (N,)."""
+    """An in-memory labelled set: ``x`` float32 (N, *input_shape), ``y`` int64 (N,).
+
+    In a continual federation test samples also carry ``task`` (int64 (N,),
+    the task they belong to, from 0) and ``num_tasks``, so evaluation can
+    report accuracy per task."""
 
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    task: torch.Tensor | None = None
+    num_tasks: int = 0
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -59,7 +66,14 @@ class ArrayData:
     def subset(self, indices: np.ndarray) -> ArrayData:
         """A copy of the samples at ``indices`` (it shares no memory with this set)."""
         idx = torch.as_tensor(indices, dtype=torch.long)
-        return ArrayData(self.x[idx], self.y[idx], self.num_classes)
+        task = self.task[idx] if self.task is not None else None
+        return ArrayData(self.x[idx], self.y[idx], self.num_classes, task, self.num_tasks)
+
+    def up_to_task(self, task: int | None) -> ArrayData:
+        """The samples of tasks ``<= task`` (all of them when ``task`` is None or there are no ids)."""
+        if task is None or self.task is None:
+            return self
+        return self.subset(np.flatnonzero(self.task.numpy() <= task))
 
     def label_counts(self) -> list[int]:
         """Samples per class, a list of length ``num_classes``."""
@@ -83,17 +97,33 @@ def load_digits() -> ArrayData:
 
 
 def load_dataset(cfg: DataConfig) -> ArrayData:
-    """The whole data set named by ``cfg.dataset``."""
-    if cfg.dataset == "digits":
+    """The whole data set named by ``cfg.dataset``; "a+b" joins sets into one label space
+    (b's classes after a's, e.g. MNIST + Fashion-MNIST: 20 classes, as Zizzo et al. use)."""
+    parts = [_load_one(name, cfg) for name in cfg.dataset.split("+")]
+    if len(parts) == 1:
+        return parts[0]
+    shapes = {p.input_shape for p in parts}
+    if len(shapes) != 1:
+        raise DataError(f"{cfg.dataset}: the sets have different input shapes {sorted(shapes)}; "
+                        "only sets of one shape can be joined")
+    offsets = np.cumsum([0] + [p.num_classes for p in parts[:-1]])
+    return ArrayData(torch.cat([p.x for p in parts]),
+                     torch.cat([p.y + int(o) for p, o in zip(parts, offsets, strict=True)]),
+                     sum(p.num_classes for p in parts))
+
+
+def _load_one(name: str, cfg: DataConfig) -> ArrayData:
+    if name == "digits":
         return load_digits()
     from flmesh.node.learning.vision import VISION_SETS, load_vision
 
-    if cfg.dataset in VISION_SETS:
-        return load_vision(cfg.dataset, cfg.root, cfg.download)
-    raise DataError(f"unknown dataset {cfg.dataset!r}")
+    if name in VISION_SETS:
+        return load_vision(name, cfg.root, cfg.download)
+    raise DataError(f"unknown dataset {name!r}")
 
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
+            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
 
 
 def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,

@@ -84,11 +84,14 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
              batch_size: int = 1024) -> EvalResult:
-    """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``."""
+    """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``
+    (and per-task counts when its samples carry task ids)."""
     device = device or torch.device("cpu")
     model.to(device).eval()
     correct = torch.zeros(data.num_classes, dtype=torch.long)
     total = torch.bincount(data.y, minlength=data.num_classes)
+    tasks = data.num_tasks if data.task is not None else 0
+    task_correct = torch.zeros(tasks, dtype=torch.long)
     loss_sum = 0.0
     for start in range(0, len(data), batch_size):
         xb = data.x[start:start + batch_size].to(device)
@@ -97,6 +100,10 @@ def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None =
         loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         hits = (logits.argmax(dim=1) == yb).cpu()
         correct += torch.bincount(yb.cpu()[hits], minlength=data.num_classes)
+        if data.task is not None:
+            task_correct += torch.bincount(data.task[start:start + batch_size][hits], minlength=tasks)
     n = len(data)
+    task_total = torch.bincount(data.task, minlength=tasks) if data.task is not None else task_correct
     return EvalResult(int(correct.sum()), n, loss_sum / n if n else 0.0,
-                      tuple(correct.tolist()), tuple(total.tolist()))
+                      tuple(correct.tolist()), tuple(total.tolist()),
+                      tuple(task_correct.tolist()), tuple(task_total.tolist()))

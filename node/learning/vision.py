@@ -1,7 +1,7 @@
 """torchvision data sets from a local root (learning wing).
 
-MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 through torchvision from
-``[data] root`` (fetched only with ``download = true``), read into one
+MNIST, Fashion-MNIST, EMNIST (all six splits), CIFAR-10 and CIFAR-100 through
+torchvision from ``[data] root`` (fetched only with ``download = true``), read into one
 :class:`~flmesh.node.learning.data.ArrayData` (float32 in [0, 1], int64 labels).
 torchvision is imported only here, and only when a vision set is asked for.
 """
@@ -28,6 +28,17 @@ from flmesh.node.learning.data import ArrayData, DataError
 _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
+# EMNIST split -> classes, as torchvision.datasets.EMNIST defines them. The letters
+# files label a..z as 1..26 (torchvision keeps an "N/A" class 0 that no sample has).
+EMNIST_SPLITS = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
+
+
+def _emnist_files(split: str) -> tuple[str, ...]:
+    """The raw idx files torchvision's EMNIST reads for ``split`` (the .gz files of the
+    NIST gzip.zip, decompressed, as its download leaves them)."""
+    return tuple(f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test")
+                 for kind in ("images-idx3", "labels-idx1"))
+
 
 @dataclass(frozen=True)
 class VisionSet:
@@ -36,7 +47,10 @@ class VisionSet:
     ``cls`` is the torchvision.datasets class name (or a class); ``files`` are
     the files torchvision reads from ``root/folder``; ``gz`` says they may also
     be present gzipped (as the MNIST mirrors serve them), ``archive`` names the
-    tarball torchvision downloads.
+    tarball torchvision downloads. ``kwargs`` are further keyword arguments of
+    the class (EMNIST's ``split``); ``label_offset`` is added to torchvision's
+    targets so labels are 0..num_classes-1; ``transpose`` swaps the height and
+    width of every image.
     """
 
     cls: Any
@@ -45,6 +59,9 @@ class VisionSet:
     num_classes: int
     gz: bool = False
     archive: str | None = None
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    label_offset: int = 0
+    transpose: bool = False
 
     def dataset_class(self) -> Any:
         if isinstance(self.cls, str):
@@ -62,6 +79,15 @@ VISION_SETS: dict[str, VisionSet] = {
                          10, archive="cifar-10-python.tar.gz"),
     "cifar100": VisionSet("CIFAR100", "cifar-100-python", ("train", "test", "meta"), 100,
                           archive="cifar-100-python.tar.gz"),
+    # EMNIST's idx files store every image transposed (column by column) and torchvision's
+    # ``.data`` keeps them so, leaving the fix to a user transform. They are transposed
+    # back here, so characters stand upright and left-to-right in the orientation MNIST has;
+    # weights trained on MNIST (or a plot of a sample) then meet the orientation they expect.
+    # letters: torchvision's targets 1..26 are shifted to 0..25.
+    **{f"emnist_{split}": VisionSet("EMNIST", "EMNIST/raw", _emnist_files(split), classes, gz=True,
+                                    kwargs=(("split", split),), transpose=True,
+                                    label_offset=-1 if split == "letters" else 0)
+       for split, classes in EMNIST_SPLITS.items()},
 }
 
 
@@ -168,7 +194,8 @@ def load_vision(name: str, root: str | os.PathLike | None, download: bool = Fals
             raise DataError(_missing_message(name, spec, root, missing))
     cls = spec.dataset_class()
     try:
-        splits = [cls(str(root), train=train, download=download) for train in (True, False)]
+        splits = [cls(str(root), train=train, download=download, **dict(spec.kwargs))
+                  for train in (True, False)]
     except Exception as exc:  # torchvision raises RuntimeError, URLError, ValueError, pickle errors...
         if download:
             raise DataError(f"{name}: download into {root} failed: {_one_line(exc)}") from None
@@ -177,6 +204,17 @@ def load_vision(name: str, root: str | os.PathLike | None, download: bool = Fals
             raise DataError(f"{name}: {root / spec.folder / bad} fails torchvision's MD5 check "
                             "(corrupt, or not the original file)") from None
         raise DataError(f"{name}: cannot read {root / spec.folder}: {_one_line(exc)}") from None
-    return _as_array([(ds.data, ds.targets) for ds in splits], spec.num_classes, name)
+    return _as_array([_images_and_labels(ds, spec) for ds in splits], spec.num_classes, name)
+
+
+def _images_and_labels(ds: Any, spec: VisionSet) -> tuple[Any, Any]:
+    """A torchvision set's (images, labels) with ``spec``'s transpose and label offset applied
+    (the transpose is a view: the one copy is the float32 fill in :func:`_as_array`)."""
+    images, labels = ds.data, ds.targets
+    if spec.transpose:
+        images = np.swapaxes(np.asarray(images), 1, 2)
+    if spec.label_offset:
+        labels = np.asarray(labels, dtype=np.int64) + spec.label_offset
+    return images, labels
 
 

@@ -38,11 +38,16 @@ def evaluate_reply(node_id: str, result: EvalResult) -> peer_pb2.EvaluateReply:
     per_class = [peer_pb2.ClassCount(label=c, correct=k, total=n)
                  for c, (k, n) in enumerate(zip(result.per_class_correct, result.per_class_total,
                                                 strict=True))]
+    per_task = [peer_pb2.TaskCount(task=t, correct=k, total=n)
+                for t, (k, n) in enumerate(zip(result.per_task_correct, result.per_task_total, strict=True))]
     return peer_pb2.EvaluateReply(node_id=node_id, accuracy=result.accuracy, correct=result.correct,
-                                  total=result.total, loss=result.loss, per_class=per_class)
+                                  total=result.total, loss=result.loss, per_class=per_class,
+                                  per_task=per_task)
 
 
 def eval_result(reply: peer_pb2.EvaluateReply) -> EvalResult:
     counts = sorted(reply.per_class, key=lambda c: c.label)
+    tasks = sorted(reply.per_task, key=lambda t: t.task)
     return EvalResult(reply.correct, reply.total, reply.loss,
-                      tuple(c.correct for c in counts), tuple(c.total for c in counts))
+                      tuple(c.correct for c in counts), tuple(c.total for c in counts),
+                      tuple(t.correct for t in tasks), tuple(t.total for t in tasks))

@@ -7,9 +7,10 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from flmesh.node.transport import PeerHandlers
+from flmesh.node.transport import PeerHandlers, ReplayHandlers
 from flmesh.node.wire.channels import bind, make_server
 from flmesh.node.wire.peer_service import PeerServicer
+from flmesh.node.wire.replay_service import add_replay
 from flmesh.v1 import peer_pb2_grpc
 
 PEER_SERVICE = "flmesh.v1.Peer"
@@ -31,7 +32,13 @@ def serve(add: Callable[[grpc.Server], None], service: str, listen: str,
     return server, health_servicer, f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
-def serve_peer(handlers: PeerHandlers, listen: str) -> tuple[grpc.Server, health.HealthServicer, str]:
-    """A node's Peer service on ``listen`` (see :func:`serve`)."""
-    return serve(lambda server: peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(handlers), server),
-                 PEER_SERVICE, listen)
+def serve_peer(handlers: PeerHandlers, listen: str,
+               replay: ReplayHandlers | None = None) -> tuple[grpc.Server, health.HealthServicer, str]:
+    """A node's Peer service on ``listen`` (see :func:`serve`), and the ReplayBuffer service
+    when the node hosts it."""
+    def add(server: grpc.Server) -> None:
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(handlers), server)
+        if replay is not None:
+            add_replay(server, replay)
+
+    return serve(add, PEER_SERVICE, listen)

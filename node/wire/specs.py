@@ -30,7 +30,8 @@ FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
 #: plug-in's message; its metadata "algorithm" names the plug-in.
 KINDS = {"trained": pb.MODEL_KIND_TRAINED, "rewind": pb.MODEL_KIND_REWIND,
          "global": pb.MODEL_KIND_GLOBAL, "update": pb.MODEL_KIND_UPDATE, "eval": pb.MODEL_KIND_EVAL,
-         "extras": pb.MODEL_KIND_EXTRAS}
+         "extras": pb.MODEL_KIND_EXTRAS, "contribution": pb.MODEL_KIND_CONTRIBUTION,
+         "buffer": pb.MODEL_KIND_BUFFER}
 KIND_NAMES = {v: k for k, v in KINDS.items()}
 
 _REASON_CODES: dict[str, StatusName] = {

@@ -30,6 +30,8 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_KIND_UPDATE: _ClassVar[ModelKind]
     MODEL_KIND_EVAL: _ClassVar[ModelKind]
     MODEL_KIND_EXTRAS: _ClassVar[ModelKind]
+    MODEL_KIND_CONTRIBUTION: _ClassVar[ModelKind]
+    MODEL_KIND_BUFFER: _ClassVar[ModelKind]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT64: DType
@@ -48,6 +50,8 @@ MODEL_KIND_GLOBAL: ModelKind
 MODEL_KIND_UPDATE: ModelKind
 MODEL_KIND_EVAL: ModelKind
 MODEL_KIND_EXTRAS: ModelKind
+MODEL_KIND_CONTRIBUTION: ModelKind
+MODEL_KIND_BUFFER: ModelKind
 
 class MetaValue(_message.Message):
     __slots__ = ("int_value", "double_value", "string_value", "bool_value")

@@ -69,21 +69,33 @@ class ClassCount(_message.Message):
     total: int
     def __init__(self, label: _Optional[int] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
+class TaskCount(_message.Message):
+    __slots__ = ("task", "correct", "total")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    task: int
+    correct: int
+    total: int
+    def __init__(self, task: _Optional[int] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
 class EvaluateReply(_message.Message):
-    __slots__ = ("node_id", "accuracy", "correct", "total", "loss", "per_class")
+    __slots__ = ("node_id", "accuracy", "correct", "total", "loss", "per_class", "per_task")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     PER_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PER_TASK_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     accuracy: float
     correct: int
     total: int
     loss: float
     per_class: _containers.RepeatedCompositeFieldContainer[ClassCount]
-    def __init__(self, node_id: _Optional[str] = ..., accuracy: _Optional[float] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ..., loss: _Optional[float] = ..., per_class: _Optional[_Iterable[_Union[ClassCount, _Mapping]]] = ...) -> None: ...
+    per_task: _containers.RepeatedCompositeFieldContainer[TaskCount]
+    def __init__(self, node_id: _Optional[str] = ..., accuracy: _Optional[float] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ..., loss: _Optional[float] = ..., per_class: _Optional[_Iterable[_Union[ClassCount, _Mapping]]] = ..., per_task: _Optional[_Iterable[_Union[TaskCount, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

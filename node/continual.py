@@ -1,0 +1,112 @@
+"""A node's place in a task stream: which task it is in, what it holds, whether it takes part.
+
+The round engine calls :meth:`ContinualState.advance` at the start of every
+round. On a task change the node's client halves see the training data about
+to be lost (DP replay keeps its local buffer and releases its means), the
+node swaps in its share of the new task (its test share joins the test
+shares of earlier tasks, so evaluation covers every task seen), the client
+halves fetch what they need (the global buffer), and the node trains from
+then on on the new share plus whatever the client halves add. Not
+thread-safe: the round loop calls it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flmesh.node.learning.data import ArrayData, NodeData
+from flmesh.node.learning.tasks import TaskSource, concat
+from flmesh.topology.tasks import participates, task_of
+
+if TYPE_CHECKING:
+    from flmesh.node.node import Node
+    from flmesh.node.transport import ReplayTransport
+
+
+class ContinualState:
+    def __init__(self, source: TaskSource):
+        self.source = source
+        self.cfg = source.cfg
+        self.task = -1  # no task entered yet
+        self.released = 0  # the last task change whose release happened (task changes from 1)
+        self.share: ArrayData | None = None  # the current task's training share
+        self.tests: list[ArrayData] = []  # this node's test shares of every task it was in
+
+    def participates(self, node: Node, round: int) -> bool:
+        return participates(self.cfg, node.federation.node_ids, node.node_id, round, node.federation.seed)
+
+    def advance(self, node: Node, round: int) -> list[str]:
+        """Enter the task ``round`` belongs to (one task at a time); what the report should say."""
+        notes: list[str] = []
+        target = task_of(self.cfg, round)
+        while self.task < target:
+            self.release(node, self.task + 1)
+            notes += self._enter(node, self.task + 1)
+        return notes
+
+    def release(self, node: Node, task: int) -> None:
+        """The first half of a task change, once: the client halves see the data about to be
+        lost (DP replay keeps its local buffer and releases its means). Separate so a test can
+        let every node release before any fetches the buffer the releases make."""
+        if task <= self.released or task != self.task + 1 or task == 0:
+            return
+        old = self.share if self.share is not None and len(self.share) else None
+        for client in node.clients.values():
+            client.on_task_change(old, self.task, task)
+        self.released = task
+
+    def _enter(self, node: Node, task: int) -> list[str]:
+        share = self.source.share(task)
+        if len(share.test):
+            self.tests.append(share.test)
+        self.share, self.task = share.train, task
+        test = concat(self.tests) if self.tests else share.test
+        node.data = NodeData(share.train, test)  # client halves read the new data from here
+        for client in node.clients.values():
+            client.after_task_change(task)
+        extra = [d for client in node.clients.values() for d in client.extra_training_data() if len(d)]
+        if extra:
+            node.data = NodeData(concat([share.train, *extra]), test)
+        notes = [f"entered task {task}: {len(share.train)} samples of its own"
+                 + (f", {sum(len(d) for d in extra)} replayed" if extra else "")]
+        for client in node.clients.values():
+            notes += client.notes
+            client.notes.clear()
+        return notes
+
+
+def empty_share(source: TaskSource) -> NodeData:
+    """Shapes without samples: what a node holds before it enters its first task."""
+    share = source.share(0)
+    return NodeData(ArrayData(share.train.x[:0], share.train.y[:0], share.train.num_classes),
+                    ArrayData(share.test.x[:0], share.test.y[:0], share.test.num_classes,
+                              task=share.test.task[:0] if share.test.task is not None else None,
+                              num_tasks=share.test.num_tasks))
+
+
+def wire_replay(node: Node, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None) -> None:
+    """Point a node of a federation with ``[replay]`` at its buffer host over gRPC: the
+    aggregator of a star federation, else the node ``[replay] host`` names (default: the
+    first node), which serves the buffer itself (its privacy ledger in ``state_dir``)."""
+    from flmesh.node.memory import local_replay
+    from flmesh.node.replay_buffer import ReplayBufferCore
+    from flmesh.node.wire.replay_client import GrpcReplayTransport
+
+    fed, replay = node.federation, node.federation.replay
+    if replay is None:
+        return
+
+    def remote(address: str) -> ReplayTransport:
+        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=node.counter)
+
+    if aggregator:
+        node.replay.target = remote(aggregator)
+        return
+    host = replay.host or fed.node_ids[0]
+    if host == node.node_id:
+        node.replay_host = ReplayBufferCore(fed, node.data.train.input_shape, node.data.train.num_classes,
+                                            state_dir=state_dir, clock=node.clock)
+        node.replay.target = local_replay(node.replay_host, node.node_id, node.counter)
+    else:
+        node.replay.host, node.replay.factory = host, remote

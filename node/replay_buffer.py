@@ -1,0 +1,225 @@
+"""The ReplayBuffer service's logic: DP class means in, a global buffer out, a privacy ledger.
+
+Hosted by the aggregator of a star federation, or by the node ``[replay]
+host`` names in one without (so it lives beside the node, not in the
+coordinator). Every contribution is checked before it touches anything:
+shape and dtype (the codec), finite values inside the clip range, classes of
+the task the sender is releasing, counts of at least ``min_count``, the
+federation's epsilon, a member present in that task, one release per
+(sender, task), and the sender's budget. A refused contribution leaves the
+buffer and the ledger as they were.
+
+The **privacy ledger** records every release (client, task, epsilon); a
+client's spend is the sum (sequential composition; one release of all its
+class means costs epsilon, see :mod:`flmesh.node.learning.replay`). It is
+written atomically to ``state_dir`` before the means are used, and read back
+when the service starts again.
+
+The global buffer for task t holds, for every class, the contributed means
+of tasks before t re-averaged into at most N means (seeded groups).
+
+Thread-safety: every method may be called from RPC threads; one condition
+guards the state. Waits go through the injected clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+
+import torch
+
+from flmesh.node.clock import REAL_CLOCK, Clock
+from flmesh.node.errors import Refused, StatusName
+from flmesh.node.learning.data import derive_seed
+from flmesh.node.learning.replay import regroup
+from flmesh.node.results import write_atomic
+from flmesh.node.transport import Chunks, ContributeResult, ReplayStatus
+from flmesh.node.wire import codec
+from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
+from flmesh.topology import Federation
+from flmesh.topology.tasks import joined_task, present, task_classes
+
+SEED_REGROUP = 24
+
+#: The longest one FetchBuffer waits on the server, whatever the caller asks.
+MAX_FETCH_WAIT_S = 30.0
+
+
+class PrivacyLedger:
+    """Every release, per client, persisted atomically as JSON at ``path`` (None: in memory)."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.releases: list[dict[str, float | int | str]] = []
+        if path is not None and path.exists():
+            self.releases = list(json.loads(path.read_text(encoding="utf-8"))["releases"])
+
+    def spent(self, client: str) -> float:
+        return math.fsum(float(r["epsilon"]) for r in self.releases if r["client"] == client)
+
+    def totals(self, before_task: int | None = None) -> dict[str, float]:
+        """Epsilon per client, over the releases of tasks ``< before_task`` (default: all)."""
+        rows = [r for r in self.releases if before_task is None or int(r["task"]) < before_task]
+        out: dict[str, float] = {}
+        for r in rows:
+            out[str(r["client"])] = out.get(str(r["client"]), 0.0) + float(r["epsilon"])
+        return dict(sorted(out.items()))
+
+    def record(self, client: str, task: int, epsilon: float) -> None:
+        entry: dict[str, float | int | str] = {"client": client, "task": task, "epsilon": epsilon}
+        releases = [*self.releases, entry]
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps({"releases": releases}, indent=1) + "\n")
+        self.releases = releases
+
+
+def buffer_spec(num_classes: int, n: int, input_shape: tuple[int, ...]) -> ModelSpec:
+    return {"x": (torch.float32, (num_classes, n, *input_shape)), "filled": (torch.int64, (num_classes,))}
+
+
+def contribution_spec(num_classes: int, input_shape: tuple[int, ...]) -> ModelSpec:
+    return {"means": (torch.float32, (num_classes, *input_shape)), "counts": (torch.int64, (num_classes,))}
+
+
+class ReplayBufferCore:
+    def __init__(self, federation: Federation, input_shape: tuple[int, ...], num_classes: int, *,
+                 state_dir: Path | None = None, clock: Clock = REAL_CLOCK):
+        if federation.replay is None or federation.tasks is None:
+            raise ValueError("a replay buffer needs [replay] and [tasks] sections")
+        self.federation, self.cfg, self.stream = federation, federation.replay, federation.tasks
+        self.input_shape, self.num_classes, self.clock = input_shape, num_classes, clock
+        self.spec = contribution_spec(num_classes, input_shape)
+        self.ledger = PrivacyLedger(state_dir / "privacy_ledger.json" if state_dir is not None else None)
+        self._means: dict[int, list[tuple[int, torch.Tensor]]] = {}  # class -> [(task, mean)]
+        self._reported: set[tuple[int, str]] = set()  # (task, client) that contributed or withheld
+        self._version = 0
+        self._cond = threading.Condition()
+
+    # ------------------------------------------------------------------ contributions
+    def _refuse(self, code: StatusName, message: str) -> Refused:
+        return Refused(code, f"replay buffer: {message}")
+
+    def contribute(self, caller: str | None, chunks: Chunks) -> ContributeResult:
+        try:
+            model = codec.decode(chunks, self.spec, 1 << 30)
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"replay buffer: {exc}") from None
+        meta = model.meta
+        sender, task = meta.sender, int(meta.metadata.get("task", -1))
+        means, counts = model.state_dict["means"], model.state_dict["counts"]
+        self._check(caller, meta, sender, task, means, counts)
+        withheld = bool(meta.metadata.get("withheld", False))
+        released = [c for c in range(self.num_classes) if int(counts[c]) > 0]
+        with self._cond:
+            if (task, sender) in self._reported:
+                raise self._refuse("ALREADY_EXISTS", f"{sender} already released its means of task {task}")
+            spent = self.ledger.spent(sender)
+            if not withheld:
+                budget = self.cfg.budget
+                if budget > 0 and spent + self.cfg.epsilon > budget * (1 + 1e-12):
+                    raise self._refuse("RESOURCE_EXHAUSTED",
+                                       f"{sender} has spent epsilon {spent:g} of its budget {budget:g}; "
+                                       f"another release of {self.cfg.epsilon:g} is refused")
+                self.ledger.record(sender, task, self.cfg.epsilon)  # written before the means are used
+                spent += self.cfg.epsilon
+                for c in released:
+                    self._means.setdefault(c, []).append((task, means[c].detach().clone()))
+                self._version += 1
+            self._reported.add((task, sender))
+            self._cond.notify_all()
+        return ContributeResult(not withheld, spent, self.cfg.budget, 0 if withheld else len(released))
+
+    def _check(self, caller: str | None, meta: ModelMeta, sender: str, task: int, means: torch.Tensor,
+               counts: torch.Tensor) -> None:
+        stream, cfg = self.stream, self.cfg
+        if sender not in self.federation.node_ids:
+            raise self._refuse("PERMISSION_DENIED", f"unknown node {sender!r}")
+        if caller is not None and caller != sender:
+            raise self._refuse("PERMISSION_DENIED",
+                               f"the release claims to come from {sender!r} but was sent by {caller!r}")
+        if meta.kind != "contribution":
+            raise self._refuse("INVALID_ARGUMENT", f"Contribute takes kind 'contribution', not {meta.kind!r}")
+        if not 0 <= task < stream.tasks:
+            raise self._refuse("INVALID_ARGUMENT", f"task {task} is not a task of the stream "
+                               f"(0..{stream.tasks - 1})")
+        joined = joined_task(stream, self.federation.node_ids, sender)
+        if joined is None or joined > task:
+            raise self._refuse("PERMISSION_DENIED", f"{sender} holds no data of task {task}")
+        epsilon = meta.metadata.get("epsilon")
+        if not isinstance(epsilon, float) or not math.isclose(epsilon, cfg.epsilon, rel_tol=1e-12):
+            raise self._refuse("INVALID_ARGUMENT", f"epsilon {epsilon!r} differs from the federation's "
+                               f"{cfg.epsilon:g}")
+        if (counts < 0).any():
+            raise self._refuse("INVALID_ARGUMENT", "counts must be >= 0")
+        if meta.metadata.get("withheld", False):
+            if (counts > 0).any():
+                raise self._refuse("INVALID_ARGUMENT", "a withheld release carries no means")
+            return
+        allowed = set(task_classes(stream, task, self.num_classes))
+        for c in range(self.num_classes):
+            n = int(counts[c])
+            if n == 0:
+                continue
+            if c not in allowed:
+                raise self._refuse("INVALID_ARGUMENT", f"class {c} is not in task {task} "
+                                   f"(classes {', '.join(map(str, sorted(allowed)))})")
+            if n < cfg.min_count:
+                raise self._refuse("INVALID_ARGUMENT", f"class {c}: a mean of {n} samples is below the "
+                                   f"minimum of {cfg.min_count}")
+            row = means[c]
+            if not torch.isfinite(row).all():
+                raise self._refuse("INVALID_ARGUMENT", f"class {c}: the mean holds NaN or Inf")
+            lo, hi = cfg.clip
+            if float(row.min()) < lo or float(row.max()) > hi:
+                raise self._refuse("INVALID_ARGUMENT", f"class {c}: values {float(row.min()):g}.."
+                                   f"{float(row.max()):g} lie outside the clip range [{lo:g}, {hi:g}]")
+
+    # ------------------------------------------------------------------ the global buffer
+    def expected(self, task: int) -> list[str]:
+        """Who releases on the change into ``task``: every client present in ``task - 1``."""
+        return present(self.stream, self.federation.node_ids, task - 1) if task > 0 else []
+
+    def wait_for(self, task: int, wait_s: float) -> list[str]:
+        """Block until every client expected for ``task`` has reported, or ``wait_s``; the missing."""
+        deadline = self.clock.now() + max(0.0, wait_s)
+        with self._cond:
+            while True:
+                missing = [c for c in self.expected(task) if (task - 1, c) not in self._reported]
+                remaining = deadline - self.clock.now()
+                if not missing or remaining <= 0:
+                    return missing
+                self.clock.wait(self._cond, remaining)
+
+    def buffer(self, task: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Task ``task``'s global buffer: x (C, N, *input) float32 and how many means per class."""
+        n = self.cfg.global_means
+        x = torch.zeros((self.num_classes, n, *self.input_shape), dtype=torch.float32)
+        filled = torch.zeros(self.num_classes, dtype=torch.long)
+        with self._cond:
+            contributed = {c: [m for t, m in rows if t < task] for c, rows in self._means.items()}
+        for c, means in contributed.items():
+            groups = regroup(means, n, derive_seed(self.federation.seed, SEED_REGROUP, c, task))
+            for i, mean in enumerate(groups):
+                x[c, i] = mean
+            filled[c] = len(groups)
+        return x, filled
+
+    def fetch(self, caller: str | None, node_id: str, task: int, wait_s: float) -> EncodedModel:
+        if node_id not in self.federation.node_ids:
+            raise self._refuse("PERMISSION_DENIED", f"unknown node {node_id!r}")
+        if not 0 <= task < self.stream.tasks:
+            raise self._refuse("INVALID_ARGUMENT", f"task {task} is not a task of the stream")
+        self.wait_for(task, min(wait_s, MAX_FETCH_WAIT_S))
+        x, filled = self.buffer(task)
+        return codec.encode({"x": x, "filled": filled},
+                            ModelMeta(round=0, sender="replay", kind="buffer", metadata={"task": task}))
+
+    def status(self, caller: str | None) -> ReplayStatus:
+        with self._cond:
+            fills = {c: len(rows) for c, rows in self._means.items()}
+            return ReplayStatus(self._version, {c: min(k, self.cfg.global_means) for c, k in fills.items()},
+                                fills, self.ledger.totals(), self.cfg.budget, self.cfg.epsilon)
