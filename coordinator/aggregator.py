@@ -92,7 +92,8 @@ class Aggregator:
                         tests: Callable[[], dict[str, ArrayData]] | None = None,
                         state_dir: Path | None = None) -> Aggregator:
         """The aggregator of ``federation``; ``dataset`` skips loading the data set again
-        (it is read for the model's input shape and, for Flashback, the public split).
+        (it is read for the model's input shape and the public split that Flashback and
+        fedavg_ft train on).
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
         aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``)."""

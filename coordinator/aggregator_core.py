@@ -20,38 +20,20 @@ condition guards the state. Waits go through the injected clock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import Refused
-from flmesh.node.learning.data import derive_seed
 from flmesh.node.transport import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.topology import Federation
-from flmesh.topology.tasks import participants
-
-SEED_SAMPLE = 6
+from flmesh.topology.sampling import selected
 
 #: The longest one Poll waits on the server, whatever the caller asks: a stalled
 #: caller cannot hold a worker thread longer than this.
 MAX_POLL_WAIT_S = 5.0
-
-
-def round_half_up(x: float) -> int:
-    return int(np.floor(x + 0.5))
-
-
-def sample_clients(node_ids: Sequence[str], fraction: float, seed: int, round: int) -> list[str]:
-    """The max(1, round(C * K)) nodes sampled for ``round``, in federation order. Pure."""
-    k = max(1, round_half_up(fraction * len(node_ids)))
-    rng = np.random.default_rng(derive_seed(seed, SEED_SAMPLE, round))
-    chosen = set(rng.choice(len(node_ids), size=min(k, len(node_ids)), replace=False).tolist())
-    return [n for i, n in enumerate(node_ids) if i in chosen]
 
 
 @dataclass(frozen=True)
@@ -104,12 +86,8 @@ class AggregatorCore:
                           f"{', '.join(self.node_ids)})")
 
     def selected(self, round: int) -> list[str]:
-        """Who takes part in ``round``: a seeded sample of C*K nodes, or in a continual
-        federation the present nodes whose participation draw says yes (Zizzo et al., Eq. 1)."""
-        stream = self.federation.tasks
-        if stream is not None:
-            return participants(stream, self.node_ids, round, self.federation.seed)
-        return sample_clients(self.node_ids, self.config.fraction, self.federation.seed, round)
+        """Who takes part in ``round`` (:func:`flmesh.topology.sampling.selected`)."""
+        return selected(self.federation, round)
 
     # ------------------------------------------------------------------ handlers (RPC threads)
     def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
@@ -205,7 +183,7 @@ class AggregatorCore:
     def open_round(self, round: int) -> list[str]:
         """Publish the global model (and the strategy's extras) for ``round``; the sampled nodes."""
         selected = self.selected(round)
-        state = {**self.global_state, **self.server.published_extras()}
+        state = {**self.global_state, **self.server.published_extras(round)}
         message = codec.encode(state, ModelMeta(round=round, sender="aggregator", kind="global",
                                                 metadata={"strategy": self.strategy}))
         with self._cond:
@@ -241,6 +219,8 @@ class AggregatorCore:
             notes.append(f"round {round} closed {why} with {len(updates)} of {len(selected)} updates; "
                          f"missing: {', '.join(missing)}")
         start = self.global_state
+        for update in updates:  # every accepted update counts, as the node that sent it assumes
+            self.server.absorb(update)
         aggregated = len(updates) >= self.config.min_updates
         if aggregated:
             new = self.server.aggregate(round, start, updates)

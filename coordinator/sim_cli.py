@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {sim.out_dir}")
         header = (f"{'round':>5}  {'acc %':>6}  {'F_t %':>6}  {'F_k %':>6}  {'updates':>7}  {'s':>6}" if star
                   else f"{'round':>5}  {'FA %':>6}  {'FF %':>6}  {'PFA %':>6}  {'missing':>7}  {'s':>6}")
+        if fed.tasks is not None:
+            header += "  task  per-task acc %"
         console.print(header, style="bold")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
@@ -99,15 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     task = progress.add_task("rounds", total=fed.rounds)
 
     def on_round(row: RoundRow) -> None:
+        tasks = ""
+        if row.task is not None:
+            tasks = f"  {row.task:>4}  " + " ".join(_pct(a).strip() for a in row.task_accuracy or [])
         if not args.quiet and star:
             updates = f"{len(row.received or [])}/{len(row.selected or [])}"
             progress.console.print(
                 f"{row.round:>5}  {_pct(row.accuracy)}  {_pct(row.global_forgetting)}  "
-                f"{_pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}")
+                f"{_pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{tasks}")
         elif not args.quiet:
             missing = sum(e.missing is not None for e in row.nodes.values())
             progress.console.print(f"{row.round:>5}  {_pct(row.fa)}  {_pct(row.ff)}  "
-                                   f"{_pct(row.pfa)}  {missing:>7}  {row.wall_s:6.2f}")
+                                   f"{_pct(row.pfa)}  {missing:>7}  {row.wall_s:6.2f}{tasks}")
         progress.update(task, completed=row.round)
 
     interrupted = False

@@ -124,7 +124,7 @@ def merge(entry: NodeRound | None, report: Report) -> NodeRound:
         entry.start_accuracy = own.start_accuracy
         entry.late, entry.rewound_to = own.late, own.rewound_to
         entry.train_loss, entry.train_steps = own.train_loss, own.train_steps
-        entry.train_samples = own.train_samples
+        entry.train_samples, entry.rewind_steps = own.train_samples, own.rewind_steps
     entry.bytes_sent, entry.bytes_received = own.bytes_sent, own.bytes_received
     entry.privacy_spent = own.privacy_spent
     entry.wall_s, entry.notes = own.wall_s, own.notes

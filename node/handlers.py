@@ -14,6 +14,7 @@ thread-safe.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -21,13 +22,24 @@ import torch
 
 from flmesh.node.errors import Refused
 from flmesh.node.inbox import InboxKey
-from flmesh.node.learning.trainer import evaluate, train
+from flmesh.node.learning.trainer import (
+    evaluate,
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_spec,
+    optimizer_state,
+    steps_for,
+    train,
+)
+from flmesh.node.local_training import rewind_training
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
+from flmesh.topology import TrainingConfig
 
 Tensors = dict[str, torch.Tensor]
+MAX_REWIND_EPOCHS = 100  # a rewind asks for a fraction of the sender's round; this bounds a hostile one
 
 if TYPE_CHECKING:
     from flmesh.node.node import Node
@@ -72,7 +84,15 @@ class NodeHandlers:
                 raise CodecError("invalid", f"extras for algorithm {name!r}, which this node does not "
                                  f"run between peers (it runs {', '.join(self.node.update_specs) or 'none'})")
             return self.node.update_specs[name]
+        if meta.kind == "rewind":  # the model, and the sender's optimizer state when it sends one
+            return {**self.node.spec, **optimizer_spec(self._rewind_config(meta), self.node.model)}
         return self.node.spec
+
+    def _rewind_config(self, meta: ModelMeta) -> TrainingConfig:
+        try:
+            return rewind_training(self.node.training, meta.metadata)
+        except ValueError as exc:
+            raise CodecError("invalid", f"Rewind: {exc}") from None
 
     def evaluate_state(self, state: Mapping[str, torch.Tensor], max_task: int | None = None) -> EvalResult:
         """Any model state on this node's test split (a pooled copy is evaluated); in a continual
@@ -81,14 +101,24 @@ class NodeHandlers:
         with self.node.spare.loaded(state) as model:
             return evaluate(model, test, device=self.node.device)
 
-    def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, round: int) -> Tensors:
-        """Train a copy of ``state`` for ``epochs`` on this node's data (FedRewind's rewind step).
+    def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
+                     cfg: TrainingConfig | None = None) -> tuple[Tensors, int]:
+        """Train a copy of the model in ``state`` ``steps`` steps (or ``epochs``) on this node's data
+        (FedRewind's rewind step), continuing the optimizer state ``state`` carries with the
+        sender's settings ``cfg``; returns the model and optimizer state, and the steps trained.
         Thread-safe; the node's own model is not touched."""
-        with self.node.spare.loaded(state) as model:
-            train(model, self.node.data.train, self.node.training, epochs=epochs,
-                  seed=self.node.train_seed(round, salt=1), device=self.node.device,
-                  objective=self.node.objective)
-            return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        cfg = cfg or self.node.training
+        model_part = {k: v for k, v in state.items() if k in self.node.spec}
+        optim_part = {k: v for k, v in state.items() if k not in self.node.spec}
+        with self.node.spare.loaded(model_part) as model:
+            optimizer = make_optimizer(model, cfg)
+            load_optimizer_state(optimizer, model, optim_part)
+            stats = train(model, self.node.data.train, cfg, epochs=epochs, steps=steps or None,
+                          seed=self.node.train_seed(round, salt=1), device=self.node.device,
+                          objective=self.node.objective, optimizer=optimizer)
+            out = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            out.update(optimizer_state(optimizer, model) if optim_part else {})
+            return out, stats.steps
 
     def _decode(self, chunks: Chunks) -> DecodedModel:
         """Read a stream against the spec its header's kind calls for (the model, or a
@@ -134,20 +164,32 @@ class NodeHandlers:
         max_task = model.meta.metadata.get("max_task")
         return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
 
-    def rewind(self, caller: str | None, epochs: float, round: int, sender: str,
+    def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
                chunks: Chunks) -> EncodedModel:
         self._member(sender, "Rewind")
         self._same(caller, sender, "Rewind")
-        if not epochs > 0:
-            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind epochs must be > 0, got {epochs}")
+        self._check_rewind_work(epochs, steps)
         model = self._decode(chunks)
         if model.meta.kind != "rewind":
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind takes a model of kind 'rewind', "
                           f"not {model.meta.kind!r}")
-        state = self.rewind_state(model.state_dict, epochs, round)
+        cfg = rewind_training(self.node.training, model.meta.metadata)
+        state, done = self.rewind_state(model.state_dict, epochs, steps, round, cfg)
         meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
-                         num_samples=len(self.node.data.train), architecture=self.node.architecture)
+                         num_samples=len(self.node.data.train), architecture=self.node.architecture,
+                         metadata={"steps": done})
         return codec.encode(state, meta)
+
+    def _check_rewind_work(self, epochs: float, steps: int) -> None:
+        """Refuse a rewind with no work, or more than ``MAX_REWIND_EPOCHS`` of this node's epochs
+        (a peer must not make this node train without end)."""
+        if not math.isfinite(epochs) or epochs < 0 or steps < 0 or not (steps > 0 or epochs > 0):
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind needs steps > 0 or epochs > 0, "
+                          f"got steps {steps}, epochs {epochs}")
+        epoch_steps = steps_for(1.0, len(self.node.data.train), self.node.training.batch_size)
+        if epochs > MAX_REWIND_EPOCHS or steps > MAX_REWIND_EPOCHS * epoch_steps:
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind asks for more than "
+                          f"{MAX_REWIND_EPOCHS} epochs ({MAX_REWIND_EPOCHS * epoch_steps} steps) here")
 
     def status(self, caller: str | None) -> PeerStatus:
         return self.node.status()

@@ -1,66 +1,124 @@
 """One round's local training, with FedRewind's rewind phase (Eq. 2 / Eq. 4).
 
-Without rewind a round is E local epochs. With a rewind target it is
-(1-2λ)E local, λE on the target's data through the ``Rewind`` call (the
-target trains a copy with its own plain objective and sends it back), then
-λE local. An unreachable target's λE epochs are trained locally and noted.
+Without rewind a round is E local epochs. With a rewind target the round's
+optimizer steps S (those of E epochs on this node's data) are split into
+(1-2λ)S local, λS on the target's data through the ``Rewind`` call, and λS
+local (:func:`~flmesh.node.learning.trainer.split_steps`): exactly S steps, as
+many as a round without rewind. The three phases are one local run (Eq. 2
+trains one model): one optimizer carries its state (momentum, Adam's moments)
+from phase to phase, and travels to the target with the model, whose phase
+uses the sender's optimizer settings and sends the state back. An unreachable
+target's λS steps are trained locally and noted.
 
-Blocking; called from the node's round loop only (not thread-safe for one
-node).
+Blocking; called from the node's round loop only (not thread-safe for one node).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import torch
+
 from flmesh.node.learning.objectives import Regularizer
-from flmesh.node.learning.trainer import train
+from flmesh.node.learning.trainer import (
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_spec,
+    optimizer_state,
+    split_steps,
+    steps_for,
+    train,
+)
 from flmesh.node.reports import TrainStats
+from flmesh.node.wire.codec import MetaValue, ModelMeta, encode
+from flmesh.topology import TrainingConfig
 
 if TYPE_CHECKING:
     from flmesh.node.node import Node
 
 
-def train_local(node: Node, epochs: float, round: int, phase: int,
-                regularizers: Sequence[Regularizer] = ()) -> TrainStats:
-    """``epochs`` of local training on the node's model, seeded by (round, phase)."""
+def optimizer_metadata(cfg: TrainingConfig) -> dict[str, MetaValue]:
+    """The settings a rewind node needs to continue this node's optimizer."""
+    return {"optimizer": cfg.optimizer, "lr": float(cfg.lr), "momentum": float(cfg.momentum),
+            "weight_decay": float(cfg.weight_decay)}
+
+
+def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> TrainingConfig:
+    """The rewind node's training: its own batch size and objective, the sender's optimizer.
+
+    Raises ValueError (one line) for settings no sender of this federation could have."""
+    if "optimizer" not in metadata:
+        return own
+    optimizer, lr = metadata.get("optimizer"), metadata.get("lr")
+    momentum, decay = metadata.get("momentum", 0.0), metadata.get("weight_decay", 0.0)
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer {optimizer!r} is not 'sgd' or 'adam'")
+    for name, value, ok in (("lr", lr, lambda v: v > 0), ("momentum", momentum, lambda v: 0 <= v < 1),
+                            ("weight_decay", decay, lambda v: v >= 0)):
+        if not isinstance(value, float) or not math.isfinite(value) or not ok(value):
+            raise ValueError(f"optimizer setting {name} = {value!r} is out of range")
+    assert isinstance(lr, float) and isinstance(momentum, float) and isinstance(decay, float)
+    return replace(own, optimizer=str(optimizer), lr=lr, momentum=momentum, weight_decay=decay)
+
+
+def train_local(node: Node, round: int, phase: int, regularizers: Sequence[Regularizer] = (), *,
+                steps: int | None = None, optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
+    """Local training on the node's model, seeded by (round, phase): E epochs, or ``steps``."""
     node.set_state("training")
     with node.model_lock:
-        return train(node.model, node.data.train, node.training, epochs=epochs,
+        return train(node.model, node.data.train, node.training, steps=steps,
                      seed=node.train_seed(round, salt=phase), device=node.device,
-                     objective=node.objective, regularizers=regularizers)
+                     objective=node.objective, regularizers=regularizers, optimizer=optimizer)
 
 
-def rewind_on(node: Node, target: str, round: int, epochs: float) -> bool:
-    """FedRewind's rewind step: ``target`` trains the node's model ``epochs`` on its data and
-    sends it back, which replaces the node's model. False (logged) when it cannot be reached."""
+def rewind_on(node: Node, target: str, round: int, steps: int,
+              optimizer: torch.optim.Optimizer) -> int | None:
+    """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
+    continuing ``optimizer``, and sends both back; they replace the node's. The steps it
+    trained, or None (logged) when it cannot be reached."""
     node.set_state("rewinding")
-    message = node.encode(round, kind="rewind")
+    with node.model_lock:
+        state = {**node.state_dict(), **optimizer_state(optimizer, node.model)}
+        spec = {**node.spec, **optimizer_spec(node.training, node.model)}
+    meta = ModelMeta(round=round, sender=node.node_id, kind="rewind", num_samples=len(node.data.train),
+                     architecture=node.architecture, metadata=optimizer_metadata(node.training))
+    message = encode(state, meta)
     back = node.calls.call(target, "rewind to", round, lambda: node.transport.rewind(
-        target, message, epochs, round, node.node_id, expected=node.spec, max_bytes=node.max_model_bytes,
+        target, message, steps, round, node.node_id, expected=spec, max_bytes=node.max_model_bytes,
         timeout=node.round_timeout_s))
     if back is None:
-        return False
-    node.load_state(back.state_dict)
-    return True
+        return None
+    model_part = {k: v for k, v in back.state_dict.items() if k in node.spec}
+    optim_part = {k: v for k, v in back.state_dict.items() if k not in node.spec}
+    with node.model_lock:
+        node.load_state(model_part)
+        load_optimizer_state(optimizer, node.model, optim_part)
+    done = back.meta.metadata.get("steps", steps)
+    return done if isinstance(done, int) else steps
 
 
 def train_round(node: Node, round: int, target: str | None, notes: list[str],
                 regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
-    """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server). Returns the
-    training stats and where the rewind ran (None: no rewind, or it failed)."""
-    epochs = node.training.epochs
+    """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server) in steps. Returns
+    the training stats (steps include the rewind node's) and where the rewind ran (None: no
+    rewind, or it failed)."""
     if target is None:
-        return train_local(node, epochs, round, 0, regularizers), None
-    lam = node.federation.rewind.lam
-    phases = [train_local(node, (1 - 2 * lam) * epochs, round, 0, regularizers)]
-    rewound_to = target if rewind_on(node, target, round, lam * epochs) else None
-    if rewound_to is None:
-        notes.append(f"rewind to {target} failed; trained its {lam * epochs:g} epochs locally")
-        phases.append(train_local(node, lam * epochs, round, 1, regularizers))
-    phases.append(train_local(node, lam * epochs, round, 2, regularizers))
+        return train_local(node, round, 0, regularizers), None
+    total = steps_for(node.training.epochs, len(node.data.train), node.training.batch_size)
+    first, middle, last = split_steps(total, node.federation.rewind.lam)
+    with node.model_lock:
+        optimizer = make_optimizer(node.model, node.training)
+    phases = [train_local(node, round, 0, regularizers, steps=first, optimizer=optimizer)]
+    remote = rewind_on(node, target, round, middle, optimizer) if middle > 0 else 0
+    rewound_to = target if remote is not None else None
+    if remote is None:
+        notes.append(f"rewind to {target} failed; trained its {middle} steps locally")
+        phases.append(train_local(node, round, 1, regularizers, steps=middle, optimizer=optimizer))
+    phases.append(train_local(node, round, 2, regularizers, steps=last, optimizer=optimizer))
     seen = sum(p.samples for p in phases)
     stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
-                       sum(p.steps for p in phases), seen)
+                       sum(p.steps for p in phases) + (remote or 0), seen, remote or 0)
     return stats, rewound_to

@@ -156,11 +156,11 @@ class MemoryPeerTransport:
         self.counter.add_sent(codec.meta_of(model.header).kind, model.wire_bytes(self.network.chunk_bytes))
         return result
 
-    def rewind(self, peer: str, model: EncodedModel, epochs: float, round: int, sender: str, *,
+    def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
                expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
         def call() -> DecodedModel:
             back = self.network.peer(self.me, peer).rewind(
-                self.me, epochs, round, sender, _as_received(model, self.network.chunk_bytes))
+                self.me, 0.0, steps, round, sender, _as_received(model, self.network.chunk_bytes))
             return codec.decode(_as_received(back, self.network.chunk_bytes), expected, max_bytes)
 
         result = _call(peer, call)

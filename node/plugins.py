@@ -56,5 +56,6 @@ class NodePlugins:
             objective = client.objective(objective)
         global_spec = dict(spec)
         if federation.aggregator is not None:
-            global_spec.update(algorithms.strategy(federation).published_spec(params, num_classes))
+            global_spec.update(algorithms.strategy(federation).published_spec(params, num_classes,
+                                                                                  len(federation.nodes)))
         return cls(clients, gossip, objective, global_spec, update_specs)

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class TrainStats:
-    """What local training did: mean loss over its steps, optimizer steps, samples seen."""
+    """What local training did: mean loss over its steps, optimizer steps, samples seen.
+
+    ``steps`` counts every step of the round's model, including the ``remote_steps``
+    that a rewind node trained on its data (loss and samples are this node's only)."""
 
     loss: float
     steps: int
     samples: int
+    remote_steps: int = 0
 
 
 @dataclass(frozen=True)

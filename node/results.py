@@ -48,6 +48,7 @@ class NodeRound:
     rewound_to: str | None = None
     train_loss: float | None = None
     train_steps: int | None = None
+    rewind_steps: int | None = None  # of train_steps, those a rewind node trained on its data
     train_samples: int | None = None  # samples seen in training this round
     train_size: int | None = None  # samples in its training split
     per_class_correct: list[int] | None = None
@@ -74,6 +75,7 @@ class NodeRound:
                 late=report.late if report.selected else None, rewound_to=report.rewound_to,
                 train_loss=report.train.loss if report.train else None,
                 train_steps=report.train.steps if report.train else None,
+                rewind_steps=report.train.remote_steps if report.train else None,
                 train_samples=report.train.samples if report.train else None,
                 bytes_sent=report.bytes_sent, bytes_received=report.bytes_received,
                 privacy_spent=report.privacy_spent, wall_s=round(report.wall_s, 4), notes=list(report.notes))
@@ -82,8 +84,9 @@ class NodeRound:
             received_accuracy=report.received_accuracy, source=report.source,
             destination=report.destination, received=report.received, missing=report.missing,
             delivered=report.delivered, rewound_to=report.rewound_to, train_loss=report.train.loss,
-            train_steps=report.train.steps, train_samples=report.train.samples,
-            train_size=report.train_size, per_class_correct=list(report.local.per_class_correct),
+            train_steps=report.train.steps, rewind_steps=report.train.remote_steps,
+            train_samples=report.train.samples, train_size=report.train_size,
+            per_class_correct=list(report.local.per_class_correct),
             per_class_total=list(report.local.per_class_total), bytes_sent=report.bytes_sent,
             bytes_received=report.bytes_received, participated=report.participated,
             privacy_spent=report.privacy_spent, wall_s=round(report.wall_s, 4), notes=list(report.notes))

@@ -24,7 +24,7 @@ from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.local_training import train_round
 from flmesh.node.reports import RoundReport, StarReport, TrainStats
 from flmesh.node.wire.codec import DecodedModel, ModelMeta, encode
-from flmesh.topology.peers import round_peers
+from flmesh.topology.peers import round_peers, star_rewind_target
 from flmesh.topology.schedules import rewind_target
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _gossip_regularizers(node: Node, round: int, arrived: dict[InboxKey, Decoded
                 server.absorb(_as_update(message, names))
             elif round > 1:
                 notes.append(f"no {name} update from {peer} for round {round - 1}; used its last one")
-        regs += node.clients[name].regularizers(start, server.published_extras())
+        regs += node.clients[name].regularizers(start, server.published_extras(round))
     return regs
 
 
@@ -88,7 +88,7 @@ def _share_gossip(node: Node, round: int) -> None:
             except PeerError as exc:
                 node.log.warning("%s: round %d: could not send the %s update to %s: %s", node.node_id,
                                  round, name, peer, exc)
-        client.after_update(state, extras, included=False)
+        client.after_update(round, state, extras, included=False)
 
 
 def _deliver(node: Node, destination: str, round: int) -> bool:
@@ -217,10 +217,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
     start_eval = node.evaluate_own()
     regularizers = [r for client in node.clients.values()
                     for r in client.regularizers(start_state, published)]
-    fed = node.federation
-    chain = fed.schedule().plan(2)  # the fixed chain whose previous node a rewind goes to
-    target = rewind_target(chain, node.node_id, fed.rewind.mode, round=round, seed=fed.seed,
-                           nodes=fed.node_ids, first_round=1)
+    target = star_rewind_target(node.federation, node.node_id, round)
     stats, rewound_to = train_round(node, round, target, notes, regularizers)
     local = node.evaluate_own()
     state = node.state_dict()
@@ -235,7 +232,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
     if reply.late:
         notes.append(f"update for round {round} arrived after the round closed")
     for client in node.clients.values():
-        client.after_update(state, extras, included=reply.accepted)
+        client.after_update(round, state, extras, included=reply.accepted or reply.duplicate)
     node.finish_round(round, local.accuracy)
     node.set_state("idle")
     sent, got = node.counter.take()

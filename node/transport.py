@@ -160,9 +160,9 @@ class PeerTransport(Protocol):
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult: ...
 
-    def rewind(self, peer: str, model: EncodedModel, epochs: float, round: int, sender: str, *,
+    def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
                expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
-        """Ask ``peer`` to train ``model`` ``epochs`` on its data; the model it sends back."""
+        """Ask ``peer`` to train ``model`` ``steps`` optimizer steps on its data; what it sends back."""
         ...
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult: ...
@@ -210,7 +210,7 @@ class PeerHandlers(Protocol):
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult: ...
 
-    def rewind(self, caller: str | None, epochs: float, round: int, sender: str,
+    def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
                chunks: Chunks) -> EncodedModel: ...
 
     def status(self, caller: str | None) -> PeerStatus: ...

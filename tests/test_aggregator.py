@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.coordinator.aggregator_core import MAX_POLL_WAIT_S, AggregatorCore, sample_clients
+from flmesh.coordinator.aggregator_core import MAX_POLL_WAIT_S, AggregatorCore
 from flmesh.coordinator.aggregator_service import serve
 from flmesh.coordinator.sim import Simulation
 from flmesh.node.algorithms.fedavg import FedAvgServer
@@ -16,6 +16,7 @@ from flmesh.node.results import read_rows
 from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
 from flmesh.node.wire.codec import ModelMeta, encode, model_spec
 from flmesh.topology import FederationError, parse_federation
+from flmesh.topology.sampling import sample_clients
 
 from conftest import tiny_raw
 

@@ -28,6 +28,13 @@ def table(text: str, header: str) -> list[list[str]]:
     return rows
 
 
+def titled(text: str, title: str) -> list[list[str]]:
+    """The body rows of the table under the bold line that starts with ``title``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"**{title}"))
+    return table("\n".join(lines[start + 2:]), "|")
+
+
 @pytest.mark.slow
 def test_dp_replay_prints_table_1(tmp_path):
     out = run("dp_replay.py", "--quick", "--tasks", "2", "--rounds-per-task", "1")
@@ -38,3 +45,50 @@ def test_dp_replay_prints_table_1(tmp_path):
     assert all(cell.count("±") == 1 for r in rows for cell in r[3:])
     per_task = table(out, "| scenario | participation | method |")
     assert len(per_task) == 2 * 4 * 3 and all(len(r) == 3 + 2 for r in per_task)
+
+
+@pytest.mark.slow
+def test_fedrewind_prints_tables_1_to_4_steps_and_the_alpha_sweep():
+    out = run("fedrewind.py", "--quick", "--rounds", "2", "--epochs", "1", "2")  # both E: 2 rounds
+    methods = ["Standalone", "Joint", "CWT", "CWT + Rewind", "CWT + RandRewind", "RWT", "RWT + Rewind",
+               "RWT + RandRewind", "FedAvg (C = 1)", "FedAvg + Rewind (C = 1)",
+               "FedAvg + Rewind, chain scope (C = 1)"]
+    for title in ("Table 1", "Table 2", "Table 3", "Optimizer steps"):
+        rows = titled(out, title)
+        assert [r[0] for r in rows] == methods, title
+        assert all(len(r) == 3 for r in rows)
+    steps = {r[0]: r[1:] for r in titled(out, "Optimizer steps")}
+    # every federated row trains the same steps per node per round; Joint holds all the data
+    assert len({tuple(cells) for name, cells in steps.items() if name != "Joint"}) == 1
+    sweep = titled(out, "Fig. 2")
+    assert [r[0] for r in sweep] == ["CWT", "CWT + Rewind"] and all(len(r) == 4 for r in sweep)
+
+
+@pytest.mark.slow
+def test_forgetting_prints_flashback_table_1_with_its_controls():
+    out = run("forgetting.py", "--quick", "--rounds", "2", "--nodes", "10")
+    rows = table(out, "| method | rounds to A_0.75 |")
+    assert [r[0] for r in rows] == [
+        "FedAvg (2.5% held out, unused)", "FedAvg + FT on 2.5% (control)", "Flashback, 2.5% public",
+        "FedAvg (10% held out, unused)", "FedAvg + FT on 10% (control)", "Flashback, 10% public",
+        "FedAvg + Rewind (10% held out)", "FedAvg + Rewind, chain scope"]
+    assert all(len(r) == 6 for r in rows)
+
+
+@pytest.mark.slow
+def test_fedcurv_prints_rounds_to_a_share_of_the_best():
+    out = run("fedcurv.py", "--quick", "--rounds", "2", "--epochs", "2", "--nodes", "6")
+    rows = table(out, "| method | rounds to 85% of best |")
+    assert [r[0] for r in rows] == ["FedAvg", "FedCurv, lambda = 0 (control: plain mean, no penalty)",
+                                    "FedCurv, lambda = 1", "FedCurv, lambda = 10"]
+    assert all(len(r) == 6 for r in rows)
+    assert any(cell != "-" for r in rows for cell in r[1:4]), "the best row reaches 95% of itself"
+
+
+@pytest.mark.slow
+def test_wsm_prints_client_forgetting_over_c():
+    out = run("wsm.py", "--quick", "--rounds", "2", "--nodes", "20")  # C = 0.1: 2 participants
+    rows = table(out, "| C | method |")
+    assert [(r[0], r[1]) for r in rows] == [("0.1", "FedAvg"), ("0.1", "FedAvg + WSM"), ("0.5", "FedAvg"),
+                                            ("0.5", "FedAvg + WSM")]
+    assert all(len(r) == 6 and r[4] != "nan" for r in rows)

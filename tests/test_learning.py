@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flmesh.node import algorithms
 from flmesh.node.learning import data as data_mod
 from flmesh.node.learning import models, partitions
 from flmesh.node.learning.data import ArrayData, federation_data, load_digits
 from flmesh.node.learning.metrics import federation_metrics
-from flmesh.node.learning.trainer import evaluate, steps_for, train
+from flmesh.node.learning.trainer import (
+    evaluate,
+    load_optimizer_state,
+    make_optimizer,
+    optimizer_state,
+    split_steps,
+    steps_for,
+    train,
+)
+from flmesh.node.local_training import rewind_training
 from flmesh.topology import ModelConfig, TrainingConfig, parse_federation
 from flmesh.topology import federation as fedfile
 
@@ -45,6 +58,23 @@ def test_small_alpha_skews_labels_more_than_large_alpha():
         return np.mean([np.sum(np.bincount(labels[p], minlength=10) >= 5) for p in parts])
 
     assert mean_classes_held(0.1) < mean_classes_held(1.0) < mean_classes_held(100.0)
+
+
+@pytest.mark.parametrize("nodes", [7, 30, 100])
+def test_equal_size_dirichlet_is_equal_disjoint_complete_and_skewed(nodes):
+    labels = load_digits().y.numpy()
+    parts = partitions.dirichlet_equal(labels, nodes, 0.1, np.random.default_rng(2))
+    joined = np.concatenate(parts)
+    assert len(joined) == len(labels) == len(np.unique(joined))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    again = partitions.dirichlet_equal(labels, nodes, 0.1, np.random.default_rng(2))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+    def top_class_share(alpha):
+        ps = partitions.dirichlet_equal(labels, nodes, alpha, np.random.default_rng(0))
+        return np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in ps])
+
+    assert top_class_share(0.1) > top_class_share(1.0) > top_class_share(100.0)
 
 
 def test_impossible_dirichlet_split_says_why():
@@ -105,6 +135,52 @@ def test_training_learns_and_is_deterministic():
     assert evaluate(a, data).accuracy > max(before, 0.9)
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(),
                                                  strict=True))
+
+
+@given(st.integers(0, 10_000), st.floats(0, 0.5))
+def test_rewind_phases_add_up_to_the_round(total, lam):
+    first, middle, last = split_steps(total, lam)
+    assert first + middle + last == total and min(first, middle, last) >= 0
+    assert abs(first - (1 - 2 * lam) * total) <= 0.5 + 1e-9 and abs(middle - lam * total) <= 1 + 1e-9
+
+
+@pytest.mark.parametrize(("optimizer", "momentum"), [("sgd", 0.9), ("adam", 0.0)])
+def test_optimizer_state_carried_across_calls_equals_one_run(optimizer, momentum):
+    """FedRewind's phases are one run: 3 steps, export the state, a fresh optimizer loads it,
+    3 more steps, gives the model of 6 steps with one optimizer (full batches, so the order
+    of samples does not matter)."""
+    data = _blobs(n=24)
+    cfg = TrainingConfig(batch_size=24, lr=0.05, optimizer=optimizer, momentum=momentum)
+    one = models.build_model(ModelConfig(hidden=(8,)), (1, 2, 2), 3, seed=1)
+    two = models.build_model(ModelConfig(hidden=(8,)), (1, 2, 2), 3, seed=1)
+    train(one, data, cfg, steps=6, seed=1)
+    opt = make_optimizer(two, cfg)
+    train(two, data, cfg, steps=3, seed=2, optimizer=opt)
+    carried = make_optimizer(two, cfg)
+    load_optimizer_state(carried, two, optimizer_state(opt, two))
+    train(two, data, cfg, steps=3, seed=3, optimizer=carried)
+    for p, q in zip(one.state_dict().values(), two.state_dict().values(), strict=True):
+        assert torch.allclose(p, q, atol=1e-5)
+    fresh = models.build_model(ModelConfig(hidden=(8,)), (1, 2, 2), 3, seed=1)
+    train(fresh, data, cfg, steps=3, seed=2)
+    train(fresh, data, cfg, steps=3, seed=3)  # a new optimizer each call: a different model
+    assert not all(torch.allclose(p, q, atol=1e-5)
+                   for p, q in zip(one.state_dict().values(), fresh.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize(("metadata", "message"), [
+    ({"optimizer": "lbfgs", "lr": 0.1}, "optimizer 'lbfgs'"),
+    ({"optimizer": "sgd", "lr": -1.0}, "lr = -1.0"),
+    ({"optimizer": "sgd", "lr": float("nan")}, "lr = nan"),
+    ({"optimizer": "sgd", "lr": 0.1, "momentum": 1.0}, "momentum = 1.0"),
+    ({"optimizer": "adam", "lr": 0.1, "weight_decay": -0.1}, "weight_decay = -0.1"),
+    ({"optimizer": "sgd", "lr": "0.1"}, "lr = '0.1'"),
+])
+def test_a_rewind_with_impossible_optimizer_settings_is_refused(metadata, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rewind_training(TrainingConfig(), metadata)
+    ok = rewind_training(TrainingConfig(batch_size=7), {"optimizer": "adam", "lr": 0.2, "momentum": 0.5})
+    assert (ok.optimizer, ok.lr, ok.momentum, ok.batch_size) == ("adam", 0.2, 0.5, 7)
 
 
 def test_evaluate_counts_per_class():

@@ -12,7 +12,7 @@ import torch
 from flmesh.node.errors import UnknownPeerError
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.data import federation_data
-from flmesh.node.learning.trainer import steps_for
+from flmesh.node.learning.trainer import split_steps, steps_for
 from flmesh.node.node import Node
 from flmesh.node.wire.codec import ModelMeta, decode, encode
 from flmesh.node.wire.peer_client import GrpcPeerTransport
@@ -78,8 +78,12 @@ def test_duplicate_delivery_is_acknowledged_and_dropped(transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport):
-    f = fed(nodes=3, rounds=3, rewind={"mode": "previous", "lambda": 0.2}, training={"epochs": 1.0})
+@pytest.mark.parametrize("optimizer", [{"momentum": 0.0}, {"momentum": 0.9},
+                                       {"optimizer": "adam", "lr": 0.01}])
+def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport, optimizer):
+    """Also with an optimizer state (momentum, Adam's moments) that travels with the model."""
+    f = fed(nodes=3, rounds=3, rewind={"mode": "previous", "lambda": 0.2},
+            training={"epochs": 1.0, **optimizer})
     with Cluster(f, transport) as c:
         round1 = c.peer_round(1)
         assert all(r.rewound_to is None for r in round1.values()), "no rewind in round 1"
@@ -89,8 +93,9 @@ def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport)
         assert report.source == "node0" and report.rewound_to == "node0" and report.received
         assert states_equal(c.by_id["node0"].state_dict(), source_before), "serving a rewind copies"
         n = len(node1.data.train)
-        # (1 - 2*lambda)E and lambda*E run locally; the other lambda*E ran on node0
-        assert report.train.steps == steps_for(0.6, n, 16) + steps_for(0.2, n, 16)
+        # a rewind round trains exactly the steps of a plain round: (1-2λ)S and λS here, λS on node0
+        assert report.train.steps == steps_for(1.0, n, 16)
+        assert report.train.remote_steps == split_steps(steps_for(1.0, n, 16), 0.2)[1]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -108,7 +113,7 @@ def test_unreachable_rewind_node_trains_locally_instead(transport):
     assert report.received and report.rewound_to is None
     assert any("rewind to node0 failed" in note for note in report.notes)
     n = len(node1.data.train)
-    assert report.train.steps == steps_for(0.8, n, 16) + 2 * steps_for(0.1, n, 16)
+    assert report.train.steps == steps_for(1.0, n, 16), "the rewind's steps ran locally instead"
 
 
 def test_missing_source_runs_out_on_the_manual_clock_and_trains_its_own_model():
@@ -141,7 +146,7 @@ def test_decentralized_fedcurv_shares_with_neighbours_and_penalises(transport):
         reports = c.peer_round(2)
         assert not any(r.notes for r in reports.values())
         server = c.by_id["node0"].gossip_servers["fedcurv"]
-        fisher, _ = server.latest["node1"]
+        _, fisher, _ = server.latest["node1"]
         assert all((f >= 0).all() for f in fisher.values()) and any(f.sum() > 0 for f in fisher.values())
         penalised = c.states()
     with Cluster(fed(nodes=3, rounds=3), transport) as plain:
@@ -174,7 +179,7 @@ def test_star_strategies_exchange_their_extras(strategy):
     f = fed(nodes=4, rounds=3, aggregator={"strategy": strategy, "fraction": 1.0, "deadline_s": 60})
     with Cluster(f, "memory") as c:
         rows = [c.star_round(t)[0] for t in (1, 2, 3)]
-        extras = c.aggregator.core.server.published_extras()
+        extras = c.aggregator.core.server.published_extras(4)
     assert all(r.aggregated for r in rows)
     assert any(float(t.abs().sum()) > 0 for t in extras.values()), "the server half published something"
 

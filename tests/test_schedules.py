@@ -16,8 +16,13 @@ from flmesh.topology import (
     StandaloneSchedule,
     build_graph,
     hamiltonian_cycle,
+    parse_federation,
     rewind_target,
 )
+from flmesh.topology.peers import star_rewind_target
+from flmesh.topology.sampling import selected
+
+from conftest import tiny_raw
 
 IDS = {n: [f"node{i}" for i in range(n)] for n in (2, 3, 5, 10, 17, 30, 50)}
 
@@ -215,6 +220,32 @@ def test_rewind_targets():
     assert draws == [rewind_target(plan2, "node1", "random", round=t, seed=0, nodes=IDS[5])
                      for t in range(2, 60)]
     assert rewind_target(plan1, "node1", "random", round=1, seed=0, nodes=IDS[5]) is None
+
+
+def _star(fraction: float, mode: str, scope: str):
+    raw = tiny_raw(nodes=10, rounds=30, aggregator={"fraction": fraction},
+                   rewind={"mode": mode, "scope": scope})
+    return parse_federation(raw, source="t")
+
+
+@pytest.mark.parametrize("mode", ["previous", "random"])
+def test_star_rewind_stays_in_the_sample_and_both_scopes_agree_at_c_1(mode):
+    sampled_scope = _star(0.3, mode, "sampled")
+    chain_scope = _star(0.3, mode, "chain")
+    left_the_sample = 0
+    for t in range(1, 31):
+        chosen = selected(sampled_scope, t)
+        for node in chosen:
+            target = star_rewind_target(sampled_scope, node, t)
+            assert target is None or (target in chosen and target != node)
+            other = star_rewind_target(chain_scope, node, t)
+            left_the_sample += other is not None and other not in chosen
+    assert left_the_sample > 0, "the chain scope reaches nodes outside the sample"
+    full, full_chain = _star(1.0, mode, "sampled"), _star(1.0, mode, "chain")
+    if mode == "previous":  # at C = 1 the previous sampled node is the chain's previous node
+        for t in range(1, 31):
+            assert all(star_rewind_target(full, n, t) == star_rewind_target(full_chain, n, t)
+                       for n in full.node_ids)
 
 
 def test_standalone_exchanges_nothing():

@@ -570,3 +570,20 @@ def test_unusable_weights_files_are_one_line(tmp_path, content, expected):
     with pytest.raises(ModelError) as info:
         build_model(ModelConfig(name="cnn2", weights=str(path)), (1, 28, 28), 10)
     assert_one_line(str(info.value), f"[model] weights {path}", expected)
+
+
+def test_mnist_and_fashion_mnist_join_into_20_classes_for_novel_targets(tmp_path):
+    write_mnist(tmp_path / "root", "MNIST", n_train=40, n_test=20)
+    write_mnist(tmp_path / "root", "FashionMNIST", n_train=40, n_test=20)
+    raw = {"federation": {"name": "j", "rounds": 10, "seed": 1},
+           "topology": {"nodes": 20},
+           "data": {"dataset": "mnist+fashion_mnist", "root": str(tmp_path / "root"), "partition": "iid"},
+           "tasks": {"scenario": "novel_targets", "tasks": 10, "rounds_per_task": 1, "classes_per_task": 2}}
+    fed = parse_federation(raw, source="j.toml")
+    joined = load_dataset(fed.data)
+    assert joined.num_classes == 20 and len(joined) == 120
+    assert sorted(set(joined.y.tolist())) == list(range(20)), "Fashion-MNIST's labels follow MNIST's"
+    from flmesh.node.learning.tasks import TaskSource
+
+    last = TaskSource(fed, "node0", lambda: joined).share(9)
+    assert set(last.train.y.tolist()) | set(last.test.y.tolist()) <= {18, 19}, "task 9: two Fashion classes"

@@ -160,9 +160,9 @@ def _rewind_raw(address, requests):
 def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
     source, peer = nodes[0], nodes[1]
     sent, peer_before = source.state_dict(), peer.state_dict()
-    back = source.transport.rewind("node1", source.encode(1, kind="rewind"), 0.5, 1, "node0",
+    back = source.transport.rewind("node1", source.encode(1, kind="rewind"), 7, 1, "node0",
                                    expected=source.spec, max_bytes=2**30, timeout=10)
-    assert back.meta.kind == "rewind" and back.meta.sender == "node1"
+    assert back.meta.kind == "rewind" and back.meta.sender == "node1" and back.meta.metadata["steps"] == 7
     assert not states_equal(back.state_dict, sent)
     assert states_equal(peer.state_dict(), peer_before)
     model = [peer_pb2.RewindRequest(chunk=c) for c in source.encode(1, kind="rewind").chunks()]
@@ -175,8 +175,11 @@ def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
     cases = [
         ([], grpc.StatusCode.INVALID_ARGUMENT, "must start with a RewindSpec"),
         (model, grpc.StatusCode.INVALID_ARGUMENT, "must start with a RewindSpec"),
-        ([spec(epochs=0), *model], grpc.StatusCode.INVALID_ARGUMENT, "epochs must be > 0"),
-        ([spec(epochs=-1), *model], grpc.StatusCode.INVALID_ARGUMENT, "epochs must be > 0"),
+        ([spec(epochs=0), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0 or epochs > 0"),
+        ([spec(epochs=-1), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0 or epochs > 0"),
+        ([spec(epochs=float("nan")), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0"),
+        ([spec(epochs=1e9), *model], grpc.StatusCode.INVALID_ARGUMENT, "more than 100 epochs"),
+        ([spec(steps=2**32 - 1), *model], grpc.StatusCode.INVALID_ARGUMENT, "more than 100 epochs"),
         ([spec(sender="eve"), *model], grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'eve'"),
         ([spec(sender=""), *model], grpc.StatusCode.INVALID_ARGUMENT, "names no sender"),
         ([spec()], grpc.StatusCode.DATA_LOSS, "start with a model header"),

@@ -28,6 +28,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "ce": AlgorithmEntry("objective", "flmesh.node.algorithms.ce"),
     "wsm": AlgorithmEntry("objective", "flmesh.node.algorithms.wsm"),
     "fedavg": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedavg"),
+    "fedavg_ft": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedavg_ft"),
     "flashback": AlgorithmEntry("strategy", "flmesh.node.algorithms.flashback"),
     "fedcurv": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedcurv"),
     "dp_replay": AlgorithmEntry("data", "flmesh.node.algorithms.dp_replay"),

@@ -74,10 +74,16 @@ class ModelConfig:
 @dataclass(frozen=True)
 class RewindConfig:
     """FedRewind (Eq. 2): ``mode`` "off", "previous" (to the source) or "random"
-    (RandRewind); ``lam`` is lambda, the share of E spent on the rewind node (0 < lam <= 0.5)."""
+    (RandRewind); ``lam`` is lambda, the share of E spent on the rewind node (0 < lam <= 0.5).
+
+    ``scope`` matters with a server (Eq. 4, Alg. 2): "sampled" (the default) rewinds
+    to the previous node of the chain *that the round sampled* (RandRewind: a random
+    sampled node), so a round trains only on the data it selected; "chain" rewinds
+    to the chain's previous node whether it was sampled or not. At C = 1 they agree."""
 
     mode: str = "off"
     lam: float = 0.1
+    scope: str = "sampled"  # with a server: "sampled" (only nodes sampled this round) or "chain"
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,10 @@ class AggregatorConfig:
     overlapping client data. ``server_epochs`` is Flashback's E_s and ``gamma``
     the rate at which its global label count pi grows (Algorithm 1; the paper
     gives no value); ``fedcurv_lambda`` is FedCurv's lambda (Eq. 3).
+    ``fedcurv_average`` is how FedCurv averages the models: "plain" (the paper's
+    mean) or "weighted" by sample count as FedAvg; with ``fedcurv_max_age`` > 0
+    a node's Fisher terms from round r leave u, v, w after round r + max_age
+    (0: keep each node's last contribution, as the paper's server does).
     """
 
     strategy: str = "fedavg"
@@ -103,6 +113,8 @@ class AggregatorConfig:
     server_epochs: float = 1.0
     gamma: float = 0.1
     fedcurv_lambda: float = 1.0
+    fedcurv_average: str = "plain"
+    fedcurv_max_age: int = 0
 
 
 @dataclass(frozen=True)

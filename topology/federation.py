@@ -16,7 +16,8 @@ Sections (all but ``[federation]`` optional)::
     [model]       name, hidden, channels, norm, groups, weights, small_input
     [rewind]      mode ("off", "previous", "random"), lambda
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
-                  server_epochs, gamma, fedcurv_lambda (present: a star federation)
+                  server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age
+                  (present: a star federation)
     [nodes.<id>]  address, partition, and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
@@ -62,7 +63,7 @@ from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
             "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
-PARTITIONS = ("dirichlet", "iid", "shards")
+PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
 MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
 
@@ -88,12 +89,14 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "round_timeout_s": number(0, lo_open=True), "max_model_mib": number(0, lo_open=True),
         "baseline": string(BASELINES),
     },
-    "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True)},
+    "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
+               "scope": string(("sampled", "chain"))},
     "aggregator": {
         "strategy": string(STRATEGIES), "address": address, "fraction": number(0, 1, lo_open=True),
         "min_updates": integer(1), "deadline_s": number(0, lo_open=True),
         "public_fraction": number(0, 1, hi_open=True), "server_epochs": number(0),
         "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": number(0),
+        "fedcurv_average": string(("plain", "weighted")), "fedcurv_max_age": integer(0),
     },
     "topology": {
         "nodes": integer(2), "graph": string(), "params": table, "file": string(),
@@ -133,7 +136,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     data = r.section(raw, "data", _SECTIONS["data"])
     model = ModelConfig(**r.section(raw, "model", _SECTIONS["model"]))
     rewind_raw = r.section(raw, "rewind", _SECTIONS["rewind"])
-    rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1))
+    rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1),
+                          scope=rewind_raw.get("scope", "sampled"))
     aggregator = (AggregatorConfig(**r.section(raw, "aggregator", _SECTIONS["aggregator"]))
                   if "aggregator" in raw else None)
     if aggregator is not None and fed.get("baseline", "none") != "none":

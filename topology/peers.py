@@ -7,8 +7,13 @@ it will need, and wait at start-up for exactly those peers.
 
 from __future__ import annotations
 
+import numpy as np
+
 from flmesh.topology.config import Federation
+from flmesh.topology.sampling import previous_sampled, selected
 from flmesh.topology.schedules import rewind_target
+
+SEED_STAR_RANDREWIND = 27
 
 
 def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, str]:
@@ -22,8 +27,7 @@ def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, s
     schedule = fed.schedule()
     roles: dict[str, str] = {}
     if fed.aggregator is not None:
-        target = rewind_target(schedule.plan(2), node_id, fed.rewind.mode, round=round, seed=fed.seed,
-                               nodes=fed.node_ids, first_round=1)
+        target = star_rewind_target(fed, node_id, round)
         if target:
             roles[target] = "rewind"
         return roles
@@ -47,3 +51,39 @@ def scheduled_peers(federation: Federation, node_id: str, rounds: int | None = N
         for peer, role in round_peers(federation, node_id, t).items():
             needed.setdefault(peer, f"{role} in round {t}")
     return needed
+
+
+def star_rewind_target(federation: Federation, node_id: str, round: int) -> str | None:
+    """Where ``node_id`` rewinds in ``round`` of a star federation (FedRewind Eq. 4, Alg. 2).
+
+    The chain is the schedule's fixed cycle; rewind runs from round 1 (the
+    chain has a previous node from the start). Alg. 2 samples S_t and rewinds
+    each selected node to "the previous node", which the paper (run at C = 1)
+    does not define under sampling. A rewind trains on the target's data, so a
+    target outside S_t brings in data the round did not select. Hence with
+    ``[rewind] scope = "sampled"`` (the default) only nodes sampled in the round
+    are candidates: the closest sampled node before this one on the chain
+    ("previous"), or a random other sampled node ("random"); with "chain", the
+    chain's previous node (or any random other node) whether sampled or not.
+    At C = 1 the scopes agree ("previous": the same node; "random": a uniform
+    draw from the same nodes). None: no rewind this round.
+    """
+    fed = federation
+    mode = fed.rewind.mode
+    if mode == "off":
+        return None
+    chain = fed.schedule().plan(2)
+    if fed.rewind.scope == "chain":
+        return rewind_target(chain, node_id, mode, round=round, seed=fed.seed, nodes=fed.node_ids,
+                             first_round=1)
+    sampled = [n for n in selected(fed, round) if n != node_id]
+    if mode == "random":
+        if not sampled:
+            return None
+        rng = np.random.default_rng([fed.seed, SEED_STAR_RANDREWIND, round, fed.node_ids.index(node_id)])
+        return sampled[int(rng.integers(len(sampled)))]
+    order, walk = [node_id], chain[node_id].source
+    while walk is not None and walk != node_id and walk not in order:
+        order.append(walk)
+        walk = chain[walk].source
+    return previous_sampled(list(reversed(order)), node_id, sampled)

@@ -118,9 +118,9 @@ class ClientHalf:
         """Extra tensors to send with this node's trained ``model`` (its update)."""
         return {}
 
-    def after_update(self, state: Tensors, extras: Tensors, included: bool) -> None:
-        """The update (``state`` and ``extras``) went out; ``included``: the server half will
-        count it in what it publishes next (the aggregator accepted it)."""
+    def after_update(self, round: int, state: Tensors, extras: Tensors, included: bool) -> None:
+        """``round``'s update (``state`` and ``extras``) went out; ``included``: the aggregator
+        accepted it, so its server half absorbs it (whether or not the round is aggregated)."""
 
     def on_task_change(self, old: ArrayData | None, old_task: int, new_task: int) -> None:
         """A continual federation moves on; ``old`` is the training data about to be lost
@@ -141,12 +141,15 @@ class ClientHalf:
 class ServerHalf:
     """The side of an algorithm that sees every update."""
 
-    def published_extras(self) -> Tensors:
-        """Extra tensors to publish beside the global model (same names and shapes every round)."""
+    def published_extras(self, round: int) -> Tensors:
+        """Extra tensors to publish beside the global model for ``round`` (same names and
+        shapes every round)."""
         return {}
 
     def absorb(self, update: Update) -> None:
-        """Take note of an update without aggregating (a neighbour's, between peers)."""
+        """Take note of an update: every update the aggregator accepted (before
+        :meth:`aggregate`, and also in a round it does not aggregate), or a neighbour's
+        between peers."""
 
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         """The next global model from ``round``'s updates (at least one)."""
@@ -166,8 +169,8 @@ class RefinedServer(ServerHalf):
     def __init__(self, server: ServerHalf, refiners: Sequence[Refiner]):
         self.server, self.refiners = server, list(refiners)
 
-    def published_extras(self) -> Tensors:
-        return self.server.published_extras()
+    def published_extras(self, round: int) -> Tensors:
+        return self.server.published_extras(round)
 
     def absorb(self, update: Update) -> None:
         self.server.absorb(update)
@@ -196,7 +199,7 @@ class Algorithm:
         """The extra tensors of an update, beside the model's own (name -> (dtype, shape))."""
         return {}
 
-    def published_spec(self, params: ModelSpec, num_classes: int) -> ModelSpec:
+    def published_spec(self, params: ModelSpec, num_classes: int, num_nodes: int) -> ModelSpec:
         """The extra tensors the server half publishes (always present, so the spec is fixed)."""
         return {}
 

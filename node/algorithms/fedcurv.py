@@ -11,10 +11,19 @@ in float32; node s subtracts its own terms to get the sums over S \\ s, and
 clamps ``u - I_s >= 0``. No penalty in round 1 (nobody has a Fisher yet).
 
 With an aggregator (``[aggregator] strategy = "fedcurv"``) the server half
-runs there: FedAvg of theta, plus u, v, w over every node's latest (Fisher,
-theta). Without one (``[training] fedcurv_lambda > 0``) every node runs both
-halves: it sends its model and Fisher to its graph neighbours after each round
-and sums theirs itself.
+runs there. Its model is the plain mean of the round's models, as the paper's
+server computes it (``fedcurv_average = "weighted"``: FedAvg's sample-weighted
+mean). The paper runs every node every round (u_t sums their round t-1
+terms) and leaves sampling open; here u, v, w sum each node's *last* (Fisher,
+theta) the aggregator accepted, so under sampling a node's terms stay until it
+is sampled again (``fedcurv_max_age`` = k drops terms more than k rounds old
+instead; with C = 1 both are the paper's rule). Every
+accepted update is absorbed, also in a round that is not aggregated, and the
+server publishes the round of each node's counted terms (``fedcurv/rounds``),
+so a node subtracts exactly the terms that are in the sums, or none. Without
+one (``[training] fedcurv_lambda > 0``) every node runs both halves: it sends
+its model and Fisher to its graph neighbours after each round and sums theirs
+itself.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from flmesh.node.algorithms.base import (
     Update,
     split,
 )
-from flmesh.node.algorithms.fedavg import FedAvgServer
+from flmesh.node.algorithms.fedavg import fedavg
 from flmesh.node.learning.fisher import fisher_diagonal
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.wire.specs import ModelSpec
@@ -44,6 +53,7 @@ FISHER = "fisher/"           # + parameter name: a node's Fisher diagonal, float
 FEDCURV_U = "fedcurv/u/"     # + parameter name: sum_j I_j over the nodes heard from (float64)
 FEDCURV_V = "fedcurv/v/"     # sum_j I_j * theta_j
 FEDCURV_W = "fedcurv/w/"     # sum_j I_j * theta_j^2
+FEDCURV_ROUNDS = "fedcurv/rounds"  # (nodes,): the round of each node's terms in u, v, w (0: none)
 
 
 def others_terms(u: Mapping[str, torch.Tensor], v: Mapping[str, torch.Tensor],
@@ -162,23 +172,42 @@ def fedcurv_penalty(model: nn.Module, u: Mapping[str, torch.Tensor], v: Mapping[
 
 
 class FedCurvClient(ClientHalf):
-    """Adds the penalty from the published u, v, w minus this node's own last contribution,
-    and sends the node's Fisher diagonal with its update."""
+    """Adds the penalty from the published u, v, w minus this node's own terms, when the
+    published ``fedcurv/rounds`` says they are in there, and sends the node's Fisher
+    diagonal with its update."""
 
     def __init__(self, ctx: ClientContext, lam: float):
         super().__init__()
         self.ctx = ctx
         self.lam = lam
-        self.own: tuple[Tensors, Tensors] | None = None  # (Fisher, theta) the server half has counted
+        self.index = [n.id for n in ctx.federation.nodes].index(ctx.node_id)
+        self.sent: dict[int, tuple[Tensors, Tensors]] = {}  # round -> (Fisher, theta) the server absorbed
+
+    def own_terms(self, published: Tensors) -> tuple[Tensors, Tensors] | None:
+        """The (Fisher, theta) of this node that the published aggregate counts, or None.
+
+        Any contribution older than the counted one can never be counted again, and a
+        newer one cannot exist yet (rounds are sequential), so the history is emptied."""
+        counted = published.get(FEDCURV_ROUNDS)
+        own_round = int(counted[self.index]) if counted is not None else 0
+        own = self.sent.get(own_round) if own_round > 0 else None
+        if own_round > 0 and own is None:
+            self.notes.append(f"fedcurv: the aggregate counts this node's round-{own_round} terms, which "
+                              "this process did not send; they stay in its penalty")
+        self.sent.clear()
+        return own
 
     def regularizers(self, start: Tensors, published: Tensors) -> list[Regularizer]:
+        own = self.own_terms(published)
         u = split(published, FEDCURV_U)
         if self.lam <= 0 or not any(float(t.abs().sum()) > 0 for t in u.values()):
             return []  # nothing heard yet (round 1): no penalty
         v = split(published, FEDCURV_V)
         w: Tensors | None = split(published, FEDCURV_W)
-        if self.own is not None:
-            u, v, w = others_terms(u, v, w, self.own[0], self.own[1], dtype=torch.float64)
+        if own is not None:
+            u, v, w = others_terms(u, v, w, own[0], own[1], dtype=torch.float64)
+        if not any(float(t.abs().sum()) > 0 for t in u.values()):
+            return []  # only this node's own terms were in there
         assert w is not None
         device = self.ctx.device
         terms = [{k: t.to(device) for k, t in d.items()} for d in (u, v, w)]
@@ -193,37 +222,49 @@ class FedCurvClient(ClientHalf):
         fisher = fisher_diagonal(model, self.ctx.train(), self.ctx.training.batch_size, self.ctx.device)
         return {FISHER + k: v.to(torch.float32) for k, v in fisher.items()}
 
-    def after_update(self, state: Tensors, extras: Tensors, included: bool) -> None:
+    def after_update(self, round: int, state: Tensors, extras: Tensors, included: bool) -> None:
         if included:
             fisher = split(extras, FISHER)
-            self.own = (fisher, {k: state[k] for k in fisher})
+            self.sent[round] = (fisher, {k: state[k] for k in fisher})
 
 
-class FedCurvServer(FedAvgServer):
-    """FedAvg of theta; publishes u, v, w over every node's latest (Fisher, theta)."""
+class FedCurvServer(ServerHalf):
+    """The model average (plain, as the paper's server, or weighted by samples as FedAvg);
+    publishes u, v, w over each node's last absorbed (Fisher, theta), and which round of
+    each node they hold. With ``max_age`` > 0 a node's terms from round r are dropped
+    when publishing a round later than r + max_age (1: only last round's senders)."""
 
-    def __init__(self, params: ModelSpec):
+    def __init__(self, params: ModelSpec, nodes: Sequence[str], average: str = "plain", max_age: int = 0):
         self.params = params
-        self.latest: dict[str, tuple[Tensors, Tensors]] = {}  # node -> (Fisher, theta)
+        self.index = {n: i for i, n in enumerate(nodes)}
+        self.average, self.max_age = average, max_age
+        self.latest: dict[str, tuple[int, Tensors, Tensors]] = {}  # node -> (round, Fisher, theta)
 
-    def published_extras(self) -> Tensors:
+    def published_extras(self, round: int) -> Tensors:
+        if self.max_age > 0:  # a node's terms from round r are round - r rounds old
+            self.latest = {n: c for n, c in self.latest.items() if round - c[0] <= self.max_age}
         if self.latest:
-            u, v, w = aggregate_uv([f for f, _ in self.latest.values()], [t for _, t in self.latest.values()])
+            kept = list(self.latest.values())
+            u, v, w = aggregate_uv([f for _, f, _ in kept], [t for _, _, t in kept])
         else:  # round 1: nobody has a Fisher yet, so the penalty is exactly zero
             u = v = w = {n: torch.zeros(shape, dtype=torch.float64) for n, (_, shape) in self.params.items()}
-        out: Tensors = {}
+        rounds = torch.zeros(len(self.index), dtype=torch.float64)
+        for node, (r, _, _) in self.latest.items():
+            rounds[self.index[node]] = r
+        out: Tensors = {FEDCURV_ROUNDS: rounds}
         for prefix, terms in ((FEDCURV_U, u), (FEDCURV_V, v), (FEDCURV_W, w)):
             out.update({prefix + n: t.to(torch.float64) for n, t in terms.items()})
         return out
 
     def absorb(self, update: Update) -> None:
+        if update.node not in self.index:
+            raise ValueError(f"fedcurv: update from {update.node!r}, which is not in the federation")
         fisher = split(update.extras, FISHER)
-        self.latest[update.node] = (fisher, {n: update.state[n] for n in fisher})
+        self.latest[update.node] = (update.round, fisher, {n: update.state[n] for n in fisher})
 
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
-        for u in updates:
-            self.absorb(u)
-        return super().aggregate(round, global_state, updates)
+        weights = [u.num_samples if self.average == "weighted" else 1 for u in updates]
+        return fedavg([u.state for u in updates], weights)
 
 
 class FedCurv(Algorithm):
@@ -240,16 +281,21 @@ class FedCurv(Algorithm):
     def update_spec(self, params: ModelSpec) -> ModelSpec:
         return {FISHER + n: (torch.float32, shape) for n, (_, shape) in params.items()}
 
-    def published_spec(self, params: ModelSpec, num_classes: int) -> ModelSpec:
-        return {prefix + n: (torch.float64, shape) for prefix in (FEDCURV_U, FEDCURV_V, FEDCURV_W)
-                for n, (_, shape) in params.items()}
+    def published_spec(self, params: ModelSpec, num_classes: int, num_nodes: int) -> ModelSpec:
+        return {FEDCURV_ROUNDS: (torch.float64, (num_nodes,)),
+                **{prefix + n: (torch.float64, shape) for prefix in (FEDCURV_U, FEDCURV_V, FEDCURV_W)
+                   for n, (_, shape) in params.items()}}
 
     def client(self, ctx: ClientContext) -> ClientHalf:
         agg = ctx.federation.aggregator
         return FedCurvClient(ctx, agg.fedcurv_lambda if agg is not None else ctx.training.fedcurv_lambda)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
-        return FedCurvServer(ctx.params)
+        agg = ctx.federation.aggregator
+        nodes = [n.id for n in ctx.federation.nodes]
+        if agg is None:  # between peers: each node's own server half over its neighbours
+            return FedCurvServer(ctx.params, nodes)
+        return FedCurvServer(ctx.params, nodes, agg.fedcurv_average, agg.fedcurv_max_age)
 
 
 ALGORITHM = FedCurv()

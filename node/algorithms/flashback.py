@@ -222,7 +222,7 @@ class FlashbackServer(ServerHalf):
         self.server_epochs = agg.server_epochs
         self.state = FlashbackState.start(ctx.num_classes, agg.gamma)
 
-    def published_extras(self) -> Tensors:
+    def published_extras(self, round: int) -> Tensors:
         return {FLASHBACK_PI: self.state.pi.clone()}
 
     def _model(self, state: Tensors) -> nn.Module:
@@ -254,7 +254,7 @@ class Flashback(Algorithm):
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
 
-    def published_spec(self, params: ModelSpec, num_classes: int) -> ModelSpec:
+    def published_spec(self, params: ModelSpec, num_classes: int, num_nodes: int) -> ModelSpec:
         return {FLASHBACK_PI: (torch.float64, (num_classes,))}
 
     def client(self, ctx: ClientContext) -> ClientHalf:

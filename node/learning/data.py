@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from flmesh.node.learning import partitions
-from flmesh.topology import DataConfig, Federation
+from flmesh.topology import DataConfig, Federation, sampling
 
 # Stream ids for numpy/torch seeding, so independent uses of one federation seed
 # never draw from the same stream.
@@ -32,11 +32,7 @@ SEED_TRAIN = 4
 SEED_PUBLIC = 5
 
 
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integers (federation seed, stream id, node, round...), stable
-    across processes and platforms."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFF_FFFF)
-
+derive_seed = sampling.derive_seed
 
 class DataError(ValueError):
     """A data set is missing or unusable; the message names what and where."""
@@ -134,12 +130,14 @@ def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,
         return partitions.iid(len(labels), num_nodes, rng)
     if cfg.partition == "dirichlet":
         return partitions.dirichlet(labels, num_nodes, cfg.alpha, rng, cfg.min_samples)
+    if cfg.partition == "dirichlet_equal":
+        return partitions.dirichlet_equal(labels, num_nodes, cfg.alpha, rng)
     if cfg.partition == "shards":
         return partitions.shards(labels, num_nodes, cfg.shards_per_node, rng)
     raise DataError(f"unknown partition {cfg.partition!r}")
 
 
-PARTITIONS = ("dirichlet", "iid", "shards")
+PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
 
 
 def public_split(labels: np.ndarray, federation: Federation) -> tuple[np.ndarray, np.ndarray]:

@@ -46,6 +46,42 @@ def dirichlet(labels: np.ndarray, num_nodes: int, alpha: float, rng: np.random.G
                          "raise alpha or lower data.min_samples")
 
 
+def dirichlet_equal(labels: np.ndarray, num_nodes: int, alpha: float,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    """K equally sized (±1) label-skewed shares: the WSM thesis' protocol (Sec. 3.1, "the
+    entire training set is separated into K equally sized non-i.i.d. partitions").
+
+    The thesis does not say how; here each node, in a seeded order, draws class
+    proportions p_k ~ Dir(alpha * 1_C) and takes its n/K samples in those
+    proportions (a multinomial draw); draws that land on a class with too few
+    samples left go again among the classes that still have some, in proportion
+    to p_k (or to what is left, once p_k's classes are all gone). Every sample is
+    used, so nodes late in the order may get a flatter mix than p_k.
+    """
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    used = np.zeros(len(classes), dtype=np.int64)
+    sizes = [len(a) for a in np.array_split(np.arange(len(labels)), num_nodes)]
+    out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * num_nodes
+    for node in rng.permutation(num_nodes):
+        p = rng.dirichlet(np.full(len(classes), alpha))
+        take = np.zeros(len(classes), dtype=np.int64)
+        need = sizes[node]
+        while need > 0:  # each pass takes at least one sample: a weight is > 0 only where some are left
+            avail = np.array([len(pool) for pool in pools]) - used - take
+            weights = p * (avail > 0)
+            if weights.sum() <= 0:
+                weights = avail.astype(float)
+            draw = np.minimum(rng.multinomial(need, weights / weights.sum()), avail)
+            take += draw
+            need -= int(draw.sum())
+        pieces = [pools[c][used[c]:used[c] + take[c]] for c in range(len(classes))]
+        out[node] = np.sort(np.concatenate(pieces))
+        used += take
+    return out
+
+
 def shards(labels: np.ndarray, num_nodes: int, shards_per_node: int,
            rng: np.random.Generator) -> list[np.ndarray]:
     """Label shards (McMahan et al.; FedCurv Sec. 4): sort by label, cut into

@@ -17,7 +17,8 @@ from flmesh.node.learning.objectives import Objective, Regularizer, cross_entrop
 from flmesh.node.reports import EvalResult, TrainStats
 from flmesh.topology import TrainingConfig
 
-__all__ = ["EvalResult", "Regularizer", "TrainStats", "evaluate", "make_optimizer", "steps_for", "train"]
+__all__ = ["EvalResult", "Regularizer", "TrainStats", "evaluate", "load_optimizer_state", "make_optimizer",
+           "optimizer_spec", "optimizer_state", "split_steps", "steps_for", "train"]
 
 
 def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
@@ -42,22 +43,26 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimiz
 
 
 def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: float | None = None,
-          seed: int = 0, device: torch.device | None = None,
-          objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = ()) -> TrainStats:
-    """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) on ``data``.
+          steps: int | None = None, seed: int = 0, device: torch.device | None = None,
+          objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = (),
+          optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
+    """Train ``model`` in place on ``data``: ``steps`` optimizer steps, or ``epochs`` passes
+    (default ``cfg.epochs``, see :func:`steps_for`).
 
     The loss of a batch is ``objective(logits, labels) + sum(r(model, x, logits))``.
-    Each pass visits the samples in a fresh order drawn from ``seed``; the
-    optimizer starts fresh on every call, as local training does in each FL round.
-    ``TrainStats.loss`` is the mean total loss.
+    Each pass visits the samples in a fresh order drawn from ``seed``. Without an
+    ``optimizer`` one starts fresh, as local training does in each FL round; pass
+    one (built for ``model``) to continue its state across calls (FedRewind's
+    three phases are one local run). ``TrainStats.loss`` is the mean total loss.
     """
     device = device or torch.device("cpu")
     epochs = cfg.epochs if epochs is None else epochs
-    steps = steps_for(epochs, len(data), cfg.batch_size)
-    if steps == 0:
+    if steps is None:
+        steps = steps_for(epochs, len(data), cfg.batch_size)
+    if steps <= 0 or len(data) == 0:
         return TrainStats(0.0, 0, 0)
     model.to(device).train()
-    optimizer = make_optimizer(model, cfg)
+    optimizer = optimizer or make_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(seed)
     x, y = data.x, data.y
     total_loss, seen, done = 0.0, 0, 0
@@ -107,3 +112,57 @@ def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None =
     return EvalResult(int(correct.sum()), n, loss_sum / n if n else 0.0,
                       tuple(correct.tolist()), tuple(total.tolist()),
                       tuple(task_correct.tolist()), tuple(task_total.tolist()))
+
+
+def split_steps(total: int, lam: float) -> tuple[int, int, int]:
+    """FedRewind Eq. 2's phases as optimizer steps: (1-2λ), λ, λ of ``total``, cut from the
+    cumulative shares so they add up to exactly ``total`` (a round with rewind trains exactly
+    as many steps as one without)."""
+    if not 0 <= lam <= 0.5:
+        raise ValueError(f"rewind lambda must be in [0, 0.5], got {lam}")
+    first = round((1 - 2 * lam) * total)
+    second = round((1 - lam) * total) - first
+    return first, second, total - first - second
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The optimizer's per-parameter state as named tensors ``optim/<param>/<key>`` (zeros where
+    it has none yet: for SGD momentum and Adam a zero state is the same as no state)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, torch.Tensor] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, like in _state_shapes(optimizer, p).items():
+                value = optimizer.state.get(p, {}).get(key)
+                tensor = value if isinstance(value, torch.Tensor) else torch.zeros_like(like)
+                out[f"optim/{names[id(p)]}/{key}"] = tensor.detach().to("cpu", torch.float32).clone()
+    return out
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
+                         tensors: dict[str, torch.Tensor]) -> None:
+    """Put :func:`optimizer_state`'s tensors back (the names must match the model's parameters)."""
+    params = dict(model.named_parameters())
+    for name, tensor in tensors.items():
+        _, param, key = name.split("/", 2) if name.count("/") >= 2 else ("", "", "")
+        if param not in params:
+            raise ValueError(f"optimizer state {name!r} names no parameter of the model")
+        p = params[param]
+        value = tensor.to(p.device)
+        optimizer.state.setdefault(p, {})[key] = value if key == "step" else value.to(p.dtype)
+
+
+def optimizer_spec(cfg: TrainingConfig, model: nn.Module) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Names, dtypes and shapes of :func:`optimizer_state` for ``cfg``'s optimizer on ``model``."""
+    probe = make_optimizer(model, cfg)
+    return {f"optim/{n}/{key}": (torch.float32, tuple(like.shape))
+            for n, p in model.named_parameters() if p.requires_grad
+            for key, like in _state_shapes(probe, p).items()}
+
+
+def _state_shapes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, torch.Tensor]:
+    if isinstance(optimizer, torch.optim.Adam):
+        return {"exp_avg": p, "exp_avg_sq": p, "step": torch.zeros(())}
+    if isinstance(optimizer, torch.optim.SGD) and optimizer.defaults.get("momentum", 0) > 0:
+        return {"momentum_buffer": p}
+    return {}

@@ -119,10 +119,10 @@ class GrpcPeerTransport:
         self.counter.add_sent(codec.meta_of(model.header).kind, model.wire_bytes(self.chunk_bytes))
         return serde.from_proto(DeliverResult, reply)
 
-    def rewind(self, peer: str, model: EncodedModel, epochs: float, round: int, sender: str, *,
+    def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
                expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
         def requests() -> Iterator[bytes]:
-            spec = peer_pb2.RewindSpec(epochs=epochs, round=round, sender=sender)
+            spec = peer_pb2.RewindSpec(steps=steps, round=round, sender=sender)
             yield peer_pb2.RewindRequest(spec=spec).SerializeToString()
             yield from model.frames(self.chunk_bytes, field=_REWIND_CHUNK_FIELD)
 

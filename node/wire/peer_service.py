@@ -68,8 +68,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    f"{self.handlers.node_id}: Rewind must start with a RewindSpec"))
         spec = first.spec
         chunks = (r.chunk for r in request_iterator)
-        encoded = handle(context, lambda: self.handlers.rewind(caller_of(context), spec.epochs, spec.round,
-                                                               spec.sender, chunks))
+        encoded = handle(context, lambda: self.handlers.rewind(caller_of(context), spec.epochs, spec.steps,
+                                                               spec.round, spec.sender, chunks))
         yield from encoded.chunks()
 
     def Status(self, request: peer_pb2.StatusRequest, context: grpc.ServicerContext) -> peer_pb2.StatusReply:

@@ -42,14 +42,16 @@ class DeliverReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
 class RewindSpec(_message.Message):
-    __slots__ = ("epochs", "round", "sender")
+    __slots__ = ("epochs", "round", "sender", "steps")
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     epochs: float
     round: int
     sender: str
-    def __init__(self, epochs: _Optional[float] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ...) -> None: ...
+    steps: int
+    def __init__(self, epochs: _Optional[float] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class RewindRequest(_message.Message):
     __slots__ = ("spec", "chunk")
