@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from flmesh.node.results import RoundRow
 from flmesh.node.transport import ByteCounter, PeerTransport
 from flmesh.node.wire.codec import ModelMeta, encode, model_spec
 from flmesh.topology import Federation
+
+if TYPE_CHECKING:
+    from flmesh.node.wire.tls import Tls
 from flmesh.topology.tasks import task_of
 
 log = logging.getLogger("flmesh.aggregator")
@@ -76,6 +79,8 @@ class Aggregator:
         self.counter = counter
         self.clock = clock
         self.address: str | None = None
+        self.tls: Tls | None = None  # the aggregator's mTLS identity (from_federation sets it)
+        self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
         self.rounds_done = 0
         self._server: Any = None
         self._health: Any = None
@@ -90,13 +95,14 @@ class Aggregator:
     def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
                         transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
                         tests: Callable[[], dict[str, ArrayData]] | None = None,
-                        state_dir: Path | None = None) -> Aggregator:
+                        state_dir: Path | None = None, tls: Tls | None = None) -> Aggregator:
         """The aggregator of ``federation``; ``dataset`` skips loading the data set again
         (it is read for the model's input shape and the public split that Flashback and
         fedavg_ft train on).
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
-        aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``)."""
+        aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``). ``tls``:
+        the aggregator's identity (common name "aggregator") for mTLS on every connection."""
         fed = federation
         data = dataset if dataset is not None else load_dataset(fed.data)
         input_shape, num_classes = tuple(data.x.shape[1:]), data.num_classes
@@ -126,11 +132,12 @@ class Aggregator:
         if transport is None:
             from flmesh.node.wire.peer_client import GrpcPeerTransport
 
-            transport = GrpcPeerTransport(counter=counter)
+            transport = GrpcPeerTransport(counter=counter, tls=tls)
         evaluator = local_evaluator(tests, factory, device) if tests is not None else None
         aggregator = cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
                          evaluator=evaluator)
         aggregator.replay = replay
+        aggregator.tls = tls
         return aggregator
 
     # ------------------------------------------------------------------ life cycle
@@ -139,7 +146,7 @@ class Aggregator:
         from flmesh.coordinator.aggregator_service import serve
 
         self._server, self._health, self.address = serve(self.core, listen, len(self.federation.nodes),
-                                                         self.replay)
+                                                         self.replay, tls=self.tls)
         return self.address
 
     def stop(self) -> None:
@@ -186,6 +193,16 @@ class Aggregator:
         stream = self.federation.tasks
         return task_of(stream, round) if stream is not None else None
 
+    def previous_global_accuracy(self) -> np.ndarray | None:
+        """The last round's global per-class accuracy (F_t compares the next round with it)."""
+        return self._prev_global
+
+    def resume(self, round: int, prev_global: np.ndarray | None) -> None:
+        """After a checkpoint's restore: ``round`` is done (the next begins by evaluating)."""
+        self.rounds_done = round
+        self._prev_global = prev_global
+        self._start_eval = None
+
     def begin_round(self, round: int) -> list[str]:
         """Evaluate the starting model (round 1 only) and open ``round``; the sampled nodes."""
         self._round_start = self.clock.now()
@@ -223,14 +240,16 @@ class Aggregator:
     def run(self, on_round: Callable[[RoundRow], None] | None = None, *,
             join_timeout: float = 120.0) -> list[RoundRow]:
         """The aggregator's loop: wait (up to ``join_timeout`` s) for every node to join, then
-        every round; each row goes to ``on_round`` as soon as the round is evaluated."""
+        every round after the last one done (0, or a restored checkpoint's); each row goes to
+        ``on_round`` as soon as the round is evaluated, then the round's checkpoint is written
+        (when ``checkpoint_dir`` is set)."""
         fed = self.federation
         log.info("serving %s; waiting for %d nodes to join", self.core.strategy, len(fed.nodes))
         absent = self.core.wait_for_joins(join_timeout)
         if absent and not self.core.stop_event.is_set():
             log.warning("starting without %s (not joined within %gs)", ", ".join(absent), join_timeout)
         rows = []
-        for t in range(1, fed.rounds + 1):
+        for t in range(self.rounds_done + 1, fed.rounds + 1):
             if self.core.stop_event.is_set():
                 break
             row = self.run_round(t)
@@ -239,6 +258,10 @@ class Aggregator:
             rows.append(row)
             if on_round is not None:
                 on_round(row)
+            if self.checkpoint_dir is not None:
+                from flmesh.coordinator.aggregator_checkpoint import save
+
+                save(self, t, self.checkpoint_dir)
             log.info("round %d/%d: global accuracy %.1f%%, %d/%d updates%s", t, fed.rounds,
                      100 * (row.accuracy or 0.0), len(row.received or []), len(row.selected or []),
                      f"; missing {', '.join(row.missing)}" if row.missing else "")

@@ -1,7 +1,8 @@
 """``fl-node --role aggregator``: run the aggregator of a star federation as a process.
 
     fl-node --role aggregator --federation FILE [--listen HOST:PORT] [--ready-file PATH]
-            [--out DIR] [--join-timeout S] [--set KEY=VALUE ...]
+            [--out DIR] [--join-timeout S] [--resume] [--set KEY=VALUE ...]
+            [--tls-ca PEM --tls-cert PEM --tls-key PEM | --insecure]
 
 Builds the aggregator exactly as ``fl-sim`` does
 (:meth:`~flmesh.coordinator.aggregator.Aggregator.from_federation`), serves the
@@ -23,8 +24,12 @@ import time
 from pathlib import Path
 
 from flmesh.coordinator.aggregator import Aggregator
+from flmesh.coordinator.aggregator_checkpoint import restore
 from flmesh.coordinator.pictures import draw
+from flmesh.node.checkpoint import CHECKPOINT
 from flmesh.node.cli import UsageError, check_address
+from flmesh.node.cli_common import OneLineParser, check_seconds
+from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 from flmesh.node.node_run import input_errors
 from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes, write_atomic
 from flmesh.topology import FederationError, load_federation
@@ -33,8 +38,8 @@ log = logging.getLogger("flmesh.aggregator")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fl-node --role aggregator",
-                                description="Run the aggregator of a star federation.")
+    p = OneLineParser(prog="fl-node --role aggregator",
+                      description="Run the aggregator of a star federation.")
     p.add_argument("--federation", required=True, type=Path, help="federation file (TOML)")
     p.add_argument("--listen", help="HOST:PORT to serve on; port 0 picks a free one "
                    "(default: [aggregator] address)")
@@ -44,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", type=float, default=120.0,
                    help="seconds to wait for every node to join before round 1 (default 120)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in the results folder (after a crash or a stop)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_tls_options(p)
     return p
 
 
@@ -54,10 +62,13 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s fl-node aggregator: %(message)s", datefmt="%H:%M:%S")
     prog = "fl-node aggregator"
     stopped: list[str] = []
-    bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, FederationError, OSError)
+    bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError, FederationError,
+                                              OSError)
     try:
-        if not args.join_timeout > 0:
-            raise UsageError(f"--join-timeout: expected a number of seconds > 0, got {args.join_timeout:g}")
+        try:
+            check_seconds("--join-timeout", args.join_timeout)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         fed = load_federation(args.federation, args.overrides)
         if fed.aggregator is None:
             raise UsageError(f"{fed.source}: no [aggregator] section: this federation has no aggregator")
@@ -66,15 +77,29 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("no address to listen on: pass --listen HOST:PORT or set [aggregator] address")
         check_address("--listen", listen)
         out = args.out or Path("runs") / f"{fed.name}-aggregator"
-        writer = RunWriter(out)
-        aggregator = Aggregator.from_federation(fed, state_dir=out)
+        if not args.resume and (out / CHECKPOINT).exists():
+            raise UsageError(f"--out {out} holds a checkpoint of an earlier run: pass --resume to continue "
+                             "it, or another --out to start afresh (nothing there is overwritten)")
+        tls = tls_from_args(args, "aggregator", listen)
+        aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls)
+        aggregator.checkpoint_dir = out
+        done = restore(aggregator, out) if args.resume else 0
+        writer = RunWriter(out, append=args.resume, upto=done)
+        if args.resume:
+            log.info("resuming after round %d (checkpoint in %s)", done, out)
         address = aggregator.serve(listen)
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     print(f"{prog}: listening on {address}", flush=True)
     if args.ready_file is not None:
-        write_atomic(args.ready_file, f"{address}\n")
+        try:
+            write_atomic(args.ready_file, f"{address}\n")
+        except OSError as exc:
+            print(f"{prog}: error: --ready-file {args.ready_file}: cannot write it: {exc.strerror or exc}",
+                  file=sys.stderr)
+            aggregator.close(grace=0)
+            return 2
 
     def on_signal(signum: int, _frame: object) -> None:
         stopped.append(signal.Signals(signum).name)
@@ -83,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     started = time.monotonic()
-    rows: list[RoundRow] = []
+    rows: list[RoundRow] = []  # this process's rounds (writer.rows also has those before a resume)
     error: str | None = None
     def on_round(row: RoundRow) -> None:
         rows.append(row)
@@ -96,18 +121,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {error}", file=sys.stderr)
     finally:
         last = rows[-1] if rows else None
-        forgetting = [r.global_forgetting for r in rows if r.global_forgetting is not None]
+        every = writer.rows  # with --resume: the rounds before the restart too
+        forgetting = [r["global_forgetting"] for r in every if r.get("global_forgetting") is not None]
         summary = Summary(
             kind="star", writer="aggregator", federation=fed.name, file=fed.source, seed=fed.seed,
-            rounds=len(rows), rounds_planned=fed.rounds, interrupted=bool(stopped),
+            rounds=len(every), rounds_planned=fed.rounds, interrupted=bool(stopped) or error is not None,
             config={"strategy": fed.aggregator.strategy, "fraction": fed.aggregator.fraction},
             address=address, signal=stopped[0] if stopped else None, error=error,
             final=Final(last.round, last.fa, last.ff, last.pfa, last.accuracy) if last else None,
-            accuracy_curve=[r.accuracy for r in rows if r.accuracy is not None],
+            accuracy_curve=[r["accuracy"] for r in every if r.get("accuracy") is not None],
             mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
             task_accuracy=last.task_accuracy if last else None,
             privacy_spent=last.privacy_spent if last else None,
-            missing_peers=sorted({p for r in rows for p in r.missing}),
+            missing_peers=sorted({p for r in every for p in r.get("missing", [])}),
+            resumed_after=[done] if args.resume and done else [],
             bytes_per_round=mean_bytes(writer.rows),
             wall_s=round(time.monotonic() - started, 3), out_dir=str(out), host={"pid": os.getpid()})
         summary.pictures = [str(p) for p in draw(writer.rows, out)]

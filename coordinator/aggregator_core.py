@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 
 from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
+from flmesh.node.algorithms.robust import clip_updates
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import Refused
 from flmesh.node.transport import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
@@ -80,10 +81,16 @@ class AggregatorCore:
         self.stop_event = threading.Event()
 
     # ------------------------------------------------------------------ checks
-    def _member(self, node_id: str) -> None:
+    def _member(self, node_id: str, caller: str | None = None) -> None:
+        """``node_id`` is a member, and the authenticated caller (when the transport knows it) is
+        that node: nobody joins, polls, fetches or submits for another."""
+        if not node_id:
+            raise Refused("INVALID_ARGUMENT", "aggregator: the request names no node")
         if node_id not in self.node_ids:
             raise Refused("PERMISSION_DENIED", f"aggregator: unknown node {node_id!r} (the federation has "
                           f"{', '.join(self.node_ids)})")
+        if caller is not None and caller != node_id:
+            raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} may not act for {node_id!r}")
 
     def selected(self, round: int) -> list[str]:
         """Who takes part in ``round`` (:func:`flmesh.topology.sampling.selected`)."""
@@ -92,14 +99,14 @@ class AggregatorCore:
     # ------------------------------------------------------------------ handlers (RPC threads)
     def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
              address: str) -> JoinInfo:
-        self._member(node_id)
+        self._member(node_id, caller)
         with self._cond:
             self._joined[node_id] = address
             self._cond.notify_all()
             return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
 
     def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo:
-        self._member(node_id)
+        self._member(node_id, caller)
         deadline = self.clock.now() + max(0.0, min(wait_s, MAX_POLL_WAIT_S))
         with self._cond:
             while self._open < round and not self._done and not self.stop_event.is_set():
@@ -111,7 +118,7 @@ class AggregatorCore:
                             self._done, self.federation.rounds)
 
     def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
-        self._member(node_id)
+        self._member(node_id, caller)
         with self._cond:
             if round != self._open or self._message is None:
                 raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
@@ -124,38 +131,54 @@ class AggregatorCore:
         return message
 
     def submit(self, caller: str | None, chunks: Chunks) -> SubmitResult:
+        """Take a sampled node's update for the open round. Who sent it, its kind and its
+        round are checked from the header before any payload byte is read."""
         try:
-            decoded = codec.decode(chunks, self.update_spec, self.max_model_bytes)
+            header, stream = codec.peek_header(chunks)
+            meta = codec.meta_of(header)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"aggregator: {exc}") from None
-        meta = decoded.meta
-        self.counter.add_received("update", decoded.wire_bytes)
-        self._member(meta.sender)
-        if caller is not None and caller != meta.sender:
-            raise Refused("PERMISSION_DENIED", f"aggregator: the update claims to come from {meta.sender!r} "
-                          f"but was sent by {caller!r}")
+        self._member(meta.sender, caller)
         if meta.kind != "update":
             raise Refused("INVALID_ARGUMENT",
                           f"aggregator: SubmitUpdate takes kind 'update', not {meta.kind!r}")
+        late = self._check_open(meta.sender, meta.round)
+        if late is not None:
+            return late
+        try:
+            decoded = codec.decode(stream, self.update_spec, self.max_model_bytes)
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"aggregator: {exc}") from None
+        self.counter.add_received("update", decoded.wire_bytes)
         state = {k: v for k, v in decoded.state_dict.items() if k in self.model_spec}
         extras = {k: v for k, v in decoded.state_dict.items() if k not in self.model_spec}
         update = Update(meta.sender, meta.round, state, meta.num_samples, tuple(meta.label_counts), extras)
         with self._cond:
-            if update.round <= self._closed:
-                return SubmitResult(accepted=False, duplicate=False, late=True, round=update.round)
-            if update.round != self._open:
-                raise Refused("FAILED_PRECONDITION", f"aggregator: round {update.round} is not open (the "
-                              f"aggregator is in round {self._open})")
-            if update.node not in self.selected(update.round):
-                raise Refused("FAILED_PRECONDITION",
-                              f"aggregator: {update.node} was not sampled for round {update.round}")
-            if update.node in self._updates:
-                return SubmitResult(accepted=False, duplicate=True, late=False, round=update.round)
+            late = self._check_open(update.node, update.round)  # the round may have closed meanwhile
+            if late is not None:
+                return late
             self._updates[update.node] = update
             self._cond.notify_all()
         return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
 
+    def _check_open(self, node: str, round: int) -> SubmitResult | None:
+        """None when ``node`` may submit for ``round`` now; the late or duplicate answer, or a
+        refusal for a round that is not open or a node that was not sampled."""
+        with self._cond:
+            if round <= self._closed:
+                return SubmitResult(accepted=False, duplicate=False, late=True, round=round)
+            if round != self._open:
+                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the "
+                              f"aggregator is in round {self._open})")
+            if node not in self.selected(round):
+                raise Refused("FAILED_PRECONDITION", f"aggregator: {node} was not sampled for round {round}")
+            if node in self._updates:
+                return SubmitResult(accepted=False, duplicate=True, late=False, round=round)
+        return None
+
     def status(self, caller: str | None) -> AggregatorStatus:
+        if caller is not None and caller not in self.node_ids:
+            raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} is not in this federation")
         with self._cond:
             return AggregatorStatus(self.strategy, self._open, self.federation.rounds,
                                     tuple(sorted(self._joined)), self._state, self.last_accuracy)
@@ -164,6 +187,20 @@ class AggregatorCore:
     def addresses(self) -> dict[str, str]:
         with self._cond:
             return {n: a for n, a in self._joined.items() if a}
+
+    def addresses_all(self) -> dict[str, str]:
+        """Every node that joined, with the address it gave (possibly empty)."""
+        with self._cond:
+            return dict(self._joined)
+
+    def resume(self, global_state: Tensors, joined: dict[str, str], round: int, last_accuracy: float) -> None:
+        """Take back a checkpoint's state: ``round`` is over, the next one opens next."""
+        with self._cond:
+            self.global_state = {k: v.detach().to("cpu").clone() for k, v in global_state.items()}
+            self._joined = {n: a for n, a in joined.items() if n in self.node_ids}
+            self._open = self._closed = round
+            self.last_accuracy = last_accuracy
+            self._cond.notify_all()
 
     def joined(self) -> list[str]:
         with self._cond:
@@ -221,9 +258,15 @@ class AggregatorCore:
         start = self.global_state
         for update in updates:  # every accepted update counts, as the node that sent it assumes
             self.server.absorb(update)
+        to_aggregate = updates  # the row still shows what each node sent
+        if self.config.clip_norm > 0 and updates:
+            to_aggregate, clipped = clip_updates(start, updates, self.config.clip_norm)
+            if clipped:
+                notes.append(f"round {round}: clipped the updates of {', '.join(clipped)} to norm "
+                             f"{self.config.clip_norm:g}")
         aggregated = len(updates) >= self.config.min_updates
         if aggregated:
-            new = self.server.aggregate(round, start, updates)
+            new = self.server.aggregate(round, start, to_aggregate)
             self.global_state = {k: v.detach().to("cpu") for k, v in new.items()}
         else:
             notes.append(f"round {round}: {len(updates)} update(s) < min_updates {self.config.min_updates}; "

@@ -15,9 +15,11 @@ from grpc_health.v1 import health
 
 from flmesh.node.transport import AggregatorHandlers, ReplayHandlers
 from flmesh.node.wire import serde
-from flmesh.node.wire.peer_service import caller_of, handle
+from flmesh.node.wire.limits import StreamLimits
+from flmesh.node.wire.peer_service import handle
 from flmesh.node.wire.replay_service import add_replay
 from flmesh.node.wire.server import serve as wire_serve
+from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
 from flmesh.v1 import model_pb2 as pb
 
@@ -30,40 +32,42 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServicer):
 
     def Join(self, request: aggregator_pb2.JoinRequest,
              context: grpc.ServicerContext) -> aggregator_pb2.JoinReply:
-        info = handle(context, lambda: self.handlers.join(caller_of(context), request.node_id,
+        info = handle(context, lambda caller: self.handlers.join(caller, request.node_id,
                                                           request.num_samples, list(request.label_counts),
                                                           request.address))
         return serde.to_proto(aggregator_pb2.JoinReply, info)
 
     def Poll(self, request: aggregator_pb2.PollRequest,
              context: grpc.ServicerContext) -> aggregator_pb2.PollReply:
-        info = handle(context, lambda: self.handlers.poll(caller_of(context), request.node_id, request.round,
+        info = handle(context, lambda caller: self.handlers.poll(caller, request.node_id, request.round,
                                                           request.wait_s))
         return serde.to_proto(aggregator_pb2.PollReply, info)
 
     def FetchGlobal(self, request: aggregator_pb2.FetchRequest,
                     context: grpc.ServicerContext) -> Iterator[pb.ModelChunk]:
-        message = handle(context, lambda: self.handlers.fetch(caller_of(context), request.node_id,
+        message = handle(context, lambda caller: self.handlers.fetch(caller, request.node_id,
                                                               request.round))
         yield from message.chunks()
 
     def SubmitUpdate(self, request_iterator: Iterator[pb.ModelChunk],
                      context: grpc.ServicerContext) -> aggregator_pb2.SubmitReply:
-        result = handle(context, lambda: self.handlers.submit(caller_of(context), request_iterator))
+        result = handle(context, lambda caller: self.handlers.submit(caller, request_iterator))
         return serde.to_proto(aggregator_pb2.SubmitReply, result)
 
     def AggregatorStatus(self, request: aggregator_pb2.AggregatorStatusRequest,
                          context: grpc.ServicerContext) -> aggregator_pb2.AggregatorStatusReply:
-        status = handle(context, lambda: self.handlers.status(caller_of(context)))
+        status = handle(context, lambda caller: self.handlers.status(caller))
         return serde.to_proto(aggregator_pb2.AggregatorStatusReply, status)
 
 
 def serve(handlers: AggregatorHandlers, listen: str, nodes: int = 8,
-          replay: ReplayHandlers | None = None) -> tuple[grpc.Server, health.HealthServicer, str]:
+          replay: ReplayHandlers | None = None, *,
+          tls: Tls | None = None) -> tuple[grpc.Server, health.HealthServicer, str]:
     """Start the Aggregator service (and gRPC health) on ``listen``: (server, health, HOST:PORT).
 
-    Every node may hold one worker in a Poll (at most a few seconds), so the pool
-    has a worker per node plus some for fetches, submits and status."""
+    Every node may hold one worker in a Poll (unary, at most a few seconds), so
+    the guard keeps a worker per node free beside the fetch and submit streams
+    it admits (two per node at most, one per caller)."""
     servicer = AggregatorServicer(handlers)
 
     def add(server: grpc.Server) -> None:
@@ -71,4 +75,5 @@ def serve(handlers: AggregatorHandlers, listen: str, nodes: int = 8,
         if replay is not None:
             add_replay(server, replay)
 
-    return wire_serve(add, SERVICE_NAME, listen, max_workers=min(2 * nodes + 8, 512))
+    limits = StreamLimits(total=min(2 * nodes, 64), per_peer=2, reserve=min(nodes + 8, 512))
+    return wire_serve(add, SERVICE_NAME, listen, tls=tls, limits=limits)

@@ -124,23 +124,29 @@ def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
 class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
-    def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1):
+    def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1,
+                 tls: bool = False):
         """``eval_every``: cross-evaluate (and write a row) every that many rounds and after the
-        last (peer federations; star runs evaluate every round: F_t compares consecutive rounds)."""
+        last (peer federations; star runs evaluate every round: F_t compares consecutive rounds).
+        ``tls``: every process gets a certificate from a throwaway CA and every call is mTLS
+        with the same checks as a deployment (default: plaintext on 127.0.0.1)."""
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        from flmesh.coordinator.sim_tls import SimIdentities
+
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
+        self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
         self.driver: Driver
         if self.kind == "star":
             from flmesh.coordinator.sim_star import StarDriver
 
-            self.driver = StarDriver(federation)
+            self.driver = StarDriver(federation, self.identities)
         else:
             from flmesh.coordinator.sim_peer import PeerDriver
 
-            self.driver = PeerDriver(federation, eval_every)
+            self.driver = PeerDriver(federation, eval_every, self.identities)
 
     def start(self) -> None:
         """Split the data, build every process and start its server."""
@@ -152,6 +158,7 @@ class Simulation:
 
     def close(self) -> None:
         self.driver.close()
+        self.identities.close()
 
     def __enter__(self) -> Simulation:
         self.start()

@@ -10,9 +10,11 @@ percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures. Exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -20,15 +22,17 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flmesh.coordinator.sim import Simulation
+from flmesh.coordinator.sim import Simulation, default_out_dir
+from flmesh.node.cli_common import OneLineParser
 from flmesh.node.errors import PeerError, UnknownPeerError
 from flmesh.node.node_run import input_errors
 from flmesh.node.results import RoundRow
 from flmesh.topology import FederationError, load_federation
+from flmesh.topology.checks import MAX_ROUNDS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fl-sim", description="Simulate a federation on localhost over real gRPC.")
     parser.add_argument("file", type=Path, help="federation file (TOML)")
     parser.add_argument("--rounds", type=int, help="override [federation] rounds")
@@ -45,6 +49,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bad_flag(args: argparse.Namespace) -> str | None:
+    """The first flag out of its bounds, as one line naming the flag and the bound; None if all fit."""
+    for flag, value in (("--rounds", args.rounds), ("--eval-every", args.eval_every)):
+        if value is None:
+            continue
+        if value < 1:
+            return f"{flag}: expected an integer >= 1, got {value}"
+        if value > MAX_ROUNDS:
+            return f"{flag}: expected an integer <= {MAX_ROUNDS}, got {value}"
+    return None
+
+
+def writable_folder(out: Path, label: str) -> bool:
+    """Make ``out`` (the results folder) and prove a file can be written there, or raise
+    FederationError with one line naming ``label`` (the flag), the path and the problem.
+    Returns whether the folder was made here (so a run that fails to start can take it back).
+
+    Checked before any node starts, not found when the first round's results are written (a
+    traceback after the nodes' work); an existing file is never replaced or truncated.
+    """
+    if out.exists() and not out.is_dir():
+        raise FederationError(f"{label} {out}: is a file, expected a folder (existing or to create)")
+    made = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FederationError(f"{label} {out}: cannot write results there: {why}") from None
+    return made
+
+
 def _pct(x: float | None) -> str:
     return f"{'-':>6}" if x is None else f"{100 * x:6.2f}"
 
@@ -57,14 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(message)s",
                         handlers=[RichHandler(console=err, show_path=False)])
     overrides = list(args.overrides)
-    if args.rounds is not None:
-        if args.rounds < 1:
-            err.print(f"fl-sim: error: --rounds: expected an integer >= 1, got {args.rounds}")
-            return 2
-        overrides.append(f"federation.rounds={args.rounds}")
-    if args.eval_every < 1:
-        err.print(f"fl-sim: error: --eval-every: expected an integer >= 1, got {args.eval_every}")
+    problem = _bad_flag(args)
+    if problem is not None:
+        err.print(f"fl-sim: error: {problem}", markup=False, soft_wrap=True)
         return 2
+    if args.rounds is not None:
+        overrides.append(f"federation.rounds={args.rounds}")
     if args.baseline is not None:
         overrides.append(f'federation.baseline="{args.baseline}"')
     bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors())
@@ -74,8 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         if star and args.eval_every != 1:
             raise FederationError(f"{args.file}: --eval-every applies to runs without an [aggregator]; "
                                   "star runs evaluate every round (F_t compares consecutive rounds)")
-        sim = Simulation(federation, args.out, eval_every=args.eval_every)
-        sim.start()
+        out = args.out if args.out is not None else default_out_dir(federation)
+        made = writable_folder(out, "--out" if args.out is not None else "results folder")
+        try:
+            sim = Simulation(federation, out, eval_every=args.eval_every)
+            sim.start()
+        except bad_input:
+            if made:  # no run, no empty results folder left behind
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+            raise
     except bad_input as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 2

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from flmesh.coordinator.sim import WAKE_S, RowQueue, base_config, join_threads, run_threads
+from flmesh.coordinator.sim_tls import SIM_ID, SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
 from flmesh.node.learning.metrics import federation_metrics
@@ -32,6 +33,7 @@ from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
 from flmesh.node.wire.codec import ModelMeta, encode
+from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import Federation, NodeConfig
 from flmesh.topology.tasks import present
@@ -65,12 +67,14 @@ def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
 
 
 class PeerDriver:
-    def __init__(self, federation: Federation, eval_every: int = 1):
+    def __init__(self, federation: Federation, eval_every: int = 1, identities: SimIdentities | None = None):
+        """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext."""
         self.federation = federation
         self.eval_every = eval_every
+        self.identities = identities or SimIdentities((), enabled=False)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
-        self.evaluator = GrpcPeerTransport()
+        self.evaluator = GrpcPeerTransport(tls=self.identities.for_id(SIM_ID))
         self._lock = threading.Lock()
         self._round_done = threading.Condition(self._lock)
         self._done: dict[int, int] = {}  # round -> trainers that finished it
@@ -95,8 +99,14 @@ class PeerDriver:
         fed = self.federation
         dataset = load_dataset(fed.data)
         data = federation_data(fed, dataset)
-        self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0")
+        # the evaluator sends each trainer's model (the joint node's too) to every node
+        observers = [SIM_ID, JOINT_ID] if fed.baseline == "joint" else [SIM_ID]
+        self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
+                                           observers=observers, tls=self.identities.for_id(nid))
                       for nid in fed.node_ids]
+        limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
+        for node in self.nodes:
+            node.stream_limits = limits
         addresses = {node.node_id: node.start() for node in self.nodes}
         for node in self.nodes:
             node.connect(addresses)

@@ -20,18 +20,22 @@ from typing import Any
 
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.coordinator.sim import RowQueue, base_config, join_threads, run_threads
+from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.node.learning.data import federation_data, load_dataset
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import StarReport
 from flmesh.node.results import NodeRound, RoundRow
+from flmesh.node.wire.limits import StreamLimits
 from flmesh.topology import Federation
 
 
 class StarDriver:
-    def __init__(self, federation: Federation):
+    def __init__(self, federation: Federation, identities: SimIdentities | None = None):
+        """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
+        self.identities = identities or SimIdentities((), enabled=False)
         self.nodes: list[Node] = []
         self.aggregator: Aggregator | None = None
         self._lock = threading.Lock()
@@ -58,10 +62,15 @@ class StarDriver:
         dataset = load_dataset(fed.data)
         data = federation_data(fed, dataset)
         self.aggregator = Aggregator.from_federation(
-            fed, dataset=dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes})
+            fed, dataset=dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes},
+            tls=self.identities.for_id("aggregator"))
         address = self.aggregator.serve("127.0.0.1:0")
         self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
-                                           aggregator=address) for nid in fed.node_ids]
+                                           aggregator=address, tls=self.identities.for_id(nid))
+                      for nid in fed.node_ids]
+        limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
+        for n in self.nodes:
+            n.stream_limits = limits
         addresses = {n.node_id: n.start() for n in self.nodes}
         for n in self.nodes:
             n.connect(addresses)  # rewinds go node to node

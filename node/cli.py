@@ -2,7 +2,8 @@
 
     fl-node --id ID --federation FILE [--listen HOST:PORT] [--peer ID=HOST:PORT ...]
             [--peers-file PATH] [--ready-file PATH] [--aggregator HOST:PORT]
-            [--out DIR] [--hello-timeout S] [--cross-eval] [--set KEY=VALUE ...]
+            [--out DIR] [--hello-timeout S] [--cross-eval] [--resume] [--set KEY=VALUE ...]
+            [--tls-ca PEM --tls-cert PEM --tls-key PEM | --insecure]
 
 Every node of a real federation runs this with the same federation file. The
 node keeps only its own data share (derived from the file's seed) and learns
@@ -13,6 +14,9 @@ on stdout and in ``--ready-file``, waits until the peers its schedule names
 answer ``Hello``, runs every round through :meth:`flmesh.node.node.Node.run`,
 writes DIR/rounds.jsonl and DIR/summary.json (the schema of
 :mod:`flmesh.node.results`), keeps serving until its peers are done, and exits.
+After every round it checkpoints into DIR; ``--resume`` continues from there.
+With ``--tls-*`` every connection is mTLS and the certificate's common name is
+the node's identity; plaintext only on loopback or with ``--insecure``.
 
 Exit codes: 0 all rounds done; 1 peers never answered or the run failed;
 2 bad input (one line on stderr); 130 / 143 stopped by SIGINT / SIGTERM.
@@ -28,6 +32,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flmesh.node.checkpoint import CHECKPOINT
+from flmesh.node.cli_common import OneLineParser, check_seconds
+from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 from flmesh.node.errors import PeerError, UnknownPeerError
 from flmesh.node.node_run import NodeRun, input_errors
 from flmesh.topology import Federation, FederationError, load_federation
@@ -41,7 +48,7 @@ class UsageError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fl-node", description="Run one flmesh federation node.")
+    p = OneLineParser(prog="fl-node", description="Run one flmesh federation node.")
     p.add_argument("--id", required=True, help="this node's id in the federation file")
     p.add_argument("--federation", required=True, type=Path, help="federation file (TOML)")
     p.add_argument("--listen", help="HOST:PORT to serve on; port 0 picks a free one "
@@ -62,16 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the aggregator of a star federation (default: [aggregator] address)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a federation-file key, e.g. training.epochs=2")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in the results folder (after a crash or a stop)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_tls_options(p)
     return p
 
 
-def check_address(flag: str, address: str) -> str:
+def check_address(flag: str, address: str, dialled: bool = False) -> str:
+    """HOST:PORT; port 0 (pick one) only where the process listens, not where it dials."""
     host, sep, port = address.rpartition(":")
     if not sep or not host:
         raise UsageError(f"{flag} {address!r}: expected HOST:PORT")
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise UsageError(f"{flag} {address!r}: expected a port from 0 to 65535")
+    low = 1 if dialled else 0
+    if not port.isdigit() or not low <= int(port) < 65536:
+        raise UsageError(f"{flag} {address!r}: expected a port from {low} to 65535")
     return address
 
 
@@ -101,6 +113,8 @@ def parse_peers(items: list[str], federation: Federation, me: str, use_file: boo
 
 def read_peers_file(path: Path, federation: Federation, me: str) -> dict[str, str]:
     """The addresses in a peers file; {} while it does not exist yet. UsageError when malformed."""
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise UsageError(f"--peers-file {path}: not a regular file")
     try:
         raw: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -115,8 +129,10 @@ def read_peers_file(path: Path, federation: Federation, me: str) -> dict[str, st
 
 def prepare(args: argparse.Namespace) -> NodeRun:
     """Everything that can fail on bad input, before serving; raises one-line errors."""
-    if not args.hello_timeout > 0:
-        raise UsageError(f"--hello-timeout: expected a number of seconds > 0, got {args.hello_timeout:g}")
+    try:
+        check_seconds("--hello-timeout", args.hello_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     federation = load_federation(args.federation, args.overrides)
     federation.node(args.id)
     if federation.baseline == "joint":
@@ -138,10 +154,15 @@ def prepare(args: argparse.Namespace) -> NodeRun:
     if federation.aggregator is not None and not aggregator:
         raise UsageError("no aggregator address: pass --aggregator HOST:PORT or set [aggregator] address")
     if aggregator:
-        check_address("--aggregator", aggregator)
+        check_address("--aggregator", aggregator, dialled=True)
     out = args.out or Path("runs") / f"{federation.name}-{args.id}"
+    if not args.resume and (out / CHECKPOINT).exists():
+        raise UsageError(f"--out {out} holds a checkpoint of an earlier run: pass --resume to continue it, "
+                         "or another --out to start afresh (nothing there is overwritten)")
+    tls = tls_from_args(args, args.id, listen)
     return NodeRun(federation, args.id, listen=listen, peers=peers, aggregator=aggregator, out=out,
-                   needed=sorted(needed), cross_eval=args.cross_eval, hello_timeout=args.hello_timeout)
+                   needed=sorted(needed), cross_eval=args.cross_eval, hello_timeout=args.hello_timeout,
+                   tls=tls, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s fl-node {args.id}: %(message)s", datefmt="%H:%M:%S")
     prog = f"fl-node {args.id}"
-    bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, FederationError, OSError)
+    bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError, FederationError,
+                                              OSError)
     try:
         run = prepare(args)
         run.start()
@@ -159,7 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers_file is not None:
         peers_file = args.peers_file
         run.refresh_peers = lambda: run.node.connect(read_peers_file(peers_file, run.federation, args.id))
-    run.announce(args.ready_file)
+    try:
+        run.announce(args.ready_file)
+    except OSError as exc:
+        print(f"{prog}: error: --ready-file {args.ready_file}: cannot write it: {exc.strerror or exc}",
+              file=sys.stderr)
+        run.node.stop(grace=0)
+        return 2
 
     def on_signal(signum: int, _frame: object) -> None:
         run.interrupt(signal.Signals(signum).name)
@@ -169,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = run.run()
     except (PeerError, UnknownPeerError, UsageError) as exc:
-        run.failed(str(exc))
+        run.failed(str(exc), exc.peer if isinstance(exc, PeerError) else None)
         print(f"{prog}: error: {exc}", file=sys.stderr)
         status = 1
     finally:

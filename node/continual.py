@@ -22,6 +22,7 @@ from flmesh.topology.tasks import participates, task_of
 if TYPE_CHECKING:
     from flmesh.node.node import Node
     from flmesh.node.transport import ReplayTransport
+    from flmesh.node.wire.tls import Tls
 
 
 class ContinualState:
@@ -56,6 +57,18 @@ class ContinualState:
             client.on_task_change(old, self.task, task)
         self.released = task
 
+    def resume(self, node: Node, task: int, released: int) -> None:
+        """Back in ``task`` after a restart (:mod:`flmesh.node.checkpoint`): the same data as
+        entering it, without the task-change hooks (the plug-ins' state is restored already)."""
+        if task < 0:
+            return
+        self.tests = [share.test for t in range(task + 1) if len((share := self.source.share(t)).test)]
+        share = self.source.share(task)
+        self.share, self.task, self.released = share.train, task, released
+        test = concat(self.tests) if self.tests else share.test
+        extra = [d for client in node.clients.values() for d in client.extra_training_data() if len(d)]
+        node.data = NodeData(concat([share.train, *extra]) if extra else share.train, test)
+
     def _enter(self, node: Node, task: int) -> list[str]:
         share = self.source.share(task)
         if len(share.test):
@@ -85,10 +98,12 @@ def empty_share(source: TaskSource) -> NodeData:
                               num_tasks=share.test.num_tasks))
 
 
-def wire_replay(node: Node, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None) -> None:
+def wire_replay(node: Node, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None,
+                tls: Tls | None = None) -> None:
     """Point a node of a federation with ``[replay]`` at its buffer host over gRPC: the
     aggregator of a star federation, else the node ``[replay] host`` names (default: the
-    first node), which serves the buffer itself (its privacy ledger in ``state_dir``)."""
+    first node), which serves the buffer itself (its privacy ledger in ``state_dir``).
+    With ``tls`` the channel is mTLS and checks the host's certificate."""
     from flmesh.node.memory import local_replay
     from flmesh.node.replay_buffer import ReplayBufferCore
     from flmesh.node.wire.replay_client import GrpcReplayTransport
@@ -97,13 +112,15 @@ def wire_replay(node: Node, aggregator: str | None, chunk_bytes: int, state_dir:
     if replay is None:
         return
 
+    host = "aggregator" if aggregator else replay.host or fed.node_ids[0]
+
     def remote(address: str) -> ReplayTransport:
-        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=node.counter)
+        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=node.counter, tls=tls,
+                                   host_id=host)
 
     if aggregator:
         node.replay.target = remote(aggregator)
         return
-    host = replay.host or fed.node_ids[0]
     if host == node.node_id:
         node.replay_host = ReplayBufferCore(fed, node.data.train.input_shape, node.data.train.num_classes,
                                             state_dir=state_dir, clock=node.clock)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,6 +23,7 @@ import torch
 from flmesh.node.errors import Refused
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.trainer import (
+    TrainingStopped,
     evaluate,
     load_optimizer_state,
     make_optimizer,
@@ -37,9 +38,12 @@ from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.topology import TrainingConfig
+from flmesh.topology.peers import may_deliver, may_rewind
+from flmesh.v1 import model_pb2 as pb
 
 Tensors = dict[str, torch.Tensor]
-MAX_REWIND_EPOCHS = 100  # a rewind asks for a fraction of the sender's round; this bounds a hostile one
+#: How many rounds ahead of its last finished round a node takes models for.
+ROUND_WINDOW = 4
 
 if TYPE_CHECKING:
     from flmesh.node.node import Node
@@ -102,11 +106,13 @@ class NodeHandlers:
             return evaluate(model, test, device=self.node.device)
 
     def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
-                     cfg: TrainingConfig | None = None) -> tuple[Tensors, int]:
+                     cfg: TrainingConfig | None = None,
+                     stop: Callable[[], bool] | None = None) -> tuple[Tensors, int]:
         """Train a copy of the model in ``state`` ``steps`` steps (or ``epochs``) on this node's data
         (FedRewind's rewind step), continuing the optimizer state ``state`` carries with the
         sender's settings ``cfg``; returns the model and optimizer state, and the steps trained.
-        Thread-safe; the node's own model is not touched."""
+        ``stop()`` True ends it early (TrainingStopped). Thread-safe; the node's own model is
+        not touched."""
         cfg = cfg or self.node.training
         model_part = {k: v for k, v in state.items() if k in self.node.spec}
         optim_part = {k: v for k, v in state.items() if k not in self.node.spec}
@@ -115,7 +121,7 @@ class NodeHandlers:
             load_optimizer_state(optimizer, model, optim_part)
             stats = train(model, self.node.data.train, cfg, epochs=epochs, steps=steps or None,
                           seed=self.node.train_seed(round, salt=1), device=self.node.device,
-                          objective=self.node.objective, optimizer=optimizer)
+                          objective=self.node.objective, optimizer=optimizer, stop=stop)
             out = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             out.update(optimizer_state(optimizer, model) if optim_part else {})
             return out, stats.steps
@@ -123,8 +129,21 @@ class NodeHandlers:
     def _decode(self, chunks: Chunks) -> DecodedModel:
         """Read a stream against the spec its header's kind calls for (the model, or a
         plug-in's update spec); CodecError becomes a refusal naming this node."""
+        header, stream = self._peek(chunks)
+        return self._read(header, stream)
+
+    def _peek(self, chunks: Chunks) -> tuple[pb.ModelHeader, Chunks]:
+        """The stream's header, with a kind this node knows (checked before any payload
+        byte is read), and the whole stream."""
         try:
             header, stream = codec.peek_header(chunks)
+            codec.kind_of(header)
+            return header, stream
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"{self.node_id}: {exc}") from None
+
+    def _read(self, header: pb.ModelHeader, stream: Chunks) -> DecodedModel:
+        try:
             spec = self.spec_for(codec.meta_of(header))
             return codec.decode(stream, spec, self.node.max_model_bytes)
         except codec.CodecError as exc:
@@ -144,15 +163,30 @@ class NodeHandlers:
         return HelloInfo(self.node_id, self.node.federation.name, mine, VERSION, self.node.last_round)
 
     def deliver(self, caller: str | None, chunks: Chunks) -> DeliverResult:
-        model = self._decode(chunks)
-        meta = model.meta
+        header, stream = self._peek(chunks)
+        meta = codec.meta_of(header)
         self._member(meta.sender, "the model")
         self._same(caller, meta.sender, "the model")
-        if meta.kind not in ("trained", "extras"):
+        if meta.kind == "trained":
+            if not may_deliver(self.node.federation, meta.sender, self.node_id, meta.round):
+                raise Refused("PERMISSION_DENIED", f"{self.node_id}: {meta.sender} does not send to "
+                              f"{self.node_id} in round {meta.round} (not on the schedule)")
+            kind = "trained"
+        elif meta.kind == "extras":
+            if meta.sender not in self.node.neighbours:
+                raise Refused("PERMISSION_DENIED", f"{self.node_id}: {meta.sender} is not a graph neighbour")
+            kind = f"extras/{meta.metadata.get('algorithm', '')}"
+        else:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Deliver takes trained models and plug-in "
                           f"extras, not {meta.kind!r}")
-        kind = meta.kind if meta.kind == "trained" else f"extras/{meta.metadata.get('algorithm', '')}"
-        fresh = self.node.inbox.put(InboxKey(meta.round, meta.sender, kind), model)
+        self._in_window(meta.round, "the model")
+        model = self._read(header, stream)
+        key = InboxKey(meta.round, meta.sender, kind)
+        fresh = self.node.inbox.put(key, model)
+        if fresh and self.node.checkpoint_dir is not None:
+            from flmesh.node.checkpoint import keep_delivery
+
+            keep_delivery(self.node.checkpoint_dir, key, model)
         self.node.counter.add_received(meta.kind, model.wire_bytes)
         if not fresh:
             self.node.log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id, kind,
@@ -160,36 +194,78 @@ class NodeHandlers:
         return DeliverResult(accepted=fresh, duplicate=not fresh, bytes_received=model.total_bytes)
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
-        model = self._decode(chunks)
+        header, stream = self._peek(chunks)
+        asker = caller if caller is not None else header.sender
+        if asker not in self.node.evaluators:
+            raise Refused("PERMISSION_DENIED", f"{self.node_id}: {asker!r} may not evaluate on this node's "
+                          "test split (members of the federation may)")
+        model = self._read(header, stream)
         max_task = model.meta.metadata.get("max_task")
         return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
 
     def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
-               chunks: Chunks) -> EncodedModel:
+               chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:
         self._member(sender, "Rewind")
         self._same(caller, sender, "Rewind")
+        if not may_rewind(self.node.federation, sender, self.node_id, round):
+            raise Refused("PERMISSION_DENIED", f"{self.node_id}: {sender} does not rewind to "
+                          f"{self.node_id} in round {round} (not on the schedule)")
+        if abs(round - (self.node.last_round + 1)) > ROUND_WINDOW:
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: a rewind for round {round} is outside "
+                          f"this node's window (it is in round {self.node.last_round + 1})")
         self._check_rewind_work(epochs, steps)
         model = self._decode(chunks)
         if model.meta.kind != "rewind":
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind takes a model of kind 'rewind', "
                           f"not {model.meta.kind!r}")
         cfg = rewind_training(self.node.training, model.meta.metadata)
-        state, done = self.rewind_state(model.state_dict, epochs, steps, round, cfg)
+        stop = self.node.stop_event
+
+        def gone() -> bool:
+            return stop.is_set() or (cancelled is not None and cancelled())
+
+        try:
+            state, done = self.rewind_state(model.state_dict, epochs, steps, round, cfg, stop=gone)
+        except TrainingStopped as exc:
+            raise Refused("CANCELLED", f"{self.node_id}: rewind for {sender} stopped: {exc}") from None
         meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
                          num_samples=len(self.node.data.train), architecture=self.node.architecture,
                          metadata={"steps": done})
         return codec.encode(state, meta)
 
+    def _in_window(self, round: int, what: str) -> None:
+        """Models are taken for rounds from the last one this node finished (its next round
+        trains on it) to ROUND_WINDOW ahead: an older one can never be used, a far-future one
+        is no round this federation runs yet."""
+        last = self.node.last_round
+        if round < last:
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "
+                          f"over (this node finished round {last})")
+        if round > last + ROUND_WINDOW:
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, too far "
+                          f"ahead (this node finished round {last})")
+        if round >= self.node.rounds:
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, but nothing "
+                          f"is sent after the last round ({self.node.rounds})")
+
     def _check_rewind_work(self, epochs: float, steps: int) -> None:
-        """Refuse a rewind with no work, or more than ``MAX_REWIND_EPOCHS`` of this node's epochs
-        (a peer must not make this node train without end)."""
+        """Refuse a rewind with no work, or more than the federation's own settings allow: the
+        λ share of E epochs (the largest of any node) over the largest data share at the
+        smallest batch size. A peer must not make this node train without end."""
+        fed = self.node.federation
         if not math.isfinite(epochs) or epochs < 0 or steps < 0 or not (steps > 0 or epochs > 0):
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind needs steps > 0 or epochs > 0, "
                           f"got steps {steps}, epochs {epochs}")
-        epoch_steps = steps_for(1.0, len(self.node.data.train), self.node.training.batch_size)
-        if epochs > MAX_REWIND_EPOCHS or steps > MAX_REWIND_EPOCHS * epoch_steps:
-            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind asks for more than "
-                          f"{MAX_REWIND_EPOCHS} epochs ({MAX_REWIND_EPOCHS * epoch_steps} steps) here")
+        max_epochs = fed.rewind.lam * max(n.training.epochs for n in fed.nodes)
+        largest = self.node.data.largest_share or len(self.node.data.train) * len(fed.nodes)
+        batch = min(n.training.batch_size for n in fed.nodes)
+        max_steps = math.ceil(fed.rewind.lam * steps_for(max_epochs / fed.rewind.lam, largest, batch)) + 1
+        if epochs > max_epochs + 1e-9 or steps > max_steps:
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind asks for more than this federation's "
+                          f"rewind phase ({max_steps} steps, {max_epochs:g} epochs): got steps {steps}, "
+                          f"epochs {epochs:g}")
 
     def status(self, caller: str | None) -> PeerStatus:
+        if caller is not None and caller not in self.node.evaluators:
+            raise Refused("PERMISSION_DENIED", f"{self.node_id}: {caller!r} is not in this federation")
         return self.node.status()

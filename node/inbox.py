@@ -9,7 +9,7 @@ virtual time.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,11 +54,21 @@ class Inbox:
         Returns what arrived (a subset of ``keys`` on timeout or stop).
         """
         wanted = list(keys)
+        return self._wait(wanted, timeout, stop, lambda found: len(found) == len(wanted))
+
+    def wait_any(self, keys: Iterable[InboxKey], timeout: float | None,
+                 stop: threading.Event | None = None) -> dict[InboxKey, Any]:
+        """Block until at least one of ``keys`` has arrived, ``timeout`` seconds pass or ``stop``
+        is set; what arrived of ``keys`` (empty on timeout or stop)."""
+        return self._wait(list(keys), timeout, stop, bool)
+
+    def _wait(self, wanted: list[InboxKey], timeout: float | None, stop: threading.Event | None,
+              enough: Callable[[dict[InboxKey, Any]], bool]) -> dict[InboxKey, Any]:
         deadline = None if timeout is None else self._clock.now() + timeout
         with self._cond:
             while True:
                 found = {k: self._items[k] for k in wanted if k in self._items}
-                if len(found) == len(wanted) or (stop is not None and stop.is_set()):
+                if enough(found) or (stop is not None and stop.is_set()):
                     return found
                 remaining = None if deadline is None else deadline - self._clock.now()
                 if remaining is not None and remaining <= 0:

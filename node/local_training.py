@@ -66,12 +66,15 @@ def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> T
 
 def train_local(node: Node, round: int, phase: int, regularizers: Sequence[Regularizer] = (), *,
                 steps: int | None = None, optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
-    """Local training on the node's model, seeded by (round, phase): E epochs, or ``steps``."""
+    """Local training on the node's model, seeded by (round, phase): E epochs, or ``steps``.
+    Raises TrainingStopped when the node is stopped mid-way (SIGTERM ends a process within a
+    training step, not a round)."""
     node.set_state("training")
     with node.model_lock:
         return train(node.model, node.data.train, node.training, steps=steps,
                      seed=node.train_seed(round, salt=phase), device=node.device,
-                     objective=node.objective, regularizers=regularizers, optimizer=optimizer)
+                     objective=node.objective, regularizers=regularizers, optimizer=optimizer,
+                     stop=node.stop_event.is_set)
 
 
 def rewind_on(node: Node, target: str, round: int, steps: int,

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ from flmesh.node.learning.data import (
 from flmesh.node.learning.device import select_device
 from flmesh.node.learning.models import ModelPool, build_model
 from flmesh.node.learning.tasks import TaskSource
-from flmesh.node.learning.trainer import evaluate
+from flmesh.node.learning.trainer import TrainingStopped, evaluate
 from flmesh.node.memory import ReplayLink
 from flmesh.node.peer_calls import PeerCalls
 from flmesh.node.plugins import NodePlugins
@@ -67,6 +67,10 @@ from flmesh.node.wire.codec import (
 from flmesh.node.wire.specs import fingerprint
 from flmesh.topology import Federation, FederationError
 
+if TYPE_CHECKING:
+    from flmesh.node.wire.limits import StreamLimits
+    from flmesh.node.wire.tls import Tls
+
 Report = RoundReport | StarReport
 Tensors = dict[str, torch.Tensor]
 
@@ -76,9 +80,12 @@ class Node:
 
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, transport: PeerTransport,
                  aggregator: AggregatorTransport | None = None, clock: Clock = REAL_CLOCK,
-                 members: list[str] | None = None, tasks: TaskSource | None = None):
+                 members: list[str] | None = None, tasks: TaskSource | None = None,
+                 observers: Iterable[str] = ()):
         """``members``: who may call this node (default: the federation's nodes); the Joint
-        baseline's node is not in the federation it serves. ``tasks``: this node's data task by
+        baseline's node is not in the federation it serves. ``observers``: ids that may also
+        evaluate models on this node's test split and read its status (fl-sim's evaluator;
+        the aggregator of a star federation always may). ``tasks``: this node's data task by
         task in a continual federation (``data`` is then only the shapes; the first round
         brings the first task). Set ``replay.target`` (a :class:`~flmesh.node.memory.ReplayLink`)
         once the replay-buffer host is known."""
@@ -92,6 +99,8 @@ class Node:
         self.aggregator = aggregator
         self.clock = clock
         self.member_ids = list(members if members is not None else federation.node_ids)
+        star = ("aggregator",) if federation.aggregator is not None else ()
+        self.evaluators = frozenset([*self.member_ids, *observers, *star])
         self.log = logging.getLogger("flmesh.node")
         self.device = select_device(self.training.device)
         self.rounds = federation.rounds
@@ -105,6 +114,9 @@ class Node:
         self.address: str | None = None
         self.listen = "127.0.0.1:0"  # where start() serves; from_federation sets the configured one
         self.joined = False  # a star node has joined its aggregator
+        self.tls: Tls | None = None  # this node's mTLS identity (from_federation sets it)
+        self.stream_limits: StreamLimits | None = None  # the server's stream guard (None: defaults)
+        self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
         self.model = self._new_model()
         self.model.to(self.device)
         self.spare = ModelPool(self._new_model, self.device)  # copies that RPC handlers work on
@@ -141,7 +153,8 @@ class Node:
     def from_federation(cls, federation: Federation, node_id: str, *, data: NodeData | None = None,
                         dataset: ArrayData | None = None, listen: str | None = None,
                         peers: Mapping[str, str] | None = None, aggregator: str | None = None,
-                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, state_dir: Path | None = None) -> Node:
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, state_dir: Path | None = None,
+                        tls: Tls | None = None, observers: Iterable[str] = ()) -> Node:
         """Node ``node_id`` of ``federation`` over gRPC: its own data share, M_0, transports.
 
         Every node starts from the same initial model (seeded by the federation
@@ -152,7 +165,8 @@ class Node:
         only the share. ``peers`` defaults to the addresses in the file;
         ``aggregator`` (HOST:PORT) makes it a node of a star federation, whose
         aggregator also hosts the replay buffer; a node that hosts it keeps its privacy ledger
-        in ``state_dir``. Call :meth:`start` to serve.
+        in ``state_dir``. ``tls``: this node's identity, for mTLS on every connection it serves
+        and opens (None: plaintext). ``observers``: see :class:`Node`. Call :meth:`start` to serve.
         """
         from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
         from flmesh.node.wire.peer_client import GrpcPeerTransport
@@ -161,17 +175,19 @@ class Node:
         if peers is None:
             peers = {n.id: n.address for n in federation.nodes if n.id != node_id and n.address}
         counter = ByteCounter()
-        transport = GrpcPeerTransport(peers, chunk_bytes=chunk_bytes, counter=counter)
-        star = (GrpcAggregatorTransport(aggregator, chunk_bytes=chunk_bytes, counter=counter)
+        transport = GrpcPeerTransport(peers, chunk_bytes=chunk_bytes, counter=counter, tls=tls)
+        star = (GrpcAggregatorTransport(aggregator, chunk_bytes=chunk_bytes, counter=counter, tls=tls)
                 if aggregator else None)
         tasks = TaskSource.for_node(federation, node_id, dataset) if federation.tasks is not None else None
         if tasks is not None:
             data = empty_share(tasks)
         elif data is None:
             data = node_data(federation, node_id)
-        node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks)
+        node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks,
+                   observers=observers)
         node.listen = listen or cfg.address or "127.0.0.1:0"
-        wire_replay(node, aggregator, chunk_bytes, state_dir)
+        node.tls = tls
+        wire_replay(node, aggregator, chunk_bytes, state_dir, tls)
         node.connect(peers)
         return node
 
@@ -180,7 +196,8 @@ class Node:
         """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking."""
         from flmesh.node.wire.server import serve_peer
 
-        self._server, self._health, self.address = serve_peer(self.handlers, self.listen, self.replay_host)
+        self._server, self._health, self.address = serve_peer(self.handlers, self.listen, self.replay_host,
+                                                              tls=self.tls, limits=self.stream_limits)
         self.set_state("idle")
         return self.address
 
@@ -295,9 +312,11 @@ class Node:
         """Run rounds ``first``..``rounds`` (default: the federation's) and return their reports.
 
         This is the one round loop: fl-node, fl-sim and embedders all call it,
-        with ``on_round`` receiving each report as soon as its round ends. A
-        star node joins its aggregator first. Stops early (after the round in
-        progress) when :meth:`cancel` is called. Raises
+        with ``on_round`` receiving each report as soon as its round ends (after
+        the round's checkpoint, when ``checkpoint_dir`` is set). A star node
+        joins its aggregator first. Stops early (after the round in
+        progress, or at once when it is training: that round is dropped) when
+        :meth:`cancel` is called. Raises
         :class:`~flmesh.node.errors.UnknownPeerError` before round 1 when the
         schedule names a peer without an address, and PeerError when the
         aggregator fails.
@@ -315,7 +334,14 @@ class Node:
         for t in range(first, last + 1):
             if self.stop_event.is_set():
                 break
-            report: Report = self.run_star_round(t) if star else self.run_round(t)
+            try:
+                report: Report = self.run_star_round(t) if star else self.run_round(t)
+            except TrainingStopped:  # stop() came mid-training: the round is incomplete, keep it out
+                break
+            if self.checkpoint_dir is not None:
+                from flmesh.node.checkpoint import save
+
+                save(self, t, self.checkpoint_dir)
             reports.append(report)
             if on_round is not None:
                 on_round(report)

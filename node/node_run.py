@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flmesh.node.errors import PeerError
 from flmesh.node.membership import linger, wait_aggregator_done, wait_for_peers
@@ -22,27 +23,35 @@ from flmesh.node.reports import RoundReport, StarReport
 from flmesh.node.results import Final, NodeRound, RoundRow, RunWriter, Summary, mean_bytes, write_atomic
 from flmesh.topology import Federation
 
+if TYPE_CHECKING:
+    from flmesh.node.wire.tls import Tls
+
 log = logging.getLogger("flmesh.node")
 
 
 def input_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's input, not our bug: one line, exit 2."""
+    from flmesh.node.checkpoint import CheckpointError, StateFileError
     from flmesh.node.learning.data import DataError
     from flmesh.node.learning.device import DeviceError
     from flmesh.node.learning.models import ModelError
     from flmesh.node.learning.partitions import PartitionError
+    from flmesh.node.wire.certs import CertError
     from flmesh.node.wire.channels import BindError
 
-    return (DataError, DeviceError, ModelError, PartitionError, BindError)
+    return (DataError, DeviceError, ModelError, PartitionError, BindError, CertError, CheckpointError,
+            StateFileError)
 
 
 class NodeRun:
     def __init__(self, federation: Federation, node_id: str, *, listen: str, peers: dict[str, str],
                  aggregator: str | None, out: Path, needed: list[str], cross_eval: bool,
-                 hello_timeout: float):
+                 hello_timeout: float, tls: Tls | None = None, resume: bool = False):
         self.federation, self.node_id = federation, node_id
         self.listen, self.peers, self.aggregator_address = listen, peers, aggregator
         self.out, self.needed, self.cross_eval, self.hello_timeout = out, needed, cross_eval, hello_timeout
+        self.tls, self.resume = tls, resume
+        self.first_round = 1  # after --resume: the round after the checkpoint
         self.node: Node
         self.writer: RunWriter
         self.reports: list[Report] = []
@@ -53,13 +62,22 @@ class NodeRun:
         self._started = 0.0
 
     def start(self) -> None:
-        """Build the node (its data share), open the results folder, serve. Raises input errors."""
+        """Build the node (its data share), restore its checkpoint with ``resume``, open the
+        results folder, serve. Raises input errors (a checkpoint that does not fit included)."""
+        from flmesh.node.checkpoint import restore
+
+        self.node = Node.from_federation(self.federation, self.node_id, listen=self.listen, peers=self.peers,
+                                         aggregator=self.aggregator_address, state_dir=self.out,
+                                         tls=self.tls)
+        self.node.checkpoint_dir = self.out
+        done = restore(self.node, self.out) if self.resume else 0
+        self.first_round = done + 1
         try:
-            self.writer = RunWriter(self.out)
+            self.writer = RunWriter(self.out, append=self.resume, upto=done)
         except OSError as exc:
             raise OSError(f"--out {self.out}: cannot write results there: {exc.strerror or exc}") from None
-        self.node = Node.from_federation(self.federation, self.node_id, listen=self.listen, peers=self.peers,
-                                         aggregator=self.aggregator_address, state_dir=self.out)
+        if self.resume:
+            log.info("resuming after round %d (checkpoint in %s)", done, self.out)
         self.node.start()
         self._started = self.node.clock.now()
 
@@ -74,8 +92,11 @@ class NodeRun:
             self.signal = signal_name
         self.node.cancel()
 
-    def failed(self, message: str) -> None:
+    def failed(self, message: str, peer: str | None = None) -> None:
+        """The run ended on an error; ``peer``: the process it could not reach (it is missing)."""
         self.error = message
+        if peer:
+            self.missing_peers.add(peer)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
@@ -94,7 +115,7 @@ class NodeRun:
         if star:
             log.info("joining the aggregator at %s", self.aggregator_address)
             node.join(self.hello_timeout)
-        node.run(on_round=self._on_round)
+        node.run(on_round=self._on_round, first=self.first_round)
         node.mark_done()
         if self.signal is None:
             if star:
@@ -124,11 +145,14 @@ class NodeRun:
 
     def _on_round(self, report: Report) -> None:
         self.reports.append(report)
+        fed_rounds = self.federation.rounds
         entry = NodeRound.from_report(report)
         if isinstance(report, RoundReport):
             self.missing_peers |= {p for p in (report.missing,) if p}
-            if not report.delivered and report.destination:
-                self.missing_peers.add(report.destination)
+            if report.destination and report.delivered_to != report.destination and report.round < fed_rounds:
+                self.missing_peers.add(report.destination)  # undelivered, or handed to its successor
+            if report.source and report.received_from not in (None, report.source):
+                self.missing_peers.add(report.source)  # its fallback sent the model instead
             if self.cross_eval:
                 entry.cross_accuracy = self._cross_evaluate(report.round)
         kind = "star" if isinstance(report, StarReport) else "peer"
@@ -151,8 +175,9 @@ class NodeRun:
                           node_accuracy={self.node_id: last.local.accuracy})
         summary = Summary(
             kind="star" if fed.aggregator is not None else "peer", writer="fl-node", federation=fed.name,
-            file=fed.source, seed=fed.seed, rounds=len(self.reports), rounds_planned=fed.rounds,
-            interrupted=self.signal is not None, node=self.node_id, address=self.node.address,
+            file=fed.source, seed=fed.seed, rounds=len(self.writer.rows), rounds_planned=fed.rounds,
+            interrupted=self.signal is not None or self.error is not None, node=self.node_id,
+            address=self.node.address, resumed_after=[self.first_round - 1] if self.first_round > 1 else [],
             signal=self.signal, error=self.error, final=final, missing_peers=sorted(self.missing_peers),
             privacy_spent=self._privacy_spent(),
             bytes_per_round=mean_bytes(self.writer.rows),

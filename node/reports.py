@@ -67,6 +67,7 @@ class RoundReport:
     participated: bool = True  # continual federations: False when it sat the round out
     privacy_spent: float | None = None  # epsilon released so far (DP replay)
     task: int | None = None  # continual federations: the task the round belongs to
+    received_from: str | None = None  # who the model came from (the source, or its fallback)
 
 
 @dataclass(frozen=True)

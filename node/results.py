@@ -25,7 +25,7 @@ from typing import Any
 
 from flmesh.node.reports import RoundReport, StarReport
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -46,6 +46,8 @@ class NodeRound:
     submitted: bool | None = None
     late: bool | None = None
     rewound_to: str | None = None
+    received_from: str | None = None  # peer rounds: who the model came from (the source or its fallback)
+    delivered_to: str | None = None  # peer rounds: who got the model (the destination or its successor)
     train_loss: float | None = None
     train_steps: int | None = None
     rewind_steps: int | None = None  # of train_steps, those a rewind node trained on its data
@@ -83,7 +85,8 @@ class NodeRound:
             report.node, report.round, accuracy=report.local.accuracy,
             received_accuracy=report.received_accuracy, source=report.source,
             destination=report.destination, received=report.received, missing=report.missing,
-            delivered=report.delivered, rewound_to=report.rewound_to, train_loss=report.train.loss,
+            delivered=report.delivered, rewound_to=report.rewound_to, received_from=report.received_from,
+            delivered_to=report.delivered_to, train_loss=report.train.loss,
             train_steps=report.train.steps, rewind_steps=report.train.remote_steps,
             train_samples=report.train.samples, train_size=report.train_size,
             per_class_correct=list(report.local.per_class_correct),
@@ -167,6 +170,7 @@ class Summary:
     task_accuracy: list[float | None] | None = None  # continual: the last row's accuracy per task
     privacy_spent: dict[str, float] | None = None  # DP replay: epsilon each client released in all
     missing_peers: list[str] = field(default_factory=list)
+    resumed_after: list[int] = field(default_factory=list)  # rounds after which a run was resumed
     bytes_per_round: float | None = None  # mean model-stream bytes per round
     wall_s: float = 0.0
     out_dir: str = ""
@@ -205,10 +209,11 @@ def write_atomic(path: Path, text: str) -> None:
 class RunWriter:
     """rounds.jsonl and summary.json in ``out_dir``, both replaced atomically on every write.
 
-    ``append=True`` keeps the rows already in rounds.jsonl (a resumed run).
+    ``append=True`` keeps the rows already in rounds.jsonl (a resumed run), those of rounds up
+    to ``upto`` when it is given (a round after the checkpoint runs again).
     """
 
-    def __init__(self, out_dir: Path, append: bool = False):
+    def __init__(self, out_dir: Path, append: bool = False, upto: int | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rounds_path = self.out_dir / "rounds.jsonl"
@@ -216,8 +221,11 @@ class RunWriter:
         self.rows: list[dict[str, Any]] = []
         self._lines: list[str] = []
         if append and self.rounds_path.exists():
-            self._lines = [line for line in self.rounds_path.read_text(encoding="utf-8").splitlines() if line]
-            self.rows = [json.loads(line) for line in self._lines]
+            lines = [line for line in self.rounds_path.read_text(encoding="utf-8").splitlines() if line]
+            rows = [json.loads(line) for line in lines]
+            keep = [upto is None or row.get("round", 0) <= upto for row in rows]
+            self._lines = [line for line, k in zip(lines, keep, strict=True) if k]
+            self.rows = [row for row, k in zip(rows, keep, strict=True) if k]
         write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
 
     def write_round(self, row: RoundRow) -> None:

@@ -22,7 +22,9 @@ from flmesh.node.errors import PeerError, UnknownPeerError
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.local_training import train_round
+from flmesh.node.peer_exchange import deliver_onward, wait_for_source
 from flmesh.node.reports import RoundReport, StarReport, TrainStats
+from flmesh.node.transport import with_retry
 from flmesh.node.wire.codec import DecodedModel, ModelMeta, encode
 from flmesh.topology.peers import round_peers, star_rewind_target
 from flmesh.topology.schedules import rewind_target
@@ -91,25 +93,19 @@ def _share_gossip(node: Node, round: int) -> None:
         client.after_update(round, state, extras, included=False)
 
 
-def _deliver(node: Node, destination: str, round: int) -> bool:
-    """Send the trained model to ``destination``, retrying with backoff; False (logged) on failure."""
-    node.set_state("sending")
-    message = node.encode(round)
-    sent = node.calls.call(destination, "delivery to", round,
-                          lambda: node.transport.deliver(destination, message, timeout=node.round_timeout_s))
-    return sent is not None
-
-
 def run_peer_round(node: Node, round: int) -> RoundReport:
     """Round ``round`` (from 1): receive from the source, train, deliver onward.
 
     Training is E local epochs, or with rewind (FedRewind Eq. 2, Alg. 1):
-    (1-2λ)E local, λE on the rewind node's data through ``Rewind``, λE local.
-    There is no rewind in round 1 (no model has been received, so there is no
-    previous node). When the source's model does not arrive within the round
-    timeout the node trains the model it has; when the rewind node cannot be
-    reached it spends those λE epochs locally; the report says so in both
-    cases. Blocks until the model has been delivered (or delivery failed).
+    (1-2λ)S local steps, λS on the rewind node's data through ``Rewind``, λS
+    local. There is no rewind in round 1 (no model has been received, so there
+    is no previous node); "previous" rewinds to the node the model came from.
+    The model comes from the source or, when it is down, from its fallback
+    (:func:`~flmesh.node.peer_exchange.wait_for_source`, progress-based); when
+    none arrives the node trains the model it has; when the rewind node cannot
+    be reached it spends those steps locally; a dead destination's successor
+    gets the model instead. The report says so in each case. Blocks until the
+    model has been delivered (or delivery failed).
     """
     check_addresses(node, round)
     start = node.clock.now()
@@ -118,28 +114,25 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
     hop = plan[node.node_id]
     notes = node.continual.advance(node, round) if node.continual is not None else []
     trains = node.continual is None or node.continual.participates(node, round)
-    received, missing, received_accuracy = False, None, None
-    wanted = [InboxKey(round - 1, hop.source, "trained")] if hop.source is not None else []
-    if round > 1:
-        wanted += [InboxKey(round - 1, p, f"extras/{n}")
-                   for n in node.gossip_servers for p in node.neighbours]
+    received, missing, received_accuracy, sender = False, None, None, None
     node.set_state("waiting")
-    arrived = node.inbox.wait_all(wanted, node.round_timeout_s, node.stop_event) if wanted else {}
     if hop.source is not None:
-        incoming = arrived.get(InboxKey(round - 1, hop.source, "trained"))
+        sender, incoming = wait_for_source(node, round, notes)
         if incoming is not None:
             node.load_state(incoming.state_dict)
             received = True
             received_accuracy = node.evaluate_own().accuracy
         else:
             missing = hop.source
-            notes.append(f"no model from {hop.source} within {node.round_timeout_s:g}s; "
-                         "trained the model it had")
-            node.log.warning("%s: round %d: %s", node.node_id, round, notes[-1])
+    gossip_keys = [InboxKey(round - 1, p, f"extras/{n}") for n in node.gossip_servers
+                   for p in node.neighbours] if round > 1 else []
+    arrived = node.inbox.wait_all(gossip_keys, node.round_timeout_s, node.stop_event) if gossip_keys else {}
     if trains:
         regularizers = _gossip_regularizers(node, round, arrived, notes)
         target = rewind_target(plan, node.node_id, fed.rewind.mode, round=round, seed=fed.seed,
                                nodes=fed.node_ids)
+        if target is not None and fed.rewind.mode == "previous" and sender is not None:
+            target = sender  # rewind to the node the model came from (a fallback sender included)
         stats, rewound_to = train_round(node, round, target, notes, regularizers)
         if round < node.rounds:
             _share_gossip(node, round)
@@ -150,10 +143,8 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
     node.finish_round(round, local.accuracy)
     delivered, delivered_to = True, None
     if hop.destination is not None and round < node.rounds:
-        delivered = _deliver(node, hop.destination, round)
-        delivered_to = hop.destination if delivered else None
-        if not delivered:
-            notes.append(f"could not deliver to {hop.destination}")
+        delivered_to = deliver_onward(node, round, hop.destination, notes)
+        delivered = delivered_to is not None
     node.inbox.prune(round - 1)
     node.set_state("idle")
     sent, got = node.counter.take()
@@ -161,7 +152,8 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
                        len(node.data.train), stats, local, node.clock.now() - start, tuple(notes),
                        received_accuracy, rewound_to, delivered_to, sum(sent.values()), sum(got.values()),
                        participated=trains, privacy_spent=_privacy_spent(node),
-                       task=node.continual.task if node.continual is not None else None)
+                       task=node.continual.task if node.continual is not None else None,
+                       received_from=sender)
 
 
 def _privacy_spent(node: Node) -> float | None:
@@ -169,19 +161,41 @@ def _privacy_spent(node: Node) -> float | None:
     return sum(spent) if spent else None
 
 
+def reconnect_window(node: Node) -> float:
+    """How long a star node keeps trying an aggregator that went away (a restarted one resumes
+    from its checkpoint): a round timeout plus the aggregator's collection deadline."""
+    agg = node.federation.aggregator
+    return node.round_timeout_s + (agg.deadline_s if agg is not None else 0.0)
+
+
 def _poll_until_open(node: Node, round: int) -> tuple[int, bool, bool]:
     """Poll the aggregator until ``round`` (or a later one) is open: (open round, selected, done).
-    Raises PeerError UNAVAILABLE when it does not open within the round timeout."""
+    An unreachable aggregator is polled again until :func:`reconnect_window` passes. Raises
+    PeerError when it does not open (or come back) in time."""
     assert node.aggregator is not None
-    deadline = node.clock.now() + node.round_timeout_s
+    deadline = node.clock.now() + reconnect_window(node)
+    lost: PeerError | None = None
     while True:
         remaining = deadline - node.clock.now()
-        info = node.aggregator.poll(node.node_id, round, wait_s=max(0.0, min(POLL_WAIT_S, remaining)))
+        try:
+            info = node.aggregator.poll(node.node_id, round, wait_s=max(0.0, min(POLL_WAIT_S, remaining)))
+        except PeerError as exc:
+            if not exc.retryable or remaining <= 0 or node.stop_event.is_set():
+                raise
+            if lost is None:
+                node.log.warning("%s: round %d: lost the aggregator (%s); reconnecting for up to %gs",
+                                 node.node_id, round, exc.details or exc.code, remaining)
+            lost = exc
+            node.clock.sleep(min(1.0, remaining), node.stop_event)
+            continue
+        if lost is not None:
+            node.log.info("%s: round %d: the aggregator is back", node.node_id, round)
+            lost = None
         if info.round >= round or info.done:
             return info.round, info.selected, info.done
         if remaining <= 0 or node.stop_event.is_set():
             raise PeerError("aggregator", "", "UNAVAILABLE",
-                            f"round {round} did not open within {node.round_timeout_s:g}s "
+                            f"round {round} did not open within {reconnect_window(node):g}s "
                             f"(the aggregator is in round {info.round})")
 
 
@@ -209,8 +223,10 @@ def run_star_round(node: Node, round: int) -> StarReport:
         return StarReport(node.node_id, round, False, wall_s=node.clock.now() - start, notes=tuple(notes),
                           bytes_sent=sum(sent.values()), bytes_received=sum(got.values()),
                           privacy_spent=_privacy_spent(node), task=task)
-    fetched = node.aggregator.fetch(node.node_id, round, expected=node.global_spec,
-                                    max_bytes=node.max_model_bytes, timeout=node.round_timeout_s)
+    agg = node.aggregator
+    fetched = with_retry(lambda: agg.fetch(node.node_id, round, expected=node.global_spec,
+                                           max_bytes=node.max_model_bytes, timeout=node.round_timeout_s),
+                         reconnect_window(node), clock=node.clock, stop=node.stop_event)
     start_state: Tensors = {k: fetched.state_dict[k] for k in node.spec}
     published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in node.spec}
     node.load_state(start_state)
@@ -228,7 +244,9 @@ def run_star_round(node: Node, round: int) -> StarReport:
     meta = ModelMeta(round=round, sender=node.node_id, kind="update", num_samples=len(node.data.train),
                      label_counts=tuple(node.data.train.label_counts()), architecture=node.architecture)
     node.set_state("sending")
-    reply = node.aggregator.submit(encode({**state, **extras}, meta), timeout=node.round_timeout_s)
+    update = encode({**state, **extras}, meta)
+    reply = with_retry(lambda: agg.submit(update, timeout=node.round_timeout_s), reconnect_window(node),
+                       clock=node.clock, stop=node.stop_event)
     if reply.late:
         notes.append(f"update for round {round} arrived after the round closed")
     for client in node.clients.values():

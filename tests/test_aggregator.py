@@ -139,11 +139,12 @@ def test_late_update_over_grpc_is_answered_late():
         core.open_round(1)
         core.wait_for_updates(1, clock.now() + 30)
         core.close_round(1)
-        reply = client.submit(_update("b", 1, 1.0), timeout=10)
-        assert reply.late and not reply.accepted
+        reply = client.submit(_update("b", 1, 1.0, shape=(3,)), timeout=10)
+        assert reply.late and not reply.accepted, "a late update is answered from its header, unread"
+        core.open_round(2)
         with pytest.raises(PeerError, match="INVALID_ARGUMENT: aggregator: tensor 'w': shape"):
-            client.submit(_update("b", 1, 1.0, shape=(3,)), timeout=10)
-        assert client.poll("a", 1, wait_s=0).round == 1
+            client.submit(_update("b", 2, 1.0, shape=(3,)), timeout=10)
+        assert client.poll("a", 2, wait_s=0).round == 2
     finally:
         client.close()
         server.stop(0)

@@ -11,9 +11,11 @@ from flmesh.node.wire.frames import parse_chunk
 from flmesh.v1 import model_pb2 as pb
 
 
-def sample_state() -> dict[str, torch.Tensor]:
+def sample_state(nan: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors of every wire dtype; with ``nan``, one of NaN, Inf and -0.0 (receivers refuse
+    NaN and Inf unless told not to)."""
     g = torch.Generator().manual_seed(1)
-    return {
+    state = {
         "w": torch.randn(7, 5, generator=g),
         "b": torch.randn(5, generator=g, dtype=torch.float64),
         "half": torch.randn(3, 3, generator=g).half(),
@@ -22,8 +24,10 @@ def sample_state() -> dict[str, torch.Tensor]:
         "mask": torch.tensor([True, False, True]),
         "i8": torch.tensor([-3, 4], dtype=torch.int8),
         "empty": torch.zeros(0, 4),
-        "nan": torch.tensor([float("nan"), float("inf"), -0.0]),
     }
+    if nan:
+        state["nan"] = torch.tensor([float("nan"), float("inf"), -0.0])
+    return state
 
 
 def chunks_of(state, chunk_bytes=13, **meta):
@@ -32,10 +36,10 @@ def chunks_of(state, chunk_bytes=13, **meta):
 
 @pytest.mark.parametrize("chunk_bytes", [1, 13, 64, 1 << 20])
 def test_round_trip_is_bit_exact(chunk_bytes):
-    state = sample_state()
+    state = sample_state(nan=True)
     meta = ModelMeta(round=4, sender="node1", kind="trained", num_samples=99,
                      label_counts=(3, 0, 5), architecture="mlp", metadata={"k": "v"})
-    out = decode(encode(state, meta).chunks(chunk_bytes), model_spec(state))
+    out = decode(encode(state, meta).chunks(chunk_bytes), model_spec(state), check_finite=False)
     assert list(out.state_dict) == list(state)
     for name, tensor in state.items():
         got = out.state_dict[name]
@@ -43,6 +47,33 @@ def test_round_trip_is_bit_exact(chunk_bytes):
         # Compare raw bytes: bit-exact, NaN payloads and -0.0 included.
         assert got.reshape(-1).view(torch.uint8).tolist() == tensor.reshape(-1).view(torch.uint8).tolist()
     assert out.meta == meta
+
+
+def test_nan_or_inf_weights_are_refused_by_default():
+    state = sample_state(nan=True)
+    with pytest.raises(CodecError, match="tensor 'nan' holds 2 NaN or infinite values") as err:
+        decode(encode(state).chunks(), model_spec(state))
+    assert err.value.code == "INVALID_ARGUMENT"
+    del state["nan"]
+    assert decode(encode(state).chunks(), model_spec(state)).state_dict.keys() == state.keys()
+
+
+def test_padding_beyond_alignment_is_refused():
+    """A header may not announce more bytes than its tensors fill (plus alignment): a padded
+    payload would make the receiver hold memory the model does not need."""
+    state = {"w": torch.zeros(3)}
+    good = encode(state)
+    padded = pb.ModelHeader()
+    padded.CopyFrom(good.header)
+    padded.total_bytes = good.total_bytes + 10 * 2**20
+    with pytest.raises(CodecError, match="announces 10485772 payload bytes, its tensors fill 12"):
+        decode([pb.ModelChunk(header=padded)], model_spec(state))
+    gap = pb.ModelHeader()
+    gap.CopyFrom(good.header)
+    gap.tensors[0].offset = 128
+    gap.total_bytes = 140
+    with pytest.raises(CodecError, match="starts 128 bytes after the previous one"):
+        decode([pb.ModelChunk(header=gap)], model_spec(state))
 
 
 def test_chunks_respect_the_size_limit():

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
-from flmesh.topology import FederationError, load_federation
+from flmesh.topology import FederationError, GraphError, load_federation
+from flmesh.topology.graphs import ALIASES, GENERATORS, generate_graph, is_generator
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -164,3 +166,45 @@ def test_bad_override(tmp_path):
         load_federation(write(tmp_path, VALID), ["epochs=3"])
     with pytest.raises(FederationError, match=r"\[training\] epochs: expected a number > 0, got 'x'"):
         load_federation(write(tmp_path, VALID), ["training.epochs=x"])
+
+
+# ----------------------------------------------------------------------------- graph allow-list
+
+# Parameters that make each allowed generator build a graph; the others take their defaults.
+SAMPLE_PARAMS = {
+    "circulant_graph": {"offsets": [1, 2]}, "turan_graph": {"r": 2}, "erdos_renyi_graph": {"p": 0.5},
+    "gnp_random_graph": {"p": 0.5}, "binomial_graph": {"p": 0.5}, "fast_gnp_random_graph": {"p": 0.5},
+    "gnm_random_graph": {"m": 5}, "dense_gnm_random_graph": {"m": 5},
+    "watts_strogatz_graph": {"k": 2, "p": 0.3}, "newman_watts_strogatz_graph": {"k": 2, "p": 0.3},
+    "connected_watts_strogatz_graph": {"k": 2, "p": 0.3}, "barabasi_albert_graph": {"m": 1},
+    "dual_barabasi_albert_graph": {"m1": 1, "m2": 2, "p": 0.5}, "powerlaw_cluster_graph": {"m": 1, "p": 0.5},
+    "gaussian_random_partition_graph": {"s": 2, "v": 1, "p_in": 0.8, "p_out": 0.2},
+    "hnm_harary_graph": {"m": 5},
+}
+
+
+def test_allowed_generators_keep_the_rule():
+    for name in GENERATORS:
+        func = getattr(nx, name)
+        assert is_generator(func), name
+        assert func.__module__.startswith("networkx.generators."), name
+    # The rule alone is not enough: hypercube_graph(n) fits its shape and builds 2**n nodes.
+    assert is_generator(nx.hypercube_graph) and "hypercube_graph" not in GENERATORS
+    assert not any(is_generator(f) for f in (nx.write_graphml, nx.read_edgelist, nx.is_connected,
+                                             nx.relabel_nodes, nx.random_regular_graph))
+
+
+@pytest.mark.parametrize("n", [5, 6])
+@pytest.mark.parametrize("name", GENERATORS)
+def test_every_allowed_generator_builds_exactly_n_nodes(name, n):
+    ids = [f"v{i}" for i in range(n)]
+    assert list(generate_graph(name, ids, SAMPLE_PARAMS.get(name), seed=1).nodes) == ids
+
+
+def test_no_other_networkx_name_builds_a_graph():
+    allowed = {*ALIASES, *GENERATORS, *(g.removesuffix("_graph") for g in GENERATORS)}
+    refused = [name for name in dir(nx) if name not in allowed]
+    assert {"write_graphml", "read_graphml", "is_connected", "hypercube_graph", "draw"} <= set(refused)
+    for name in refused:
+        with pytest.raises(GraphError, match=r"^unknown graph "):
+            generate_graph(name, ["a", "b", "c"])

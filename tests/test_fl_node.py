@@ -11,69 +11,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flmesh.coordinator.node_entry import main as entry_main
 from flmesh.node.cli import main
-from flmesh.node.results import read_rows
 
 from conftest import REPO, wait_until
-
-FL_NODE = str(Path(sys.executable).with_name("fl-node"))
-
-
-def federation_file(tmp_path: Path, ids: list[str], *, rounds: int, extra: str = "",
-                    node_extra: dict[str, str] | None = None, timeout: float = 60,
-                    graph: str = "ring") -> Path:
-    nodes = "".join(f"[nodes.{i}]\n{(node_extra or {}).get(i, '')}\n" for i in ids)
-    path = tmp_path / "fed.toml"
-    path.write_text(f"""
-[federation]
-name = "procs"
-seed = 4
-rounds = {rounds}
-round_timeout_s = {timeout}
-
-[topology]
-graph = "{graph}"
-
-[training]
-epochs = 1
-batch_size = 16
-lr = 0.05
-
-[data]
-alpha = 0.5
-
-[model]
-hidden = [16]
-{extra}
-{nodes}""")
-    return path
-
-
-def read_results(run_dir: Path):
-    return read_rows(run_dir / "rounds.jsonl"), json.loads((run_dir / "summary.json").read_text())
-
-
-def launch(tmp_path: Path, fed: Path, ids: list[str], *extra: str) -> dict[str, subprocess.Popen]:
-    """Start one fl-node per id on port 0; once all announced, write the peers file they read."""
-    work = tmp_path / "addr"
-    work.mkdir(exist_ok=True)
-    procs = {i: subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed), "--listen", "127.0.0.1:0",
-                                  "--ready-file", str(work / f"{i}.addr"), "--peers-file",
-                                  str(work / "peers.json"), *extra],
-                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in ids}
-    wait_until(lambda: all((work / f"{i}.addr").exists() or procs[i].poll() is not None for i in ids),
-               timeout=120)
-    addresses = {i: (work / f"{i}.addr").read_text().strip() for i in ids}
-    (work / ".peers.json").write_text(json.dumps(addresses))
-    os.replace(work / ".peers.json", work / "peers.json")
-    return procs
+from procs import FL_NODE, federation_file, launch, read_results
 
 
 @pytest.mark.slow
@@ -120,12 +65,13 @@ def test_sigterm_stops_one_node_cleanly_and_the_others_name_it(tmp_path):
     assert "fl-node n3: stopped by SIGTERM after round" in err and "Traceback" not in err
     _, summary = read_results(tmp_path / "runs" / "procs-n3")
     assert summary["interrupted"] and summary["signal"] == "SIGTERM" and summary["rounds"] <= done + 1
-    # n4 trains what n3 would have sent it: it must name n3 rather than hang
+    # n2 hands its models to n4 (n3's successor) instead; both name n3 rather than hang
     _, err = outputs["n4"]
     assert procs["n4"].returncode == 0, err[-2000:]
-    assert "missing peers: n3" in err and "no model from n3" in err
+    assert "missing peers: n3" in err and "n3 was down; got n2's model instead" in err
     _, summary = read_results(tmp_path / "runs" / "procs-n4")
     assert summary["rounds"] == 6 and summary["missing_peers"] == ["n3"]
+    assert "n3 was unreachable; delivered to n4 (its successor)" in outputs["n2"][1]
     for i in ("n1", "n2"):  # the rest finish every round
         assert procs[i].returncode == 0, outputs[i][1][-2000:]
         assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["rounds"] == 6
@@ -171,11 +117,23 @@ def test_fl_node_aggregator_with_rewind_across_processes(tmp_path):
         (["--peer", "b=127.0.0.1:99999"], "expected a port from 1 to 65535"),
         (["--peer", "b=127.0.0.1:1", "--peer", "b=127.0.0.1:2"], "'b' is given twice"),
         (["--set", "training.lr=0"], "[training] lr: expected a number > 0, got 0"),
-        (["--hello-timeout", "-5"], "--hello-timeout: expected a number of seconds > 0, got -5"),
+        (["--hello-timeout", "-5"], "--hello-timeout: expected a number of seconds > 0 and <= 86400, got -5"),
+        (["--hello-timeout", "inf"], "expected a number of seconds > 0 and <= 86400, got inf"),
+        (["--ready-file", "/proc/nope/addr"], "--ready-file /proc/nope/addr: cannot write it"),
+        (["--peers-file", "/dev/null"], "--peers-file /dev/null: not a regular file"),
+        (["--out", "WITH_A_CHECKPOINT"], "holds a checkpoint of an earlier run: pass --resume"),
         (["--listen", "127.0.0.1:70001"], "--listen '127.0.0.1:70001': expected a port from 0 to 65535"),
         (["--set", 'federation.baseline="joint"'],
          'baseline = "joint" trains every node\'s data on one node'),
         (["--set", "nodes.a.lr=-2"], "[nodes.a] lr: expected a number > 0, got -2"),
+        (["--tls-ca", "ca.pem"], "TLS needs --tls-ca, --tls-cert and --tls-key together; missing --tls-cert, "
+                                 "--tls-key"),
+        (["--listen", "0.0.0.0:0"], "--listen 0.0.0.0:0 is not a loopback address: give --tls-ca, --tls-cert "
+                                    "and --tls-key (fl-certs makes them), or --insecure"),
+        (["--insecure", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"],
+         "--insecure and --tls-* contradict each other"),
+        (["--tls-ca", "nope/ca.pem", "--tls-cert", "nope/a.pem", "--tls-key", "nope/a.key"], "nope/"),
+        (["--resume", "--out", "CHECKPOINT_OF_ANOTHER"], "saved for federation 'other', this is 'procs'"),
     ],
 )
 def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, message):
@@ -185,6 +143,12 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, message):
         base += ["--peer", "b=127.0.0.1:1"]
     if "--listen" not in args:
         base += ["--listen", "127.0.0.1:0"]
+    for name in ("CHECKPOINT_OF_ANOTHER", "WITH_A_CHECKPOINT"):  # results folders holding a checkpoint
+        if name in args:
+            from flmesh.node.state_file import write_state
+
+            write_state(tmp_path / name / "checkpoint.flmesh", {}, {"format": 1, "federation": "other"})
+            args = [str(tmp_path / name) if a == name else a for a in args]
     assert main([*base, *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err

@@ -127,9 +127,22 @@ def test_missing_source_runs_out_on_the_manual_clock_and_trains_its_own_model():
     assert report.delivered  # node2 is up
 
 
-def test_dead_destination_is_retried_then_named():
+def test_a_dead_destination_is_retried_then_its_successor_gets_the_model_and_waits_adapt():
+    """CWT node0 -> node1 -> node2 -> node3 -> node0 with node2 down: node1 hands its model to
+    node3; node3 takes it in round 2 as its fallback, and rewinds to node1, its actual sender."""
+    f = fed(nodes=4, rounds=3, federation={"round_timeout_s": 30}, rewind={"mode": "previous"})
+    with Cluster(f, "memory") as c:
+        c.network.take_down("node2")
+        first = c.by_id["node1"].run_round(1)
+        assert first.delivered and first.delivered_to == "node3"
+        assert "node2 was unreachable; delivered to node3 (its successor)" in first.notes
+        assert c.clock.now() >= 30, "the destination was retried for the round timeout first"
+        report = c.by_id["node3"].run_round(2)
+        assert report.received and report.missing is None and report.rewound_to == "node1"
+        assert "node2 was down; got node1's model instead (its fallback)" in report.notes
     with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
         c.network.take_down("node2")
+        c.network.take_down("node0")
         report = c.by_id["node1"].run_round(1)
     assert not report.delivered and report.delivered_to is None
     assert "could not deliver to node2" in report.notes

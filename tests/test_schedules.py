@@ -19,7 +19,7 @@ from flmesh.topology import (
     parse_federation,
     rewind_target,
 )
-from flmesh.topology.peers import star_rewind_target
+from flmesh.topology.peers import may_deliver, may_rewind, star_rewind_target, successors
 from flmesh.topology.sampling import selected
 
 from conftest import tiny_raw
@@ -251,3 +251,20 @@ def test_star_rewind_stays_in_the_sample_and_both_scopes_agree_at_c_1(mode):
 def test_standalone_exchanges_nothing():
     plan = StandaloneSchedule(build_graph("ring", IDS[3])).plan(4)
     assert all(hop == Hop(None, None) for hop in plan.values())
+
+
+def test_only_the_schedule_may_deliver_or_rewind():
+    fed = parse_federation(tiny_raw(nodes=6, rounds=5, rewind={"mode": "previous"}), source="t")
+    plan = fed.schedule().plan(2)  # CWT: node0 -> node1 -> ... -> node5 -> node0
+    assert successors(plan, "node1") == ["node2", "node3"]  # the destination, then its successor
+    assert may_deliver(fed, "node1", "node2", 2) and may_deliver(fed, "node1", "node3", 2)
+    assert not may_deliver(fed, "node1", "node4", 2) and not may_deliver(fed, "node1", "node0", 2)
+    # round 3: node2 (or node3, when node2 was down) got node1's model, so may rewind to node1
+    assert may_rewind(fed, "node2", "node1", 3) and may_rewind(fed, "node3", "node1", 3)
+    assert not may_rewind(fed, "node4", "node1", 3) and not may_rewind(fed, "node2", "node1", 1)
+    off = parse_federation(tiny_raw(nodes=6, rounds=5), source="t")
+    assert not may_rewind(off, "node2", "node1", 3)
+    star = parse_federation(tiny_raw(nodes=6, rounds=5, aggregator={"fraction": 1.0},
+                                     rewind={"mode": "previous"}), source="t")
+    assert not may_deliver(star, "node1", "node2", 2)
+    assert may_rewind(star, "node1", star_rewind_target(star, "node1", 2) or "", 2)

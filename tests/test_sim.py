@@ -72,7 +72,7 @@ def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
     assert summary["final"]["fa"] == pytest.approx(rows[-1]["fa"])
     assert summary["final"]["pfa"] == pytest.approx(rows[-1]["pfa"])
     assert summary["kind"] == "peer" and summary["writer"] == "fl-sim"
-    assert all(r["schema_version"] == summary["schema_version"] == 1 for r in rows)
+    assert all(r["schema_version"] == summary["schema_version"] == 2 for r in rows)
     assert summary["bytes_per_round"] > 0 and summary["final"]["round"] == 2
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "per_class.png").stat().st_size > 0
     assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))

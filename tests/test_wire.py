@@ -29,7 +29,8 @@ def states_equal(a, b) -> bool:
 
 @pytest.fixture
 def federation():
-    return parse_federation(tiny_raw(nodes=3, rounds=2), source="tiny.toml")
+    # CWT node0 -> node1 -> node2 -> node0; node2 rewinds to node1 in round 2
+    return parse_federation(tiny_raw(nodes=3, rounds=2, rewind={"mode": "previous"}), source="tiny.toml")
 
 
 @pytest.fixture
@@ -158,18 +159,18 @@ def _rewind_raw(address, requests):
 
 
 def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
-    source, peer = nodes[0], nodes[1]
-    sent, peer_before = source.state_dict(), peer.state_dict()
-    back = source.transport.rewind("node1", source.encode(1, kind="rewind"), 7, 1, "node0",
-                                   expected=source.spec, max_bytes=2**30, timeout=10)
-    assert back.meta.kind == "rewind" and back.meta.sender == "node1" and back.meta.metadata["steps"] == 7
+    caller, peer = nodes[2], nodes[1]  # node1 sent node2 its round-1 model: node2 rewinds to node1
+    sent, peer_before = caller.state_dict(), peer.state_dict()
+    back = caller.transport.rewind("node1", caller.encode(2, kind="rewind"), 5, 2, "node2",
+                                   expected=caller.spec, max_bytes=2**30, timeout=10)
+    assert back.meta.kind == "rewind" and back.meta.sender == "node1" and back.meta.metadata["steps"] == 5
     assert not states_equal(back.state_dict, sent)
     assert states_equal(peer.state_dict(), peer_before)
-    model = [peer_pb2.RewindRequest(chunk=c) for c in source.encode(1, kind="rewind").chunks()]
-    trained = [peer_pb2.RewindRequest(chunk=c) for c in source.encode(1).chunks()]
+    model = [peer_pb2.RewindRequest(chunk=c) for c in caller.encode(2, kind="rewind").chunks()]
+    trained = [peer_pb2.RewindRequest(chunk=c) for c in caller.encode(2).chunks()]
 
     def spec(**kw):
-        fields = {"epochs": 0.5, "round": 1, "sender": "node0", **kw}
+        fields = {"epochs": 0.05, "round": 2, "sender": "node2", **kw}
         return peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(**fields))
 
     cases = [
@@ -178,10 +179,16 @@ def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
         ([spec(epochs=0), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0 or epochs > 0"),
         ([spec(epochs=-1), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0 or epochs > 0"),
         ([spec(epochs=float("nan")), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0"),
-        ([spec(epochs=1e9), *model], grpc.StatusCode.INVALID_ARGUMENT, "more than 100 epochs"),
-        ([spec(steps=2**32 - 1), *model], grpc.StatusCode.INVALID_ARGUMENT, "more than 100 epochs"),
+        ([spec(epochs=float("inf")), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0"),
+        ([spec(epochs=1e6), *model], grpc.StatusCode.INVALID_ARGUMENT, "more than this federation's rewind"),
+        ([spec(epochs=0, steps=2**32 - 1), *model], grpc.StatusCode.INVALID_ARGUMENT,
+         "more than this federation's rewind"),
         ([spec(sender="eve"), *model], grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'eve'"),
         ([spec(sender=""), *model], grpc.StatusCode.INVALID_ARGUMENT, "names no sender"),
+        ([spec(round=1), *model], grpc.StatusCode.PERMISSION_DENIED,
+         "node2 does not rewind to node1 in round 1"),
+        ([spec(round=9), *model], grpc.StatusCode.FAILED_PRECONDITION,
+         "round 9 is outside this node's window"),
         ([spec()], grpc.StatusCode.DATA_LOSS, "start with a model header"),
         ([spec(), *trained], grpc.StatusCode.INVALID_ARGUMENT, "kind 'rewind', not 'trained'"),
     ]

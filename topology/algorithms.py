@@ -31,6 +31,8 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "fedavg_ft": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedavg_ft"),
     "flashback": AlgorithmEntry("strategy", "flmesh.node.algorithms.flashback"),
     "fedcurv": AlgorithmEntry("strategy", "flmesh.node.algorithms.fedcurv"),
+    "median": AlgorithmEntry("strategy", "flmesh.node.algorithms.median"),
+    "trimmed_mean": AlgorithmEntry("strategy", "flmesh.node.algorithms.trimmed_mean"),
     "dp_replay": AlgorithmEntry("data", "flmesh.node.algorithms.dp_replay"),
 }
 

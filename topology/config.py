@@ -102,6 +102,10 @@ class AggregatorConfig:
     mean) or "weighted" by sample count as FedAvg; with ``fedcurv_max_age`` > 0
     a node's Fisher terms from round r leave u, v, w after round r + max_age
     (0: keep each node's last contribution, as the paper's server does).
+    ``trim`` is the share of the largest and of the smallest values per coordinate
+    that the "trimmed_mean" strategy drops; ``clip_norm`` > 0 scales every
+    update's change from the global model down to that L2 norm before any
+    strategy aggregates (0: no clipping).
     """
 
     strategy: str = "fedavg"
@@ -115,6 +119,8 @@ class AggregatorConfig:
     fedcurv_lambda: float = 1.0
     fedcurv_average: str = "plain"
     fedcurv_max_age: int = 0
+    trim: float = 0.1
+    clip_norm: float = 0.0
 
 
 @dataclass(frozen=True)

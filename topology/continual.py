@@ -12,8 +12,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flmesh.topology.checks import Bad, Check, SectionReader, integer, number, string
+from flmesh.topology.checks import (
+    MAX_EPOCHS,
+    MAX_NODES,
+    MAX_ROUNDS,
+    MAX_WIDTH,
+    Bad,
+    Check,
+    SectionReader,
+    at_most,
+    integer,
+    number,
+    string,
+)
 from flmesh.topology.config import AggregatorConfig
+from flmesh.topology.graphs import shown
 from flmesh.topology.tasks import (
     PARTICIPATION,
     REPLAY_MODES,
@@ -23,24 +36,38 @@ from flmesh.topology.tasks import (
     clients_needed,
 )
 
+# Inputs are pixels in [0, 1] or standardized values: a clip range far past +-1e6 (or an
+# infinite one) gives the Laplace mechanism an infinite scale, and OpenDP fails mid-run.
+CLIP_LIMIT = 1e6
+CLIP_WIDTH = 1e-6
+
 
 def _clip(v: Any) -> tuple[float, float]:
     ok = (isinstance(v, list) and len(v) == 2
-          and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v) and v[0] < v[1])
+          and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+          and all(-CLIP_LIMIT <= x <= CLIP_LIMIT for x in v) and v[1] - v[0] >= CLIP_WIDTH)
     if not ok:
-        raise Bad("[lo, hi] with lo < hi")
+        raise Bad(f"[lo, hi] with -{CLIP_LIMIT:.0f} <= lo < hi <= {CLIP_LIMIT:.0f} "
+                  f"and hi - lo >= {CLIP_WIDTH:g}")
     return float(v[0]), float(v[1])
 
 
 TASK_KEYS: dict[str, Check] = {
-    "scenario": string(SCENARIOS), "tasks": integer(1), "rounds_per_task": integer(1),
-    "classes_per_task": integer(1), "initial_clients": integer(1), "joining_clients": integer(0),
-    "participation": string(PARTICIPATION), "beta": number(0, lo_open=True), "p": number(0, 1, lo_open=True),
+    "scenario": string(SCENARIOS), "tasks": at_most(integer(1), MAX_ROUNDS),
+    "rounds_per_task": at_most(integer(1), MAX_ROUNDS), "classes_per_task": at_most(integer(1), MAX_WIDTH),
+    "initial_clients": at_most(integer(1), MAX_NODES), "joining_clients": at_most(integer(0), MAX_NODES),
+    "participation": string(PARTICIPATION), "beta": at_most(number(0, lo_open=True), 1e6),
+    "p": number(0, 1, lo_open=True),
 }
 REPLAY_KEYS: dict[str, Check] = {
-    "mode": string(REPLAY_MODES), "local_means": integer(1), "global_means": integer(1),
-    "epsilon": number(0, lo_open=True), "clip": _clip, "budget": number(0), "min_count": integer(1),
-    "host": string(), "server_epochs": number(0),
+    "mode": string(REPLAY_MODES),
+    # N means per class over N disjoint shards of a class: more shards than samples is no plan.
+    "local_means": at_most(integer(1), MAX_WIDTH), "global_means": at_most(integer(1), MAX_WIDTH),
+    # Per release. Below 1e-3 the noise drowns any mean; past 1e3 it is no privacy; and at the
+    # float extremes OpenDP's scale or privacy map overflows (a traceback mid-run).
+    "epsilon": number(0.001, 1000), "clip": _clip, "budget": at_most(number(0), 1e6),
+    "min_count": at_most(integer(1), 1_000_000), "host": string(),
+    "server_epochs": at_most(number(0), MAX_EPOCHS),
 }
 
 
@@ -70,7 +97,7 @@ def read_continual(r: SectionReader, raw: Mapping[str, Any], node_ids: Sequence[
             if aggregator is not None:
                 raise r.fail("[replay] host", "with an [aggregator] the aggregator hosts the buffer")
             if replay.host not in node_ids:
-                raise r.fail("[replay] host", f"unknown node {replay.host!r} "
+                raise r.fail("[replay] host", f"unknown node {shown(replay.host)} "
                              f"(the federation has {', '.join(node_ids)})")
         if 0 < replay.budget < replay.epsilon:
             raise r.fail("[replay] budget", f"{replay.budget:g} is below one release's epsilon "

@@ -16,12 +16,14 @@ Sections (all but ``[federation]`` optional)::
     [model]       name, hidden, channels, norm, groups, weights, small_input
     [rewind]      mode ("off", "previous", "random"), lambda
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
-                  server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age
-                  (present: a star federation)
+                  server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age,
+                  trim, clip_norm (present: a star federation)
     [nodes.<id>]  address, partition, and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
-fractional (a share of one pass over the node's batches).
+fractional (a share of one pass over the node's batches). Numbers have upper bounds
+too (``MAX_*`` in :mod:`flmesh.topology.checks`; docs/reliability.md), and ``graph``
+names one of an allow-list of generators (:data:`flmesh.topology.graphs.GENERATORS`).
 """
 
 from __future__ import annotations
@@ -35,15 +37,29 @@ from typing import Any
 
 from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
 from flmesh.topology.checks import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_LAYERS,
+    MAX_LR,
+    MAX_MODEL_MIB,
+    MAX_NODES,
+    MAX_PENALTY,
+    MAX_ROUNDS,
+    MAX_TIMEOUT_S,
+    MAX_WIDTH,
+    Bad,
     Check,
     SectionReader,
     address,
+    at_most,
     boolean,
     dataset_name,
     device,
     int_list,
     integer,
+    key_text,
     number,
+    path_string,
     string,
     table,
 )
@@ -59,6 +75,7 @@ from flmesh.topology.config import (
     TrainingConfig,
 )
 from flmesh.topology.continual import read_continual
+from flmesh.topology.graphs import MAX_SEED, shown
 from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
@@ -70,52 +87,104 @@ OPTIMIZERS = ("sgd", "adam")
 BASELINES = ("none", "standalone", "joint")
 
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_ID_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def _name(v: Any) -> str:
+    # The name becomes a results folder (runs/<name>-...) and is printed as rich markup: a
+    # "/" or ".." would write elsewhere, a "[/x]" would crash the printer.
+    if not isinstance(v, str) or not NODE_ID.match(v):
+        raise Bad(f"{_ID_RULE} (it names the results folder)")
+    return v
+
+
+_TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
+_SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
+_PENALTY = at_most(number(0), MAX_PENALTY)
 
 _TRAINING: dict[str, Check] = {
-    "epochs": number(0, lo_open=True),
-    "batch_size": integer(1),
-    "lr": number(0, lo_open=True),
+    "epochs": at_most(number(0, lo_open=True), MAX_EPOCHS),
+    "batch_size": at_most(integer(1), MAX_BATCH),
+    "lr": at_most(number(0, lo_open=True), MAX_LR),
     "optimizer": string(OPTIMIZERS),
     "momentum": number(0, 1, hi_open=True),
-    "weight_decay": number(0),
+    "weight_decay": at_most(number(0), 1),
     "objective": string(OBJECTIVES),
     "device": device,
-    "fedcurv_lambda": number(0),
+    "fedcurv_lambda": _PENALTY,
 }
 
 _SECTIONS: dict[str, dict[str, Check]] = {
     "federation": {
-        "name": string(), "seed": integer(0), "rounds": integer(1),
-        "round_timeout_s": number(0, lo_open=True), "max_model_mib": number(0, lo_open=True),
+        "name": _name, "seed": at_most(integer(0), MAX_SEED, "TOML's 64-bit integers"),
+        "rounds": at_most(integer(1), MAX_ROUNDS),
+        "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
         "baseline": string(BASELINES),
     },
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
                "scope": string(("sampled", "chain"))},
     "aggregator": {
         "strategy": string(STRATEGIES), "address": address, "fraction": number(0, 1, lo_open=True),
-        "min_updates": integer(1), "deadline_s": number(0, lo_open=True),
-        "public_fraction": number(0, 1, hi_open=True), "server_epochs": number(0),
-        "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": number(0),
-        "fedcurv_average": string(("plain", "weighted")), "fedcurv_max_age": integer(0),
+        "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
+        "public_fraction": number(0, 1, hi_open=True), "server_epochs": _SERVER_EPOCHS,
+        "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
+        "fedcurv_average": string(("plain", "weighted")),
+        "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS),
+        "trim": number(0, 0.5, hi_open=True), "clip_norm": at_most(number(0), 1e6),
     },
     "topology": {
-        "nodes": integer(2), "graph": string(), "params": table, "file": string(),
-        "schedule": string(SCHEDULES),
+        "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
+        "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),
     },
     "training": _TRAINING,
     "data": {
-        "dataset": dataset_name(DATASETS), "root": string(), "download": boolean,
-        "partition": string(PARTITIONS), "alpha": number(0, lo_open=True),
-        "shards_per_node": integer(1), "test_fraction": number(0, 1, lo_open=True, hi_open=True),
-        "min_samples": integer(1),
+        "dataset": dataset_name(DATASETS), "root": path_string, "download": boolean,
+        "partition": string(PARTITIONS),
+        # Dirichlet(alpha) is IID in all but name long before 1e6; past ~1e300 numpy's draw is 0/0.
+        "alpha": at_most(number(0, lo_open=True), 1e6),
+        "shards_per_node": at_most(integer(1), MAX_WIDTH),
+        "test_fraction": number(0, 1, lo_open=True, hi_open=True),
+        "min_samples": at_most(integer(1), 1_000_000),
     },
     "model": {
-        "name": string(MODELS), "hidden": int_list, "channels": int_list,
-        "norm": string(("batch", "group")), "groups": integer(1), "weights": string(), "small_input": boolean,
+        "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
+        "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
+        "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
+        "weights": path_string, "small_input": boolean,
     },
 }
 _NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **_TRAINING}
 _REQUIRED = {"federation": ("name", "rounds")}
+
+
+DEFAULT_MAX_MODEL_MIB = 512.0
+
+
+def model_floor_mib(model: ModelConfig) -> float:
+    """A lower bound on the size of ``model`` in MiB: float32 weights without biases, on the
+    smallest inputs of any data set (8x8 grey digits, 10 classes). A model past
+    ``max_model_mib`` by this bound is too big for every data set."""
+    if model.name == "mlp":
+        widths = (64, *model.hidden, 10)
+        weights = sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+    elif model.name == "cnn":  # 3x3 convolutions, then one 2x2 pool before the classifier
+        channels = (1, *model.channels)
+        weights = 9 * sum(a * b for a, b in zip(channels, channels[1:], strict=False))
+        weights += model.channels[-1] * 4 * 4 * 10
+    else:  # fixed architectures, far below any max_model_mib that lets a model through
+        return 0.0
+    return weights * 4 / 2**20
+
+
+def _check_model_size(r: SectionReader, model: ModelConfig, max_mib: float) -> None:
+    # Layer widths within their bound can still multiply into a model no peer accepts (and
+    # that takes the machine's memory to build): say so now, not after the first round.
+    floor = model_floor_mib(model)
+    if floor > max_mib:
+        key = "hidden" if model.name == "mlp" else "channels"
+        raise r.fail(f"[model] {key}", f"{list(getattr(model, key))} makes a model of at least "
+                     f"{floor:.0f} MiB, over [federation] max_model_mib = {max_mib:g} "
+                     "(peers refuse larger models)")
 
 
 def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
@@ -129,7 +198,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     known = set(_SECTIONS) | {"nodes", "tasks", "replay"}
     for key in raw:
         if key not in known:
-            raise r.fail(f"[{key}]", f"unknown section (expected one of {', '.join(sorted(known))})")
+            raise r.fail(f"[{key_text(key)}]",
+                         f"unknown section (expected one of {', '.join(sorted(known))})")
     fed = r.section(raw, "federation", _SECTIONS["federation"])
     topo = r.section(raw, "topology", _SECTIONS["topology"])
     training = TrainingConfig(**r.section(raw, "training", _TRAINING))
@@ -147,7 +217,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
 
     nodes_raw = raw.get("nodes", {})
     if not isinstance(nodes_raw, dict):
-        raise r.fail("[nodes]", f"expected a table of node tables, got {nodes_raw!r}")
+        raise r.fail("[nodes]", f"expected a table of node tables, got {shown(nodes_raw)}")
     if nodes_raw:
         ids = list(nodes_raw)
         if "nodes" in topo and topo["nodes"] != len(ids):
@@ -158,13 +228,18 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         raise r.fail("[topology] nodes", "required: give the node count, or list [nodes.<id>] tables")
     if len(ids) < 2:
         raise r.fail("[nodes]", f"a federation needs at least 2 nodes, got {len(ids)}")
+    if len(ids) > MAX_NODES:
+        raise r.fail("[nodes]", f"a federation file holds at most {MAX_NODES} nodes, got {len(ids)}")
+    if aggregator is not None and aggregator.min_updates > len(ids):
+        raise r.fail("[aggregator] min_updates", f"expected at most the federation's {len(ids)} nodes, "
+                     f"got {aggregator.min_updates} (the global model would never change)")
+    _check_model_size(r, model, fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB))
 
     nodes = []
     partitions_seen: dict[int, str] = {}
     for index, node_id in enumerate(ids):
         if not NODE_ID.match(node_id):
-            raise r.fail(f"[nodes.{node_id}]", "node ids are 1-63 letters, digits, '.', '_' or '-', "
-                         "starting with a letter or digit")
+            raise r.fail(f"[nodes.{key_text(node_id)}]", f"node ids are {_ID_RULE}")
         label = f"[nodes.{node_id}]"
         entry = r.section(nodes_raw, node_id, _NODE_KEYS, label) if nodes_raw else {}
         part = entry.pop("partition", None)
@@ -192,7 +267,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     federation = Federation(
         name=fed["name"], seed=fed.get("seed", 0), rounds=fed["rounds"],
         round_timeout_s=fed.get("round_timeout_s", 120.0),
-        max_model_mib=fed.get("max_model_mib", 512.0),
+        max_model_mib=fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB),
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay,
@@ -211,7 +286,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str], source: str =
         key, sep, text = item.partition("=")
         parts = key.strip().split(".")
         if not sep or len(parts) < 2 or not all(parts):
-            raise FederationError(f"{source} {item!r}: expected SECTION.KEY=VALUE, "
+            raise FederationError(f"{source} {shown(item)}: expected SECTION.KEY=VALUE, "
                                   "e.g. training.epochs=2")
         try:
             value = tomllib.loads(f"v = {text}")["v"]
@@ -221,7 +296,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str], source: str =
         for part in parts[:-1]:
             nxt = table.setdefault(part, {})
             if not isinstance(nxt, dict):
-                raise FederationError(f"{source} {item!r}: {part!r} is not a table")
+                raise FederationError(f"{source} {shown(item)}: {shown(part)} is not a table")
             table = nxt
         table[parts[-1]] = value
 

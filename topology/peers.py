@@ -7,11 +7,13 @@ it will need, and wait at start-up for exactly those peers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from flmesh.topology.config import Federation
 from flmesh.topology.sampling import previous_sampled, selected
-from flmesh.topology.schedules import rewind_target
+from flmesh.topology.schedules import Hop, rewind_target
 
 SEED_STAR_RANDREWIND = 27
 
@@ -87,3 +89,44 @@ def star_rewind_target(federation: Federation, node_id: str, round: int) -> str 
         order.append(walk)
         walk = chain[walk].source
     return previous_sampled(list(reversed(order)), node_id, sampled)
+
+
+#: How many nodes past an unreachable destination a model may go (DESIGN.md: "then the
+#: next live successor in the graph"): the destination, then up to this many successors.
+FALLBACK_HOPS = 1
+
+
+def successors(plan: Mapping[str, Hop], sender: str, hops: int = FALLBACK_HOPS) -> list[str]:
+    """Where ``sender``'s model may go in the round of ``plan``: its destination, then the
+    destination's destination and so on (``hops`` fallbacks), never back to ``sender``."""
+    out: list[str] = []
+    walk = plan[sender].destination if sender in plan else None
+    while walk is not None and walk != sender and walk not in out and len(out) <= hops:
+        out.append(walk)
+        walk = plan[walk].destination if walk in plan else None
+    return out
+
+
+def may_deliver(federation: Federation, sender: str, receiver: str, round: int) -> bool:
+    """May ``sender`` deliver its model of ``round`` to ``receiver``? Only along the round's
+    plan: to its destination, or past it to a live successor when that one is down."""
+    if federation.aggregator is not None or federation.baseline != "none" or round < 1:
+        return False
+    return receiver in successors(federation.schedule().plan(round), sender)
+
+
+def may_rewind(federation: Federation, caller: str, target: str, round: int) -> bool:
+    """May ``caller`` run its rewind phase of ``round`` on ``target``'s data? Only where its
+    schedule sends it: the node its model came from ("previous": the sender of round
+    ``round - 1``, a fallback sender included), its seeded random target ("random"), or in a
+    star federation its target on the chain (:func:`star_rewind_target`)."""
+    fed = federation
+    mode = fed.rewind.mode
+    if mode == "off" or caller == target or round < 1:
+        return False
+    if fed.aggregator is not None:
+        return star_rewind_target(fed, caller, round) == target
+    if mode == "random":
+        plan = fed.schedule().plan(round)
+        return rewind_target(plan, caller, mode, round=round, seed=fed.seed, nodes=fed.node_ids) == target
+    return round > 1 and caller in successors(fed.schedule().plan(round - 1), target)

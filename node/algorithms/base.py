@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -137,6 +137,13 @@ class ClientHalf:
         """Epsilon this node has released so far (None: the algorithm releases nothing)."""
         return None
 
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        """What this half must keep across a crash: tensors, and JSON-able values."""
+        return {}, {}
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        """Take back what :meth:`checkpoint` returned (in a fresh process)."""
+
 
 class ServerHalf:
     """The side of an algorithm that sees every update."""
@@ -154,6 +161,13 @@ class ServerHalf:
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         """The next global model from ``round``'s updates (at least one)."""
         raise NotImplementedError
+
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        """What this half must keep across a crash: tensors, and JSON-able values."""
+        return {}, {}
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        """Take back what :meth:`checkpoint` returned (in a fresh process)."""
 
 
 class Refiner:
@@ -180,6 +194,12 @@ class RefinedServer(ServerHalf):
         for refiner in self.refiners:
             state = refiner.refine(round, state)
         return state
+
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        return self.server.checkpoint()
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        self.server.restore(tensors, values)
 
 
 class Algorithm:

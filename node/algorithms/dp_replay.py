@@ -23,6 +23,7 @@ the aggregator fine-tunes the averaged model on the global buffer every round
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -118,6 +119,22 @@ class DpReplayClient(ClientHalf):
 
     def privacy_spent(self) -> float | None:
         return self.spent if self.cfg.mode != "local" else None
+
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        tensors: Tensors = {}
+        for i, buf in enumerate(self.local):
+            tensors[f"local/{i}/x"], tensors[f"local/{i}/y"] = buf.x, buf.y
+        if self.global_buffer is not None:
+            tensors["global/x"], tensors["global/y"] = self.global_buffer.x, self.global_buffer.y
+        return tensors, {"local": len(self.local), "spent": self.spent}
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        classes = self.ctx.train().num_classes
+        self.local = [ArrayData(tensors[f"local/{i}/x"], tensors[f"local/{i}/y"], classes)
+                      for i in range(int(values["local"]))]
+        self.global_buffer = (ArrayData(tensors["global/x"], tensors["global/y"], classes)
+                              if "global/x" in tensors else None)
+        self.spent = float(values["spent"])
 
 
 class ReplayRefiner(Refiner):

@@ -29,6 +29,7 @@ itself.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -227,6 +228,12 @@ class FedCurvClient(ClientHalf):
             fisher = split(extras, FISHER)
             self.sent[round] = (fisher, {k: state[k] for k in fisher})
 
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        return _terms_out({r: (r, f, t) for r, (f, t) in self.sent.items()})
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        self.sent = {r: (f, t) for r, (_, f, t) in _terms_in(tensors, values).items()}
+
 
 class FedCurvServer(ServerHalf):
     """The model average (plain, as the paper's server, or weighted by samples as FedAvg);
@@ -265,6 +272,29 @@ class FedCurvServer(ServerHalf):
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         weights = [u.num_samples if self.average == "weighted" else 1 for u in updates]
         return fedavg([u.state for u in updates], weights)
+
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        return _terms_out(self.latest)
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        self.latest = {str(k): v for k, v in _terms_in(tensors, values).items()}
+
+
+def _terms_out(terms: Mapping[Any, tuple[int, Tensors, Tensors]]) -> tuple[Tensors, dict[str, Any]]:
+    """(round, Fisher, theta) entries as named tensors, and their keys and rounds."""
+    tensors: Tensors = {}
+    for i, (_, fisher, theta) in enumerate(terms.values()):
+        tensors.update({f"{i}/f/{k}": v for k, v in fisher.items()})
+        tensors.update({f"{i}/t/{k}": v for k, v in theta.items()})
+    return tensors, {"keys": [str(k) for k in terms], "rounds": [r for r, _, _ in terms.values()]}
+
+
+def _terms_in(tensors: Tensors, values: dict[str, Any]) -> dict[Any, tuple[int, Tensors, Tensors]]:
+    out: dict[Any, tuple[int, Tensors, Tensors]] = {}
+    for i, (key, round) in enumerate(zip(values.get("keys", []), values.get("rounds", []), strict=True)):
+        fisher, theta = split(tensors, f"{i}/f/"), split(tensors, f"{i}/t/")
+        out[int(key) if str(key).isdigit() else key] = (int(round), fisher, theta)
+    return out
 
 
 class FedCurv(Algorithm):

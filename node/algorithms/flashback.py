@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -246,6 +247,15 @@ class FlashbackServer(ServerHalf):
             averaged = {k: v.detach().to("cpu") for k, v in student.state_dict().items()}
         self.state = advance(self.state, [u.node for u in updates], counts)
         return averaged
+
+    def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
+        return ({"pi": self.state.pi.clone()},
+                {"participations": dict(self.state.participations), "rounds": self.state.rounds})
+
+    def restore(self, tensors: Tensors, values: dict[str, Any]) -> None:
+        self.state = FlashbackState(self.state.gamma, tensors["pi"].to(torch.float64).clone(),
+                                    {str(k): int(v) for k, v in values["participations"].items()},
+                                    int(values["rounds"]))
 
 
 class Flashback(Algorithm):

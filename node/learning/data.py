@@ -80,6 +80,7 @@ class ArrayData:
 class NodeData:
     train: ArrayData
     test: ArrayData
+    largest_share: int = 0  # samples in the federation's largest partition (0: unknown)
 
 
 def load_digits() -> ArrayData:
@@ -175,6 +176,7 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
     _, pool = public_split(labels, federation)
     parts = [pool[p] for p in partition_indices(labels[pool], federation.data, len(federation.nodes),
                                                 federation.seed)]
+    largest = max(len(p) for p in parts)
     out = {}
     for node in federation.nodes:
         if only is not None and node.id != only:
@@ -182,7 +184,7 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
         p = node.partition if node.partition is not None else node.index
         rng = np.random.default_rng([federation.seed, SEED_SPLIT, p])
         train_idx, test_idx = partitions.train_test_split(parts[p], federation.data.test_fraction, rng)
-        out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx))
+        out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx), largest)
     return out
 
 

@@ -7,7 +7,7 @@ own model object). Deterministic for a given seed on a given device.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -42,10 +42,15 @@ def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimiz
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
 
 
+class TrainingStopped(Exception):
+    """Training was asked to stop before its last step (the model is part-trained)."""
+
+
 def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: float | None = None,
           steps: int | None = None, seed: int = 0, device: torch.device | None = None,
           objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = (),
-          optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
+          optimizer: torch.optim.Optimizer | None = None,
+          stop: Callable[[], bool] | None = None) -> TrainStats:
     """Train ``model`` in place on ``data``: ``steps`` optimizer steps, or ``epochs`` passes
     (default ``cfg.epochs``, see :func:`steps_for`).
 
@@ -54,6 +59,8 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
     ``optimizer`` one starts fresh, as local training does in each FL round; pass
     one (built for ``model``) to continue its state across calls (FedRewind's
     three phases are one local run). ``TrainStats.loss`` is the mean total loss.
+    ``stop`` is asked before every step; True raises :class:`TrainingStopped` (the node
+    stops, or the peer that asked for the training went away).
     """
     device = device or torch.device("cpu")
     epochs = cfg.epochs if epochs is None else epochs
@@ -71,6 +78,8 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
         for start in range(0, len(order), cfg.batch_size):
             if done == steps:
                 break
+            if stop is not None and stop():
+                raise TrainingStopped(f"training stopped after {done} of {steps} steps")
             idx = order[start:start + cfg.batch_size]
             xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)

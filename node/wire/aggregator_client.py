@@ -13,6 +13,7 @@ from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.peer_client import rpc
+from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
 
 NAME = "aggregator"
@@ -23,11 +24,13 @@ POLL_SLACK_S = 10.0
 
 class GrpcAggregatorTransport:
     def __init__(self, address: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 counter: ByteCounter | None = None):
+                 counter: ByteCounter | None = None, tls: Tls | None = None):
+        """``tls``: this node's identity; the channel is then mTLS and checks that the server
+        holds the certificate of "aggregator"."""
         self.address = address
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
-        self._channel = make_channel(address)
+        self._channel = make_channel(address, tls, NAME)
         self._stub = aggregator_pb2_grpc.AggregatorStub(self._channel)
         # Updates go out pre-serialised (EncodedModel.frames), like Deliver in peer_client.py.
         self._submit = self._channel.stream_unary(
@@ -61,13 +64,13 @@ class GrpcAggregatorTransport:
             except codec.CodecError as exc:
                 raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
 
-        result = rpc(NAME, self.address, call)
+        result = rpc(NAME, self.address, call, timeout)
         self.counter.add_received("global", result.wire_bytes)
         return result
 
     def submit(self, update: EncodedModel, *, timeout: float) -> SubmitResult:
         reply = rpc(NAME, self.address,
-                    lambda: self._submit(update.frames(self.chunk_bytes), timeout=timeout))
+                    lambda: self._submit(update.frames(self.chunk_bytes), timeout=timeout), timeout)
         self.counter.add_sent("update", update.wire_bytes(self.chunk_bytes))
         return serde.from_proto(SubmitResult, reply)
 

@@ -1,7 +1,8 @@
 """Every gRPC server and channel flmesh opens is built here (wire wing).
 
-One place for message-size limits and keepalive (and, later, TLS), so no
-module builds a server or channel ad hoc.
+One place for message-size limits, keepalive, mTLS (:mod:`~flmesh.node.wire.tls`)
+and the stream guard (:mod:`~flmesh.node.wire.guard`), so no module builds a
+server or channel ad hoc.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ import grpc
 
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES
 from flmesh.node.wire.frames import parse_chunk
+from flmesh.node.wire.guard import StreamGuard
+from flmesh.node.wire.limits import StreamLimits
+from flmesh.node.wire.malformed import MalformedRequests
+from flmesh.node.wire.tls import Tls
 
 #: Largest single gRPC message. Model data arrives in chunks of at most a few
-#: MiB; the margin is for headers of models with many tensors.
-MAX_MESSAGE_BYTES = DEFAULT_CHUNK_BYTES + 60 * 1024 * 1024
+#: MiB; the margin is for headers of models with many tensors (a ResNet-18's
+#: header is about 20 KiB), and bounds what one message can make a node hold.
+MAX_MESSAGE_BYTES = 4 * DEFAULT_CHUNK_BYTES + 4 * 1024 * 1024
 
 _COMMON_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -68,16 +74,23 @@ class BindError(OSError):
     """A server could not listen on the requested address."""
 
 
-def make_server(max_workers: int = 8) -> grpc.Server:
-    """A gRPC server with flmesh's options and a thread pool of ``max_workers``."""
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="flmesh-rpc"),
-                       options=_SERVER_OPTIONS, interceptors=[_ModelStreamReader()])
+def make_server(limits: StreamLimits | None = None) -> grpc.Server:
+    """A gRPC server with flmesh's options, its stream guard and a thread pool sized so that
+    the streams the guard admits never take the last workers (health, Status and polls are
+    always answered)."""
+    limits = limits or StreamLimits()
+    pool = futures.ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="flmesh-rpc")
+    # outermost first: admit the stream, then refuse garbage, then read model chunks as views
+    return grpc.server(pool, options=_SERVER_OPTIONS,
+                       interceptors=[StreamGuard(limits), MalformedRequests(), _ModelStreamReader()])
 
 
-def bind(server: grpc.Server, address: str) -> int:
-    """Listen on ``address`` (HOST:PORT; port 0 picks a free one); return the bound port."""
+def bind(server: grpc.Server, address: str, tls: Tls | None = None) -> int:
+    """Listen on ``address`` (HOST:PORT; port 0 picks a free one), with mTLS when ``tls`` is
+    given; return the bound port."""
     try:
-        port = server.add_insecure_port(address)
+        port = (server.add_secure_port(address, tls.server_credentials()) if tls is not None
+                else server.add_insecure_port(address))
     except RuntimeError as exc:
         raise BindError(f"cannot listen on {address}: {exc}") from None
     if port == 0:
@@ -85,6 +98,13 @@ def bind(server: grpc.Server, address: str) -> int:
     return port
 
 
-def make_channel(address: str) -> grpc.Channel:
-    """A channel to a peer at ``address`` with flmesh's options. Thread-safe; close when done."""
-    return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def make_channel(address: str, tls: Tls | None = None, peer_id: str | None = None) -> grpc.Channel:
+    """A channel to ``peer_id`` at ``address`` with flmesh's options: mTLS with ``tls``, the
+    server's certificate checked against ``peer_id`` (required with ``tls``). Thread-safe;
+    close when done."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    if not peer_id:
+        raise ValueError("a TLS channel needs the id of the peer it reaches")
+    return grpc.secure_channel(address, tls.channel_credentials(),
+                               options=[*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", peer_id)])

@@ -33,6 +33,7 @@ import torch
 from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, Hasher
 from flmesh.node.wire.frames import DATA_TAG, DataChunk, tag, varint
 from flmesh.node.wire.specs import (
+    ALIGN,
     FROM_WIRE,
     KINDS,
     TO_WIRE,
@@ -57,7 +58,6 @@ if sys.byteorder != "little":  # pragma: no cover - every supported platform is 
 #: best (benchmarks/transport.py). The gRPC message limit in channels.py
 #: leaves room above this.
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-ALIGN = 64
 
 MetaValue = int | float | str | bool
 
@@ -226,12 +226,14 @@ class DecodedModel:
 
 
 def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | None = None,
-           max_bytes: int = 2**31) -> DecodedModel:
+           max_bytes: int = 2**31, *, check_finite: bool = True) -> DecodedModel:
     """Rebuild a state dict from a chunk stream, checking everything (see module doc).
 
     Blocks while it iterates ``chunks``; raises CodecError on the first problem,
     having allocated nothing larger than the header's (limited) total size.
-    The SHA-256 is computed on a helper thread while the bytes arrive.
+    The SHA-256 is computed on a helper thread while the bytes arrive. With
+    ``check_finite`` (the default) a floating tensor holding NaN or infinity is
+    refused: no use of a model survives one.
     """
     it = iter(chunks)
     first = next(it, None)
@@ -274,4 +276,7 @@ def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | No
         except RuntimeError:  # offset not aligned for this dtype: copy once instead
             flat = raw.clone().view(dtype)
         state[spec.name] = flat.reshape(tuple(spec.shape))
+        if check_finite and flat.is_floating_point() and not bool(torch.isfinite(flat).all()):
+            bad = int((~torch.isfinite(flat)).sum())
+            raise CodecError("invalid", f"tensor {spec.name!r} holds {bad} NaN or infinite values")
     return DecodedModel(state, meta, total, wire)

@@ -11,6 +11,7 @@ status. Thread-safe; ``close`` when done.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.frames import parse_chunk
+from flmesh.node.wire.tls import Tls
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
 T = TypeVar("T")
@@ -31,14 +33,27 @@ T = TypeVar("T")
 _REWIND_CHUNK_FIELD = peer_pb2.RewindRequest.DESCRIPTOR.fields_by_name["chunk"].number
 
 
-def rpc(peer: str, address: str, fn: Callable[[], T]) -> T:
-    """Run one call; a gRPC failure becomes a PeerError (one line)."""
-    try:
-        return fn()
-    except grpc.RpcError as exc:
-        code: Any = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        raise PeerError(peer, address, code.name, details or "") from None
+#: Longest pause between two tries of a stream the peer's guard turned away as busy.
+BUSY_BACKOFF_MAX_S = 0.5
+
+
+def rpc(peer: str, address: str, fn: Callable[[], T], busy_wait_s: float = 0.0) -> T:
+    """Run one call; a gRPC failure becomes a PeerError (one line). A stream the peer's
+    :class:`~flmesh.node.wire.guard.StreamGuard` turned away as busy is tried again for up
+    to ``busy_wait_s`` seconds (short backoff) before that error is raised."""
+    deadline = time.monotonic() + busy_wait_s
+    backoff = 0.01
+    while True:
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            code: Any = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            busy = code == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in (details or "")
+            if not busy or time.monotonic() + backoff > deadline:
+                raise PeerError(peer, address, code.name, details or "") from None
+        time.sleep(backoff)  # the peer is busy with other streams: a slot frees within a transfer
+        backoff = min(2 * backoff, BUSY_BACKOFF_MAX_S)
 
 
 @dataclass
@@ -53,7 +68,10 @@ class _Link:
 
 class GrpcPeerTransport:
     def __init__(self, peers: Mapping[str, str] | None = None, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 counter: ByteCounter | None = None):
+                 counter: ByteCounter | None = None, tls: Tls | None = None):
+        """``tls``: this process's identity; every channel is then mTLS and checks that the
+        server is the peer it is named for."""
+        self.tls = tls
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
         self._addresses: dict[str, str] = dict(peers or {})
@@ -88,7 +106,7 @@ class GrpcPeerTransport:
             if not address:
                 raise PeerError(peer, "(no address)", "FAILED_PRECONDITION",
                                 "no address is known for this peer")
-            channel = make_channel(address)
+            channel = make_channel(address, self.tls, peer)
             link = _Link(
                 address, channel, peer_pb2_grpc.PeerStub(channel),
                 channel.stream_unary("/flmesh.v1.Peer/Deliver", request_serializer=None,
@@ -104,9 +122,9 @@ class GrpcPeerTransport:
             self._links[peer] = link
             return link
 
-    def _call(self, peer: str, fn: Callable[[_Link], T]) -> T:
+    def _call(self, peer: str, fn: Callable[[_Link], T], busy_wait_s: float = 0.0) -> T:
         link = self._link(peer)
-        return rpc(peer, link.address, lambda: fn(link))
+        return rpc(peer, link.address, lambda: fn(link), busy_wait_s)
 
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
@@ -115,7 +133,8 @@ class GrpcPeerTransport:
         return serde.from_proto(HelloInfo, reply)
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
-        reply = self._call(peer, lambda link: link.deliver(model.frames(self.chunk_bytes), timeout=timeout))
+        reply = self._call(peer, lambda link: link.deliver(model.frames(self.chunk_bytes), timeout=timeout),
+                           timeout)
         self.counter.add_sent(codec.meta_of(model.header).kind, model.wire_bytes(self.chunk_bytes))
         return serde.from_proto(DeliverResult, reply)
 
@@ -132,13 +151,14 @@ class GrpcPeerTransport:
             except codec.CodecError as exc:  # the peer sent back something we will not use
                 raise PeerError(peer, link.address, exc.code, f"its rewound model: {exc}") from None
 
-        result = self._call(peer, call)
+        result = self._call(peer, call, timeout)
         self.counter.add_sent("rewind", model.wire_bytes(self.chunk_bytes))
         self.counter.add_received("rewind", result.wire_bytes)
         return result
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult:
-        reply = self._call(peer, lambda link: link.evaluate(model.frames(self.chunk_bytes), timeout=timeout))
+        reply = self._call(peer, lambda link: link.evaluate(model.frames(self.chunk_bytes), timeout=timeout),
+                           timeout)
         self.counter.add_sent("eval", model.wire_bytes(self.chunk_bytes))
         return serde.eval_result(reply)
 

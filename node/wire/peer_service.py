@@ -17,6 +17,7 @@ import grpc
 from flmesh.node.errors import Refused
 from flmesh.node.transport import PeerHandlers
 from flmesh.node.wire import serde
+from flmesh.node.wire.tls import caller_of
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
@@ -28,17 +29,13 @@ def abort(context: grpc.ServicerContext, exc: Refused) -> NoReturn:
     raise AssertionError("context.abort returned")  # it raises; this line is for the type checker
 
 
-def handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
-    """Run a handler; a refusal becomes the status it names."""
+def handle(context: grpc.ServicerContext, fn: Callable[[str | None], T]) -> T:
+    """Run a handler with the authenticated caller (:func:`~flmesh.node.wire.tls.caller_of`);
+    a refusal becomes the status it names."""
     try:
-        return fn()
+        return fn(caller_of(context))
     except Refused as exc:
         abort(context, exc)
-
-
-def caller_of(context: grpc.ServicerContext) -> str | None:
-    """The authenticated identity of the caller; None on plaintext channels."""
-    return None
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
@@ -46,18 +43,18 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.handlers = handlers
 
     def Hello(self, request: peer_pb2.HelloRequest, context: grpc.ServicerContext) -> peer_pb2.HelloReply:
-        info = handle(context, lambda: self.handlers.hello(caller_of(context), request.node_id,
+        info = handle(context, lambda caller: self.handlers.hello(caller, request.node_id,
                                                            request.federation, request.architecture))
         return serde.to_proto(peer_pb2.HelloReply, info)
 
     def Deliver(self, request_iterator: Iterator[pb.ModelChunk],
                 context: grpc.ServicerContext) -> peer_pb2.DeliverReply:
-        result = handle(context, lambda: self.handlers.deliver(caller_of(context), request_iterator))
+        result = handle(context, lambda caller: self.handlers.deliver(caller, request_iterator))
         return serde.to_proto(peer_pb2.DeliverReply, result)
 
     def Evaluate(self, request_iterator: Iterator[pb.ModelChunk],
                  context: grpc.ServicerContext) -> peer_pb2.EvaluateReply:
-        result = handle(context, lambda: self.handlers.evaluate(caller_of(context), request_iterator))
+        result = handle(context, lambda caller: self.handlers.evaluate(caller, request_iterator))
         return serde.evaluate_reply(self.handlers.node_id, result)
 
     def Rewind(self, request_iterator: Iterator[peer_pb2.RewindRequest],
@@ -68,10 +65,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                                    f"{self.handlers.node_id}: Rewind must start with a RewindSpec"))
         spec = first.spec
         chunks = (r.chunk for r in request_iterator)
-        encoded = handle(context, lambda: self.handlers.rewind(caller_of(context), spec.epochs, spec.steps,
-                                                               spec.round, spec.sender, chunks))
+        encoded = handle(context, lambda caller: self.handlers.rewind(
+            caller, spec.epochs, spec.steps, spec.round, spec.sender, chunks,
+            cancelled=lambda: not context.is_active()))
         yield from encoded.chunks()
 
     def Status(self, request: peer_pb2.StatusRequest, context: grpc.ServicerContext) -> peer_pb2.StatusReply:
-        status = handle(context, lambda: self.handlers.status(caller_of(context)))
+        status = handle(context, lambda caller: self.handlers.status(caller))
         return serde.to_proto(peer_pb2.StatusReply, status)

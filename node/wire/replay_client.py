@@ -12,6 +12,7 @@ from flmesh.node.wire import codec
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.peer_client import rpc
+from flmesh.node.wire.tls import Tls
 from flmesh.v1 import replay_pb2, replay_pb2_grpc
 
 NAME = "replay buffer"
@@ -22,10 +23,12 @@ FETCH_SLACK_S = 30.0
 
 class GrpcReplayTransport:
     def __init__(self, address: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 counter: ByteCounter | None = None):
+                 counter: ByteCounter | None = None, tls: Tls | None = None, host_id: str | None = None):
+        """``tls``: this node's identity; the channel is then mTLS and checks that the server
+        holds the certificate of ``host_id`` (the aggregator, or the node that hosts the buffer)."""
         self.address, self.chunk_bytes = address, chunk_bytes
         self.counter = counter or ByteCounter()
-        self._channel = make_channel(address)
+        self._channel = make_channel(address, tls, host_id)
         self._stub = replay_pb2_grpc.ReplayBufferStub(self._channel)
         self._contribute = self._channel.stream_unary(
             "/flmesh.v1.ReplayBuffer/Contribute", request_serializer=None,
@@ -37,7 +40,7 @@ class GrpcReplayTransport:
 
     def contribute(self, release: EncodedModel, *, timeout: float) -> ContributeResult:
         reply = rpc(NAME, self.address, lambda: self._contribute(release.frames(self.chunk_bytes),
-                                                                 timeout=timeout))
+                                                                 timeout=timeout), timeout)
         self.counter.add_sent("contribution", release.wire_bytes(self.chunk_bytes))
         return ContributeResult(reply.accepted, reply.spent, reply.budget, reply.classes)
 
@@ -51,7 +54,7 @@ class GrpcReplayTransport:
             except codec.CodecError as exc:
                 raise PeerError(NAME, self.address, exc.code, f"its buffer: {exc}") from None
 
-        result = rpc(NAME, self.address, call)
+        result = rpc(NAME, self.address, call, wait_s)
         self.counter.add_received("buffer", result.wire_bytes)
         return result
 

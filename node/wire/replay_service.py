@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import grpc
 
 from flmesh.node.transport import ReplayHandlers
-from flmesh.node.wire.peer_service import caller_of, handle
+from flmesh.node.wire.peer_service import handle
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import replay_pb2, replay_pb2_grpc
 
@@ -20,19 +20,19 @@ class ReplayServicer(replay_pb2_grpc.ReplayBufferServicer):
 
     def Contribute(self, request_iterator: Iterator[pb.ModelChunk],
                    context: grpc.ServicerContext) -> replay_pb2.ContributeReply:
-        result = handle(context, lambda: self.handlers.contribute(caller_of(context), request_iterator))
+        result = handle(context, lambda caller: self.handlers.contribute(caller, request_iterator))
         return replay_pb2.ContributeReply(accepted=result.accepted, spent=result.spent, budget=result.budget,
                                           classes=result.classes)
 
     def FetchBuffer(self, request: replay_pb2.FetchBufferRequest,
                     context: grpc.ServicerContext) -> Iterator[pb.ModelChunk]:
-        message = handle(context, lambda: self.handlers.fetch(caller_of(context), request.node_id,
+        message = handle(context, lambda caller: self.handlers.fetch(caller, request.node_id,
                                                               request.task, request.wait_s))
         yield from message.chunks()
 
     def BufferStatus(self, request: replay_pb2.BufferStatusRequest,
                      context: grpc.ServicerContext) -> replay_pb2.BufferStatusReply:
-        status = handle(context, lambda: self.handlers.status(caller_of(context)))
+        status = handle(context, lambda caller: self.handlers.status(caller))
         classes = [replay_pb2.ClassFill(label=c, means=status.means.get(c, 0), contributions=k)
                    for c, k in sorted(status.contributions.items())]
         return replay_pb2.BufferStatusReply(version=status.version, classes=classes, spent=status.spent,

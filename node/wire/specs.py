@@ -31,7 +31,7 @@ FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
 KINDS = {"trained": pb.MODEL_KIND_TRAINED, "rewind": pb.MODEL_KIND_REWIND,
          "global": pb.MODEL_KIND_GLOBAL, "update": pb.MODEL_KIND_UPDATE, "eval": pb.MODEL_KIND_EVAL,
          "extras": pb.MODEL_KIND_EXTRAS, "contribution": pb.MODEL_KIND_CONTRIBUTION,
-         "buffer": pb.MODEL_KIND_BUFFER}
+         "buffer": pb.MODEL_KIND_BUFFER, "checkpoint": pb.MODEL_KIND_CHECKPOINT}
 KIND_NAMES = {v: k for k, v in KINDS.items()}
 
 _REASON_CODES: dict[str, StatusName] = {
@@ -56,6 +56,10 @@ class CodecError(ValueError):
     def code(self) -> StatusName:
         return _REASON_CODES[self.reason]
 
+
+#: Tensors start at multiples of ALIGN bytes in the payload (so they can be viewed in place);
+#: the only padding a stream may carry is up to the next boundary.
+ALIGN = 64
 
 # A model's shape as the receiver expects it: name -> (dtype, shape).
 ModelSpec = dict[str, tuple[torch.dtype, tuple[int, ...]]]
@@ -114,7 +118,12 @@ def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: 
             raise CodecError("corrupt", f"tensor {spec.name!r}: bytes {spec.offset}.."
                              f"{spec.offset + spec.nbytes} overlap another tensor or pass the "
                              f"payload end {total}")
+        if spec.offset - end >= ALIGN:  # the encoder only pads to the next ALIGN boundary
+            raise CodecError("corrupt", f"tensor {spec.name!r} starts {spec.offset - end} bytes after the "
+                             f"previous one (padding is under {ALIGN} bytes)")
         end = spec.offset + spec.nbytes
+    if total != end:
+        raise CodecError("corrupt", f"the header announces {total} payload bytes, its tensors fill {end}")
     if expected is None:
         return
     for spec in header.tensors:

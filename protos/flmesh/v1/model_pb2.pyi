@@ -32,6 +32,7 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_KIND_EXTRAS: _ClassVar[ModelKind]
     MODEL_KIND_CONTRIBUTION: _ClassVar[ModelKind]
     MODEL_KIND_BUFFER: _ClassVar[ModelKind]
+    MODEL_KIND_CHECKPOINT: _ClassVar[ModelKind]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT64: DType
@@ -52,6 +53,7 @@ MODEL_KIND_EVAL: ModelKind
 MODEL_KIND_EXTRAS: ModelKind
 MODEL_KIND_CONTRIBUTION: ModelKind
 MODEL_KIND_BUFFER: ModelKind
+MODEL_KIND_CHECKPOINT: ModelKind
 
 class MetaValue(_message.Message):
     __slots__ = ("int_value", "double_value", "string_value", "bool_value")

@@ -1,0 +1,68 @@
+"""The aggregator's checkpoint, saved after every round (the node side is
+:mod:`flmesh.node.checkpoint`).
+
+It holds the global model, the strategy's state (FedCurv's terms, Flashback's
+label counts), who joined and at which address, and what the next round's row
+needs (the last accuracy, the global per-class accuracy for F_t).
+``fl-node --role aggregator --resume`` reads it back and opens the next round;
+nodes that were polling find it again (:mod:`flmesh.node.rounds`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from flmesh.node.algorithms.base import split
+from flmesh.node.checkpoint import CHECKPOINT, FORMAT, CheckpointError
+from flmesh.node.state_file import read_state, write_state
+
+if TYPE_CHECKING:
+    from flmesh.coordinator.aggregator import Aggregator
+
+
+def save(aggregator: Aggregator, round: int, folder: Path) -> Path:
+    """Write the aggregator's state after ``round`` to ``folder``/checkpoint.flmesh. Blocks."""
+    core = aggregator.core
+    tensors = {f"global/{k}": v for k, v in core.global_state.items()}
+    server_tensors, server_values = core.server.checkpoint()
+    tensors.update({f"server/{k}": v for k, v in server_tensors.items()})
+    prev = aggregator.previous_global_accuracy()
+    if prev is not None:
+        tensors["prev_global"] = torch.from_numpy(np.nan_to_num(prev, nan=-1.0))
+    values = {"format": FORMAT, "federation": aggregator.federation.name, "node": "aggregator",
+              "strategy": core.strategy, "round": round, "joined": core.addresses_all(),
+              "last_accuracy": core.last_accuracy, "server": server_values}
+    path = folder / CHECKPOINT
+    write_state(path, tensors, values)
+    return path
+
+
+def restore(aggregator: Aggregator, folder: Path) -> int:
+    """Load ``folder``/checkpoint.flmesh into a freshly built aggregator; the round it was saved
+    after (0: none, a fresh start). Raises CheckpointError or StateFileError."""
+    path = folder / CHECKPOINT
+    if not path.exists():
+        return 0
+    tensors, values = read_state(path)
+    core = aggregator.core
+    for key, want in (("format", FORMAT), ("federation", aggregator.federation.name), ("node", "aggregator"),
+                      ("strategy", core.strategy)):
+        if values.get(key) != want:
+            raise CheckpointError(f"{path}: saved for {key} {values.get(key)!r}, this is {want!r}")
+    glob = split(tensors, "global/")
+    if set(glob) != set(core.global_state):
+        raise CheckpointError(f"{path}: its global model does not match this federation's [model]")
+    round = int(values["round"])
+    core.resume(glob, {str(k): str(v) for k, v in values["joined"].items()}, round,
+                float(values["last_accuracy"]))
+    core.server.restore(split(tensors, "server/"), values.get("server", {}))
+    if "prev_global" in tensors:
+        prev = tensors["prev_global"].numpy().astype(float)
+        aggregator.resume(round, np.where(prev < 0, np.nan, prev))
+    else:
+        aggregator.resume(round, None)
+    return round

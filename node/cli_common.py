@@ -1,0 +1,24 @@
+"""What every flmesh command line shares: one-line flag errors and bounded durations."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import NoReturn
+
+#: The longest wait any flag may ask for (a day): more is a typo, and gRPC deadlines overflow.
+MAX_WAIT_S = 86400.0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (no usage block above it), still exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def check_seconds(flag: str, value: float) -> float:
+    """A wait in seconds: finite, > 0 and at most MAX_WAIT_S; ValueError (one line) otherwise."""
+    if not math.isfinite(value) or not 0 < value <= MAX_WAIT_S:
+        raise ValueError(f"{flag}: expected a number of seconds > 0 and <= {MAX_WAIT_S:g}, got {value:g}")
+    return value

@@ -1,0 +1,70 @@
+"""The mTLS flags every long-running flmesh process shares (``fl-node``, its aggregator role).
+
+Plaintext is allowed on loopback only, or with an explicit ``--insecure`` that
+the log repeats at start; a process that listens anywhere else without
+certificates refuses to start (DESIGN.md, "Identity"). Certificate problems
+are one line naming the file (:class:`~flmesh.node.wire.certs.CertError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flmesh.node.wire.tls import Tls
+
+log = logging.getLogger("flmesh.node")
+
+
+class TlsUsageError(ValueError):
+    """The TLS flags do not fit together; the message is one line."""
+
+
+def add_tls_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security (mTLS; see deploy/CERTIFICATES.md)")
+    g.add_argument("--tls-ca", type=Path, metavar="PEM", help="the federation CA certificate (fl-certs init)")
+    g.add_argument("--tls-cert", type=Path, metavar="PEM", help="this process's certificate (fl-certs issue)")
+    g.add_argument("--tls-key", type=Path, metavar="PEM", help="this process's private key")
+    g.add_argument("--insecure", action="store_true",
+                   help="serve and call in plaintext even on a non-loopback address (not for real use)")
+
+
+def is_loopback(address: str) -> bool:
+    """Is HOST:PORT on the loopback interface (127.0.0.0/8, ::1, localhost)?"""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_from_args(args: argparse.Namespace, identity: str, listen: str) -> Tls | None:
+    """This process's mTLS identity from ``--tls-*``, or None for plaintext where that is allowed.
+    Raises TlsUsageError or CertError (one line each)."""
+    given = [f for f in ("tls_ca", "tls_cert", "tls_key") if getattr(args, f) is not None]
+    if given and len(given) < 3:
+        missing = [f"--{f.replace('_', '-')}" for f in ("tls_ca", "tls_cert", "tls_key") if f not in given]
+        raise TlsUsageError("TLS needs --tls-ca, --tls-cert and --tls-key together; missing "
+                            + ", ".join(missing))
+    if given and args.insecure:
+        raise TlsUsageError("--insecure and --tls-* contradict each other: choose one")
+    if not given:
+        if not is_loopback(listen) and not args.insecure:
+            raise TlsUsageError(f"--listen {listen} is not a loopback address: give --tls-ca, --tls-cert and "
+                                "--tls-key (fl-certs makes them), or --insecure to serve in plaintext")
+        if args.insecure:
+            log.warning("INSECURE: plaintext gRPC on %s; any process that reaches it can claim to be "
+                        "any node", listen)
+        return None
+    from flmesh.node.wire.tls import load_tls
+
+    tls, warnings = load_tls(args.tls_ca, args.tls_cert, args.tls_key, expected_id=identity)
+    for warning in warnings:
+        log.warning("%s", warning)
+    return tls

@@ -1,0 +1,255 @@
+"""The federation PKI: a CA and one certificate per process, for mutual TLS between flmesh processes.
+
+A process's identity is its certificate's subject Common Name, which is its
+node id ("aggregator" for the aggregator). Every certificate also carries the
+node id as a DNS SAN, because a client checks a server with gRPC's
+``grpc.ssl_target_name_override`` set to the peer's node id, plus the DNS
+names and IPs it is reached at. One certificate per process both serves and
+dials (extended key usage serverAuth and clientAuth). Keys are EC P-256:
+quick to make and to handshake with.
+
+Files: ``DIR/ca.pem`` (0644) and ``DIR/ca.key`` (0600) for the CA;
+``OUT/<id>.pem`` (0644) and ``OUT/<id>.key`` (0600) per process. Every
+function does blocking file I/O on small files and raises :class:`CertError`
+with one line naming the file and the problem. Checking (``load_identity``,
+``describe``, ``peer_id_from_auth_context``) lives in
+:mod:`~flmesh.node.wire.cert_checks` and is re-exported here: import from this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from flmesh.node.wire.cert_checks import (
+    Identity,
+    check_key_matches,
+    check_validity,
+    describe,
+    load_ca,
+    load_identity,
+    peer_id_from_auth_context,
+    verify_certificate,
+)
+from flmesh.node.wire.cert_files import (
+    CERT_MODE,
+    KEY_MODE,
+    NODE_ID,
+    CertError,
+    check_dns,
+    check_ip,
+    check_node_id,
+    format_sans,
+    iso,
+    load_key,
+    utc,
+    write_files,
+)
+
+__all__ = [
+    "CA_CERT", "CA_KEY", "MAX_DAYS", "NODE_ID", "CaFiles", "CertError", "Identity", "IdentityPaths",
+    "IssuedFiles", "check_days", "check_dns", "create_ca", "describe", "federation_pki", "format_sans",
+    "iso", "issue", "load_identity", "peer_id_from_auth_context", "verify_certificate",
+]
+
+CA_CERT = "ca.pem"
+CA_KEY = "ca.key"
+#: Longest validity, in days, of a CA or a process certificate.
+MAX_DAYS = 3650
+#: A certificate is valid from this long before it was made, so a peer whose clock runs a little
+#: behind does not refuse a certificate issued a moment ago.
+CLOCK_SKEW = timedelta(minutes=1)
+# Key types a CA may hold: the ones cryptography signs certificates with.
+_ISSUER_KEYS = (dsa.DSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey,
+                ed448.Ed448PrivateKey, rsa.RSAPrivateKey)
+
+
+@dataclass(frozen=True)
+class CaFiles:
+    """A CA written by :func:`create_ca`: its certificate, its private key and its expiry (UTC)."""
+
+    cert: Path
+    key: Path
+    name: str
+    not_after: datetime
+
+
+@dataclass(frozen=True)
+class IssuedFiles:
+    """A process certificate written by :func:`issue`, its expiry (UTC) and its SANs."""
+
+    node_id: str
+    cert: Path
+    key: Path
+    not_after: datetime
+    dns: tuple[str, ...]
+    ips: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class IdentityPaths:
+    """Where one process's TLS files are: the CA certificate, its certificate and its key."""
+
+    node_id: str
+    ca: Path
+    cert: Path
+    key: Path
+
+    def load(self, *, now: datetime | None = None) -> Identity:
+        """:func:`load_identity` of these files, expecting ``node_id``."""
+        return load_identity(self.cert, self.key, self.ca, expected_id=self.node_id, now=now)
+
+
+def check_days(days: int) -> int:
+    """Return ``days`` if it is a validity this module issues (1..MAX_DAYS)."""
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_DAYS:
+        raise CertError(f"days must be a whole number from 1 to {MAX_DAYS}, got {days!r}")
+    return days
+
+
+def _start(now: datetime | None) -> datetime:
+    # X.509 times keep whole seconds; dropping the rest here keeps "not after" comparisons exact.
+    return utc(now).replace(microsecond=0)
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    # A CA signs certificates (and CRLs); a process signs TLS handshakes (ECDHE with an EC key).
+    return x509.KeyUsage(digital_signature=not ca, content_commitment=False, key_encipherment=False,
+                         data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+                         encipher_only=False, decipher_only=False)
+
+
+def _signing_hash(key: CertificateIssuerPrivateKeyTypes) -> hashes.SHA256 | None:
+    # EdDSA signs the message itself; every other key type signs a SHA-256 digest.
+    return None if isinstance(key, ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey) else hashes.SHA256()
+
+
+def create_ca(out_dir: Path, name: str, days: int = 3650, *, force: bool = False,
+              now: datetime | None = None) -> CaFiles:
+    """Make a self-signed CA valid for ``days`` from ``now``; write ``out_dir``/ca.pem and ca.key.
+
+    Refuses to replace existing files unless ``force``. ``now`` (default: the
+    current time) exists for tests of expiry. Blocking; about a millisecond of CPU.
+    """
+    check_days(days)
+    if not name.strip() or "\n" in name:
+        raise CertError(f"{name!r}: the CA name must be one non-empty line")
+    at = _start(now)
+    key = _new_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(name)).issuer_name(_name(name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(at - CLOCK_SKEW).not_valid_after(at + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    files = CaFiles(cert=out_dir / CA_CERT, key=out_dir / CA_KEY, name=name,
+                    not_after=cert.not_valid_after_utc)
+    write_files([(files.key, _key_pem(key), KEY_MODE),
+                 (files.cert, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)], force=force)
+    return files
+
+
+def issue(ca_dir: Path, node_id: str, *, dns: Sequence[str] = (), ips: Sequence[str] = (), days: int = 365,
+          out_dir: Path | None = None, force: bool = False, now: datetime | None = None) -> IssuedFiles:
+    """Issue process ``node_id``'s certificate with the CA in ``ca_dir``; write ``<id>.pem`` and ``<id>.key``.
+
+    The files go to ``out_dir`` (default ``ca_dir``). SANs: DNS ``node_id``
+    and ``dns``, IP ``ips``. Valid from a minute before ``now`` (default: the
+    current time) for ``days`` (1..3650), and never beyond the CA: a
+    certificate that would outlive its CA is refused. Refuses to replace
+    existing files unless ``force``. Blocking; about a millisecond of CPU.
+    """
+    check_node_id(node_id)
+    check_days(days)
+    names = list(dict.fromkeys([node_id, *(check_dns(d) for d in dns)]))
+    addresses = list(dict.fromkeys(check_ip(ip) for ip in ips))
+    at = _start(now)
+    ca_cert_path, ca_key_path = ca_dir / CA_CERT, ca_dir / CA_KEY
+    ca = load_ca(ca_cert_path)[0]
+    check_validity(ca_cert_path, ca, at)
+    ca_key, _ = load_key(ca_key_path)
+    check_key_matches(ca_key_path, ca_key, ca_cert_path, ca)
+    if not isinstance(ca_key, _ISSUER_KEYS):
+        raise CertError(f"{ca_key_path}: a {type(ca_key).__name__} cannot sign certificates")
+    not_after = at + timedelta(days=days)
+    if not_after > ca.not_valid_after_utc:
+        most = int((ca.not_valid_after_utc - at).total_seconds() // 86400)
+        raise CertError(f"{ca_cert_path}: the CA expires on {iso(ca.not_valid_after_utc)}, before a "
+                        f"{days}-day certificate for {node_id!r} would; issue it for at most {most} days "
+                        "or renew the CA")
+    try:
+        ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        authority = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski)
+    except x509.ExtensionNotFound:
+        authority = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    key = _new_key()
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    sans += [x509.IPAddress(ip) for ip in addresses]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(node_id)).issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(at - CLOCK_SKEW).not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                              ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(authority, critical=False)
+        .sign(ca_key, _signing_hash(ca_key))
+    )
+    out = out_dir if out_dir is not None else ca_dir
+    files = IssuedFiles(node_id=node_id, cert=out / f"{node_id}.pem", key=out / f"{node_id}.key",
+                        not_after=cert.not_valid_after_utc, dns=tuple(names),
+                        ips=tuple(str(ip) for ip in addresses))
+    write_files([(files.key, _key_pem(key), KEY_MODE),
+                 (files.cert, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)], force=force)
+    return files
+
+
+def federation_pki(out_dir: Path, ids: Sequence[str], *, ips: Sequence[str] = ("127.0.0.1", "::1"),
+                   days: int = 2, force: bool = False, name: str = "flmesh throwaway CA",
+                   now: datetime | None = None) -> dict[str, IdentityPaths]:
+    """A throwaway CA in ``out_dir`` plus one certificate per id (``ips`` as IP SANs), for fl-sim and tests.
+
+    Everything is valid for ``days`` from ``now``. Returns each id's files.
+    Blocking; a dozen ids take a few milliseconds.
+    """
+    for node_id in ids:
+        check_node_id(node_id)
+    if len(set(ids)) != len(ids):
+        raise CertError(f"duplicate node ids in {list(ids)}")
+    at = _start(now)  # one instant for all, so the certificates may live exactly as long as the CA
+    ca = create_ca(out_dir, name, days, force=force, now=at)
+    return {node_id: IdentityPaths(node_id=node_id, ca=ca.cert, cert=issued.cert, key=issued.key)
+            for node_id in ids
+            for issued in [issue(out_dir, node_id, ips=ips, days=days, force=force, now=at)]}
+

@@ -1,0 +1,377 @@
+"""Bad input, enumerated (issue 10): every bad federation value and fl-sim flag gets one line.
+
+FILE_CASES and SIM_CASES are the rows of the "Bad input" table in docs/reliability.md (by id);
+test_reliability_table_quotes_the_tests holds the table to them, so what the page quotes is
+what the code prints. The hypothesis test feeds mutated federation dicts through
+parse_federation: a FederationError of one line, or a federation, never another exception.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flmesh.coordinator.sim_cli import main
+from flmesh.topology import FederationError, parse_federation
+from flmesh.topology.continual import REPLAY_KEYS, TASK_KEYS
+from flmesh.topology.federation import _NODE_KEYS, _SECTIONS
+from flmesh.topology.graphs import ALIASES, GENERATORS
+
+from conftest import REPO, tiny_raw
+
+
+def continual(**sections: dict) -> dict:
+    """A continual federation: 2 tasks of 2 rounds on 4 nodes, then ``sections`` on top."""
+    raw = tiny_raw(nodes=4, rounds=4, tasks={"tasks": 2, "rounds_per_task": 2})
+    for name, table in sections.items():
+        raw.setdefault(name, {}).update(table)
+    return raw
+
+
+def node_tables(count: int, **first: Any) -> dict:
+    """A federation listing ``count`` [nodes.<id>] tables; the first one holds ``first``."""
+    raw = tiny_raw()
+    del raw["topology"]["nodes"]
+    raw["nodes"] = {f"n{i}": {} for i in range(count)}
+    raw["nodes"]["n0"].update(first)
+    return raw
+
+
+GRAPHS = "[topology] unknown graph '{}' (expected one of ring, cycle, complete, star, path, erdos_renyi"
+PARAM = "expected a number from 0 to {}, true or false, or a list of at most 1024 such numbers, got {}"
+CLIP = "expected [lo, hi] with -1000000 <= lo < hi <= 1000000 and hi - lo >= 1e-06, got "
+NAME = ("expected 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit "
+        "(it names the results folder), got ")
+
+# id -> (the raw federation, the start of the message after "f.toml: ")
+FILE_CASES: dict[str, tuple[dict, str]] = {
+    "graph-write_graphml": (tiny_raw(topology={"graph": "write_graphml", "params": {"path": "out.graphml"}}),
+                            GRAPHS.format("write_graphml")),
+    "graph-is_connected": (tiny_raw(topology={"graph": "is_connected"}), GRAPHS.format("is_connected")),
+    "graph-read_edgelist": (tiny_raw(topology={"graph": "read_edgelist"}), GRAPHS.format("read_edgelist")),
+    "graph-hypercube": (tiny_raw(topology={"graph": "hypercube"}), GRAPHS.format("hypercube")),
+    "graph-param-unknown": (tiny_raw(topology={"graph": "erdos_renyi", "params": {"q": 0.3}}),
+                            "[topology] params.q: graph 'erdos_renyi' takes no parameter 'q' "
+                            "(it takes p, seed, directed)"),
+    "graph-param-create_using": (
+        tiny_raw(topology={"graph": "complete", "params": {"create_using": "DiGraph"}}),
+        "[topology] params.create_using: graph 'complete' takes no parameter 'create_using' (it takes none)"),
+    "graph-param-huge": (tiny_raw(topology={"graph": "watts_strogatz", "params": {"k": 1e11, "p": 0.1}}),
+                         "[topology] params.k: " + PARAM.format(1048576, "100000000000.0")),
+    "graph-param-tries": (
+        tiny_raw(topology={"graph": "watts_strogatz", "params": {"k": 2, "p": 0.5, "tries": 10**9}}),
+        "[topology] params.tries: " + PARAM.format(1000, "1000000000")),
+    "graph-param-text": (tiny_raw(topology={"graph": "erdos_renyi", "params": {"p": "half"}}),
+                         "[topology] params.p: " + PARAM.format(1048576, "'half'")),
+    "graph-param-missing": (tiny_raw(topology={"graph": "erdos_renyi"}),
+                            "[topology] graph 'erdos_renyi' with 3 nodes and parameters {'seed': 3}: "),
+    "model-hidden-1e11": (tiny_raw(model={"hidden": [1e11]}),
+                          "[model] hidden: expected a non-empty list of positive integers, each <= 65536, "
+                          "at most 64 of them, got [100000000000.0]"),
+    "model-hidden-wide": (tiny_raw(model={"hidden": [100000]}), "[model] hidden: expected a non-empty list "
+                          "of positive integers, each <= 65536, at most 64 of them, got [100000]"),
+    "model-hidden-deep": (tiny_raw(model={"hidden": [8] * 65}),
+                          "[model] hidden: expected a non-empty list of positive integers, each <= 65536"),
+    "model-channels-wide": (
+        tiny_raw(model={"name": "cnn", "channels": [10**6]}),
+        "[model] channels: expected a non-empty list of positive integers, each <= 65536"),
+    "model-too-big": (tiny_raw(model={"hidden": [65536, 65536]}),
+                      "[model] hidden: [65536, 65536] makes a model of at least 16402 MiB, over [federation] "
+                      "max_model_mib = 512 (peers refuse larger models)"),
+    "model-cnn-too-big": (
+        tiny_raw(model={"name": "cnn", "channels": [4096, 4096]}, federation={"max_model_mib": 64}),
+        "[model] channels: [4096, 4096] makes a model of at least 579 MiB, over [federation] "
+        "max_model_mib = 64 (peers refuse larger models)"),
+    "model-groups": (tiny_raw(model={"groups": 1000}),
+                     "[model] groups: expected an integer <= 64 (ResNet's narrowest layer has 64 channels), "
+                     "got 1000"),
+    "training-lr-1e308": (tiny_raw(training={"lr": 1e308}),
+                          "[training] lr: expected a number <= 10, got 1e+308"),
+    "training-epochs": (tiny_raw(training={"epochs": 10**6}),
+                        "[training] epochs: expected a number <= 1000, got 1000000"),
+    "training-batch_size": (tiny_raw(training={"batch_size": 10**6}),
+                            "[training] batch_size: expected an integer <= 65536, got 1000000"),
+    "training-momentum": (tiny_raw(training={"momentum": 1}),
+                          "[training] momentum: expected a number in [0, 1), got 1"),
+    "training-weight_decay": (tiny_raw(training={"weight_decay": 2}),
+                              "[training] weight_decay: expected a number <= 1, got 2"),
+    "training-fedcurv_lambda": (tiny_raw(training={"fedcurv_lambda": 1e7}),
+                                "[training] fedcurv_lambda: expected a number <= 1000000, got 10000000.0"),
+    "node-lr-1e308": (node_tables(3, lr=1e308), "[nodes.n0] lr: expected a number <= 10, got 1e+308"),
+    "node-epochs-nan": (node_tables(3, epochs=math.nan), "[nodes.n0] epochs: expected a number > 0, got nan"),
+    "federation-round_timeout_s": (
+        tiny_raw(federation={"round_timeout_s": 1e10}),
+        "[federation] round_timeout_s: expected a number <= 86400 (seconds: one day), got 10000000000.0"),
+    "federation-timeout-1e400": (
+        tiny_raw(federation={"round_timeout_s": 10**400}),
+        "[federation] round_timeout_s: expected a number <= 86400 (seconds: one day), got 1000000000"),
+    "federation-max_model_mib": (tiny_raw(federation={"max_model_mib": 10**6}),
+                                 "[federation] max_model_mib: expected a number <= 65536, got 1000000"),
+    "federation-rounds": (tiny_raw(federation={"rounds": 10**6}),
+                          "[federation] rounds: expected an integer <= 100000, got 1000000"),
+    "federation-seed": (
+        tiny_raw(federation={"seed": 2**64}),
+        "[federation] seed: expected an integer <= 9223372036854775807 (TOML's 64-bit integers), "
+        "got 18446744073709551616"),
+    "federation-name-path": (tiny_raw(federation={"name": "../../etc"}),
+                             "[federation] name: " + NAME + "'../../etc'"),
+    "federation-name-markup": (tiny_raw(federation={"name": "[/x]"}),
+                               "[federation] name: " + NAME + "'[/x]'"),
+    "federation-name-long": (tiny_raw(federation={"name": "x" * 5000}),
+                             "[federation] name: " + NAME + "'" + "x" * 79 + "... (5002 characters)"),
+    "topology-nodes": (tiny_raw(nodes=10000), "[topology] nodes: expected an integer <= 1024 "
+                       "(a federation file holds at most 1024 nodes), got 10000"),
+    "nodes-tables": (node_tables(1025), "[nodes]: a federation file holds at most 1024 nodes, got 1025"),
+    "topology-file-nul": (
+        tiny_raw(topology={"file": "a\x00b.graphml"}),
+        "[topology] file: expected a path without NUL characters, of at most 4096 characters, "
+        "got 'a\\x00b.graphml'"),
+    "data-root-nul": (tiny_raw(data={"root": "/tmp/\x00"}), "[data] root: expected a path without NUL"),
+    "data-alpha": (tiny_raw(data={"alpha": 1e308}), "[data] alpha: expected a number <= 1000000, got 1e+308"),
+    "data-shards_per_node": (tiny_raw(data={"shards_per_node": 10**9}),
+                             "[data] shards_per_node: expected an integer <= 65536, got 1000000000"),
+    "data-min_samples": (tiny_raw(data={"min_samples": 10**9}),
+                         "[data] min_samples: expected an integer <= 1000000, got 1000000000"),
+    "aggregator-deadline_s": (
+        tiny_raw(aggregator={"deadline_s": 1e10}),
+        "[aggregator] deadline_s: expected a number <= 86400 (seconds: one day), got 10000000000.0"),
+    "aggregator-server_epochs": (tiny_raw(aggregator={"server_epochs": 1e6}),
+                                 "[aggregator] server_epochs: expected a number <= 1000, got 1000000.0"),
+    "aggregator-fedcurv_max_age": (
+        tiny_raw(aggregator={"fedcurv_max_age": 10**9}),
+        "[aggregator] fedcurv_max_age: expected an integer <= 100000, got 1000000000"),
+    "aggregator-min_updates": (tiny_raw(aggregator={"min_updates": 5}),
+                               "[aggregator] min_updates: expected at most the federation's 3 nodes, got 5 "
+                               "(the global model would never change)"),
+    "tasks-rounds_per_task": (continual(tasks={"rounds_per_task": 10**9}),
+                              "[tasks] rounds_per_task: expected an integer <= 100000, got 1000000000"),
+    "tasks-initial_clients": (continual(tasks={"initial_clients": 5000}),
+                              "[tasks] initial_clients: expected an integer <= 1024, got 5000"),
+    "tasks-beta": (continual(tasks={"beta": 1e308}),
+                   "[tasks] beta: expected a number <= 1000000, got 1e+308"),
+    "replay-epsilon-tiny": (continual(replay={"epsilon": 1e-300}),
+                            "[replay] epsilon: expected a number in [0.001, 1000], got 1e-300"),
+    "replay-epsilon-huge": (continual(replay={"epsilon": 1e308}),
+                            "[replay] epsilon: expected a number in [0.001, 1000], got 1e+308"),
+    "replay-clip-infinite": (continual(replay={"clip": [-math.inf, 0.0]}),
+                             "[replay] clip: " + CLIP + "[-inf, 0.0]"),
+    "replay-clip-empty": (continual(replay={"clip": [0.0, 1e-300]}),
+                          "[replay] clip: " + CLIP + "[0.0, 1e-300]"),
+    "replay-local_means": (continual(replay={"local_means": 10**9}),
+                           "[replay] local_means: expected an integer <= 65536, got 1000000000"),
+    "replay-budget": (continual(replay={"budget": 1e308}),
+                      "[replay] budget: expected a number <= 1000000, got 1e+308"),
+    "section-key-newline": (tiny_raw(training={"l\nr": 1}),
+                            "[training] 'l\\nr': unknown key (expected one of"),
+}
+
+
+@pytest.mark.parametrize(("raw", "message"), FILE_CASES.values(), ids=FILE_CASES.keys())
+def test_federation_value_is_refused(raw, message):
+    with pytest.raises(FederationError) as err:
+        parse_federation(copy.deepcopy(raw), source="f.toml")
+    text = str(err.value)
+    assert "\n" not in text and len(text) < 1000, text
+    assert text.startswith("f.toml: " + message), text
+
+
+def test_a_graph_name_never_reaches_a_networkx_writer(tmp_path):
+    target = tmp_path / "keep.graphml"
+    target.write_text("precious")
+    raw = tiny_raw(topology={"graph": "write_graphml", "params": {"path": str(target)}})
+    with pytest.raises(FederationError, match="unknown graph 'write_graphml'"):
+        parse_federation(raw, source="f.toml")
+    assert target.read_text() == "precious"
+
+
+# ----------------------------------------------------------------------------- fl-sim flags
+
+STAR = "\n[aggregator]\nstrategy = \"fedavg\"\n"
+TINY = """
+[federation]
+name = "tiny"
+seed = 11
+rounds = 2
+
+[topology]
+nodes = 3
+graph = "ring"
+
+[model]
+hidden = [16]
+"""
+
+# id -> (argv with {file}, {star} and {tmp} to fill in, the stderr line after "fl-sim: error: ")
+SIM_CASES: dict[str, tuple[list[str], str]] = {
+    "sim-rounds-zero": (["{file}", "--rounds", "0"], "--rounds: expected an integer >= 1, got 0"),
+    "sim-rounds-huge": (["{file}", "--rounds", "1000000"],
+                        "--rounds: expected an integer <= 100000, got 1000000"),
+    "sim-rounds-text": (["{file}", "--rounds", "x"],
+                        "argument --rounds: invalid int value: 'x' (see fl-sim --help)"),
+    "sim-eval-every-negative": (["{file}", "--eval-every", "-3"],
+                                "--eval-every: expected an integer >= 1, got -3"),
+    "sim-eval-every-huge": (["{file}", "--eval-every", "1000000"],
+                            "--eval-every: expected an integer <= 100000, got 1000000"),
+    "sim-eval-every-star": (
+        ["{star}", "--eval-every", "2"],
+        "{star}: --eval-every applies to runs without an [aggregator]; star runs evaluate "
+        "every round (F_t compares consecutive rounds)"),
+    "sim-out-is-a-file": (["{file}", "--out", "{tmp}/taken.txt"],
+                          "--out {tmp}/taken.txt: is a file, expected a folder (existing or to create)"),
+    "sim-out-under-a-file": (["{file}", "--out", "{tmp}/taken.txt/run"],
+                             "--out {tmp}/taken.txt/run: cannot write results there: Not a directory"),
+    "sim-baseline": (["{file}", "--baseline", "gossip"], "argument --baseline: invalid choice: 'gossip' "),
+    "sim-log-level": (["{file}", "--log-level", "LOUD"], "argument --log-level: invalid choice: 'LOUD' "),
+    "sim-unknown-flag": (["{file}", "--frobnicate"],
+                         "unrecognized arguments: --frobnicate (see fl-sim --help)"),
+    "sim-no-file": ([], "the following arguments are required: file (see fl-sim --help)"),
+    "sim-missing-file": (["{tmp}/no.toml"], "{tmp}/no.toml: federation file not found"),
+    "sim-set-malformed": (["{file}", "--set", "epochs=3"],
+                          "--set 'epochs=3': expected SECTION.KEY=VALUE, e.g. training.epochs=2"),
+    "sim-set-not-a-table": (["{file}", "--set", "federation.rounds.x=1"],
+                            "--set 'federation.rounds.x=1': 'rounds' is not a table"),
+    "sim-set-lr-huge": (["{file}", "--set", "training.lr=1e308"],
+                        "{file}: [training] lr: expected a number <= 10, got 1e+308"),
+    "sim-set-graph-writer": (["{file}", "--set", 'topology.graph="write_graphml"'],
+                             "{file}: " + GRAPHS.format("write_graphml")),
+    "sim-data-missing": (["{file}", "--out", "{tmp}/new", "--set", 'data.dataset="mnist"',
+                          "--set", 'data.root="nowhere"'], "mnist: expected MNIST/raw/"),
+}
+
+
+def _fill(text: str, tmp_path: Path) -> str:
+    return text.format(file=tmp_path / "tiny.toml", star=tmp_path / "star.toml", tmp=tmp_path)
+
+
+def _sim(argv: list[str]) -> int:
+    """fl-sim in this process; argparse's own errors end in SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+
+
+@pytest.mark.parametrize(("argv", "message"), SIM_CASES.values(), ids=SIM_CASES.keys())
+def test_fl_sim_flag_is_refused(tmp_path, capsys, argv, message):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "star.toml").write_text(TINY + STAR)
+    (tmp_path / "taken.txt").write_text("precious")
+    assert _sim([_fill(a, tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fl-sim: error: " + _fill(message, tmp_path)), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "taken.txt").read_text() == "precious", "an --out that is a file is never touched"
+    assert not (tmp_path / "new").exists(), "a run that cannot start leaves no empty results folder"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--out", "{tmp}/taken.txt"], ["--set", 'topology.graph="write_graphml"',
+                                     "--set", 'topology.params.path="{tmp}/taken.txt"']],
+    ids=["out-is-a-file", "graph-writer"])
+def test_fl_sim_process_exits_2_with_one_line(tmp_path, args):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "taken.txt").write_text("precious")
+    proc = subprocess.run([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tmp_path / "tiny.toml"),
+                           *[_fill(a, tmp_path) for a in args]], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("fl-sim: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert (tmp_path / "taken.txt").read_text() == "precious"
+
+
+# ----------------------------------------------------------------------------- fuzzing
+
+SCHEMA: dict[str, list[str]] = {
+    **{name: list(keys) for name, keys in _SECTIONS.items()},
+    "tasks": list(TASK_KEYS), "replay": list(REPLAY_KEYS),
+}
+EDGES = [0, -1, 1, 2, 3, 0.5, 1025, 65537, 100001, 2**63 - 1, 2**64, 10**400, -10**400, 1e10, 1e308, -1e308,
+         math.inf, -math.inf, math.nan, 5e-324, "", "x", "a\nb", "a\x00b", "[/x]", "../x", "x" * 300, True,
+         False, [], [0], [1e11], [10**400], [math.inf, 0], [0, 1], [65536, 65536], {}, {"p": 0.5},
+         {"p": math.nan}, {"k": 10**400}, {"tries": 10**9}, {"path": "x.graphml"},
+         *ALIASES, *GENERATORS, "write_graphml", "is_connected", "hypercube", "mnist", "cnn", "resnet18"]
+SCALARS = st.one_of(st.integers(-3, 12), st.integers(), st.floats(), st.text(max_size=12), st.booleans())
+VALUES = st.one_of(
+    st.sampled_from(EDGES), SCALARS, st.lists(SCALARS, max_size=4),
+    st.dictionaries(st.sampled_from(["p", "k", "m", "d", "seed", "tries", "n", "zz"]), SCALARS, max_size=3),
+)
+SECTION_KEYS = st.sampled_from([(s, k) for s, keys in SCHEMA.items() for k in [*keys, "zz"]])
+NODE_KEYS = st.tuples(st.sampled_from(["a", "b", "c", "a b", "a\nb"]), st.sampled_from([*_NODE_KEYS, "zz"]))
+
+
+def _mutate(raw: dict, where: tuple[str, str], value: Any) -> None:
+    section, key = where
+    if section == "topology" and key == "nodes" and isinstance(value, int) and 12 < value <= 1024:
+        value = 12  # a valid large federation is slow to plan (CWT on a complete graph), not bad input
+    table = raw.setdefault(section, {})
+    if isinstance(table, dict):
+        table[key] = value
+
+
+@settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes=st.lists(st.tuples(SECTION_KEYS, VALUES), min_size=1, max_size=4),
+       node_changes=st.lists(st.tuples(NODE_KEYS, VALUES), max_size=3),
+       whole=st.one_of(st.none(), st.tuples(st.sampled_from([*SCHEMA, "nodes", "zz"]), VALUES)))
+def test_any_federation_dict_parses_or_gives_one_line(changes, node_changes, whole):
+    raw = continual() if any(s in ("tasks", "replay") for (s, _), _ in changes) else tiny_raw()
+    for where, value in changes:
+        _mutate(raw, where, value)
+    if node_changes:
+        if isinstance(raw.get("topology"), dict):
+            raw["topology"].pop("nodes", None)  # the [nodes] tables give the count
+        raw["nodes"] = {"a": {}, "b": {}, "c": {}}
+        for (node, key), value in node_changes:
+            raw["nodes"].setdefault(node, {})[key] = value
+    if whole is not None:
+        raw[whole[0]] = whole[1]
+    try:
+        parse_federation(raw, source="f.toml")
+    except FederationError as exc:
+        text = str(exc)
+        assert text.startswith("f.toml: ") and "\n" not in text and "\r" not in text, text
+        assert len(text) < 1000, text
+
+
+# ----------------------------------------------------------------------------- the page
+
+ROW = re.compile(r"^\| *(\d+) *\|(.*)\| *`(.+?)`.*\| *`?tests/(\w+)\.py::(\w+)(?:\[([\w.-]+)\])?`? *\|$")
+
+
+def _rows() -> list[tuple[str, str, str, str, str | None]]:
+    """The rows of the "Bad input" tables, up to the payloads' part (its rows cite their own tests)."""
+    text = (REPO / "docs" / "reliability.md").read_text()
+    section = text.split("## Bad input", 1)[1].split("### Payloads, peers, certificates and signals", 1)[0]
+    return [m.group(1, 3, 4, 5, 6) for line in section.splitlines() if (m := ROW.match(line.strip()))]
+
+
+def test_reliability_table_quotes_the_tests():
+    rows = _rows()
+    assert len(rows) >= 40
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)), "rows numbered 1, 2, 3, ..."
+    for number, quoted, module, function, case in rows:
+        # A regex in a test escapes brackets; the page quotes them plain.
+        source = (REPO / "tests" / f"{module}.py").read_text().replace("\\[", "[").replace("\\]", "]")
+        assert f"def {function}(" in source, f"row {number}: no test {module}::{function}"
+        stable = quoted.removesuffix(" …").removeprefix("… ").replace("\\|", "|")
+        if module == "test_bad_input" and case is not None:
+            cases = {**{k: v[1] for k, v in FILE_CASES.items()}, **{k: v[1] for k, v in SIM_CASES.items()}}
+            assert case in cases, f"row {number}: no case {case}"
+            expected = cases[case].replace("{file}", "FILE").replace("{star}", "FILE").replace("{tmp}", "DIR")
+            assert stable.removeprefix("fl-sim: error: ") in expected, f"row {number}: {quoted!r}"
+        else:
+            assert stable in source, f"row {number}: {stable!r} is not what {module}::{function} checks"
+
+
+def test_reliability_page_lists_every_allowed_generator():
+    text = (REPO / "docs" / "reliability.md").read_text()
+    assert all(f"`{name}`" in text for name in [*ALIASES, *GENERATORS])
