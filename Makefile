@@ -18,7 +18,7 @@ $(MODULES): FORCE
 $(STAMP): pyproject.toml $(MODULES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]" --config-settings editable_mode=strict
+	$(PY) -m pip install --quiet -e ".[dev,vision]" --config-settings editable_mode=strict
 	touch $(STAMP)
 
 demo: $(STAMP)

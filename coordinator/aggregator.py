@@ -222,7 +222,9 @@ class Aggregator:
             log.warning("%s", note)
         task = self._task(round)
         global_eval = self.evaluate(outcome.new_global, task)
-        local_evals = {u.node: self.evaluate(u.state, task) for u in outcome.updates}
+        evaluated = round % self.federation.eval_every == 0 or round == self.federation.rounds
+        local_evals = ({u.node: self.evaluate(u.state, task) for u in outcome.updates} if evaluated
+                       else {})  # FA/FF/PFA (N x K evaluations) every eval_every rounds
         sent, received = self.counter.take()
         by_kind = {k: sent.get(k, 0) + received.get(k, 0) for k in {*sent, *received}}
         row, self._prev_global = star_row(

@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -124,14 +125,17 @@ def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
 class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
-    def __init__(self, federation: Federation, out_dir: Path | None = None, eval_every: int = 1,
-                 tls: bool = False):
-        """``eval_every``: cross-evaluate (and write a row) every that many rounds and after the
-        last (peer federations; star runs evaluate every round: F_t compares consecutive rounds).
+    def __init__(self, federation: Federation, out_dir: Path | None = None,
+                 eval_every: int | None = None, tls: bool = False):
+        """``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
+        rounds and after the last (default: ``[federation] eval_every``); star runs still
+        evaluate the global model every round (F_t compares consecutive rounds).
         ``tls``: every process gets a certificate from a throwaway CA and every call is mTLS
         with the same checks as a deployment (default: plaintext on 127.0.0.1)."""
-        if eval_every < 1:
-            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        if eval_every is not None:
+            if eval_every < 1:
+                raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+            federation = replace(federation, eval_every=eval_every)
         from flmesh.coordinator.sim_tls import SimIdentities
 
         self.federation = federation
@@ -146,7 +150,7 @@ class Simulation:
         else:
             from flmesh.coordinator.sim_peer import PeerDriver
 
-            self.driver = PeerDriver(federation, eval_every, self.identities)
+            self.driver = PeerDriver(federation, self.identities)
 
     def start(self) -> None:
         """Split the data, build every process and start its server."""

@@ -39,10 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<timestamp>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key, e.g. --set training.epochs=2 (repeatable)")
-    parser.add_argument("--eval-every", type=int, default=1, metavar="N",
-                        help="cross-evaluate every N rounds and after the last (default 1)")
+    parser.add_argument("--eval-every", type=int, metavar="N",
+                        help="FA/FF/PFA every N rounds and after the last (default [federation] "
+                             "eval_every, 1); star runs still evaluate the global model every round")
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
+    parser.add_argument("--tls", action="store_true",
+                        help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
+                             "on 127.0.0.1)")
     parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="node log level")
@@ -102,17 +106,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"federation.rounds={args.rounds}")
     if args.baseline is not None:
         overrides.append(f'federation.baseline="{args.baseline}"')
+    if args.eval_every is not None:
+        overrides.append(f"federation.eval_every={args.eval_every}")
     bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors())
     try:
         federation = load_federation(args.file, overrides)
         star = federation.aggregator is not None
-        if star and args.eval_every != 1:
-            raise FederationError(f"{args.file}: --eval-every applies to runs without an [aggregator]; "
-                                  "star runs evaluate every round (F_t compares consecutive rounds)")
         out = args.out if args.out is not None else default_out_dir(federation)
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
         try:
-            sim = Simulation(federation, out, eval_every=args.eval_every)
+            sim = Simulation(federation, out, tls=args.tls)
             sim.start()
         except bad_input:
             if made:  # no run, no empty results folder left behind

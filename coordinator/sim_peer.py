@@ -25,14 +25,14 @@ import numpy as np
 import torch
 
 from flmesh.coordinator.sim import WAKE_S, RowQueue, base_config, join_threads, run_threads
-from flmesh.coordinator.sim_tls import SIM_ID, SimIdentities
+from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
 from flmesh.node.learning.metrics import federation_metrics
+from flmesh.node.learning.trainer import evaluate
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
-from flmesh.node.wire.codec import ModelMeta, encode
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import Federation, NodeConfig
@@ -67,14 +67,14 @@ def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
 
 
 class PeerDriver:
-    def __init__(self, federation: Federation, eval_every: int = 1, identities: SimIdentities | None = None):
-        """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext."""
+    def __init__(self, federation: Federation, identities: SimIdentities | None = None):
+        """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext.
+        Rows are written every ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
-        self.eval_every = eval_every
+        self.eval_every = federation.eval_every
         self.identities = identities or SimIdentities((), enabled=False)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
-        self.evaluator = GrpcPeerTransport(tls=self.identities.for_id(SIM_ID))
         self._lock = threading.Lock()
         self._round_done = threading.Condition(self._lock)
         self._done: dict[int, int] = {}  # round -> trainers that finished it
@@ -99,10 +99,8 @@ class PeerDriver:
         fed = self.federation
         dataset = load_dataset(fed.data)
         data = federation_data(fed, dataset)
-        # the evaluator sends each trainer's model (the joint node's too) to every node
-        observers = [SIM_ID, JOINT_ID] if fed.baseline == "joint" else [SIM_ID]
         self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
-                                           observers=observers, tls=self.identities.for_id(nid))
+                                           tls=self.identities.for_id(nid))
                       for nid in fed.node_ids]
         limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
         for node in self.nodes:
@@ -110,7 +108,6 @@ class PeerDriver:
         addresses = {node.node_id: node.start() for node in self.nodes}
         for node in self.nodes:
             node.connect(addresses)
-        self.evaluator.connect(addresses)
         if fed.baseline == "joint":
             joint = joint_node(fed, data)
             joint.start()
@@ -128,7 +125,6 @@ class PeerDriver:
     def close(self) -> None:
         self.stop()
         join_threads(self._threads, self.federation.round_timeout_s)
-        self.evaluator.close()
         for node in {id(n): n for n in self.nodes + self.trainers}.values():
             node.stop(grace=0.5)
 
@@ -149,12 +145,12 @@ class PeerDriver:
         t = report.round
         evals: list[EvalResult] = []
         if self._evaluated(t):
+            # in-process, on the test splits fl-sim holds: the numbers an Evaluate RPC to every
+            # node gives (tests/test_sim.py checks it), without N model transfers per trainer
             task = getattr(report, "task", None)
-            meta = ModelMeta(round=t, sender=trainer.node_id, kind="eval",
-                             metadata={"max_task": task} if task is not None else {})
-            message = encode(trainer.state_dict(), meta)
-            timeout = self.federation.round_timeout_s
-            evals = [self.evaluator.evaluate(n.node_id, message, timeout=timeout) for n in self.nodes]
+            with trainer.model_lock:
+                evals = [evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
+                         for n in self.nodes]
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
             self._done[t] = self._done.get(t, 0) + 1

@@ -51,7 +51,8 @@ class StarDriver:
         agg = self.federation.aggregator
         assert agg is not None
         return {**base_config(self.federation), "strategy": agg.strategy, "fraction": agg.fraction,
-                "deadline_s": agg.deadline_s, "min_updates": agg.min_updates}
+                "deadline_s": agg.deadline_s, "min_updates": agg.min_updates,
+                "eval_every": self.federation.eval_every}
 
     @property
     def rounds_done(self) -> int:

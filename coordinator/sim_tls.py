@@ -1,7 +1,6 @@
 """Throwaway mTLS identities for a federation simulated on one host (``fl-sim --tls``).
 
-A fresh CA and one certificate per process (every node, the aggregator, and
-``fl-sim`` itself, which evaluates models on the nodes' test splits) are made
+A fresh CA and one certificate per process (every node and the aggregator) are made
 in a private temporary directory that lives as long as the run; nothing is
 reused or kept. The same checks as a real deployment then run on every call.
 """
@@ -13,9 +12,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flmesh.node.wire.tls import Tls, load_tls
-
-#: The identity fl-sim's own evaluator calls the nodes with.
-SIM_ID = "fl-sim"
 
 
 class SimIdentities:
@@ -30,7 +26,7 @@ class SimIdentities:
         from flmesh.node.wire.certs import federation_pki
 
         self._dir = tempfile.TemporaryDirectory(prefix="flmesh-pki-")
-        for node_id, paths in federation_pki(Path(self._dir.name), sorted({*ids, SIM_ID})).items():
+        for node_id, paths in federation_pki(Path(self._dir.name), sorted(set(ids))).items():
             self._tls[node_id], _ = load_tls(paths.ca, paths.cert, paths.key, expected_id=node_id)
 
     @property

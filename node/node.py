@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,15 +80,13 @@ class Node:
 
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, transport: PeerTransport,
                  aggregator: AggregatorTransport | None = None, clock: Clock = REAL_CLOCK,
-                 members: list[str] | None = None, tasks: TaskSource | None = None,
-                 observers: Iterable[str] = ()):
+                 members: list[str] | None = None, tasks: TaskSource | None = None):
         """``members``: who may call this node (default: the federation's nodes); the Joint
-        baseline's node is not in the federation it serves. ``observers``: ids that may also
-        evaluate models on this node's test split and read its status (fl-sim's evaluator;
-        the aggregator of a star federation always may). ``tasks``: this node's data task by
-        task in a continual federation (``data`` is then only the shapes; the first round
-        brings the first task). Set ``replay.target`` (a :class:`~flmesh.node.memory.ReplayLink`)
-        once the replay-buffer host is known."""
+        baseline's node is not in the federation it serves. Members, and the aggregator of a
+        star federation, may evaluate models on this node's test split and read its status.
+        ``tasks``: this node's data task by task in a continual federation (``data`` is then
+        only the shapes; the first round brings the first task). Set ``replay.target`` (a
+        :class:`~flmesh.node.memory.ReplayLink`) once the replay-buffer host is known."""
         cfg = federation.node(node_id)
         self.federation = federation
         self.node_id = node_id
@@ -100,7 +98,7 @@ class Node:
         self.clock = clock
         self.member_ids = list(members if members is not None else federation.node_ids)
         star = ("aggregator",) if federation.aggregator is not None else ()
-        self.evaluators = frozenset([*self.member_ids, *observers, *star])
+        self.evaluators = frozenset([*self.member_ids, *star])
         self.log = logging.getLogger("flmesh.node")
         self.device = select_device(self.training.device)
         self.rounds = federation.rounds
@@ -154,7 +152,7 @@ class Node:
                         dataset: ArrayData | None = None, listen: str | None = None,
                         peers: Mapping[str, str] | None = None, aggregator: str | None = None,
                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, state_dir: Path | None = None,
-                        tls: Tls | None = None, observers: Iterable[str] = ()) -> Node:
+                        tls: Tls | None = None) -> Node:
         """Node ``node_id`` of ``federation`` over gRPC: its own data share, M_0, transports.
 
         Every node starts from the same initial model (seeded by the federation
@@ -166,7 +164,7 @@ class Node:
         ``aggregator`` (HOST:PORT) makes it a node of a star federation, whose
         aggregator also hosts the replay buffer; a node that hosts it keeps its privacy ledger
         in ``state_dir``. ``tls``: this node's identity, for mTLS on every connection it serves
-        and opens (None: plaintext). ``observers``: see :class:`Node`. Call :meth:`start` to serve.
+        and opens (None: plaintext). Call :meth:`start` to serve.
         """
         from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
         from flmesh.node.wire.peer_client import GrpcPeerTransport
@@ -183,8 +181,7 @@ class Node:
             data = empty_share(tasks)
         elif data is None:
             data = node_data(federation, node_id)
-        node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks,
-                   observers=observers)
+        node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks)
         node.listen = listen or cfg.address or "127.0.0.1:0"
         node.tls = tls
         wire_replay(node, aggregator, chunk_bytes, state_dir, tls)

@@ -34,13 +34,14 @@ def input_errors() -> tuple[type[Exception], ...]:
     from flmesh.node.checkpoint import CheckpointError, StateFileError
     from flmesh.node.learning.data import DataError
     from flmesh.node.learning.device import DeviceError
+    from flmesh.node.learning.extras import MissingExtra
     from flmesh.node.learning.models import ModelError
     from flmesh.node.learning.partitions import PartitionError
     from flmesh.node.wire.certs import CertError
     from flmesh.node.wire.channels import BindError
 
     return (DataError, DeviceError, ModelError, PartitionError, BindError, CertError, CheckpointError,
-            StateFileError)
+            StateFileError, MissingExtra)
 
 
 class NodeRun:

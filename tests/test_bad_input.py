@@ -221,10 +221,7 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                                 "--eval-every: expected an integer >= 1, got -3"),
     "sim-eval-every-huge": (["{file}", "--eval-every", "1000000"],
                             "--eval-every: expected an integer <= 100000, got 1000000"),
-    "sim-eval-every-star": (
-        ["{star}", "--eval-every", "2"],
-        "{star}: --eval-every applies to runs without an [aggregator]; star runs evaluate "
-        "every round (F_t compares consecutive rounds)"),
+    "sim-eval-every-zero": (["{star}", "--eval-every", "0"], "--eval-every: expected an integer >= 1, got 0"),
     "sim-out-is-a-file": (["{file}", "--out", "{tmp}/taken.txt"],
                           "--out {tmp}/taken.txt: is a file, expected a folder (existing or to create)"),
     "sim-out-under-a-file": (["{file}", "--out", "{tmp}/taken.txt/run"],

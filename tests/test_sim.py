@@ -168,12 +168,18 @@ def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path
     assert [r["round"] for r in rows] == [2, 4, 5] and summary["rounds"] == 5
 
 
-def test_eval_every_is_refused_for_star_runs(tiny_file, tmp_path, capsys):
+def test_eval_every_in_a_star_run_thins_only_fa(tiny_file, tmp_path):
+    """Star rows keep the global accuracy every round (F_t compares consecutive rounds); the
+    N x K evaluation for FA/FF/PFA runs every eval_every rounds and after the last."""
     star = tmp_path / "star.toml"
-    star.write_text(tiny_file.read_text() + "\n[aggregator]\nstrategy = \"fedavg\"\n")
-    assert main([str(star), "--eval-every", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "--eval-every applies to runs without an [aggregator]" in err and err.count("\n") == 1
+    star.write_text(tiny_file.read_text().replace('graph = "ring"', 'graph = "complete"')
+                    + '\n[aggregator]\nstrategy = "fedavg"\nfraction = 1.0\n')
+    out = tmp_path / "run"
+    assert main([str(star), "--eval-every", "2", "--rounds", "3", "--out", str(out), "--quiet"]) == 0
+    rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all(r["accuracy"] is not None for r in rows)
+    assert [r["fa"] is not None for r in rows] == [False, True, True]
 
 
 STAR = TINY.replace('graph = "ring"', 'graph = "complete"') + """
@@ -203,3 +209,10 @@ def test_star_run_through_the_cli_is_reproducible(tmp_path, capsys):
     assert summary["final"]["accuracy"] == rows_a[-1]["accuracy"]
     assert summary["final"]["fa"] == rows_a[-1]["fa"] != rows_a[-1]["accuracy"]
     assert (tmp_path / "a" / "local_forgetting.png").exists()
+
+
+def test_tls_flag_runs_every_call_over_mtls(tiny_file, tmp_path):
+    out = tmp_path / "run"
+    assert main([str(tiny_file), "--tls", "--rounds", "1", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 1 and not summary["missing_peers"]

@@ -587,3 +587,22 @@ def test_mnist_and_fashion_mnist_join_into_20_classes_for_novel_targets(tmp_path
 
     last = TaskSource(fed, "node0", lambda: joined).share(9)
     assert set(last.train.y.tolist()) | set(last.test.y.tolist()) <= {18, 19}, "task 9: two Fashion classes"
+
+
+def test_without_torchvision_the_core_runs_and_vision_names_the_extra(monkeypatch):
+    """A CPU build of torch cannot load PyPI's torchvision: the core never imports it, and
+    asking for a vision set or ResNet-18 without it is one line naming flmesh[vision]."""
+    import sys
+
+    from flmesh.node.learning.extras import MissingExtra, require
+    from flmesh.node.learning.models import build_model
+    from flmesh.topology import ModelConfig
+
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision now fails
+    with pytest.raises(MissingExtra, match=r"model 'resnet18' needs torchvision.*flmesh\[vision\]"):
+        build_model(ModelConfig(name="resnet18"), (3, 32, 32), 10, seed=1)
+    with pytest.raises(MissingExtra, match="flmesh.vision."):
+        require("torchvision.datasets", "vision", "data set MNIST")
+    assert build_model(ModelConfig(hidden=(8,)), (1, 8, 8), 10, seed=1) is not None

@@ -159,6 +159,7 @@ class Federation:
     rewind: RewindConfig = RewindConfig()
     baseline: str = "none"
     aggregator: AggregatorConfig | None = None
+    eval_every: int = 1  # FA/FF/PFA every that many rounds and the last (star: global accuracy each round)
     source: str = "<federation>"
     tasks: TaskStreamConfig | None = None  # a continual federation (topology/tasks.py)
     replay: ReplayConfig | None = None  # replay buffers of class means, with DP sharing

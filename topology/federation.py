@@ -7,7 +7,7 @@ the section and key, and what was expected.
 
 Sections (all but ``[federation]`` optional)::
 
-    [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline
+    [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline, eval_every
     [topology]    nodes, graph, params, file, schedule
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
                   fedcurv_lambda
@@ -119,7 +119,7 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "name": _name, "seed": at_most(integer(0), MAX_SEED, "TOML's 64-bit integers"),
         "rounds": at_most(integer(1), MAX_ROUNDS),
         "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
-        "baseline": string(BASELINES),
+        "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
     },
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
                "scope": string(("sampled", "chain"))},
@@ -270,6 +270,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         max_model_mib=fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB),
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
+        eval_every=fed.get("eval_every", 1),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run

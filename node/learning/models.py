@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from flmesh.node.learning.extras import require
 from flmesh.topology import ModelConfig
 
 
@@ -103,7 +104,7 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", 
     conv, then 3x3 max-pool) for the usual CIFAR stem (3x3 stride-1 conv, no
     max-pool); the input conv is also rebuilt when C != 3.
     """
-    from torchvision.models import resnet18 as tv_resnet18
+    tv_resnet18 = require("torchvision.models", "vision", "model 'resnet18'").resnet18
 
     c, h, w = input_shape
     norm_layer: Callable[..., nn.Module]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from flmesh.node.learning.data import ArrayData, DataError
+from flmesh.node.learning.extras import require
 
 # ----------------------------------------------------------------- torchvision sets
 # The train and test files of a torchvision set are concatenated into one pool:
@@ -65,9 +66,8 @@ class VisionSet:
 
     def dataset_class(self) -> Any:
         if isinstance(self.cls, str):
-            import torchvision.datasets
-
-            return getattr(torchvision.datasets, self.cls)
+            datasets = require("torchvision.datasets", "vision", f"data set {self.folder}")
+            return getattr(datasets, self.cls)
         return self.cls
 
 
@@ -133,7 +133,7 @@ def _missing_message(name: str, spec: VisionSet, root: Path, missing: list[str])
 
 def _checksum_failure(spec: VisionSet, cls: Any, root: Path) -> str | None:
     """The first file that fails torchvision's MD5 check, for the sets that have one."""
-    from torchvision.datasets.utils import check_integrity
+    check_integrity = require("torchvision.datasets.utils", "vision", "checking a data set").check_integrity
 
     listed = list(getattr(cls, "train_list", [])) + list(getattr(cls, "test_list", []))
     meta = getattr(cls, "meta", None)

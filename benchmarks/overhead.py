@@ -1,0 +1,110 @@
+"""What the runtime costs over the training itself: fl-sim vs a plain loop, same jobs.
+
+    python benchmarks/overhead.py            # 3 alternated runs of each command per job (medians)
+    python benchmarks/overhead.py --quick    # 1 run each
+
+Two jobs (issue 11): FedAvg with 10 clients on digits, an MLP 64-128-10, all
+clients every round, 1 epoch, 30 rounds; and the quick start
+(examples/quickstart.toml: 10 nodes, CWT, 40 rounds x 0.5 epoch, N x N
+evaluation every round). Each is run as a whole process, start-up included,
+by ``benchmarks/plain_loop.py`` (the same split, model, batches and
+evaluation in one loop: no gRPC, threads, files) and by ``fl-sim`` over real
+gRPC on 127.0.0.1, alternated. Prints wall seconds, CPU seconds (user +
+system) and peak RSS of each (medians), the ratios, and both final accuracies
+(they must agree: the same computation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+FEDAVG_10 = """
+[federation]
+name = "fedavg10"
+seed = 1
+rounds = 30
+round_timeout_s = 60
+[topology]
+nodes = 10
+graph = "complete"
+[training]
+epochs = 1
+batch_size = 16
+lr = 0.05
+[data]
+dataset = "digits"
+partition = "dirichlet"
+alpha = 0.5
+[model]
+name = "mlp"
+hidden = [64, 128]
+[aggregator]
+strategy = "fedavg"
+fraction = 1.0
+public_fraction = 0.0
+"""
+
+
+def measure(argv: list[str], cwd: Path) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MiB, stdout) of one process, through /usr/bin/time."""
+    done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %U %S %M", *argv], cwd=cwd, capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr[-2000:]}")
+    wall, user, sys_s, rss = done.stderr.rsplit("@@ ", 1)[1].split()
+    return float(wall), float(user) + float(sys_s), int(rss) / 1024, done.stdout
+
+
+def final_accuracy(text: str) -> str:
+    found = re.findall(r"(FA|global accuracy|accuracy) (\d+\.\d+)%", text)
+    return f"{found[-1][1]}%" if found else "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one run of each command per job")
+    p.add_argument("--repeats", type=int, help="runs of each command per job (default 3; --quick 1)")
+    args = p.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        fedavg = work / "fedavg10.toml"
+        fedavg.write_text(FEDAVG_10)
+        jobs = {"FedAvg, 10 clients, MLP 64-128-10, 30 rounds": fedavg,
+                "quick start: 10 nodes CWT, 40 rounds x 0.5 epoch, N x N eval":
+                    REPO / "examples/quickstart.toml"}
+        plain_loop = str(REPO / "benchmarks/plain_loop.py")
+        for name, file in jobs.items():
+            runs: dict[str, list[tuple[float, float, float, str]]] = {"plain": [], "fl-sim": []}
+            for i in range(repeats):
+                runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
+                sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"run{i}")]
+                runs["fl-sim"].append(measure(sim, work))
+                print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, fl-sim "
+                      f"{runs['fl-sim'][-1][0]:.1f}s", file=sys.stderr, flush=True)
+            med = {k: [statistics.median(r[j] for r in v) for j in range(3)] for k, v in runs.items()}
+            accuracy = (final_accuracy(runs["plain"][-1][3]), final_accuracy(runs["fl-sim"][-1][3]))
+            rows.append((name, med, *accuracy))
+    print(f"\nMedians of {repeats} alternated run(s) per command, whole processes (start-up included)\n")
+    print("| job | plain loop: wall s / CPU s / peak MiB | fl-sim: wall s / CPU s / peak MiB "
+          "| ratio wall / CPU / memory | final accuracy: plain / fl-sim |")
+    print("|---|---:|---:|---:|---:|")
+    for name, med, acc_plain, acc_sim in rows:
+        (pw, pc, pm), (sw, sc, sm) = med["plain"], med["fl-sim"]
+        print(f"| {name} | {pw:.1f} / {pc:.1f} / {pm:.0f} | {sw:.1f} / {sc:.1f} / {sm:.0f} | "
+              f"{sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x | {acc_plain} / {acc_sim} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
