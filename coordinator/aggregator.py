@@ -169,7 +169,7 @@ class Aggregator:
         A node that cannot be reached is logged and left out."""
         self.transport.connect(self.core.addresses())
         meta = {"max_task": max_task} if max_task is not None else {}
-        message = encode(state, ModelMeta(sender="aggregator", kind="eval", metadata=meta))
+        message = encode(state, ModelMeta(sender="aggregator", kind="eval", metadata=meta), self.core.wire)
         timeout = self.federation.round_timeout_s
         nodes = [n for n in self.core.joined() if self.transport.knows(n)]
 

@@ -22,17 +22,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flmesh.coordinator.aggregator import Aggregator
-from flmesh.coordinator.aggregator_checkpoint import restore
-from flmesh.coordinator.pictures import draw
-from flmesh.node.checkpoint import CHECKPOINT
 from flmesh.node.cli import UsageError, check_address
 from flmesh.node.cli_common import OneLineParser, check_seconds
 from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
-from flmesh.node.node_run import input_errors
-from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes, write_atomic
-from flmesh.topology import FederationError, load_federation
+
+if TYPE_CHECKING:
+    from flmesh.node.results import RoundRow
 
 log = logging.getLogger("flmesh.aggregator")
 
@@ -58,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # heavy imports after the flags are read (``--help`` and bad flags answer at once)
+    from flmesh.coordinator.aggregator import Aggregator
+    from flmesh.coordinator.aggregator_checkpoint import restore
+    from flmesh.coordinator.pictures import draw
+    from flmesh.node.checkpoint import CHECKPOINT
+    from flmesh.node.node_run import input_errors
+    from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
+    from flmesh.topology import FederationError, load_federation
+
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s fl-node aggregator: %(message)s", datefmt="%H:%M:%S")
     prog = "fl-node aggregator"

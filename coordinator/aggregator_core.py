@@ -29,6 +29,7 @@ from flmesh.node.errors import Refused
 from flmesh.node.transport import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
+from flmesh.node.wire.compression import WireFormat
 from flmesh.topology import Federation
 from flmesh.topology.sampling import selected
 
@@ -66,6 +67,8 @@ class AggregatorCore:
         self.model_spec = model_spec
         self.update_spec = {**model_spec, **update_spec}
         self.max_model_bytes = int(federation.max_model_mib * 2**20)
+        wire = federation.wire
+        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level)  # how models travel
         self.clock = clock
         self.counter = counter or ByteCounter()
         self.global_state: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
@@ -146,7 +149,7 @@ class AggregatorCore:
         if late is not None:
             return late
         try:
-            decoded = codec.decode(stream, self.update_spec, self.max_model_bytes)
+            decoded = codec.decode(stream, self.update_spec, self.max_model_bytes, wire=self.wire)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"aggregator: {exc}") from None
         self.counter.add_received("update", decoded.wire_bytes)
@@ -222,7 +225,7 @@ class AggregatorCore:
         selected = self.selected(round)
         state = {**self.global_state, **self.server.published_extras(round)}
         message = codec.encode(state, ModelMeta(round=round, sender="aggregator", kind="global",
-                                                metadata={"strategy": self.strategy}))
+                                                metadata={"strategy": self.strategy}), self.wire)
         with self._cond:
             self._message = message
             self._updates = {}

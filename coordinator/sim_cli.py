@@ -16,19 +16,15 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from flmesh.coordinator.sim import Simulation, default_out_dir
 from flmesh.node.cli_common import OneLineParser
-from flmesh.node.errors import PeerError, UnknownPeerError
-from flmesh.node.node_run import input_errors
-from flmesh.node.results import RoundRow
-from flmesh.topology import FederationError, load_federation
-from flmesh.topology.checks import MAX_ROUNDS
+
+if TYPE_CHECKING:
+    from flmesh.node.results import RoundRow
+
+# Everything heavy (torch, grpc, networkx, rich) is imported after the flags are read, so
+# ``fl-sim --help`` and a bad flag answer at once (benchmarks/startup.py).
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bad_flag(args: argparse.Namespace) -> str | None:
     """The first flag out of its bounds, as one line naming the flag and the bound; None if all fit."""
+    from flmesh.topology.checks import MAX_ROUNDS
+
     for flag, value in (("--rounds", args.rounds), ("--eval-every", args.eval_every)):
         if value is None:
             continue
@@ -73,6 +71,8 @@ def writable_folder(out: Path, label: str) -> bool:
     Checked before any node starts, not found when the first round's results are written (a
     traceback after the nodes' work); an existing file is never replaced or truncated.
     """
+    from flmesh.topology import FederationError
+
     if out.exists() and not out.is_dir():
         raise FederationError(f"{label} {out}: is a file, expected a folder (existing or to create)")
     made = not out.exists()
@@ -93,6 +93,16 @@ def _pct(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from flmesh.coordinator.sim import Simulation, default_out_dir
+    from flmesh.node.errors import PeerError, UnknownPeerError
+    from flmesh.node.node_run import input_errors
+    from flmesh.topology import FederationError, load_federation
+
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False)
     logging.basicConfig(level=args.log_level, format="%(message)s",

@@ -30,15 +30,18 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flmesh.node.checkpoint import CHECKPOINT
 from flmesh.node.cli_common import OneLineParser, check_seconds
 from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 from flmesh.node.errors import PeerError, UnknownPeerError
-from flmesh.node.node_run import NodeRun, input_errors
-from flmesh.topology import Federation, FederationError, load_federation
-from flmesh.topology.peers import scheduled_peers
+
+if TYPE_CHECKING:
+    from flmesh.node.node_run import NodeRun
+    from flmesh.topology import Federation
+
+# torch, grpc and networkx are imported after the flags are read: ``fl-node --help`` and a
+# bad flag answer at once, and the node is up sooner (benchmarks/startup.py).
 
 log = logging.getLogger("flmesh.node")
 
@@ -129,6 +132,11 @@ def read_peers_file(path: Path, federation: Federation, me: str) -> dict[str, st
 
 def prepare(args: argparse.Namespace) -> NodeRun:
     """Everything that can fail on bad input, before serving; raises one-line errors."""
+    from flmesh.node.checkpoint import CHECKPOINT
+    from flmesh.node.node_run import NodeRun
+    from flmesh.topology import load_federation
+    from flmesh.topology.peers import scheduled_peers
+
     try:
         check_seconds("--hello-timeout", args.hello_timeout)
     except ValueError as exc:
@@ -170,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s fl-node {args.id}: %(message)s", datefmt="%H:%M:%S")
     prog = f"fl-node {args.id}"
+    from flmesh.node.node_run import input_errors
+    from flmesh.topology import FederationError
+
     bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError, FederationError,
                                               OSError)
     try:

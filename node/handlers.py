@@ -145,7 +145,7 @@ class NodeHandlers:
     def _read(self, header: pb.ModelHeader, stream: Chunks) -> DecodedModel:
         try:
             spec = self.spec_for(codec.meta_of(header))
-            return codec.decode(stream, spec, self.node.max_model_bytes)
+            return codec.decode(stream, spec, self.node.max_model_bytes, wire=self.node.wire)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"{self.node_id}: {exc}") from None
 
@@ -231,7 +231,7 @@ class NodeHandlers:
         meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
                          num_samples=len(self.node.data.train), architecture=self.node.architecture,
                          metadata={"steps": done})
-        return codec.encode(state, meta)
+        return codec.encode(state, meta, self.node.wire)
 
     def _in_window(self, round: int, what: str) -> None:
         """Models are taken for rounds from the last one this node finished (its next round

@@ -88,7 +88,7 @@ def rewind_on(node: Node, target: str, round: int, steps: int,
         spec = {**node.spec, **optimizer_spec(node.training, node.model)}
     meta = ModelMeta(round=round, sender=node.node_id, kind="rewind", num_samples=len(node.data.train),
                      architecture=node.architecture, metadata=optimizer_metadata(node.training))
-    message = encode(state, meta)
+    message = encode(state, meta, node.wire)
     back = node.calls.call(target, "rewind to", round, lambda: node.transport.rewind(
         target, message, steps, round, node.node_id, expected=spec, max_bytes=node.max_model_bytes,
         timeout=node.round_timeout_s))

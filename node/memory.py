@@ -39,6 +39,7 @@ from flmesh.node.transport import (
 )
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.wire.compression import RAW
 from flmesh.node.wire.frames import DataChunk, parse_chunk
 from flmesh.v1 import model_pb2 as pb
 
@@ -138,6 +139,7 @@ class MemoryPeerTransport:
     def __init__(self, network: MemoryNetwork, me: str, counter: ByteCounter | None = None):
         self.network, self.me = network, me
         self.counter = counter or ByteCounter()
+        self.wire = RAW  # how rewound models come back (Node sets the federation's [wire])
 
     def connect(self, peers: Mapping[str, str]) -> None:
         """Addresses mean nothing here: every registered process is reachable by id."""
@@ -161,7 +163,8 @@ class MemoryPeerTransport:
         def call() -> DecodedModel:
             back = self.network.peer(self.me, peer).rewind(
                 self.me, 0.0, steps, round, sender, _as_received(model, self.network.chunk_bytes))
-            return codec.decode(_as_received(back, self.network.chunk_bytes), expected, max_bytes)
+            return codec.decode(_as_received(back, self.network.chunk_bytes), expected, max_bytes,
+                                wire=self.wire)
 
         result = _call(peer, call)
         self.counter.add_sent("rewind", model.wire_bytes(self.network.chunk_bytes))
@@ -187,6 +190,7 @@ class MemoryAggregatorTransport:
     def __init__(self, network: MemoryNetwork, me: str, counter: ByteCounter | None = None):
         self.network, self.me = network, me
         self.counter = counter or ByteCounter()
+        self.wire = RAW  # how the global model comes (Node sets the federation's [wire])
 
     def join(self, node_id: str, num_samples: int, label_counts: list[int], address: str, *,
              timeout: float) -> JoinInfo:
@@ -201,7 +205,8 @@ class MemoryAggregatorTransport:
               timeout: float) -> DecodedModel:
         def call() -> DecodedModel:
             message = self.network.aggregator(self.me).fetch(self.me, node_id, round)
-            return codec.decode(_as_received(message, self.network.chunk_bytes), expected, max_bytes)
+            return codec.decode(_as_received(message, self.network.chunk_bytes), expected, max_bytes,
+                                wire=self.wire)
 
         result = _call(AGGREGATOR, call)
         self.counter.add_received("global", result.wire_bytes)

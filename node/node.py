@@ -64,6 +64,7 @@ from flmesh.node.wire.codec import (
     encode,
     model_spec,
 )
+from flmesh.node.wire.compression import WireFormat
 from flmesh.node.wire.specs import fingerprint
 from flmesh.topology import Federation, FederationError
 
@@ -104,6 +105,11 @@ class Node:
         self.rounds = federation.rounds
         self.round_timeout_s = federation.round_timeout_s
         self.max_model_bytes = int(federation.max_model_mib * 2**20)
+        wire = federation.wire
+        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level)  # how models travel
+        transport.wire = self.wire
+        if aggregator is not None:
+            aggregator.wire = self.wire
         self.counter = transport.counter  # bytes moved by this node's transports and handlers
         self.inbox = Inbox(clock)
         self.stop_event = threading.Event()
@@ -273,7 +279,7 @@ class Node:
         """The node's current model as a wire message for ``round``."""
         meta = ModelMeta(round=round, sender=self.node_id, kind=kind, num_samples=len(self.data.train),
                          label_counts=tuple(self.data.train.label_counts()), architecture=self.architecture)
-        return encode(self.state_dict(), meta)
+        return encode(self.state_dict(), meta, self.wire)
 
     def evaluate_own(self) -> EvalResult:
         """The node's current model on its own test split."""

@@ -83,7 +83,7 @@ def _share_gossip(node: Node, round: int) -> None:
         meta = ModelMeta(round=round, sender=node.node_id, kind="extras", num_samples=len(node.data.train),
                          label_counts=tuple(node.data.train.label_counts()), architecture=node.architecture,
                          metadata={"algorithm": name})
-        message = encode({**state, **extras}, meta)
+        message = encode({**state, **extras}, meta, node.wire)
         for peer in node.neighbours:
             try:
                 node.transport.deliver(peer, message, timeout=min(node.round_timeout_s, 30.0))
@@ -244,7 +244,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
     meta = ModelMeta(round=round, sender=node.node_id, kind="update", num_samples=len(node.data.train),
                      label_counts=tuple(node.data.train.label_counts()), architecture=node.architecture)
     node.set_state("sending")
-    update = encode({**state, **extras}, meta)
+    update = encode({**state, **extras}, meta, node.wire)
     reply = with_retry(lambda: agg.submit(update, timeout=node.round_timeout_s), reconnect_window(node),
                        clock=node.clock, stop=node.stop_event)
     if reply.late:

@@ -24,6 +24,7 @@ from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import PeerError
 from flmesh.node.reports import EvalResult
 from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.wire.compression import WireFormat
 from flmesh.node.wire.frames import DataChunk
 from flmesh.v1 import model_pb2 as pb
 
@@ -143,9 +144,11 @@ class ByteCounter:
 class PeerTransport(Protocol):
     """Calls from one node (or the aggregator) to a peer, named by node id.
 
-    ``counter`` adds up the model-stream bytes the transport moves."""
+    ``counter`` adds up the model-stream bytes the transport moves; ``wire`` is how models
+    that come back (a rewound model) travel: the federation's ``[wire]`` format."""
 
     counter: ByteCounter
+    wire: WireFormat
 
     def connect(self, peers: Mapping[str, str]) -> None:
         """Set or update peers' addresses (node id -> HOST:PORT)."""
@@ -173,9 +176,11 @@ class PeerTransport(Protocol):
 
 
 class AggregatorTransport(Protocol):
-    """Calls from a node to the aggregator of its star federation."""
+    """Calls from a node to the aggregator of its star federation (``wire``: how the global
+    model travels, the federation's ``[wire]`` format)."""
 
     counter: ByteCounter
+    wire: WireFormat
 
     def join(self, node_id: str, num_samples: int, label_counts: list[int], address: str, *,
              timeout: float) -> JoinInfo: ...

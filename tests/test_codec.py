@@ -231,3 +231,42 @@ def test_receive_buffers_are_reused_only_once_no_tensor_is_left():
     third = pool.take(4096)
     assert third.data_ptr() == address, "a free buffer of the same size is reused"
     del view
+
+
+def test_wire_formats_round_trip_zstd_exactly_and_float16_within_its_precision():
+    from flmesh.node.wire.compression import WireFormat
+
+    state = sample_state()
+    spec = model_spec(state)
+    zstd = WireFormat(compression="zstd")
+    packed = encode(state, ModelMeta(), zstd)
+    assert packed.header.compression == pb.COMPRESSION_ZSTD and packed.compressed is not None
+    out = decode(packed.chunks(7), spec, wire=zstd)
+    assert all(torch.equal(out.state_dict[k], v) for k, v in state.items())
+    half = WireFormat(dtype=torch.float16, compression="zstd")
+    small = encode(state, ModelMeta(), half)
+    assert small.wire_bytes() < encode(state).wire_bytes()
+    got = decode(small.chunks(), spec, wire=half)
+    assert got.state_dict["w"].dtype == torch.float32, "cast back to the receiver's own dtype"
+    assert torch.allclose(got.state_dict["w"], state["w"], atol=1e-2)
+    assert torch.equal(got.state_dict["steps"], state["steps"]), "integers travel as they are"
+    with pytest.raises(CodecError, match="dtype float16 does not match the local float32"):
+        decode(small.chunks(), spec)  # a receiver not told about the wire dtype refuses it
+
+
+def test_a_compressed_stream_cannot_expand_past_its_header_or_be_garbage():
+    import zstandard
+
+    state = {"w": torch.zeros(16)}
+    good = encode(state)
+    header = pb.ModelHeader()
+    header.CopyFrom(good.header)
+    header.compression = pb.COMPRESSION_ZSTD
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))  # 64 MiB of zeros, a few KiB sent
+    with pytest.raises(CodecError, match="holds more than the 64 bytes its header announced"):
+        decode([pb.ModelChunk(header=header), pb.ModelChunk(data=bomb)], model_spec(state))
+    with pytest.raises(CodecError, match="does not decompress"):
+        decode([pb.ModelChunk(header=header), pb.ModelChunk(data=b"not zstd at all")], model_spec(state))
+    header.compression = 7
+    with pytest.raises(CodecError, match="unknown compression #7"):
+        decode([pb.ModelChunk(header=header)], model_spec(state))

@@ -67,3 +67,22 @@ def test_algorithm_plugins_load_no_grpc(module):
 def test_round_logic_on_the_memory_transport_loads_no_grpc():
     mods = loaded("flmesh.node.rounds", "flmesh.node.memory", "flmesh.node.node")
     assert not heavy(mods, "grpc")
+
+
+@pytest.mark.parametrize("module", ["flmesh.coordinator.sim_cli", "flmesh.node.cli",
+                                    "flmesh.coordinator.aggregator_cli", "flmesh.coordinator.node_entry",
+                                    "flmesh.coordinator.certs_cli"])
+def test_the_commands_read_their_flags_before_anything_heavy(module):
+    """--help and a bad flag answer at once: torch, grpc, networkx, scipy, matplotlib, rich,
+    scikit-learn and torchvision load only after the flags are read, when they are used."""
+    mods = loaded(module)
+    assert not heavy(mods, "torch", "grpc", "networkx", "scipy", "matplotlib", "rich", "sklearn",
+                     "torchvision", "cryptography")
+
+
+def test_digits_are_read_without_importing_scikit_learn():
+    code = ("import sys; from flmesh.node.learning.data import load_digits; d = load_digits(); "
+            "print(len(d), 'sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120)
+    assert out.stdout.split() == ["1797", "False"]

@@ -249,3 +249,27 @@ def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
                                                                          b.global_forgetting)
         assert a.accuracy_matrix == b.accuracy_matrix and a.per_class_accuracy == b.per_class_accuracy
     assert rows["rpc"][0].bytes_by_kind.get("eval", 0) > 0 and "eval" not in rows["local"][0].bytes_by_kind
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("wire", [{"compression": "zstd"}, {"dtype": "bfloat16", "compression": "zstd"},
+                                  {"dtype": "float16"}])
+def test_wire_formats_carry_every_kind_of_message(transport, wire):
+    """[wire] applies to deliveries, rewinds (model and optimizer state), and star fetches and
+    updates with strategy extras (FedCurv's float64 aggregates keep their precision)."""
+    peer = fed(nodes=3, rounds=3, rewind={"mode": "previous"}, training={"momentum": 0.9}, wire=wire)
+    with Cluster(peer, transport) as c:
+        c.peer_round(1)
+        reports = c.peer_round(2)
+    assert all(r.received and r.rewound_to is not None for r in reports.values())
+    star = fed(nodes=3, rounds=2, aggregator={"strategy": "fedcurv", "fraction": 1.0, "deadline_s": 30},
+               wire=wire)
+    with Cluster(star, transport) as c:
+        rows = [c.star_round(t)[0] for t in (1, 2)]
+    assert all(r.aggregated and not r.missing for r in rows)
+    zstd_only = wire == {"compression": "zstd"}
+    if zstd_only:  # lossless: the same numbers as without [wire]
+        with Cluster(fed(nodes=3, rounds=2, aggregator={"strategy": "fedcurv", "fraction": 1.0,
+                                                        "deadline_s": 30}), transport) as c:
+            plain = [c.star_round(t)[0] for t in (1, 2)]
+        assert [r.accuracy for r in rows] == [r.accuracy for r in plain]

@@ -16,6 +16,7 @@ from flmesh.topology.config import (
     RewindConfig,
     TopologyConfig,
     TrainingConfig,
+    WireConfig,
 )
 from flmesh.topology.federation import load_federation, parse_federation
 from flmesh.topology.graphs import GraphError, build_graph
@@ -51,6 +52,7 @@ __all__ = [
     "StandaloneSchedule",
     "TopologyConfig",
     "TrainingConfig",
+    "WireConfig",
     "build_graph",
     "hamiltonian_cycle",
     "load_federation",

@@ -124,6 +124,17 @@ class AggregatorConfig:
 
 
 @dataclass(frozen=True)
+class WireConfig:
+    """How model streams travel (``[wire]``): floats as ``dtype`` ("native": as they are;
+    "float16" / "bfloat16": half the bytes, lossy) and the payload compressed with
+    ``compression`` ("none" or "zstd" at ``zstd_level``, lossless)."""
+
+    dtype: str = "native"
+    compression: str = "none"
+    zstd_level: int = 3
+
+
+@dataclass(frozen=True)
 class TopologyConfig:
     graph: str = "complete"
     params: Mapping[str, Any] = field(default_factory=dict)
@@ -159,6 +170,7 @@ class Federation:
     rewind: RewindConfig = RewindConfig()
     baseline: str = "none"
     aggregator: AggregatorConfig | None = None
+    wire: WireConfig = WireConfig()
     eval_every: int = 1  # FA/FF/PFA every that many rounds and the last (star: global accuracy each round)
     source: str = "<federation>"
     tasks: TaskStreamConfig | None = None  # a continual federation (topology/tasks.py)

@@ -15,6 +15,7 @@ Sections (all but ``[federation]`` optional)::
                   test_fraction, min_samples
     [model]       name, hidden, channels, norm, groups, weights, small_input
     [rewind]      mode ("off", "previous", "random"), lambda
+    [wire]        dtype ("native", "float16", "bfloat16"), compression ("none", "zstd"), zstd_level
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
                   server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age,
                   trim, clip_norm (present: a star federation)
@@ -73,6 +74,7 @@ from flmesh.topology.config import (
     RewindConfig,
     TopologyConfig,
     TrainingConfig,
+    WireConfig,
 )
 from flmesh.topology.continual import read_continual
 from flmesh.topology.graphs import MAX_SEED, shown
@@ -132,6 +134,8 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS),
         "trim": number(0, 0.5, hi_open=True), "clip_norm": at_most(number(0), 1e6),
     },
+    "wire": {"dtype": string(("native", "float16", "bfloat16")), "compression": string(("none", "zstd")),
+             "zstd_level": at_most(integer(1), 19)},
     "topology": {
         "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
         "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),
@@ -271,6 +275,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
         eval_every=fed.get("eval_every", 1),
+        wire=WireConfig(**r.section(raw, "wire", _SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run

@@ -20,7 +20,6 @@ from typing import Protocol
 
 import networkx as nx
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 #: Expansions the Hamiltonian-cycle search may make before it gives up. Enough
 #: for the few-hundred-node ring, complete, regular and Erdos-Renyi graphs
@@ -152,6 +151,8 @@ def random_cycle_cover(graph: nx.Graph, rng: np.random.Generator) -> dict[str, s
         for u in _successors(graph, v):
             if u != v:
                 cost[index[v], index[u]] = rng.random()
+    from scipy.optimize import linear_sum_assignment  # 0.5 s to import: only RWT needs it
+
     rows, cols = linear_sum_assignment(cost)
     if n < 2 or any(cost[r, c] > 1 for r, c in zip(rows, cols, strict=True)):
         raise ScheduleError(f"the graph admits no cycle cover over its {n} nodes (RWT needs every node "

@@ -12,6 +12,7 @@ from flmesh.node.transport import AggregatorStatus, ByteCounter, JoinInfo, PollI
 from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.wire.compression import RAW
 from flmesh.node.wire.peer_client import rpc
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
@@ -28,6 +29,7 @@ class GrpcAggregatorTransport:
         """``tls``: this node's identity; the channel is then mTLS and checks that the server
         holds the certificate of "aggregator"."""
         self.address = address
+        self.wire = RAW  # how the global model comes (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
         self._channel = make_channel(address, tls, NAME)
@@ -60,7 +62,8 @@ class GrpcAggregatorTransport:
 
         def call() -> DecodedModel:
             try:
-                return codec.decode(self._stub.FetchGlobal(request, timeout=timeout), expected, max_bytes)
+                return codec.decode(self._stub.FetchGlobal(request, timeout=timeout), expected, max_bytes,
+                                    wire=self.wire)
             except codec.CodecError as exc:
                 raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, Hasher
+from flmesh.node.wire.compression import RAW, WireFormat, ZstdInto, compress, to_wire
 from flmesh.node.wire.frames import DATA_TAG, DataChunk, tag, varint
 from flmesh.node.wire.specs import (
     ALIGN,
@@ -113,15 +114,22 @@ class EncodedModel:
 
     header: pb.ModelHeader
     payload: torch.Tensor  # uint8, total_bytes long
+    compressed: bytes | None = None  # the payload as one zstd frame, when the header says so
 
     @property
     def total_bytes(self) -> int:
         return int(self.header.total_bytes)
 
+    def _sent(self) -> tuple[memoryview, int]:
+        """The bytes the data chunks carry, and how many."""
+        if self.compressed is not None:
+            return memoryview(self.compressed), len(self.compressed)
+        return self.payload.numpy().data, self.total_bytes
+
     def wire_bytes(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
         """Bytes of the serialised stream (header, data and framing): what a transfer moves."""
         header = pb.ModelChunk(header=self.header).ByteSize()
-        full, rest = divmod(self.total_bytes, chunk_bytes)
+        full, rest = divmod(self._sent()[1], chunk_bytes)
         framing = len(DATA_TAG) + len(varint(chunk_bytes))
         data = full * (framing + chunk_bytes)
         if rest:
@@ -130,8 +138,8 @@ class EncodedModel:
 
     def chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[pb.ModelChunk]:
         yield pb.ModelChunk(header=self.header)
-        view = self.payload.numpy().data
-        for start in range(0, self.total_bytes, chunk_bytes):
+        view, size = self._sent()
+        for start in range(0, size, chunk_bytes):
             yield pb.ModelChunk(data=bytes(view[start:start + chunk_bytes]))
 
     def frames(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, field: int | None = None) -> Iterator[bytes]:
@@ -147,8 +155,8 @@ class EncodedModel:
         outer = b"" if field is None else tag(field)
         header = pb.ModelChunk(header=self.header).SerializeToString()
         yield outer + varint(len(header)) + header if outer else header
-        view = self.payload.numpy().data
-        for start in range(0, self.total_bytes, chunk_bytes):
+        view, size = self._sent()
+        for start in range(0, size, chunk_bytes):
             data = view[start:start + chunk_bytes]
             inner = DATA_TAG + varint(len(data))
             if outer:
@@ -156,8 +164,10 @@ class EncodedModel:
             yield b"".join((inner, data))
 
 
-def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()) -> EncodedModel:
-    """Serialise ``state_dict`` (any device) into a header and one contiguous payload."""
+def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta(),
+           wire: WireFormat = RAW) -> EncodedModel:
+    """Serialise ``state_dict`` (any device) into a header and one contiguous payload, in the
+    ``wire`` format (floats cast to its dtype, the payload compressed; default: as they are)."""
     if meta.kind not in KINDS:
         raise ValueError(f"unknown model kind {meta.kind!r} (expected one of {', '.join(KINDS)})")
     tensors = []
@@ -166,7 +176,7 @@ def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()
     for name, tensor in state_dict.items():
         if tensor.dtype not in TO_WIRE:
             raise ValueError(f"tensor {name!r}: dtype {dtype_name(tensor.dtype)} cannot be sent")
-        t = tensor.detach().to("cpu").contiguous().reshape(-1)
+        t = to_wire(tensor.detach().to("cpu"), wire).contiguous().reshape(-1)
         nbytes = t.numel() * t.element_size()
         offset = -(-offset // ALIGN) * ALIGN
         specs.append(pb.TensorSpec(name=name, dtype=TO_WIRE[t.dtype], shape=list(tensor.shape),
@@ -191,6 +201,9 @@ def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()
         kind=KINDS[meta.kind], num_samples=meta.num_samples, label_counts=list(meta.label_counts),
         architecture=meta.architecture, metadata=_meta_to_wire(meta.metadata),
     )
+    if wire.compression == "zstd":
+        header.compression = pb.COMPRESSION_ZSTD
+        return EncodedModel(header, payload, compress(payload.numpy(), wire.level))
     return EncodedModel(header, payload)
 
 
@@ -226,14 +239,16 @@ class DecodedModel:
 
 
 def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | None = None,
-           max_bytes: int = 2**31, *, check_finite: bool = True) -> DecodedModel:
+           max_bytes: int = 2**31, *, check_finite: bool = True, wire: WireFormat = RAW) -> DecodedModel:
     """Rebuild a state dict from a chunk stream, checking everything (see module doc).
 
     Blocks while it iterates ``chunks``; raises CodecError on the first problem,
     having allocated nothing larger than the header's (limited) total size.
     The SHA-256 is computed on a helper thread while the bytes arrive. With
     ``check_finite`` (the default) a floating tensor holding NaN or infinity is
-    refused: no use of a model survives one.
+    refused: no use of a model survives one. Floats may come in ``wire.dtype``
+    and are cast to the expected dtype; a zstd-compressed stream is decompressed
+    into exactly the announced size.
     """
     it = iter(chunks)
     first = next(it, None)
@@ -241,24 +256,32 @@ def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | No
         raise CodecError("corrupt", "the stream must start with a model header")
     header = first.header
     meta = meta_of(header)
-    check_header(header, expected, max_bytes)
+    check_header(header, expected, max_bytes, wire.dtype)
     total = int(header.total_bytes)
     payload = POOL.take(total)
     target = payload.numpy()
     hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES)
+    zstd = ZstdInto(target) if header.compression == pb.COMPRESSION_ZSTD else None
+    if header.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
+        raise CodecError("invalid", f"unknown compression #{header.compression}")
     pos = 0
-    wire = pb.ModelChunk(header=header).ByteSize()
+    moved = pb.ModelChunk(header=header).ByteSize()
     try:
         for chunk in it:
             if chunk.WhichOneof("payload") != "data":
                 raise CodecError("corrupt", "a second header arrived inside one model stream")
             data = chunk.data
+            moved += len(DATA_TAG) + len(varint(len(data))) + len(data)
+            if zstd is not None:
+                zstd.feed(data)
+                pos = zstd.pos
+                hasher.filled(pos)
+                continue
             if pos + len(data) > total:
                 raise CodecError("corrupt", f"the stream carries more than the {total} bytes "
                                  "its header announced")
             target[pos:pos + len(data)] = np.frombuffer(data, dtype=np.uint8)
             pos += len(data)
-            wire += len(DATA_TAG) + len(varint(len(data))) + len(data)
             hasher.filled(pos)
         if pos != total:
             raise CodecError("corrupt", f"the stream ended after {pos} of {total} bytes")
@@ -276,7 +299,9 @@ def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | No
         except RuntimeError:  # offset not aligned for this dtype: copy once instead
             flat = raw.clone().view(dtype)
         state[spec.name] = flat.reshape(tuple(spec.shape))
+        if expected is not None and expected[spec.name][0] != dtype:  # a [wire] dtype: back to ours
+            state[spec.name] = state[spec.name].to(expected[spec.name][0])
         if check_finite and flat.is_floating_point() and not bool(torch.isfinite(flat).all()):
             bad = int((~torch.isfinite(flat)).sum())
             raise CodecError("invalid", f"tensor {spec.name!r} holds {bad} NaN or infinite values")
-    return DecodedModel(state, meta, total, wire)
+    return DecodedModel(state, meta, total, moved)

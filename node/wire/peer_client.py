@@ -24,6 +24,7 @@ from flmesh.node.transport import ByteCounter, DeliverResult, HelloInfo, PeerSta
 from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.wire.compression import RAW
 from flmesh.node.wire.frames import parse_chunk
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
@@ -72,6 +73,7 @@ class GrpcPeerTransport:
         """``tls``: this process's identity; every channel is then mTLS and checks that the
         server is the peer it is named for."""
         self.tls = tls
+        self.wire = RAW  # how rewound models come back (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
         self._addresses: dict[str, str] = dict(peers or {})
@@ -147,7 +149,8 @@ class GrpcPeerTransport:
 
         def call(link: _Link) -> DecodedModel:
             try:
-                return codec.decode(link.rewind(requests(), timeout=timeout), expected, max_bytes)
+                return codec.decode(link.rewind(requests(), timeout=timeout), expected, max_bytes,
+                                    wire=self.wire)
             except codec.CodecError as exc:  # the peer sent back something we will not use
                 raise PeerError(peer, link.address, exc.code, f"its rewound model: {exc}") from None
 

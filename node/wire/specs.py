@@ -89,9 +89,10 @@ def kind_of(header: pb.ModelHeader) -> str:
     return name
 
 
-def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: int) -> None:
+def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: int,
+                 wire_dtype: torch.dtype | None = None) -> None:
     """Reject a header that is inconsistent, of an unknown kind, too large, or does not fit
-    ``expected``."""
+    ``expected`` (a floating tensor may come as ``wire_dtype``, the federation's [wire] dtype)."""
     kind_of(header)
     total = header.total_bytes
     if total > max_bytes:
@@ -131,7 +132,7 @@ def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: 
             raise CodecError("mismatch", f"unknown tensor {spec.name!r}: the local model has no such tensor")
         dtype, shape = expected[spec.name]
         got_dtype = FROM_WIRE[spec.dtype]
-        if got_dtype != dtype:
+        if got_dtype != dtype and not (got_dtype == wire_dtype and dtype == torch.float32):
             raise CodecError("mismatch", f"tensor {spec.name!r}: dtype {dtype_name(got_dtype)} "
                              f"does not match the local {dtype_name(dtype)}")
         if tuple(spec.shape) != shape:

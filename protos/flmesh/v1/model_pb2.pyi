@@ -33,6 +33,11 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_KIND_CONTRIBUTION: _ClassVar[ModelKind]
     MODEL_KIND_BUFFER: _ClassVar[ModelKind]
     MODEL_KIND_CHECKPOINT: _ClassVar[ModelKind]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_NONE: _ClassVar[Compression]
+    COMPRESSION_ZSTD: _ClassVar[Compression]
 DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT64: DType
@@ -54,6 +59,8 @@ MODEL_KIND_EXTRAS: ModelKind
 MODEL_KIND_CONTRIBUTION: ModelKind
 MODEL_KIND_BUFFER: ModelKind
 MODEL_KIND_CHECKPOINT: ModelKind
+COMPRESSION_NONE: Compression
+COMPRESSION_ZSTD: Compression
 
 class MetaValue(_message.Message):
     __slots__ = ("int_value", "double_value", "string_value", "bool_value")
@@ -82,7 +89,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
-    __slots__ = ("tensors", "total_bytes", "sha256", "round", "sender", "kind", "num_samples", "label_counts", "architecture", "metadata")
+    __slots__ = ("tensors", "total_bytes", "sha256", "round", "sender", "kind", "num_samples", "label_counts", "architecture", "metadata", "compression")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +107,7 @@ class ModelHeader(_message.Message):
     LABEL_COUNTS_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     sha256: bytes
@@ -110,7 +118,8 @@ class ModelHeader(_message.Message):
     label_counts: _containers.RepeatedScalarFieldContainer[int]
     architecture: str
     metadata: _containers.MessageMap[str, MetaValue]
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., metadata: _Optional[_Mapping[str, MetaValue]] = ...) -> None: ...
+    compression: Compression
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., metadata: _Optional[_Mapping[str, MetaValue]] = ..., compression: _Optional[_Union[Compression, str]] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -1,0 +1,97 @@
+"""Start-up: how long the commands take to answer --help, and a node to serve.
+
+    python benchmarks/startup.py [--runs N]
+
+Prints, over N runs (default 5), the min and median wall time of
+``fl-sim --help``, ``fl-node --help`` and ``fl-certs --help``, and of an
+``fl-node`` process from launch until its gRPC health service answers SERVING
+(a 2-node federation on digits; the node binds 127.0.0.1:0 and announces the
+port in --ready-file; the health check is polled every 10 ms). Targets
+(issue 11): --help under 0.5 s, SERVING within 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+BIN = Path(sys.executable).parent
+FEDERATION = """
+[federation]
+name = "startup"
+rounds = 1
+[topology]
+nodes = 2
+[model]
+hidden = [64]
+"""
+
+
+def timed(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    return time.perf_counter() - start
+
+
+def serving(work: Path) -> float:
+    """Seconds from launching fl-node until its health service says SERVING."""
+    fed = work / "fed.toml"
+    fed.write_text(FEDERATION)
+    ready = work / "node0.addr"
+    ready.unlink(missing_ok=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen([str(BIN / "fl-node"), "--id", "node0", "--federation", str(fed), "--listen",
+                             "127.0.0.1:0", "--ready-file", str(ready), "--peer", "node1=127.0.0.1:9",
+                             "--hello-timeout", "30", "--out", str(work / "out")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not ready.exists():
+            if proc.poll() is not None or time.perf_counter() - start > 60:
+                raise SystemExit("fl-node did not start")
+            time.sleep(0.01)
+        channel = grpc.insecure_channel(ready.read_text().strip())
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    break
+            except grpc.RpcError:
+                pass
+            time.sleep(0.01)
+        took = time.perf_counter() - start
+        channel.close()
+        return took
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--runs", type=int, default=5)
+    args = p.parse_args(argv)
+    rows = {}
+    for name in ("fl-sim", "fl-node", "fl-certs"):
+        rows[f"`{name} --help`"] = [timed([str(BIN / name), "--help"]) for _ in range(args.runs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows["`fl-node` launch to health SERVING"] = [serving(Path(tmp)) for _ in range(args.runs)]
+    print(f"\n{args.runs} runs each, seconds\n")
+    print("| what | min | median | target |")
+    print("|---|---:|---:|---:|")
+    for name, values in rows.items():
+        target = "2.0" if "SERVING" in name else "0.5"
+        print(f"| {name} | {min(values):.2f} | {statistics.median(values):.2f} | {target} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
