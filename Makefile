@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-faults lint typecheck protos bench clean FORCE
+.PHONY: demo test test-fast test-faults test-deploy image lint typecheck protos bench clean FORCE
 
 # editable_mode=strict installs a tree of links that type checkers and IDEs can
 # follow (no import hook). The links cover the modules present at install time,
@@ -18,7 +18,7 @@ $(MODULES): FORCE
 $(STAMP): pyproject.toml $(MODULES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,vision]" --config-settings editable_mode=strict
+	$(PY) -m pip install --quiet -e ".[dev,vision,tensorboard]" --config-settings editable_mode=strict
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,10 +27,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -m "not faults"
+	$(PY) -m pytest -q -m "not faults and not deploy"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not faults"
+	$(PY) -m pytest -q -m "not slow and not faults and not deploy"
 
 # Fault injection: killed and resumed processes, network namespaces with packet loss and
 # partitions, slow links. Needs root for the namespaces (their tests say so when skipped);
@@ -39,6 +39,15 @@ test-faults: $(STAMP)
 	@command -v iptables >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables >/dev/null; } || true
 	$(PY) -m pytest -q -m faults
+
+# Containers: the image (offline, from a wheelhouse made here) and a real federation under
+# podman-compose (4 nodes, CWT with rewind, mTLS, one container killed and restarted).
+# deploy/test-deploy.sh installs podman and podman-compose from Debian's archive when missing.
+image: $(STAMP)
+	bash deploy/build-image.sh
+
+test-deploy: $(STAMP)
+	bash deploy/test-deploy.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -2,6 +2,7 @@
 
     fl-node --role aggregator --federation FILE [--listen HOST:PORT] [--ready-file PATH]
             [--out DIR] [--join-timeout S] [--resume] [--set KEY=VALUE ...]
+            [--log-level L] [--log-format text|json] [--metrics-port P] [--tensorboard DIR]
             [--tls-ca PEM --tls-cert PEM --tls-key PEM | --insecure]
 
 Builds the aggregator exactly as ``fl-sim`` does
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from flmesh.node.cli import UsageError, check_address
 from flmesh.node.cli_common import OneLineParser, check_seconds
+from flmesh.node.cli_ops import Ops, add_ops_options, start_ops
 from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 
 if TYPE_CHECKING:
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in the results folder (after a crash or a stop)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_ops_options(p)
     add_tls_options(p)
     return p
 
@@ -61,15 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.coordinator.pictures import draw
     from flmesh.node.checkpoint import CHECKPOINT
     from flmesh.node.node_run import input_errors
+    from flmesh.node.observe import row_scalars, setup_logging
     from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
     from flmesh.topology import FederationError, load_federation
 
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s fl-node aggregator: %(message)s", datefmt="%H:%M:%S")
     prog = "fl-node aggregator"
+    setup_logging("aggregator", args.log_level, args.log_format, prog)
     stopped: list[str] = []
     bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError, FederationError,
-                                              OSError)
+                                              OSError, ValueError)
+    ops = Ops()
     try:
         try:
             check_seconds("--join-timeout", args.join_timeout)
@@ -89,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         tls = tls_from_args(args, "aggregator", listen)
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls)
         aggregator.checkpoint_dir = out
+        ops = start_ops(args, "aggregator", listen)
+        if ops.metrics is not None:
+            aggregator.core.metrics = ops.metrics
         done = restore(aggregator, out) if args.resume else 0
         writer = RunWriter(out, append=args.resume, upto=done)
         if args.resume:
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    if ops.metrics_address is not None:
+        print(f"{prog}: metrics on http://{ops.metrics_address}/metrics", flush=True)
     print(f"{prog}: listening on {address}", flush=True)
     if args.ready_file is not None:
         try:
@@ -119,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     def on_round(row: RoundRow) -> None:
         rows.append(row)
         writer.write_round(row)
+        if ops.metrics is not None:
+            ops.metrics.phase("round", row.wall_s)
+            # the most any one client has released (each client's epsilon is its own budget)
+            spent = max(row.privacy_spent.values()) if row.privacy_spent else None
+            ops.metrics.round_done(row.round, 0, spent)
+        if ops.board is not None:
+            ops.board.scalars(row.round, row_scalars(row))
 
     try:
         aggregator.run(on_round, join_timeout=args.join_timeout)
@@ -145,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             wall_s=round(time.monotonic() - started, 3), out_dir=str(out), host={"pid": os.getpid()})
         summary.pictures = [str(p) for p in draw(writer.rows, out)]
         writer.write_summary(summary)
+        ops.close()
         aggregator.close()
     if stopped:
         print(f"{prog}: stopped by {stopped[0]} after round {len(rows)} of {fed.rounds}; results in {out}",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
 from flmesh.node.algorithms.robust import clip_updates
@@ -32,6 +33,9 @@ from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.wire.compression import WireFormat
 from flmesh.topology import Federation
 from flmesh.topology.sampling import selected
+
+if TYPE_CHECKING:
+    from flmesh.node.metrics import Metrics
 
 #: The longest one Poll waits on the server, whatever the caller asks: a stalled
 #: caller cannot hold a worker thread longer than this.
@@ -71,6 +75,7 @@ class AggregatorCore:
         self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level)  # how models travel
         self.clock = clock
         self.counter = counter or ByteCounter()
+        self.metrics: Metrics | None = None  # Prometheus (--metrics-port): bytes per node
         self.global_state: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
         self.last_accuracy = 0.0
         self._cond = threading.Condition()
@@ -131,6 +136,8 @@ class AggregatorCore:
                               f"aggregator: {node_id} was not sampled for round {round}")
             message = self._message
         self.counter.add_sent("global", message.wire_bytes())
+        if self.metrics is not None:
+            self.metrics.bytes.labels(self.metrics.node, node_id, "sent").inc(message.wire_bytes())
         return message
 
     def submit(self, caller: str | None, chunks: Chunks) -> SubmitResult:
@@ -153,6 +160,8 @@ class AggregatorCore:
         except codec.CodecError as exc:
             raise Refused(exc.code, f"aggregator: {exc}") from None
         self.counter.add_received("update", decoded.wire_bytes)
+        if self.metrics is not None:
+            self.metrics.bytes.labels(self.metrics.node, meta.sender, "received").inc(decoded.wire_bytes)
         state = {k: v for k, v in decoded.state_dict.items() if k in self.model_spec}
         extras = {k: v for k, v in decoded.state_dict.items() if k not in self.model_spec}
         update = Update(meta.sender, meta.round, state, meta.num_samples, tuple(meta.label_counts), extras)

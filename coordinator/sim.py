@@ -117,6 +117,34 @@ def join_threads(threads: list[threading.Thread], timeout: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
+def default_workers(federation: Federation) -> int:
+    """Worker processes for a peer federation: one per core once there are enough nodes to
+    pay for the processes' start-up (each imports torch), else one (measured with
+    benchmarks/scale.py)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    return 1 if len(federation.nodes) < 32 else max(1, min(cores, len(federation.nodes) // 16))
+
+
+def _share_cores(federation: Federation) -> None:
+    """Give each concurrently training node its share of the cores for torch's own threads.
+
+    fl-sim trains many nodes at once on threads; torch releases the GIL inside its kernels,
+    so one intra-op thread per trainer uses the cores without oversubscribing them (with
+    the default, every trainer's kernels spin up a thread per core: measured 30% slower on
+    2 cores, most of it system time). A single trainer (Joint) keeps every core."""
+    import os
+
+    import torch
+
+    agg = federation.aggregator
+    trainers = (1 if federation.baseline == "joint"
+                else max(1, round(len(federation.nodes) * agg.fraction)) if agg is not None
+                else len(federation.nodes))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // trainers))
+
+
 def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return root / f"{federation.name}-{stamp}"
@@ -126,10 +154,12 @@ class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
-                 eval_every: int | None = None, tls: bool = False):
+                 eval_every: int | None = None, tls: bool = False, workers: int | None = None):
         """``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
+        ``workers``: spread a peer federation's nodes over that many processes (default:
+        :func:`default_workers`; 1 for star, continual and Joint runs, which run in one).
         ``tls``: every process gets a certificate from a throwaway CA and every call is mTLS
         with the same checks as a deployment (default: plaintext on 127.0.0.1)."""
         if eval_every is not None:
@@ -147,6 +177,12 @@ class Simulation:
             from flmesh.coordinator.sim_star import StarDriver
 
             self.driver = StarDriver(federation, self.identities)
+        elif (workers or default_workers(federation)) > 1 and federation.tasks is None \
+                and federation.baseline != "joint":
+            from flmesh.coordinator.sim_procs import ProcessPeerDriver
+
+            count = min(workers or default_workers(federation), len(federation.nodes))
+            self.driver = ProcessPeerDriver(federation, count, self.identities)
         else:
             from flmesh.coordinator.sim_peer import PeerDriver
 
@@ -154,6 +190,7 @@ class Simulation:
 
     def start(self) -> None:
         """Split the data, build every process and start its server."""
+        _share_cores(self.federation)
         self.driver.start()
 
     def stop(self) -> None:

@@ -1,6 +1,8 @@
 """``fl-sim``: run a whole federation on localhost from one federation file.
 
-    fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...]
+    fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--tensorboard DIR] [--log-format F]
+    fl-sim report RUN_DIR
+    fl-sim compare RUN_DIR... [--out PNG]
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
 percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures. Exit codes:
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 from flmesh.node.cli_common import OneLineParser
 
 if TYPE_CHECKING:
+    from flmesh.node.observe import Board
     from flmesh.node.results import RoundRow
 
 # Everything heavy (torch, grpc, networkx, rich) is imported after the flags are read, so
@@ -40,12 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
                              "eval_every, 1); star runs still evaluate the global model every round")
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
+    parser.add_argument("--workers", type=int, metavar="K",
+                        help="spread a peer federation's nodes over K processes (default: one per core "
+                             "from 32 nodes on, else 1)")
     parser.add_argument("--tls", action="store_true",
                         help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
                              "on 127.0.0.1)")
     parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="node log level")
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="node log lines: text (default) or json, one object per line on stderr "
+                             "(docs/operations.md)")
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
+                        help="write each round's metrics for TensorBoard here (needs flmesh[tensorboard])")
+    parser.epilog = ("Run tools: fl-sim report RUN_DIR (redraw the pictures, print the summary); "
+                     "fl-sim compare RUN_DIR... [--out PNG] (overlay accuracy curves).")
     return parser
 
 
@@ -53,6 +66,8 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     """The first flag out of its bounds, as one line naming the flag and the bound; None if all fit."""
     from flmesh.topology.checks import MAX_ROUNDS
 
+    if args.workers is not None and not 1 <= args.workers <= 64:
+        return f"--workers: expected an integer from 1 to 64, got {args.workers}"
     for flag, value in (("--rounds", args.rounds), ("--eval-every", args.eval_every)):
         if value is None:
             continue
@@ -91,6 +106,11 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from flmesh.coordinator import run_tools
+
+    if run_tools.is_tool(argv):
+        return run_tools.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     from rich.console import Console
@@ -101,12 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.coordinator.sim import Simulation, default_out_dir
     from flmesh.node.errors import PeerError, UnknownPeerError
     from flmesh.node.node_run import input_errors
+    from flmesh.node.observe import row_scalars
     from flmesh.topology import FederationError, load_federation
 
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False)
-    logging.basicConfig(level=args.log_level, format="%(message)s",
-                        handlers=[RichHandler(console=err, show_path=False)])
+    if args.log_format == "json":
+        from flmesh.node.observe import setup_logging
+
+        setup_logging("fl-sim", args.log_level, "json", "fl-sim")
+    else:
+        logging.basicConfig(level=args.log_level, format="%(message)s",
+                            handlers=[RichHandler(console=err, show_path=False)])
     overrides = list(args.overrides)
     problem = _bad_flag(args)
     if problem is not None:
@@ -118,14 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f'federation.baseline="{args.baseline}"')
     if args.eval_every is not None:
         overrides.append(f"federation.eval_every={args.eval_every}")
-    bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors())
+    bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors(), OSError)
+    board: Board | None = None
     try:
         federation = load_federation(args.file, overrides)
         star = federation.aggregator is not None
         out = args.out if args.out is not None else default_out_dir(federation)
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
         try:
-            sim = Simulation(federation, out, tls=args.tls)
+            if args.tensorboard is not None:
+                from flmesh.node.observe import Board
+
+                board = Board(args.tensorboard)
+            sim = Simulation(federation, out, tls=args.tls, workers=args.workers)
             sim.start()
         except bad_input:
             if made:  # no run, no empty results folder left behind
@@ -170,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             progress.console.print(f"{row.round:>5}  {_pct(row.fa)}  {_pct(row.ff)}  "
                                    f"{_pct(row.pfa)}  {missing:>7}  {row.wall_s:6.2f}{tasks}")
         progress.update(task, completed=row.round)
+        if board is not None:
+            board.scalars(row.round, row_scalars(row))
 
     interrupted = False
     try:
@@ -186,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         sim.close()
+        if board is not None:
+            board.close()
         signal.signal(signal.SIGTERM, previous)
     if summary is None:
         return 130

@@ -165,55 +165,7 @@ class PeerDriver:
                 self._round_done.wait(WAKE_S)
 
     def _row(self, t: int, finished: dict[str, tuple[Report, list[EvalResult]]]) -> RoundRow:
-        ids = [n.node_id for n in self.nodes]
-        if len(self.trainers) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
-            report, evals = next(iter(finished.values()))
-            results = [evals] * len(ids)
-            reports = {i: report for i in ids}
-        else:
-            results = [finished[i][1] for i in ids]
-            reports = {i: finished[i][0] for i in ids}
-        task = getattr(next(iter(reports.values())), "task", None)
-        scope = self._present(task, ids)  # a continual federation counts the nodes already there
-        cols = [ids.index(i) for i in scope]
-        acc = np.array([[results[i][j].accuracy for j in cols] for i in cols])
-        metrics = federation_metrics(acc)
-        correct = np.sum([r.per_class_correct for row in results for r in row], axis=0)
-        total = np.sum([r.per_class_total for row in results for r in row], axis=0)
-        per_class = np.divide(correct, total, out=np.zeros(len(total)), where=total > 0)
-        nodes = {}
-        for i, node_id in enumerate(ids):
-            entry = NodeRound.from_report(reports[node_id])
-            entry.node = node_id
-            own = results[i][i]
-            entry.accuracy = own.accuracy
-            entry.per_class_correct = list(own.per_class_correct)
-            entry.per_class_total = list(own.per_class_total)
-            entry.cross_accuracy = {j: results[i][k].accuracy for k, j in enumerate(ids)}
-            nodes[node_id] = entry
-        missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
-                          for p in (r.missing, None if r.delivered else r.destination) if p})
-        by_kind = {"sent": sum(r.bytes_sent for r in reports.values())}
-        spent = {i: r.privacy_spent for i, r in reports.items()
-                 if isinstance(r, RoundReport) and r.privacy_spent is not None}
-        task_acc = seen = None
-        if task is not None:  # the models of the nodes present, on every task seen so far
-            per_model = [task_accuracy([results[i][j] for j in cols]) for i in cols]
-            task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
-            seen = _mean([sum(results[i][j].correct for j in cols)
-                          / max(1, sum(results[i][j].total for j in cols)) for i in cols])
-        return RoundRow(t, "peer", "fl-sim", fa=metrics.fa, ff=metrics.ff, pfa=metrics.pfa,
-                        accuracy_matrix=Matrix(scope, scope, acc.round(6).tolist()),
-                        task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
-                        per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
-                        bytes_by_kind=by_kind, nodes=nodes,
-                        wall_s=round(max(r.wall_s for r in reports.values()), 4))
-
-    def _present(self, task: int | None, ids: list[str]) -> list[str]:
-        stream = self.federation.tasks
-        if task is None or stream is None:
-            return ids
-        return [i for i in present(stream, ids, task) if i in ids]
+        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)
 
     def _runner(self, trainer: Node) -> Callable[[], object]:
         def on_round(report: Report) -> None:
@@ -225,6 +177,61 @@ class PeerDriver:
         targets = {t.node_id: self._runner(t) for t in self.trainers}
         self._threads = run_threads(targets, self._rows, self.stop)
         yield from self._rows
+
+
+def peer_row(federation: Federation, t: int, ids: list[str],
+             finished: dict[str, tuple[Report, list[EvalResult]]]) -> RoundRow:
+    """Round ``t``'s row from each trainer's report and its model's evaluations on every node's
+    test split (in ``ids`` order); one trainer for several nodes is the Joint baseline."""
+    if len(finished) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
+        report, evals = next(iter(finished.values()))
+        results = [evals] * len(ids)
+        reports = {i: report for i in ids}
+    else:
+        results = [finished[i][1] for i in ids]
+        reports = {i: finished[i][0] for i in ids}
+    task = getattr(next(iter(reports.values())), "task", None)
+    scope = _present(federation, task, ids)  # a continual federation counts the nodes already there
+    cols = [ids.index(i) for i in scope]
+    acc = np.array([[results[i][j].accuracy for j in cols] for i in cols])
+    metrics = federation_metrics(acc)
+    correct = np.sum([r.per_class_correct for row in results for r in row], axis=0)
+    total = np.sum([r.per_class_total for row in results for r in row], axis=0)
+    per_class = np.divide(correct, total, out=np.zeros(len(total)), where=total > 0)
+    nodes = {}
+    for i, node_id in enumerate(ids):
+        entry = NodeRound.from_report(reports[node_id])
+        entry.node = node_id
+        own = results[i][i]
+        entry.accuracy = own.accuracy
+        entry.per_class_correct = list(own.per_class_correct)
+        entry.per_class_total = list(own.per_class_total)
+        entry.cross_accuracy = {j: results[i][k].accuracy for k, j in enumerate(ids)}
+        nodes[node_id] = entry
+    missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
+                      for p in (r.missing, None if r.delivered else r.destination) if p})
+    by_kind = {"sent": sum(r.bytes_sent for r in reports.values())}
+    spent = {i: r.privacy_spent for i, r in reports.items()
+             if isinstance(r, RoundReport) and r.privacy_spent is not None}
+    task_acc = seen = None
+    if task is not None:  # the models of the nodes present, on every task seen so far
+        per_model = [task_accuracy([results[i][j] for j in cols]) for i in cols]
+        task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
+        seen = _mean([sum(results[i][j].correct for j in cols)
+                      / max(1, sum(results[i][j].total for j in cols)) for i in cols])
+    return RoundRow(t, "peer", "fl-sim", fa=metrics.fa, ff=metrics.ff, pfa=metrics.pfa,
+                    accuracy_matrix=Matrix(scope, scope, acc.round(6).tolist()),
+                    task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
+                    per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
+                    bytes_by_kind=by_kind, nodes=nodes,
+                    wall_s=round(max(r.wall_s for r in reports.values()), 4))
+
+
+def _present(federation: Federation, task: int | None, ids: list[str]) -> list[str]:
+    stream = federation.tasks
+    if task is None or stream is None:
+        return ids
+    return [i for i in present(stream, ids, task) if i in ids]
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -29,6 +29,10 @@ class SimIdentities:
         for node_id, paths in federation_pki(Path(self._dir.name), sorted(set(ids))).items():
             self._tls[node_id], _ = load_tls(paths.ca, paths.cert, paths.key, expected_id=node_id)
 
+    def folder(self) -> str | None:
+        """Where the certificates are (``ca.pem``, ``<id>.pem``, ``<id>.key``); None without TLS."""
+        return self._dir.name if self._dir is not None else None
+
     @property
     def enabled(self) -> bool:
         return self._dir is not None

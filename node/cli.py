@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flmesh.node.cli_common import OneLineParser, check_seconds
+from flmesh.node.cli_ops import add_ops_options, show_progress, start_ops
 from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 from flmesh.node.errors import PeerError, UnknownPeerError
+from flmesh.node.observe import setup_logging
 
 if TYPE_CHECKING:
     from flmesh.node.node_run import NodeRun
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a federation-file key, e.g. training.epochs=2")
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in the results folder (after a crash or a stop)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_ops_options(p)
     add_tls_options(p)
     return p
 
@@ -175,20 +177,21 @@ def prepare(args: argparse.Namespace) -> NodeRun:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format=f"%(asctime)s fl-node {args.id}: %(message)s", datefmt="%H:%M:%S")
     prog = f"fl-node {args.id}"
+    setup_logging(args.id, args.log_level, args.log_format, prog)
     from flmesh.node.node_run import input_errors
     from flmesh.topology import FederationError
 
     bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError, FederationError,
-                                              OSError)
+                                              OSError, ValueError)
     try:
         run = prepare(args)
+        run.ops = start_ops(args, args.id, run.listen)
         run.start()
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    show_progress(run.ops, run.node.status, run.federation.rounds, args.log_format == "text")
     if args.peers_file is not None:
         peers_file = args.peers_file
         run.refresh_peers = lambda: run.node.connect(read_peers_file(peers_file, run.federation, args.id))

@@ -188,6 +188,8 @@ class NodeHandlers:
 
             keep_delivery(self.node.checkpoint_dir, key, model)
         self.node.counter.add_received(meta.kind, model.wire_bytes)
+        if self.node.metrics is not None:
+            self.node.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
         if not fresh:
             self.node.log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id, kind,
                                meta.sender, meta.round)

@@ -16,6 +16,7 @@ Blocking; called from the node's round loop only (not thread-safe for one node).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -70,11 +71,16 @@ def train_local(node: Node, round: int, phase: int, regularizers: Sequence[Regul
     Raises TrainingStopped when the node is stopped mid-way (SIGTERM ends a process within a
     training step, not a round)."""
     node.set_state("training")
-    with node.model_lock:
-        return train(node.model, node.data.train, node.training, steps=steps,
-                     seed=node.train_seed(round, salt=phase), device=node.device,
-                     objective=node.objective, regularizers=regularizers, optimizer=optimizer,
-                     stop=node.stop_event.is_set)
+    started = time.monotonic()
+    try:
+        with node.model_lock:
+            return train(node.model, node.data.train, node.training, steps=steps,
+                         seed=node.train_seed(round, salt=phase), device=node.device,
+                         objective=node.objective, regularizers=regularizers, optimizer=optimizer,
+                         stop=node.stop_event.is_set)
+    finally:
+        if node.metrics is not None:
+            node.metrics.phase("train", time.monotonic() - started)
 
 
 def rewind_on(node: Node, target: str, round: int, steps: int,

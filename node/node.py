@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,7 @@ from flmesh.node.wire.specs import fingerprint
 from flmesh.topology import Federation, FederationError
 
 if TYPE_CHECKING:
+    from flmesh.node.metrics import Metrics
     from flmesh.node.wire.limits import StreamLimits
     from flmesh.node.wire.tls import Tls
 
@@ -121,6 +123,7 @@ class Node:
         self.tls: Tls | None = None  # this node's mTLS identity (from_federation sets it)
         self.stream_limits: StreamLimits | None = None  # the server's stream guard (None: defaults)
         self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
+        self.metrics: Metrics | None = None  # Prometheus metrics (set_metrics; None: none kept)
         self.model = self._new_model()
         self.model.to(self.device)
         self.spare = ModelPool(self._new_model, self.device)  # copies that RPC handlers work on
@@ -204,6 +207,14 @@ class Node:
         self.set_state("idle")
         return self.address
 
+    def set_metrics(self, metrics: Metrics) -> None:
+        """Keep Prometheus metrics of this node's rounds, calls and retries in ``metrics``."""
+        self.metrics = metrics
+        self.calls.metrics = metrics
+        for transport in (self.transport, self.aggregator):
+            if transport is not None and hasattr(transport, "metrics"):
+                transport.metrics = metrics
+
     def connect(self, peers: Mapping[str, str]) -> None:
         """Set or update peers' addresses (node id -> HOST:PORT), the replay host's among them."""
         self.transport.connect({p: a for p, a in peers.items() if p != self.node_id})
@@ -283,8 +294,12 @@ class Node:
 
     def evaluate_own(self) -> EvalResult:
         """The node's current model on its own test split."""
+        started = time.monotonic()
         with self.model_lock:
-            return evaluate(self.model, self.data.test, device=self.device)
+            result = evaluate(self.model, self.data.test, device=self.device)
+        if self.metrics is not None:
+            self.metrics.phase("evaluate", time.monotonic() - started)
+        return result
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, round: int) -> RoundReport:
@@ -345,6 +360,9 @@ class Node:
                 from flmesh.node.checkpoint import save
 
                 save(self, t, self.checkpoint_dir)
+            if self.metrics is not None:
+                self.metrics.phase("round", report.wall_s)
+                self.metrics.round_done(t, len(self.inbox), report.privacy_spent)
             reports.append(report)
             if on_round is not None:
                 on_round(report)

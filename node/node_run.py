@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flmesh.node.cli_ops import Ops
 from flmesh.node.errors import PeerError
 from flmesh.node.membership import linger, wait_aggregator_done, wait_for_peers
 from flmesh.node.node import Node, Report
+from flmesh.node.observe import row_scalars
 from flmesh.node.reports import RoundReport, StarReport
 from flmesh.node.results import Final, NodeRound, RoundRow, RunWriter, Summary, mean_bytes, write_atomic
 from flmesh.topology import Federation
@@ -52,6 +54,7 @@ class NodeRun:
         self.listen, self.peers, self.aggregator_address = listen, peers, aggregator
         self.out, self.needed, self.cross_eval, self.hello_timeout = out, needed, cross_eval, hello_timeout
         self.tls, self.resume = tls, resume
+        self.ops = Ops()  # metrics, TensorBoard, progress (cli_ops.start_ops)
         self.first_round = 1  # after --resume: the round after the checkpoint
         self.node: Node
         self.writer: RunWriter
@@ -71,6 +74,8 @@ class NodeRun:
                                          aggregator=self.aggregator_address, state_dir=self.out,
                                          tls=self.tls)
         self.node.checkpoint_dir = self.out
+        if self.ops.metrics is not None:
+            self.node.set_metrics(self.ops.metrics)
         done = restore(self.node, self.out) if self.resume else 0
         self.first_round = done + 1
         try:
@@ -83,7 +88,10 @@ class NodeRun:
         self._started = self.node.clock.now()
 
     def announce(self, ready_file: Path | None) -> None:
-        """Say where this node serves: a stdout line, and ``ready_file`` (written atomically)."""
+        """Say where this node serves: a stdout line, and ``ready_file`` (written atomically).
+        With ``--metrics-port``, a line naming the metrics URL comes first."""
+        if self.ops.metrics_address is not None:
+            print(f"fl-node {self.node_id}: metrics on http://{self.ops.metrics_address}/metrics", flush=True)
         print(f"fl-node {self.node_id}: listening on {self.node.address}", flush=True)
         if ready_file is not None:
             write_atomic(ready_file, f"{self.node.address}\n")
@@ -162,6 +170,8 @@ class NodeRun:
                        bytes_by_kind={"sent": report.bytes_sent, "received": report.bytes_received},
                        wall_s=round(report.wall_s, 4), notes=list(report.notes))
         self.writer.write_round(row)
+        if self.ops.board is not None:
+            self.ops.board.scalars(report.round, row_scalars(row))
         _log_round(report, self.federation.rounds)
 
     # ------------------------------------------------------------------ the end
@@ -185,6 +195,7 @@ class NodeRun:
             wall_s=round(self.node.clock.now() - self._started, 3), out_dir=str(self.out),
             host={"pid": os.getpid()})
         self.writer.write_summary(summary)
+        self.ops.close()
         self.node.stop(grace=1.0)
 
     def _privacy_spent(self) -> dict[str, float] | None:
@@ -216,14 +227,16 @@ def _log_round(report: Report, rounds: int) -> None:
         if report.selected and report.start and report.local:
             log.info("round %d/%d: global %.1f%% -> local %.1f%%%s, submitted, %.1fs", t, rounds,
                      100 * report.start.accuracy, 100 * report.local.accuracy,
-                     f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s)
+                     f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s,
+                     extra={"round": t, "peer": report.rewound_to})
         else:
-            log.info("round %d/%d: not sampled", t, rounds)
+            log.info("round %d/%d: not sampled", t, rounds, extra={"round": t, "peer": None})
     else:
         got = (f", received from {report.source} at {100 * report.received_accuracy:.1f}%"
                if report.received_accuracy is not None else "")
         log.info("round %d/%d: accuracy %.1f%%%s%s%s, %.1fs", t, rounds, 100 * report.local.accuracy, got,
                  f", rewound to {report.rewound_to}" if report.rewound_to else "",
-                 f", sent to {report.delivered_to}" if report.delivered_to else "", report.wall_s)
+                 f", sent to {report.delivered_to}" if report.delivered_to else "", report.wall_s,
+                 extra={"round": t, "peer": report.delivered_to})
     for note in report.notes:
-        log.warning("round %d: %s", t, note)
+        log.warning("round %d: %s", t, note, extra={"round": t, "peer": None})

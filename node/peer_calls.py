@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from flmesh.node.clock import Clock
 from flmesh.node.errors import PeerError
 from flmesh.node.transport import with_retry
+
+if TYPE_CHECKING:
+    from flmesh.node.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -27,6 +30,7 @@ log = logging.getLogger("flmesh.node")
 class PeerCalls:
     def __init__(self, me: str, round_timeout_s: float, clock: Clock, stop: threading.Event):
         self.me, self.round_timeout_s, self.clock, self.stop = me, round_timeout_s, clock, stop
+        self.metrics: Metrics | None = None  # counts retries (--metrics-port)
         self._unreachable: set[str] = set()
         self._lock = threading.Lock()
 
@@ -40,11 +44,14 @@ class PeerCalls:
         """``fn()`` with retries and backoff while ``peer`` may come back; None (logged) when it
         stays unreachable. Blocks up to the retry window."""
         try:
-            result = with_retry(fn, self.retry_window(peer), clock=self.clock, stop=self.stop)
+            on_retry = (lambda _exc: metrics.retry(peer)) if (metrics := self.metrics) is not None else None
+            result = with_retry(fn, self.retry_window(peer), clock=self.clock, stop=self.stop,
+                                on_retry=on_retry)
         except PeerError as exc:
             with self._lock:
                 self._unreachable.add(peer)
-            log.warning("%s: round %d: %s %s failed: %s", self.me, round, what, peer, exc)
+            log.warning("%s: round %d: %s %s failed: %s", self.me, round, what, peer, exc,
+                        extra={"round": round, "peer": peer})
             return None
         with self._lock:
             self._unreachable.discard(peer)

@@ -89,7 +89,7 @@ def _share_gossip(node: Node, round: int) -> None:
                 node.transport.deliver(peer, message, timeout=min(node.round_timeout_s, 30.0))
             except PeerError as exc:
                 node.log.warning("%s: round %d: could not send the %s update to %s: %s", node.node_id,
-                                 round, name, peer, exc)
+                                 round, name, peer, exc, extra={"round": round, "peer": peer})
         client.after_update(round, state, extras, included=False)
 
 
@@ -184,12 +184,14 @@ def _poll_until_open(node: Node, round: int) -> tuple[int, bool, bool]:
                 raise
             if lost is None:
                 node.log.warning("%s: round %d: lost the aggregator (%s); reconnecting for up to %gs",
-                                 node.node_id, round, exc.details or exc.code, remaining)
+                                 node.node_id, round, exc.details or exc.code, remaining,
+                                 extra={"round": round, "peer": "aggregator"})
             lost = exc
             node.clock.sleep(min(1.0, remaining), node.stop_event)
             continue
         if lost is not None:
-            node.log.info("%s: round %d: the aggregator is back", node.node_id, round)
+            node.log.info("%s: round %d: the aggregator is back", node.node_id, round,
+                          extra={"round": round, "peer": "aggregator"})
             lost = None
         if info.round >= round or info.done:
             return info.round, info.selected, info.done

@@ -267,7 +267,8 @@ class ReplayHandlers(Protocol):
 
 def with_retry(fn: Callable[[], T], deadline_s: float, *, clock: Clock = REAL_CLOCK,
                first_backoff_s: float = 0.1, max_backoff_s: float = 2.0,
-               stop: threading.Event | None = None) -> T:
+               stop: threading.Event | None = None,
+               on_retry: Callable[[PeerError], None] | None = None) -> T:
     """Call ``fn`` until it succeeds, raises a non-retryable PeerError, or ``deadline_s`` passes.
 
     Backs off exponentially between tries (on ``clock``). Re-raises the last
@@ -282,5 +283,7 @@ def with_retry(fn: Callable[[], T], deadline_s: float, *, clock: Clock = REAL_CL
             remaining = deadline - clock.now()
             if not exc.retryable or remaining <= 0 or (stop is not None and stop.is_set()):
                 raise
+            if on_retry is not None:
+                on_retry(exc)
             clock.sleep(min(backoff, remaining), stop)
             backoff = min(backoff * 2, max_backoff_s)

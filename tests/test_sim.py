@@ -216,3 +216,19 @@ def test_tls_flag_runs_every_call_over_mtls(tiny_file, tmp_path):
     assert main([str(tiny_file), "--tls", "--rounds", "1", "--out", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 1 and not summary["missing_peers"]
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_numbers(tiny_file, tmp_path):
+    """--workers 2 runs the nodes in two processes (each a real gRPC server, peers over
+    loopback, TLS on): the rows are those of the single-process run."""
+    rows = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        assert main([str(tiny_file), "--workers", str(workers), "--tls", "--rounds", "3", "--out", str(out),
+                     "--quiet", "--set", 'rewind.mode="previous"']) == 0
+        rows[workers] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["config"].get("workers", 1) == workers
+    assert [(r["round"], r["fa"], r["ff"], r["pfa"]) for r in rows[1]] == \
+        [(r["round"], r["fa"], r["ff"], r["pfa"]) for r in rows[2]]

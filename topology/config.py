@@ -172,6 +172,9 @@ class Federation:
     aggregator: AggregatorConfig | None = None
     wire: WireConfig = WireConfig()
     eval_every: int = 1  # FA/FF/PFA every that many rounds and the last (star: global accuracy each round)
+    # what it was parsed from (overrides applied), so another process can parse the same one
+    raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    base_dir: str | None = field(default=None, compare=False, repr=False)
     source: str = "<federation>"
     tasks: TaskStreamConfig | None = None  # a continual federation (topology/tasks.py)
     replay: ReplayConfig | None = None  # replay buffers of class means, with DP sharing

@@ -29,6 +29,7 @@ names one of an allow-list of generators (:data:`flmesh.topology.graphs.GENERATO
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -199,6 +200,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     the current directory. Raises FederationError on the first problem.
     """
     r = SectionReader(source, _REQUIRED)
+    original = copy.deepcopy(dict(raw))  # kept on the result, as it came in
     known = set(_SECTIONS) | {"nodes", "tasks", "replay"}
     for key in raw:
         if key not in known:
@@ -274,7 +276,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         max_model_mib=fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB),
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
-        eval_every=fed.get("eval_every", 1),
+        eval_every=fed.get("eval_every", 1), raw=original, base_dir=str(base),
         wire=WireConfig(**r.section(raw, "wire", _SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay,
     )

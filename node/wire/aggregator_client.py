@@ -7,6 +7,10 @@ Thread-safe; close when done.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
 from flmesh.node.errors import PeerError
 from flmesh.node.transport import AggregatorStatus, ByteCounter, JoinInfo, PollInfo, SubmitResult
 from flmesh.node.wire import codec, serde
@@ -16,6 +20,11 @@ from flmesh.node.wire.compression import RAW
 from flmesh.node.wire.peer_client import rpc
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
+
+if TYPE_CHECKING:
+    from flmesh.node.metrics import Metrics
+
+T = TypeVar("T")
 
 NAME = "aggregator"
 
@@ -29,6 +38,7 @@ class GrpcAggregatorTransport:
         """``tls``: this node's identity; the channel is then mTLS and checks that the server
         holds the certificate of "aggregator"."""
         self.address = address
+        self.metrics: Metrics | None = None  # Prometheus counters of the calls (--metrics-port)
         self.wire = RAW  # how the global model comes (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
@@ -43,16 +53,31 @@ class GrpcAggregatorTransport:
     def close(self) -> None:
         self._channel.close()
 
+    def _rpc(self, method: str, fn: Callable[[], T], busy_wait_s: float = 0.0, sent: int = 0) -> T:
+        """One call to the aggregator, counted in ``metrics`` when they are kept."""
+        if self.metrics is None:
+            return rpc(NAME, self.address, fn, busy_wait_s)
+        start = time.monotonic()
+        try:
+            result = rpc(NAME, self.address, fn, busy_wait_s)
+        except PeerError as exc:
+            self.metrics.call(NAME, method, exc.code, time.monotonic() - start)
+            raise
+        received = getattr(result, "wire_bytes", 0)
+        self.metrics.call(NAME, method, "OK", time.monotonic() - start, sent,
+                          received if isinstance(received, int) else 0)
+        return result
+
     def join(self, node_id: str, num_samples: int, label_counts: list[int], address: str, *,
              timeout: float) -> JoinInfo:
         request = aggregator_pb2.JoinRequest(node_id=node_id, num_samples=num_samples,
                                              label_counts=label_counts, address=address)
-        reply = rpc(NAME, self.address, lambda: self._stub.Join(request, timeout=timeout))
+        reply = self._rpc("Join", lambda: self._stub.Join(request, timeout=timeout))
         return serde.from_proto(JoinInfo, reply)
 
     def poll(self, node_id: str, round: int, *, wait_s: float) -> PollInfo:
         request = aggregator_pb2.PollRequest(node_id=node_id, round=round, wait_s=wait_s)
-        reply = rpc(NAME, self.address, lambda: self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S))
+        reply = self._rpc("Poll", lambda: self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S))
         return serde.from_proto(PollInfo, reply)
 
     def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
@@ -67,17 +92,19 @@ class GrpcAggregatorTransport:
             except codec.CodecError as exc:
                 raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
 
-        result = rpc(NAME, self.address, call, timeout)
+        result = self._rpc("FetchGlobal", call, timeout)
         self.counter.add_received("global", result.wire_bytes)
         return result
 
     def submit(self, update: EncodedModel, *, timeout: float) -> SubmitResult:
-        reply = rpc(NAME, self.address,
-                    lambda: self._submit(update.frames(self.chunk_bytes), timeout=timeout), timeout)
-        self.counter.add_sent("update", update.wire_bytes(self.chunk_bytes))
+        size = update.wire_bytes(self.chunk_bytes)
+        chunk = self.chunk_bytes  # fresh frames on each try: a retry resends the whole update
+        reply = self._rpc("SubmitUpdate", lambda: self._submit(update.frames(chunk), timeout=timeout),
+                          timeout, size)
+        self.counter.add_sent("update", size)
         return serde.from_proto(SubmitResult, reply)
 
     def status(self, *, timeout: float) -> AggregatorStatus:
-        reply = rpc(NAME, self.address, lambda: self._stub.AggregatorStatus(
+        reply = self._rpc("AggregatorStatus", lambda: self._stub.AggregatorStatus(
             aggregator_pb2.AggregatorStatusRequest(), timeout=timeout))
         return serde.from_proto(AggregatorStatus, reply)

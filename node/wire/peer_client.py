@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -28,6 +28,9 @@ from flmesh.node.wire.compression import RAW
 from flmesh.node.wire.frames import parse_chunk
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
+
+if TYPE_CHECKING:
+    from flmesh.node.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -73,6 +76,7 @@ class GrpcPeerTransport:
         """``tls``: this process's identity; every channel is then mTLS and checks that the
         server is the peer it is named for."""
         self.tls = tls
+        self.metrics: Metrics | None = None  # Prometheus counters of the calls (--metrics-port)
         self.wire = RAW  # how rewound models come back (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
@@ -124,20 +128,33 @@ class GrpcPeerTransport:
             self._links[peer] = link
             return link
 
-    def _call(self, peer: str, fn: Callable[[_Link], T], busy_wait_s: float = 0.0) -> T:
+    def _call(self, peer: str, fn: Callable[[_Link], T], busy_wait_s: float = 0.0, method: str = "",
+              sent: int = 0) -> T:
         link = self._link(peer)
-        return rpc(peer, link.address, lambda: fn(link), busy_wait_s)
+        if self.metrics is None:
+            return rpc(peer, link.address, lambda: fn(link), busy_wait_s)
+        start = time.monotonic()
+        try:
+            result = rpc(peer, link.address, lambda: fn(link), busy_wait_s)
+        except PeerError as exc:
+            self.metrics.call(peer, method, exc.code, time.monotonic() - start)
+            raise
+        received = getattr(result, "wire_bytes", 0)
+        self.metrics.call(peer, method, "OK", time.monotonic() - start, sent,
+                          received if isinstance(received, int) else 0)
+        return result
 
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
         request = peer_pb2.HelloRequest(node_id=me, federation=federation, architecture=architecture)
-        reply = self._call(peer, lambda link: link.stub.Hello(request, timeout=timeout))
+        reply = self._call(peer, lambda link: link.stub.Hello(request, timeout=timeout), method="Hello")
         return serde.from_proto(HelloInfo, reply)
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
+        size = model.wire_bytes(self.chunk_bytes)
         reply = self._call(peer, lambda link: link.deliver(model.frames(self.chunk_bytes), timeout=timeout),
-                           timeout)
-        self.counter.add_sent(codec.meta_of(model.header).kind, model.wire_bytes(self.chunk_bytes))
+                           timeout, "Deliver", size)
+        self.counter.add_sent(codec.meta_of(model.header).kind, size)
         return serde.from_proto(DeliverResult, reply)
 
     def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
@@ -154,19 +171,21 @@ class GrpcPeerTransport:
             except codec.CodecError as exc:  # the peer sent back something we will not use
                 raise PeerError(peer, link.address, exc.code, f"its rewound model: {exc}") from None
 
-        result = self._call(peer, call, timeout)
+        result = self._call(peer, call, timeout, "Rewind", model.wire_bytes(self.chunk_bytes))
         self.counter.add_sent("rewind", model.wire_bytes(self.chunk_bytes))
         self.counter.add_received("rewind", result.wire_bytes)
         return result
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult:
+        size = model.wire_bytes(self.chunk_bytes)
         reply = self._call(peer, lambda link: link.evaluate(model.frames(self.chunk_bytes), timeout=timeout),
-                           timeout)
-        self.counter.add_sent("eval", model.wire_bytes(self.chunk_bytes))
+                           timeout, "Evaluate", size)
+        self.counter.add_sent("eval", size)
         return serde.eval_result(reply)
 
     def status(self, peer: str, *, timeout: float) -> PeerStatus:
-        reply = self._call(peer, lambda link: link.stub.Status(peer_pb2.StatusRequest(), timeout=timeout))
+        reply = self._call(peer, lambda link: link.stub.Status(peer_pb2.StatusRequest(), timeout=timeout),
+                           method="Status")
         return serde.from_proto(PeerStatus, reply)
 
     def close(self) -> None:

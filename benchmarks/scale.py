@@ -1,0 +1,118 @@
+"""Scale on one machine: CWT on digits with 10, 50, 100 and 200 nodes in one fl-sim.
+
+    python benchmarks/scale.py [--sizes 10 50 100 200] [--workers K] [--rounds R]
+
+Each size runs as an fl-sim process twice: 1 round and 1 + R rounds (the
+cross-evaluation, N x N, only after the last round: ``--eval-every``), so
+seconds per round = (time of 1 + R rounds - time of 1 round) / R, start-up and
+evaluation taken out. Peak RSS is sampled every 0.1 s over fl-sim and its
+worker processes together (from /proc). Prints, per size: seconds per round,
+peak RSS, and RSS per extra node over the smallest size. Targets (issue 11):
+200 nodes run, at most 30 MiB per extra node, time per round linear in nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+FEDERATION = """
+[federation]
+name = "scale"
+seed = 5
+rounds = 1
+round_timeout_s = 600
+[topology]
+nodes = {nodes}
+graph = "ring"
+schedule = "cwt"
+[training]
+epochs = 0.5
+batch_size = 16
+[data]
+partition = "iid"
+test_fraction = 0.2
+min_samples = 2
+[model]
+hidden = [64]
+"""
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants, MiB (0 when gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+    return total / 1024
+
+
+def run(file: Path, out: Path, rounds: int, workers: int | None) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB of the process tree) of one fl-sim run."""
+    argv = [str(BIN / "fl-sim"), str(file), "--rounds", str(rounds), "--eval-every", str(rounds), "--quiet",
+            "--out", str(out)]
+    if workers is not None:
+        argv += ["--workers", str(workers)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = [0.0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss_mib(proc.pid))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate(timeout=3600)
+    wall = time.perf_counter() - start
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"fl-sim failed at {file}: {err[-2000:]}")
+    return wall, peak[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[10, 50, 100, 200])
+    p.add_argument("--rounds", type=int, default=4, help="rounds timed beyond the first (default 4)")
+    p.add_argument("--workers", type=int, help="fl-sim --workers (default: fl-sim's choice)")
+    args = p.parse_args(argv)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.sizes:
+            file = Path(tmp) / f"scale{n}.toml"
+            file.write_text(FEDERATION.format(nodes=n))
+            one, _ = run(file, Path(tmp) / f"r{n}a", 1, args.workers)
+            more, peak = run(file, Path(tmp) / f"r{n}b", 1 + args.rounds, args.workers)
+            per_round = (more - one) / args.rounds
+            results.append((n, per_round, peak, more))
+            print(f"# {n} nodes: {per_round:.2f} s/round, peak {peak:.0f} MiB", file=sys.stderr, flush=True)
+    base_n, _, base_rss, _ = results[0]
+    print(f"\nCWT on digits, ring graph, 0.5 epoch per round; {args.rounds} timed rounds; workers: "
+          f"{args.workers or 'fl-sim default'}\n")
+    print("| nodes | s / round | per node per round | peak RSS (MiB) | RSS per extra node (MiB) "
+          "| whole run (s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, per_round, peak, total in results:
+        extra = f"{(peak - base_rss) / (n - base_n):.1f}" if n > base_n else "-"
+        per_node = per_round / n * 1000
+        print(f"| {n} | {per_round:.2f} | {per_node:.1f} ms | {peak:.0f} | {extra} | {total:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""``fl-sim --workers K``: the nodes of a peer federation spread over K worker processes.
+
+One process runs a single Python interpreter at a time (the GIL), so a
+simulation on one process uses about one core however many it has. This
+driver starts K workers (:mod:`flmesh.coordinator.sim_worker`), gives each an
+equal share of the nodes (every node still a real gRPC server on 127.0.0.1;
+nodes in different workers talk over loopback like any peers), tells every
+worker every address, and builds each round's row from the reports and
+evaluations the workers send (JSON lines) with the same function as the
+in-process driver (:func:`~flmesh.coordinator.sim_peer.peer_row`), so the
+numbers are the same. Blocking calls are documented on each method; the
+reader threads only append to per-round dicts under a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
+
+from flmesh.coordinator.sim import RowQueue, base_config
+from flmesh.coordinator.sim_peer import peer_row
+from flmesh.coordinator.sim_tls import SimIdentities
+from flmesh.coordinator.sim_worker import report_from_json
+from flmesh.node.errors import PeerError
+from flmesh.node.reports import EvalResult, RoundReport
+from flmesh.node.results import RoundRow
+from flmesh.topology import Federation
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message is its one line."""
+
+
+class ProcessPeerDriver:
+    def __init__(self, federation: Federation, workers: int, identities: SimIdentities):
+        if federation.raw is None or federation.base_dir is None:
+            raise ValueError("a federation for worker processes must come from parse_federation")
+        self.federation = federation
+        self.workers = workers
+        self.identities = identities
+        self.ids = federation.node_ids
+        self._procs: list[subprocess.Popen[str]] = []
+        self._readers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._finished: dict[int, dict[str, tuple[RoundReport, list[EvalResult]]]] = {}
+        self._done_workers = 0
+        self._rounds_done = 0
+        self._rows = RowQueue()
+
+    def config(self) -> dict[str, Any]:
+        fed = self.federation
+        return {**base_config(fed), "schedule": fed.topology.schedule, "baseline": fed.baseline,
+                "graph": fed.topology.graph, "eval_every": fed.eval_every, "workers": self.workers}
+
+    @property
+    def rounds_done(self) -> int:
+        return self._rounds_done
+
+    def start(self) -> None:
+        """Start the workers and exchange every node's address. Blocks until all serve."""
+        fed = self.federation
+        tls_dir = self.identities.folder()
+        shares = [self.ids[i::self.workers] for i in range(self.workers)]
+        addresses: dict[str, str] = {}
+        for ids in shares:
+            proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_worker"], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self._procs.append(proc)
+            order = {"federation": fed.raw, "source": fed.source, "base_dir": fed.base_dir, "ids": ids,
+                     "tls_dir": str(tls_dir) if tls_dir else None}
+            self._send(proc, order)
+        for proc in self._procs:
+            addresses.update(self._read(proc)["addresses"])
+        for proc in self._procs:
+            self._send(proc, {"peers": addresses})
+        for proc in self._procs:
+            assert proc.stdout is not None
+            reader = threading.Thread(target=self._follow, args=(proc.stdout,), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    @staticmethod
+    def _send(proc: subprocess.Popen[str], message: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(message, default=str) + "\n")
+        proc.stdin.flush()
+
+    @staticmethod
+    def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        message: dict[str, Any] = json.loads(line) if line else {"error": "a worker exited early"}
+        if "error" in message:
+            raise WorkerError(f"worker: {message['error']}")
+        return message
+
+    def _follow(self, stream: IO[str]) -> None:
+        """Reader thread: one worker's reports, until it is done."""
+        for line in stream:
+            message = json.loads(line)
+            if "error" in message:
+                self._rows.fail(PeerError("worker", "", "UNAVAILABLE", str(message["error"])))
+                self.stop()
+                return
+            if message.get("done"):
+                break
+            report, evals = report_from_json(message)
+            self._record(report, evals)
+        with self._lock:
+            self._done_workers += 1
+            if self._done_workers == len(self._procs):
+                self._rows.end()
+
+    def _record(self, report: RoundReport, evals: list[EvalResult]) -> None:
+        with self._lock:
+            round_reports = self._finished.setdefault(report.round, {})
+            round_reports[report.node] = (report, evals)
+            if len(round_reports) == len(self.ids):
+                finished = self._finished.pop(report.round)
+                self._rows.put(peer_row(self.federation, report.round, self.ids, dict(finished)))
+                self._rounds_done = report.round
+
+    def rows(self) -> Iterator[RoundRow]:
+        """Finished rounds' rows, in round order (every node reports round t before t+1).
+        Blocks until the next row or the end."""
+        yield from self._rows
+
+    def stop(self) -> None:
+        """Ask every worker to stop its nodes soon. Thread-safe, idempotent."""
+        for proc in self._procs:
+            try:
+                self._send(proc, {"stop": True})
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # already gone
+
+    def close(self) -> None:
+        """Stop the workers and wait for them (killed after a grace period). Blocks."""
+        self.stop()
+        for proc in self._procs:
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait(timeout=self.federation.round_timeout_s)
+            except (subprocess.TimeoutExpired, OSError):
+                proc.kill()
+                proc.wait()

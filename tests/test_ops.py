@@ -1,0 +1,185 @@
+"""Operations: Prometheus /metrics scraped over HTTP from live fl-node processes, JSON log
+lines, TensorBoard event files, and the run tools (fl-sim report / compare)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from flmesh.coordinator import run_tools
+from flmesh.coordinator.sim_cli import main as sim_main
+from flmesh.node.metrics import Metrics
+from flmesh.node.observe import JsonFormatter
+
+from conftest import wait_until
+from procs import federation_file, launch
+
+FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a /metrics page: (name, labels) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def metrics_url(proc: subprocess.Popen) -> str:
+    """The URL the process announced on stdout (its first line, before 'listening on')."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "metrics on http://" in line, line
+    return line.split("metrics on ", 1)[1].strip()
+
+
+@pytest.mark.slow
+def test_node_metrics_are_served_over_http_and_move_with_the_rounds(tmp_path):
+    ids = ["a", "b", "c"]
+    fed = federation_file(tmp_path, ids, rounds=12)
+    procs = launch(tmp_path, fed, ids, "--metrics-port", "0", "--log-format", "json")
+    try:
+        url = metrics_url(procs["a"])
+        first: dict = {}
+
+        def some_rounds() -> bool:
+            first.update(scrape(url))
+            return total(first, "flmesh_rounds_completed_total") >= 2
+
+        wait_until(some_rounds, timeout=240, interval=0.2)
+        later: dict = {}
+
+        def more_rounds() -> bool:
+            later.update(scrape(url))
+            done = total(later, "flmesh_rounds_completed_total")
+            return done > total(first, "flmesh_rounds_completed_total")
+
+        wait_until(more_rounds, timeout=240, interval=0.2)
+        assert total(later, "flmesh_current_round") > total(first, "flmesh_current_round")
+        # a ring: a receives from its predecessor and sends to its successor, both counted per peer
+        assert total(later, "flmesh_bytes_total", node="a", direction="received") > 0
+        assert total(later, "flmesh_bytes_total", node="a", direction="sent") > 0
+        assert total(later, "flmesh_transfers_total", node="a", status="OK") > 0
+        assert total(later, "flmesh_seconds_count", node="a", phase="train") >= 2
+        assert total(later, "flmesh_seconds_count", node="a", phase="round") >= 2
+        for proc in procs.values():
+            assert proc.wait(timeout=300) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert procs["a"].stderr is not None
+    lines = [json.loads(line) for line in procs["a"].stderr.read().splitlines() if line.startswith("{")]
+    assert lines, "no JSON log lines"
+    assert {"time", "level", "node", "round", "peer", "event"} <= set(lines[0])
+    assert all(entry["node"] == "a" for entry in lines)
+    assert any(entry["round"] is not None for entry in lines), "no line names its round"
+
+
+def test_metrics_count_calls_retries_and_phases_per_peer():
+    m = Metrics("n1")
+    server = m.serve(0)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    before = scrape(url)
+    m.call("n2", "Deliver", "OK", 0.2, sent=1000)
+    m.call("n2", "Deliver", "UNAVAILABLE", 0.1)
+    m.retry("n2")
+    m.round_done(3, inbox=2, privacy=0.5)
+    after = scrape(url)
+    server.shutdown()
+    assert total(before, "flmesh_transfers_total") == 0
+    assert total(after, "flmesh_transfers_total", peer="n2", status="OK") == 1
+    assert total(after, "flmesh_transfers_total", peer="n2", status="UNAVAILABLE") == 1
+    assert total(after, "flmesh_bytes_total", peer="n2", direction="sent") == 1000
+    assert total(after, "flmesh_retries_total", peer="n2") == 1
+    assert total(after, "flmesh_current_round") == 3
+    assert total(after, "flmesh_inbox_depth") == 2
+    assert total(after, "flmesh_privacy_spent_epsilon") == 0.5
+    assert total(after, "flmesh_seconds_count", phase="transfer") == 2
+
+
+def test_json_formatter_carries_round_and_peer_from_extra():
+    import logging
+
+    record = logging.LogRecord("flmesh.node", logging.WARNING, __file__, 1, "peer %s late", ("b",), None)
+    record.round, record.peer = 4, "b"
+    entry = json.loads(JsonFormatter("a").format(record))
+    assert entry["node"] == "a" and entry["round"] == 4 and entry["peer"] == "b"
+    assert entry["event"] == "peer b late" and entry["level"] == "warning"
+
+
+def quick_run(tmp_path: Path, name: str, *extra: str) -> Path:
+    fed = tmp_path / f"{name}.toml"
+    fed.write_text(f"""
+[federation]
+name = "{name}"
+seed = 3
+rounds = 3
+[training]
+epochs = 0.5
+[topology]
+nodes = 3
+[model]
+hidden = [16]
+""")
+    out = tmp_path / name
+    assert sim_main([str(fed), "--out", str(out), "--quiet", *extra]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_tensorboard_report_and_compare(tmp_path, capsys):
+    board = tmp_path / "tb"
+    one = quick_run(tmp_path, "one", "--tensorboard", str(board))
+    two = quick_run(tmp_path, "two", "--set", "training.lr=0.2")
+    events = list(board.glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(board))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("federation/FA")] == [1, 2, 3]
+
+    (one / "accuracy.png").unlink()
+    capsys.readouterr()
+    assert sim_main(["report", str(one)]) == 0
+    printed = capsys.readouterr().out
+    assert (one / "accuracy.png").exists() and "one" in printed and "FA %" in printed
+
+    png = tmp_path / "both.png"
+    assert sim_main(["compare", str(one), str(two), "--out", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert png.stat().st_size > 0 and "one" in printed and "two" in printed
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (one, two)]
+    finals = [run_tools.final_metrics(s)["FA %"] for s in summaries]
+    assert all(f in printed for f in finals)
+
+
+def test_run_tools_refuse_what_is_not_a_run_in_one_line(tmp_path, capsys):
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "rounds.jsonl").write_text("{}\n")
+    (tmp_path / "half" / "summary.json").write_text("{not json")
+    cases = [(["report", str(tmp_path / "nope")], "no such run folder"),
+             (["report", str(tmp_path)], "not a run folder (no rounds.jsonl)"),
+             (["compare", str(tmp_path / "half")], "summary.json: not JSON")]
+    for argv, message in cases:
+        assert sim_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_fl_sim_help_names_the_run_tools():
+    done = subprocess.run([FL_SIM, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "fl-sim report RUN_DIR" in done.stdout
