@@ -228,3 +228,52 @@ def test_a_node_keeps_only_its_own_share_in_memory():
         # a copy, not a view into the whole data set: its storage holds exactly its own samples
         assert mine.x.untyped_storage().nbytes() == mine.x.numel() * mine.x.element_size()
     assert len(own.train) + len(own.test) < len(load_digits())
+
+
+@pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.0), ("sgd", 0.9), ("adam", 0.0)])
+def test_plain_step_is_step_bit_for_bit(monkeypatch, optimizer, momentum):
+    """The update without torch.compile's wrappers gives exactly optimizer.step()'s numbers."""
+    import copy
+
+    from flmesh.node.learning import lean_torch
+    from flmesh.node.learning.trainer import make_optimizer
+
+    monkeypatch.setattr(lean_torch, "_keep_dynamo", lambda: False)  # this process may hold dynamo
+    torch.manual_seed(3)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    reference = copy.deepcopy(plain)
+    cfg = TrainingConfig(optimizer=optimizer, momentum=momentum, weight_decay=1e-3, lr=0.1)
+    opt_plain, opt_ref = make_optimizer(plain, cfg), make_optimizer(reference, cfg)
+    assert lean_torch._update_of(opt_plain) is not None, "torch's step wrappers changed: check lean_torch"
+    x = torch.randn(16, 8)
+    for _ in range(5):
+        for model, opt, step in ((plain, opt_plain, lean_torch.plain_step), (reference, opt_ref, None)):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            if step is not None:
+                step(opt)
+            else:
+                opt.step()
+    for a, b in zip(plain.state_dict().values(), reference.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert str(opt_plain.state_dict()) == str(opt_ref.state_dict())
+
+
+def test_training_never_imports_the_compiler_stack():
+    """A node trains without loading torch._dynamo (~70 MiB on an edge device)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from flmesh.node.learning.trainer import make_optimizer\n"
+            "from flmesh.node.learning.lean_torch import plain_step\n"
+            "from flmesh.topology import TrainingConfig\n"
+            "m = torch.nn.Linear(4, 2)\n"
+            "for name in ('sgd', 'adam'):\n"
+            "    opt = make_optimizer(m, TrainingConfig(optimizer=name))\n"
+            "    m(torch.ones(3, 4)).sum().backward(); plain_step(opt); opt.zero_grad()\n"
+            "    opt.load_state_dict(opt.state_dict())\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
