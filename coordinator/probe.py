@@ -69,7 +69,8 @@ def _channel(args: argparse.Namespace) -> tuple[grpc.Channel, str]:
     if not all(given):
         missing = [flag for flag, value in zip(("--tls-ca", "--tls-cert", "--tls-key"), given, strict=True)
                    if value is None]
-        raise ValueError("TLS needs --tls-ca, --tls-cert and --tls-key together; missing " + ", ".join(missing))
+        raise ValueError("TLS needs --tls-ca, --tls-cert and --tls-key together; missing "
+                         + ", ".join(missing))
     from flmesh.node.wire.certs import CertError
     from flmesh.node.wire.tls import load_tls
 

@@ -13,6 +13,7 @@
 #                                     BASE=python:3.12-slim pulls the standard one from a registry.
 #   EXTRAS=                           flmesh extras to install, e.g. "vision" (torchvision)
 #   TORCH_WHEELS=/opt/wheels          a folder searched for a CPU torch wheel for the base's Python
+#                                     (and a CPU torchvision with EXTRAS=vision); TORCH_WHEELS= skips it
 #   TORCH_INDEX=https://download.pytorch.org/whl/cpu
 #                                     where the CPU torch (and torchvision) come from when no such wheel
 #                                     is found; TORCH_INDEX= takes torch from PyPI (a CUDA build: large)
@@ -32,7 +33,7 @@ IMAGE=${IMAGE:-localhost/flmesh:latest}
 LOCAL_BASE=localhost/local/flmesh-base
 BASE=${BASE:-$LOCAL_BASE}
 EXTRAS=${EXTRAS:-}
-TORCH_WHEELS=${TORCH_WHEELS:-/opt/wheels}
+TORCH_WHEELS=${TORCH_WHEELS-/opt/wheels}
 TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 PYTHON=${PYTHON:-$repo/.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=python3
@@ -135,11 +136,27 @@ for extra in ${EXTRAS//,/ }; do
   [ -f "$reqs/extra-$extra.txt" ] || die "EXTRAS=$EXTRAS: flmesh has no extra '$extra'"
   extra_reqs+=(-r "$reqs/extra-$extra.txt")
 done
-torch_wheel=$(ls "$TORCH_WHEELS"/torch-*+cpu-"$cp-$cp"-*"_$arch.whl" 2>/dev/null | sort -V | tail -n 1 || true)
+torch_wheel=""
+[ -z "$TORCH_WHEELS" ] ||
+  torch_wheel=$(ls "$TORCH_WHEELS"/torch-*+cpu-"$cp-$cp"-*"_$arch.whl" 2>/dev/null | sort -V | tail -n 1 || true)
+vision_wheel=""
+case ",$EXTRAS," in *,vision,*)
+  if [ -n "$torch_wheel" ]; then
+    # PyPI's torchvision is built against PyPI's (CUDA) torch and does not load with a CPU torch:
+    # a CPU torchvision wheel must sit beside the CPU torch wheel.
+    vision_wheel=$(ls "$TORCH_WHEELS"/torchvision-*+cpu-"$cp-$cp"-*"_$arch.whl" 2>/dev/null | sort -V | tail -n 1 \
+      || true)
+    [ -n "$vision_wheel" ] || die "EXTRAS=vision: $TORCH_WHEELS has a CPU torch but no CPU torchvision wheel" \
+      "for $cp (add the one built for $(basename "$torch_wheel"), or set TORCH_WHEELS= to take both from" \
+      "TORCH_INDEX)"
+  fi ;;
+esac
 key=$(cat "$reqs"/*.txt | sha256sum | cut -c1-16)
 key="wheelhouse-1 $key $BASE $pyver $glibc $arch extras=$EXTRAS torch=${torch_wheel:-index:$TORCH_INDEX}"
+[ -z "$vision_wheel" ] || key="$key vision=$vision_wheel"
 if [ "$(cat "$ctx/deps.key" 2>/dev/null)" != "$key" ]; then
   say "making the wheelhouse for Python $pyver ($arch, glibc $glibc) in $deps"
+  rm -f "$ctx/deps.key"
   rm -rf "$deps" && mkdir -p "$deps"
   pins=$reqs/pins.txt
   : >"$pins"
@@ -149,6 +166,11 @@ if [ "$(cat "$ctx/deps.key" 2>/dev/null)" != "$key" ]; then
     version=$(basename "$torch_wheel" | cut -d- -f2)
     echo "torch==$version" >>"$pins"
     direct+=("$torch_wheel")
+    if [ -n "$vision_wheel" ]; then
+      say "torchvision: $vision_wheel"
+      echo "torchvision==$(basename "$vision_wheel" | cut -d- -f2)" >>"$pins"
+      direct+=("$vision_wheel")
+    fi
   elif [ -n "$TORCH_INDEX" ]; then
     cpu=(torch)
     case ",$EXTRAS," in *,vision,*) cpu+=(torchvision) ;; esac
@@ -193,10 +215,16 @@ fi
 
 # 5. the image -------------------------------------------------------------------------------------
 say "building $IMAGE from $BASE (extras: ${EXTRAS:-none})"
+previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 if ! podman build --format docker --network=none --build-arg "BASE=$BASE" --build-arg "EXTRAS=$EXTRAS" \
     -t "$IMAGE" -f "$ctx/Containerfile" "$ctx" >"$W/build.log" 2>&1; then
   tail -n 30 "$W/build.log" >&2
   die "podman build failed; the whole log is $W/build.log"
+fi
+# The image this build replaced (now untagged) goes, unless a container still uses it; the build
+# cache stays.
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
 fi
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 say "built $IMAGE ($((size / 1024 / 1024)) MiB) in $(($(date +%s) - start)) s"

@@ -330,8 +330,9 @@ class Node:
         """Run rounds ``first``..``rounds`` (default: the federation's) and return their reports.
 
         This is the one round loop: fl-node, fl-sim and embedders all call it,
-        with ``on_round`` receiving each report as soon as its round ends (after
-        the round's checkpoint, when ``checkpoint_dir`` is set). A star node
+        with ``on_round`` receiving each report as soon as its round ends (before
+        the round's checkpoint, when ``checkpoint_dir`` is set: a crash between the two
+        re-runs the round on ``--resume`` instead of losing its row). A star node
         joins its aggregator first. Stops early (after the round in
         progress, or at once when it is training: that round is dropped) when
         :meth:`cancel` is called. Raises
@@ -356,6 +357,9 @@ class Node:
                 report: Report = self.run_star_round(t) if star else self.run_round(t)
             except TrainingStopped:  # stop() came mid-training: the round is incomplete, keep it out
                 break
+            reports.append(report)
+            if on_round is not None:  # the row first: a crash before the checkpoint re-runs the round
+                on_round(report)
             if self.checkpoint_dir is not None:
                 from flmesh.node.checkpoint import save
 
@@ -363,9 +367,6 @@ class Node:
             if self.metrics is not None:
                 self.metrics.phase("round", report.wall_s)
                 self.metrics.round_done(t, len(self.inbox), report.privacy_spent)
-            reports.append(report)
-            if on_round is not None:
-                on_round(report)
         return reports
 
 
