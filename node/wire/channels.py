@@ -41,6 +41,11 @@ _CHANNEL_OPTIONS = _COMMON_OPTIONS + [
     # Model streams are large: let one stream's flow-control window grow.
     ("grpc.http2.bdp_probe", 1),
     ("grpc.enable_retries", 0),
+    # One connection per channel: gRPC otherwise shares a connection between channels to the same
+    # address, and nodes simulated in one process would then look like one caller to a server's
+    # stream guard (plaintext callers are told apart by their connection) and share its per-caller
+    # limit: two joining nodes waiting on the replay buffer then starved the others' submits.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
