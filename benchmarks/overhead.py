@@ -17,6 +17,7 @@ system) and peak RSS of each (medians), the ratios, and both final accuracies
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import subprocess
@@ -69,6 +70,13 @@ def final_accuracy(text: str) -> str:
     return f"{found[-1][1]}%" if found else "?"
 
 
+def summary_accuracy(run_dir: Path) -> str:
+    """fl-sim's final FA (peer runs) or global accuracy (star runs), from its summary.json."""
+    final = json.loads((run_dir / "summary.json").read_text()).get("final") or {}
+    value = final.get("fa") if final.get("fa") is not None else final.get("accuracy")
+    return f"{100 * value:.2f}%" if value is not None else "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one run of each command per job")
@@ -84,16 +92,17 @@ def main(argv: list[str] | None = None) -> int:
                 "quick start: 10 nodes CWT, 40 rounds x 0.5 epoch, N x N eval":
                     REPO / "examples/quickstart.toml"}
         plain_loop = str(REPO / "benchmarks/plain_loop.py")
-        for name, file in jobs.items():
+        for j, (name, file) in enumerate(jobs.items()):
             runs: dict[str, list[tuple[float, float, float, str]]] = {"plain": [], "fl-sim": []}
             for i in range(repeats):
                 runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
-                sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"run{i}")]
+                sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-run{i}")]
                 runs["fl-sim"].append(measure(sim, work))
                 print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, fl-sim "
                       f"{runs['fl-sim'][-1][0]:.1f}s", file=sys.stderr, flush=True)
-            med = {k: [statistics.median(r[j] for r in v) for j in range(3)] for k, v in runs.items()}
-            accuracy = (final_accuracy(runs["plain"][-1][3]), final_accuracy(runs["fl-sim"][-1][3]))
+            med = {k: [statistics.median(r[c] for r in v) for c in range(3)] for k, v in runs.items()}
+            last = work / f"job{j}-run{repeats - 1}"
+            accuracy = (final_accuracy(runs["plain"][-1][3]), summary_accuracy(last))
             rows.append((name, med, *accuracy))
     print(f"\nMedians of {repeats} alternated run(s) per command, whole processes (start-up included)\n")
     print("| job | plain loop: wall s / CPU s / peak MiB | fl-sim: wall s / CPU s / peak MiB "

@@ -13,6 +13,7 @@ port in --ready-file; the health check is polled every 10 ms). Targets
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,9 @@ hidden = [64]
 """
 
 
+RUN = itertools.count()  # each launch gets its own ready file and results folder
+
+
 def timed(argv: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
@@ -45,17 +49,19 @@ def serving(work: Path) -> float:
     """Seconds from launching fl-node until its health service says SERVING."""
     fed = work / "fed.toml"
     fed.write_text(FEDERATION)
-    ready = work / "node0.addr"
-    ready.unlink(missing_ok=True)
+    runs = next(RUN)
+    ready = work / f"node0-{runs}.addr"
+    out = work / f"out-{runs}"  # a fresh results folder each run (fl-node never starts over old results)
     start = time.perf_counter()
     proc = subprocess.Popen([str(BIN / "fl-node"), "--id", "node0", "--federation", str(fed), "--listen",
                              "127.0.0.1:0", "--ready-file", str(ready), "--peer", "node1=127.0.0.1:9",
-                             "--hello-timeout", "30", "--out", str(work / "out")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--hello-timeout", "30", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while not ready.exists():
             if proc.poll() is not None or time.perf_counter() - start > 60:
-                raise SystemExit("fl-node did not start")
+                proc.kill()
+                raise SystemExit("fl-node did not start: " + (proc.communicate()[1] or "").strip()[-500:])
             time.sleep(0.01)
         channel = grpc.insecure_channel(ready.read_text().strip())
         stub = health_pb2_grpc.HealthStub(channel)
