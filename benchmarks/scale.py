@@ -2,11 +2,13 @@
 
     python benchmarks/scale.py [--sizes 10 50 100 200] [--workers K] [--rounds R]
 
-Each size runs as an fl-sim process twice: 1 round and 1 + R rounds (the
-cross-evaluation, N x N, only after the last round: ``--eval-every``), so
-seconds per round = (time of 1 + R rounds - time of 1 round) / R, start-up and
-evaluation taken out. Peak RSS is sampled every 0.1 s over fl-sim and its
-worker processes together (from /proc). Prints, per size: seconds per round,
+Each size runs as one fl-sim process of 1 + R rounds with a row (and the exact
+N x N cross-evaluation) every second round (``--eval-every 2``); seconds per
+round is the median of those rounds' own wall times (``wall_s`` in
+rounds.jsonl: the slowest node's round, which the evaluation after it does not
+enter), the last row left out, so start-up and evaluation are not counted.
+Peak RSS is sampled every 0.1 s over fl-sim and its worker processes together
+(from /proc). Prints, per size: seconds per round,
 peak RSS, and RSS per extra node over the smallest size. Targets (issue 11):
 200 nodes run, at most 30 MiB per extra node, time per round linear in nodes.
 """
@@ -14,12 +16,15 @@ peak RSS, and RSS per extra node over the smallest size. Targets (issue 11):
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from flmesh.node.results import read_rows
 
 BIN = Path(sys.executable).parent
 FEDERATION = """
@@ -61,8 +66,9 @@ def tree_rss_mib(pid: int) -> float:
 
 
 def run(file: Path, out: Path, rounds: int, workers: int | None) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB of the process tree) of one fl-sim run."""
-    argv = [str(BIN / "fl-sim"), str(file), "--rounds", str(rounds), "--eval-every", str(rounds), "--quiet",
+    """(wall seconds, peak RSS MiB of the process tree) of one fl-sim run, results in ``out``."""
+    # rows (and FA) every second round: each row carries its round's wall time
+    argv = [str(BIN / "fl-sim"), str(file), "--rounds", str(rounds), "--eval-every", "2", "--quiet",
             "--out", str(out)]
     if workers is not None:
         argv += ["--workers", str(workers)]
@@ -88,7 +94,7 @@ def run(file: Path, out: Path, rounds: int, workers: int | None) -> tuple[float,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 50, 100, 200])
-    p.add_argument("--rounds", type=int, default=4, help="rounds timed beyond the first (default 4)")
+    p.add_argument("--rounds", type=int, default=8, help="rounds beyond the first (default 8)")
     p.add_argument("--workers", type=int, help="fl-sim --workers (default: fl-sim's choice)")
     args = p.parse_args(argv)
     results = []
@@ -96,14 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.sizes:
             file = Path(tmp) / f"scale{n}.toml"
             file.write_text(FEDERATION.format(nodes=n))
-            one, _ = run(file, Path(tmp) / f"r{n}a", 1, args.workers)
-            more, peak = run(file, Path(tmp) / f"r{n}b", 1 + args.rounds, args.workers)
-            per_round = (more - one) / args.rounds
+            out = Path(tmp) / f"r{n}"
+            more, peak = run(file, out, 1 + args.rounds, args.workers)
+            walls = [row["wall_s"] for row in read_rows(out / "rounds.jsonl")][:-1]
+            per_round = statistics.median(walls)
             results.append((n, per_round, peak, more))
             print(f"# {n} nodes: {per_round:.2f} s/round, peak {peak:.0f} MiB", file=sys.stderr, flush=True)
     base_n, _, base_rss, _ = results[0]
-    print(f"\nCWT on digits, ring graph, 0.5 epoch per round; {args.rounds} timed rounds; workers: "
-          f"{args.workers or 'fl-sim default'}\n")
+    print(f"\nCWT on digits, ring graph, 0.5 epoch per round; {args.rounds + 1} rounds, a row every 2; "
+          f"workers: {args.workers or 'fl-sim default'}\n")
     print("| nodes | s / round | per node per round | peak RSS (MiB) | RSS per extra node (MiB) "
           "| whole run (s) |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -118,13 +118,15 @@ def join_threads(threads: list[threading.Thread], timeout: float) -> None:
 
 
 def default_workers(federation: Federation) -> int:
-    """Worker processes for a peer federation: one per core once there are enough nodes to
-    pay for the processes' start-up (each imports torch), else one (measured with
-    benchmarks/scale.py)."""
+    """Worker processes for a peer federation: one per two cores once there are enough nodes to
+    pay for the processes' start-up (each imports torch), else one. On 2 cores one process is
+    faster at every size benchmarks/scale.py runs (10 to 200 nodes: the main process's
+    gRPC and hand-off threads already keep the second core busy), so the default there is 1;
+    more processes are for machines with cores to spare (not measured here)."""
     import os
 
     cores = os.cpu_count() or 1
-    return 1 if len(federation.nodes) < 32 else max(1, min(cores, len(federation.nodes) // 16))
+    return 1 if len(federation.nodes) < 32 else max(1, min(cores // 2, len(federation.nodes) // 16))
 
 
 def _share_cores(federation: Federation) -> None:

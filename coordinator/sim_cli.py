@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
     parser.add_argument("--workers", type=int, metavar="K",
-                        help="spread a peer federation's nodes over K processes (default: one per core "
+                        help="spread a peer federation's nodes over K processes (default: one per two cores "
                              "from 32 nodes on, else 1)")
     parser.add_argument("--tls", action="store_true",
                         help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
