@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    show_progress(run.ops, run.node.status, run.federation.rounds, args.log_format == "text")
+    show_progress(run.ops, run.node.status, run.federation.rounds, args.log_format == "text",
+                  run.node.activity)
     if args.peers_file is not None:
         peers_file = args.peers_file
         run.refresh_peers = lambda: run.node.connect(read_peers_file(peers_file, run.federation, args.id))

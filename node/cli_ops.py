@@ -66,10 +66,12 @@ def start_ops(args: argparse.Namespace, identity: str, listen: str) -> Ops:
     return ops
 
 
-def show_progress(ops: Ops, status: Any, rounds: int, enabled: bool) -> None:
-    """A live line on stderr (round, phase, rounds done) while the process runs, when stderr is
-    a terminal and ``enabled``; nothing in a pipe or a log file. ``status()`` returns the
-    process's :class:`~flmesh.node.transport.PeerStatus`. Runs on a daemon thread."""
+def show_progress(ops: Ops, status: Any, rounds: int, enabled: bool, activity: Any = None) -> None:
+    """A live line on stderr (round, phase and the peer it involves, last accuracy) while the
+    process runs, when stderr is a terminal and ``enabled``; nothing in a pipe or a log file.
+    ``status()`` returns the process's :class:`~flmesh.node.transport.PeerStatus`,
+    ``activity()`` its (phase, peer) (:meth:`flmesh.node.node.Node.activity`). Runs on a
+    daemon thread."""
     if not enabled or not sys.stderr.isatty():
         return
 
@@ -79,8 +81,15 @@ def show_progress(ops: Ops, status: Any, rounds: int, enabled: bool) -> None:
         console = Console(stderr=True)
         with console.status("starting") as line:
             while not ops._progress.wait(0.25):
-                s = status()
-                line.update(f"round {min(s.round + 1, rounds)}/{rounds}: {s.state}"
-                            + (f" (last accuracy {100 * s.last_accuracy:.1f}%)" if s.round else ""))
+                line.update(progress_line(status(), rounds, activity() if activity else None))
 
     threading.Thread(target=loop, name="flmesh-progress", daemon=True).start()
+
+
+def progress_line(s: Any, rounds: int, activity: tuple[str, str | None] | None) -> str:
+    """``round 3/40: sending to node4 (last accuracy 71.2%)``: the text of the live line."""
+    phase, peer = activity if activity is not None else (s.state, None)
+    words = {"sending": "to", "waiting": "for", "rewinding": "on"}
+    with_peer = f" {words.get(phase, 'with')} {peer}" if peer else ""
+    return (f"round {min(s.round + 1, rounds)}/{rounds}: {phase}{with_peer}"
+            + (f" (last accuracy {100 * s.last_accuracy:.1f}%)" if s.round else ""))

@@ -88,7 +88,7 @@ def rewind_on(node: Node, target: str, round: int, steps: int,
     """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
     continuing ``optimizer``, and sends both back; they replace the node's. The steps it
     trained, or None (logged) when it cannot be reached."""
-    node.set_state("rewinding")
+    node.set_state("rewinding", target)
     with node.model_lock:
         state = {**node.state_dict(), **optimizer_state(optimizer, node.model)}
         spec = {**node.spec, **optimizer_spec(node.training, node.model)}

@@ -132,6 +132,7 @@ class Node:
         self.architecture = fingerprint(federation.model.name, self.spec)
         self.neighbours = federation.neighbours(node_id) if node_id in federation.graph() else []
         self._state = "starting"
+        self._peer: str | None = None  # whom the current state involves (set_state)
         self._round = 0
         self._last_accuracy = 0.0
         self._lock = threading.Lock()
@@ -255,9 +256,16 @@ class Node:
         self.stop()
 
     # ------------------------------------------------------------------ state shared with rounds and handlers
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: str, peer: str | None = None) -> None:
+        """What the node is doing now, and with whom (``peer``; None: nobody in particular)."""
         with self._lock:
             self._state = state
+            self._peer = peer
+
+    def activity(self) -> tuple[str, str | None]:
+        """(state, peer) as :meth:`set_state` last set them; thread-safe."""
+        with self._lock:
+            return self._state, self._peer
 
     def finish_round(self, round: int, accuracy: float) -> None:
         with self._lock:

@@ -88,7 +88,7 @@ def wait_for_source(node: Node, round: int, notes: list[str]) -> tuple[str | Non
 def deliver_onward(node: Node, round: int, destination: str, notes: list[str]) -> str | None:
     """Send this node's round-``round`` model to ``destination`` (retries with backoff), else
     to its successor; who got it (None: nobody, noted)."""
-    node.set_state("sending")
+    node.set_state("sending", destination)
     message = node.encode(round)
     plan = node.federation.schedule().plan(round)
     for target in successors(plan, node.node_id, FALLBACK_HOPS):

@@ -115,7 +115,7 @@ def run_peer_round(node: Node, round: int) -> RoundReport:
     notes = node.continual.advance(node, round) if node.continual is not None else []
     trains = node.continual is None or node.continual.participates(node, round)
     received, missing, received_accuracy, sender = False, None, None, None
-    node.set_state("waiting")
+    node.set_state("waiting", hop.source)
     if hop.source is not None:
         sender, incoming = wait_for_source(node, round, notes)
         if incoming is not None:
@@ -214,7 +214,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
     start = node.clock.now()
     notes = node.continual.advance(node, round) if node.continual is not None else []
     task = node.continual.task if node.continual is not None else None
-    node.set_state("waiting")
+    node.set_state("waiting", "aggregator")
     open_round, selected, done = _poll_until_open(node, round)
     if open_round != round or done or not selected:
         node.set_state("idle")
@@ -245,7 +245,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
             extras.update(client.update_extras(node.model))
     meta = ModelMeta(round=round, sender=node.node_id, kind="update", num_samples=len(node.data.train),
                      label_counts=tuple(node.data.train.label_counts()), architecture=node.architecture)
-    node.set_state("sending")
+    node.set_state("sending", "aggregator")
     update = encode({**state, **extras}, meta, node.wire)
     reply = with_retry(lambda: agg.submit(update, timeout=node.round_timeout_s), reconnect_window(node),
                        clock=node.clock, stop=node.stop_event)

@@ -183,3 +183,16 @@ def test_run_tools_refuse_what_is_not_a_run_in_one_line(tmp_path, capsys):
 def test_fl_sim_help_names_the_run_tools():
     done = subprocess.run([FL_SIM, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "fl-sim report RUN_DIR" in done.stdout
+
+
+def test_progress_line_names_round_phase_and_peer():
+    from types import SimpleNamespace
+
+    from flmesh.node.cli_ops import progress_line
+
+    status = SimpleNamespace(round=2, state="sending", last_accuracy=0.712)
+    line = progress_line(status, 40, ("sending", "node4"))
+    assert line == "round 3/40: sending to node4 (last accuracy 71.2%)"
+    assert progress_line(status, 40, ("rewinding", "node1")).startswith("round 3/40: rewinding on node1")
+    first = SimpleNamespace(round=0, state="idle", last_accuracy=0.0)
+    assert progress_line(first, 40, ("training", None)) == "round 1/40: training"
