@@ -107,6 +107,13 @@ class NodeRun:
         if peer:
             self.missing_peers.add(peer)
 
+    def _address_of(self, peer: str) -> str:
+        """The address this node last had for ``peer`` (the peers file may have given it later
+        than the command line), or "no address"."""
+        address = getattr(self.node.transport, "address", None)
+        known = address(peer) if callable(address) else self.peers.get(peer)
+        return known if known and known != "(no address)" else "no address"
+
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
         """Wait for peers, run every round, linger; the exit status (0 or 1)."""
@@ -117,8 +124,8 @@ class NodeRun:
                                 self.hello_timeout, node.stop_event, refresh=self.refresh_peers)
         if silent and self.signal is None:
             print(f"fl-node {self.node_id}: error: peers did not answer Hello within "
-                  f"{self.hello_timeout:g}s: " + ", ".join(f"{p} ({self.peers.get(p, 'no address')})"
-                                                         for p in silent), file=sys.stderr)
+                  f"{self.hello_timeout:g}s: " + ", ".join(f"{p} ({self._address_of(p)})" for p in silent),
+                  file=sys.stderr)
             self.error = f"peers did not answer Hello: {', '.join(silent)}"
             return 1
         if star:

@@ -11,7 +11,10 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from flmesh.node.results import read_rows
 
@@ -71,3 +74,22 @@ def launch(tmp_path: Path, fed: Path, ids: list[str], *extra: str) -> dict[str, 
     return procs
 
 
+def scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of a /metrics page: (name, labels) -> value."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def metrics_url(proc: subprocess.Popen) -> str:
+    """The URL the process announced on stdout (its first line, before 'listening on')."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "metrics on http://" in line, line
+    return line.split("metrics on ", 1)[1].strip()

@@ -11,7 +11,7 @@ from flmesh.topology import parse_federation
 
 from conftest import tiny_raw, wait_until
 from harness import Cluster
-from procs import FL_NODE, federation_file, launch, read_results
+from procs import FL_NODE, federation_file, launch, metrics_url, read_results, scrape, total
 
 pytestmark = pytest.mark.faults
 
@@ -103,11 +103,19 @@ def test_kill_9_the_aggregator_and_resume_it(tmp_path):
     try:
         wait_until(lambda: ready.exists() or first.poll() is not None, timeout=120)
         address = ready.read_text().strip()
-        procs = launch(tmp_path, fed, ids, "--aggregator", address)
+        procs = launch(tmp_path, fed, ids, "--aggregator", address, "--metrics-port", "0")
+        urls = [metrics_url(p) for p in procs.values()]
         wait_until(lambda: (out / "rounds.jsonl").exists()
                    and (out / "rounds.jsonl").read_text().count("\n") >= 2, timeout=300)
         first.kill()
         first.wait(timeout=30)
+
+        def a_node_lost_it() -> bool:  # a call to the dead aggregator failed (and will be retried)
+            return any(total(scrape(url), "flmesh_transfers_total", peer="aggregator") >
+                       total(scrape(url), "flmesh_transfers_total", peer="aggregator", status="OK")
+                       for url in urls)
+
+        wait_until(a_node_lost_it, timeout=120, interval=0.1)  # only then bring it back
         second = aggregator("--listen", address, "--resume")
         agg_err = second.communicate(timeout=600)[1]
         errs = {i: p.communicate(timeout=600)[1] for i, p in procs.items()}

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from flmesh.coordinator import run_tools
 from flmesh.coordinator.sim_cli import main as sim_main
@@ -18,30 +16,9 @@ from flmesh.node.metrics import Metrics
 from flmesh.node.observe import JsonFormatter
 
 from conftest import wait_until
-from procs import federation_file, launch
+from procs import federation_file, launch, metrics_url, scrape, total
 
 FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample of a /metrics page: (name, labels) -> value."""
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def total(samples: dict[tuple[str, frozenset], float], name: str, **labels: str) -> float:
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
-
-
-def metrics_url(proc: subprocess.Popen) -> str:
-    """The URL the process announced on stdout (its first line, before 'listening on')."""
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert "metrics on http://" in line, line
-    return line.split("metrics on ", 1)[1].strip()
 
 
 @pytest.mark.slow

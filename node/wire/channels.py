@@ -41,6 +41,13 @@ _CHANNEL_OPTIONS = _COMMON_OPTIONS + [
     # Model streams are large: let one stream's flow-control window grow.
     ("grpc.http2.bdp_probe", 1),
     ("grpc.enable_retries", 0),
+    # Reconnect within seconds: gRPC's default backoff grows to 120 s, so a peer whose first
+    # connection attempts failed (not up yet, restarting after a crash, a brief partition)
+    # could stay unreachable for the whole Hello or round window although it was back.
+    # (Not grpc.min_reconnect_backoff_ms: it is also the connect timeout, and a TLS handshake
+    # on a loaded host can take longer than a short one.)
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 4_000),
     # One connection per channel: gRPC otherwise shares a connection between channels to the same
     # address, and nodes simulated in one process would then look like one caller to a server's
     # stream guard (plaintext callers are told apart by their connection) and share its per-caller
