@@ -15,6 +15,7 @@ are called from the node's one round loop (:meth:`flmesh.node.node.Node.run`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flmesh.node.algorithms.base import Tensors, Update
@@ -161,6 +162,20 @@ def _privacy_spent(node: Node) -> float | None:
     return sum(spent) if spent else None
 
 
+def _lost_aggregator(node: Node, round: int, doing: str) -> Callable[[PeerError], None]:
+    """A with_retry callback that says once, as the Poll loop does, that the aggregator went away."""
+    said: list[bool] = []
+
+    def on_retry(exc: PeerError) -> None:
+        if not said:
+            said.append(True)
+            node.log.warning("%s: round %d: lost the aggregator while %s (%s); reconnecting for up to %gs",
+                             node.node_id, round, doing, exc.details or exc.code, reconnect_window(node),
+                             extra={"round": round, "peer": "aggregator"})
+
+    return on_retry
+
+
 def reconnect_window(node: Node) -> float:
     """How long a star node keeps trying an aggregator that went away (a restarted one resumes
     from its checkpoint): a round timeout plus the aggregator's collection deadline."""
@@ -228,7 +243,8 @@ def run_star_round(node: Node, round: int) -> StarReport:
     agg = node.aggregator
     fetched = with_retry(lambda: agg.fetch(node.node_id, round, expected=node.global_spec,
                                            max_bytes=node.max_model_bytes, timeout=node.round_timeout_s),
-                         reconnect_window(node), clock=node.clock, stop=node.stop_event)
+                         reconnect_window(node), clock=node.clock, stop=node.stop_event,
+                         on_retry=_lost_aggregator(node, round, "fetching the global model"))
     start_state: Tensors = {k: fetched.state_dict[k] for k in node.spec}
     published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in node.spec}
     node.load_state(start_state)
@@ -248,7 +264,8 @@ def run_star_round(node: Node, round: int) -> StarReport:
     node.set_state("sending", "aggregator")
     update = encode({**state, **extras}, meta, node.wire)
     reply = with_retry(lambda: agg.submit(update, timeout=node.round_timeout_s), reconnect_window(node),
-                       clock=node.clock, stop=node.stop_event)
+                       clock=node.clock, stop=node.stop_event,
+                       on_retry=_lost_aggregator(node, round, "submitting its update"))
     if reply.late:
         notes.append(f"update for round {round} arrived after the round closed")
     for client in node.clients.values():

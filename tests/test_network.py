@@ -74,8 +74,10 @@ def test_a_partitioned_node_is_named_and_the_rest_finish(tmp_path):
     fed = federation_file(tmp_path, ids, rounds=5, timeout=4)
     with Lab(len(ids)) as lab:
         procs = _start(lab, tmp_path, fed, ids)
-        rows = tmp_path / "runs" / "procs-n3" / "rounds.jsonl"
-        wait_until(lambda: rows.exists() and rows.read_text().count("\n") >= 1, timeout=300)
+        # every node past its Hello (a first row each), so the cut hits a running federation,
+        # not a node still looking for its peers (which would rightly fail its Hello)
+        rows = [tmp_path / "runs" / f"procs-{n}" / "rounds.jsonl" for n in ids]
+        wait_until(lambda: all(r.exists() and r.read_text().count("\n") >= 1 for r in rows), timeout=300)
         lab.cut(2)
         errs = _finish(procs)
     missing: set[str] = set()
