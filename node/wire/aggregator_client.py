@@ -7,7 +7,6 @@ Thread-safe; close when done.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -17,7 +16,7 @@ from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.peer_client import rpc
+from flmesh.node.wire.peer_client import counted_rpc
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
 
@@ -55,18 +54,7 @@ class GrpcAggregatorTransport:
 
     def _rpc(self, method: str, fn: Callable[[], T], busy_wait_s: float = 0.0, sent: int = 0) -> T:
         """One call to the aggregator, counted in ``metrics`` when they are kept."""
-        if self.metrics is None:
-            return rpc(NAME, self.address, fn, busy_wait_s)
-        start = time.monotonic()
-        try:
-            result = rpc(NAME, self.address, fn, busy_wait_s)
-        except PeerError as exc:
-            self.metrics.call(NAME, method, exc.code, time.monotonic() - start)
-            raise
-        received = getattr(result, "wire_bytes", 0)
-        self.metrics.call(NAME, method, "OK", time.monotonic() - start, sent,
-                          received if isinstance(received, int) else 0)
-        return result
+        return counted_rpc(self.metrics, NAME, self.address, method, fn, busy_wait_s, sent)
 
     def join(self, node_id: str, num_samples: int, label_counts: list[int], address: str, *,
              timeout: float) -> JoinInfo:

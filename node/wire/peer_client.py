@@ -60,6 +60,23 @@ def rpc(peer: str, address: str, fn: Callable[[], T], busy_wait_s: float = 0.0) 
         backoff = min(2 * backoff, BUSY_BACKOFF_MAX_S)
 
 
+def counted_rpc(metrics: Metrics | None, peer: str, address: str, method: str, fn: Callable[[], T],
+                busy_wait_s: float = 0.0, sent: int = 0) -> T:
+    """:func:`rpc`, counted in ``metrics`` (outcome, time, bytes) when they are kept."""
+    if metrics is None:
+        return rpc(peer, address, fn, busy_wait_s)
+    start = time.monotonic()
+    try:
+        result = rpc(peer, address, fn, busy_wait_s)
+    except PeerError as exc:
+        metrics.call(peer, method, exc.code, time.monotonic() - start)
+        raise
+    received = getattr(result, "wire_bytes", 0)
+    metrics.call(peer, method, "OK", time.monotonic() - start, sent,
+                 received if isinstance(received, int) else 0)
+    return result
+
+
 @dataclass
 class _Link:
     address: str
@@ -131,18 +148,7 @@ class GrpcPeerTransport:
     def _call(self, peer: str, fn: Callable[[_Link], T], busy_wait_s: float = 0.0, method: str = "",
               sent: int = 0) -> T:
         link = self._link(peer)
-        if self.metrics is None:
-            return rpc(peer, link.address, lambda: fn(link), busy_wait_s)
-        start = time.monotonic()
-        try:
-            result = rpc(peer, link.address, lambda: fn(link), busy_wait_s)
-        except PeerError as exc:
-            self.metrics.call(peer, method, exc.code, time.monotonic() - start)
-            raise
-        received = getattr(result, "wire_bytes", 0)
-        self.metrics.call(peer, method, "OK", time.monotonic() - start, sent,
-                          received if isinstance(received, int) else 0)
-        return result
+        return counted_rpc(self.metrics, peer, link.address, method, lambda: fn(link), busy_wait_s, sent)
 
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
