@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,23 @@ def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
     if any(r.get("task_accuracy") for r in rows):
         pictures.append(plot_tasks(rows, out_dir / "tasks.png"))
     return pictures
+
+
+def load_in_background() -> None:
+    """Start importing matplotlib (about 0.5 s of Python) on a daemon thread and return at once.
+
+    fl-sim calls it once the rounds run, whose threads mostly wait on torch and gRPC with the
+    GIL released, so the import no longer adds to the end of a run; :func:`draw` then finds
+    it loaded (or waits on the import lock for the rest). An import that fails here is left
+    for :func:`draw` to raise."""
+
+    def load() -> None:
+        try:
+            _pyplot()
+        except Exception:  # draw() imports again and reports it where the run can say so
+            return
+
+    threading.Thread(target=load, name="pictures-import", daemon=True).start()
 
 
 def _pyplot() -> Any:

@@ -222,6 +222,10 @@ class Simulation:
         rows: list[RoundRow] = []
         try:
             for row in self.driver.rows():
+                if not rows:  # the rounds run: load matplotlib beside them, not after them
+                    from flmesh.coordinator.pictures import load_in_background
+
+                    load_in_background()
                 rows.append(row)
                 writer.write_round(row)
                 if on_round is not None:

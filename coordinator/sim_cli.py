@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-every", type=int, metavar="N",
                         help="FA/FF/PFA every N rounds and after the last (default [federation] "
                              "eval_every, 1); star runs still evaluate the global model every round")
+    parser.add_argument("--eval-sample", type=int, metavar="K",
+                        help="peer runs: evaluate each model on its own test split and K-1 others drawn "
+                             "from the seed, not all N (default [federation] eval_sample, 0: all)")
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
     parser.add_argument("--workers", type=int, metavar="K",
@@ -64,10 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bad_flag(args: argparse.Namespace) -> str | None:
     """The first flag out of its bounds, as one line naming the flag and the bound; None if all fit."""
-    from flmesh.topology.checks import MAX_ROUNDS
+    from flmesh.topology.checks import MAX_NODES, MAX_ROUNDS
 
     if args.workers is not None and not 1 <= args.workers <= 64:
         return f"--workers: expected an integer from 1 to 64, got {args.workers}"
+    if args.eval_sample is not None and not (args.eval_sample == 0 or 2 <= args.eval_sample <= MAX_NODES):
+        return (f"--eval-sample: expected 0 (every test split) or an integer from 2 to {MAX_NODES}, "
+                f"got {args.eval_sample}")
     for flag, value in (("--rounds", args.rounds), ("--eval-every", args.eval_every)):
         if value is None:
             continue
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f'federation.baseline="{args.baseline}"')
     if args.eval_every is not None:
         overrides.append(f"federation.eval_every={args.eval_every}")
+    if args.eval_sample is not None:
+        overrides.append(f"federation.eval_sample={args.eval_sample}")
     bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors(), OSError)
     board: Board | None = None
     try:

@@ -3,8 +3,10 @@
 Every node is a real :class:`~flmesh.node.node.Node` serving on 127.0.0.1:0
 in this process and running its own :meth:`~flmesh.node.node.Node.run` on a
 thread, as ``fl-node`` would. After each evaluated round a node's callback
-evaluates its freshly trained model on every node's test split through the
-``Evaluate`` RPC (one row of the N x N matrix); once every node has finished
+evaluates its freshly trained model on every node's test split, the numbers the
+``Evaluate`` RPC gives (one row of the N x N matrix), or with ``[federation]
+eval_sample = K`` on its own split and K-1 others drawn from (seed, round, node)
+(the rest of the row is NaN, null in the results); once every node has finished
 a round, its row gets FA, FF and PFA (FedRewind Eq. 5-7). Nodes do not wait
 for each other beyond what the schedule makes them wait for, and the numbers
 do not depend on timing: every input of round t (the received model,
@@ -16,6 +18,7 @@ node's training split, evaluated on every node's test split.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -28,7 +31,7 @@ from flmesh.coordinator.sim import WAKE_S, RowQueue, base_config, join_threads, 
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
-from flmesh.node.learning.metrics import federation_metrics
+from flmesh.node.learning.metrics import sampled_federation_metrics
 from flmesh.node.learning.trainer import evaluate
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport
@@ -36,9 +39,20 @@ from flmesh.node.results import Matrix, NodeRound, RoundRow
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import Federation, NodeConfig
+from flmesh.topology.sampling import eval_sampled, eval_splits
 from flmesh.topology.tasks import present
 
 JOINT_ID = "joint"
+Evals = list[EvalResult | None]  # one model on each node's test split, in federation order (None: not drawn)
+
+
+def evaluated_columns(federation: Federation, round: int, trainer: str, task: int | None) -> set[int]:
+    """The test splits (federation order) ``trainer``'s model is evaluated on after ``round``:
+    the seeded sample of ``[federation] eval_sample``, or all. The Joint node's one model is
+    evaluated everywhere: N evaluations, nothing quadratic to save."""
+    if trainer not in federation.node_ids:
+        return set(range(len(federation.nodes)))
+    return set(eval_splits(federation, round, trainer, task))
 
 
 def joint_federation(federation: Federation, node_id: str = JOINT_ID) -> Federation:
@@ -78,7 +92,7 @@ class PeerDriver:
         self._lock = threading.Lock()
         self._round_done = threading.Condition(self._lock)
         self._done: dict[int, int] = {}  # round -> trainers that finished it
-        self._pending: dict[int, dict[str, tuple[Report, list[EvalResult]]]] = {}
+        self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
         self._next = 1  # the next round whose row is due
         self._rounds_done = 0
         self._rows = RowQueue()
@@ -89,7 +103,7 @@ class PeerDriver:
         fed = self.federation
         return {**base_config(fed), "schedule": fed.topology.schedule, "baseline": fed.baseline,
                 "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
-                "eval_every": self.eval_every}
+                "eval_every": self.eval_every, "eval_sample": fed.eval_sample}
 
     @property
     def rounds_done(self) -> int:
@@ -133,8 +147,9 @@ class PeerDriver:
         return round % self.eval_every == 0 or round == self.federation.rounds
 
     def _on_report(self, trainer: Node, report: Report) -> None:
-        """In the trainer's thread, right after its round: evaluate its model everywhere, then
-        wait until every trainer has finished the round.
+        """In the trainer's thread, right after its round: evaluate its model on every node's
+        test split (or on the seeded ``eval_sample`` draw), then wait until every trainer has
+        finished the round.
 
         The wait keeps the rounds in lock-step, as a federation on one host wants:
         the N x N evaluation of round t never competes with round t+1's training
@@ -143,14 +158,15 @@ class PeerDriver:
         if self._stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         t = report.round
-        evals: list[EvalResult] = []
+        evals: Evals = []
         if self._evaluated(t):
             # in-process, on the test splits fl-sim holds: the numbers an Evaluate RPC to every
             # node gives (tests/test_sim.py checks it), without N model transfers per trainer
             task = getattr(report, "task", None)
+            cols = evaluated_columns(self.federation, t, trainer.node_id, task)
             with trainer.model_lock:
                 evals = [evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
-                         for n in self.nodes]
+                         if j in cols else None for j, n in enumerate(self.nodes)]
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
             self._done[t] = self._done.get(t, 0) + 1
@@ -164,7 +180,7 @@ class PeerDriver:
             while self._done.get(t, 0) < len(self.trainers) and not self._stopped.is_set():
                 self._round_done.wait(WAKE_S)
 
-    def _row(self, t: int, finished: dict[str, tuple[Report, list[EvalResult]]]) -> RoundRow:
+    def _row(self, t: int, finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
         return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)
 
     def _runner(self, trainer: Node) -> Callable[[], object]:
@@ -180,9 +196,11 @@ class PeerDriver:
 
 
 def peer_row(federation: Federation, t: int, ids: list[str],
-             finished: dict[str, tuple[Report, list[EvalResult]]]) -> RoundRow:
-    """Round ``t``'s row from each trainer's report and its model's evaluations on every node's
-    test split (in ``ids`` order); one trainer for several nodes is the Joint baseline."""
+             finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
+    """Round ``t``'s row from each trainer's report and its model's evaluations on the test
+    splits (in ``ids`` order; None where ``eval_sample`` did not draw the split); one trainer for
+    several nodes is the Joint baseline. FA/FF are over the evaluated pairs, PFA over the
+    diagonal (always evaluated)."""
     if len(finished) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
         report, evals = next(iter(finished.values()))
         results = [evals] * len(ids)
@@ -193,20 +211,22 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     task = getattr(next(iter(reports.values())), "task", None)
     scope = _present(federation, task, ids)  # a continual federation counts the nodes already there
     cols = [ids.index(i) for i in scope]
-    acc = np.array([[results[i][j].accuracy for j in cols] for i in cols])
-    metrics = federation_metrics(acc)
-    correct = np.sum([r.per_class_correct for row in results for r in row], axis=0)
-    total = np.sum([r.per_class_total for row in results for r in row], axis=0)
+    acc = np.array([[_accuracy(results[i][j]) for j in cols] for i in cols])
+    metrics = sampled_federation_metrics(acc)
+    done = [r for row in results for r in row if r is not None]
+    correct = np.sum([r.per_class_correct for r in done], axis=0)
+    total = np.sum([r.per_class_total for r in done], axis=0)
     per_class = np.divide(correct, total, out=np.zeros(len(total)), where=total > 0)
     nodes = {}
     for i, node_id in enumerate(ids):
         entry = NodeRound.from_report(reports[node_id])
         entry.node = node_id
         own = results[i][i]
+        assert own is not None, "every model is evaluated on its own split (eval_splits)"
         entry.accuracy = own.accuracy
         entry.per_class_correct = list(own.per_class_correct)
         entry.per_class_total = list(own.per_class_total)
-        entry.cross_accuracy = {j: results[i][k].accuracy for k, j in enumerate(ids)}
+        entry.cross_accuracy = {j: r.accuracy for j, r in zip(ids, results[i], strict=True) if r is not None}
         nodes[node_id] = entry
     missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
                       for p in (r.missing, None if r.delivered else r.destination) if p})
@@ -214,17 +234,24 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     spent = {i: r.privacy_spent for i, r in reports.items()
              if isinstance(r, RoundReport) and r.privacy_spent is not None}
     task_acc = seen = None
-    if task is not None:  # the models of the nodes present, on every task seen so far
-        per_model = [task_accuracy([results[i][j] for j in cols]) for i in cols]
+    if task is not None:  # the models of the nodes present, on every task seen so far (pairs evaluated)
+        pairs = [[r for j in cols if (r := results[i][j]) is not None] for i in cols]
+        per_model = [task_accuracy(row) for row in pairs]
         task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
-        seen = _mean([sum(results[i][j].correct for j in cols)
-                      / max(1, sum(results[i][j].total for j in cols)) for i in cols])
+        seen = _mean([sum(r.correct for r in row) / max(1, sum(r.total for r in row)) for row in pairs])
+    sampled = eval_sampled(federation) and len(finished) == len(ids)  # the Joint model: every split
     return RoundRow(t, "peer", "fl-sim", fa=metrics.fa, ff=metrics.ff, pfa=metrics.pfa,
-                    accuracy_matrix=Matrix(scope, scope, acc.round(6).tolist()),
+                    accuracy_matrix=Matrix(scope, scope, [[None if np.isnan(v) else v for v in row]
+                                                          for row in acc.round(6).tolist()]),
+                    eval_sample=federation.eval_sample if sampled else None,
                     task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
                     per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
                     bytes_by_kind=by_kind, nodes=nodes,
                     wall_s=round(max(r.wall_s for r in reports.values()), 4))
+
+
+def _accuracy(result: EvalResult | None) -> float:
+    return math.nan if result is None else result.accuracy
 
 
 def _present(federation: Federation, task: int | None, ids: list[str]) -> list[str]:

@@ -8,7 +8,9 @@ nodes in different workers talk over loopback like any peers), tells every
 worker every address, and builds each round's row from the reports and
 evaluations the workers send (JSON lines) with the same function as the
 in-process driver (:func:`~flmesh.coordinator.sim_peer.peer_row`), so the
-numbers are the same. Blocking calls are documented on each method; the
+numbers are the same (with ``[federation] eval_sample`` too: a worker draws
+each model's test splits from seed, round and node, as the in-process driver
+does, and sends null for the others). Blocking calls are documented on each method; the
 reader threads only append to per-round dicts under a lock.
 """
 
@@ -22,11 +24,11 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from flmesh.coordinator.sim import RowQueue, base_config
-from flmesh.coordinator.sim_peer import peer_row
+from flmesh.coordinator.sim_peer import Evals, peer_row
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.sim_worker import report_from_json
 from flmesh.node.errors import PeerError
-from flmesh.node.reports import EvalResult, RoundReport
+from flmesh.node.reports import RoundReport
 from flmesh.node.results import RoundRow
 from flmesh.topology import Federation
 
@@ -46,7 +48,7 @@ class ProcessPeerDriver:
         self._procs: list[subprocess.Popen[str]] = []
         self._readers: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._finished: dict[int, dict[str, tuple[RoundReport, list[EvalResult]]]] = {}
+        self._finished: dict[int, dict[str, tuple[RoundReport, Evals]]] = {}
         self._done_workers = 0
         self._rounds_done = 0
         self._rows = RowQueue()
@@ -54,7 +56,8 @@ class ProcessPeerDriver:
     def config(self) -> dict[str, Any]:
         fed = self.federation
         return {**base_config(fed), "schedule": fed.topology.schedule, "baseline": fed.baseline,
-                "graph": fed.topology.graph, "eval_every": fed.eval_every, "workers": self.workers}
+                "graph": fed.topology.graph, "eval_every": fed.eval_every,
+                "eval_sample": fed.eval_sample, "workers": self.workers}
 
     @property
     def rounds_done(self) -> int:
@@ -115,7 +118,7 @@ class ProcessPeerDriver:
             if self._done_workers == len(self._procs):
                 self._rows.end()
 
-    def _record(self, report: RoundReport, evals: list[EvalResult]) -> None:
+    def _record(self, report: RoundReport, evals: Evals) -> None:
         with self._lock:
             round_reports = self._finished.setdefault(report.round, {})
             round_reports[report.node] = (report, evals)

@@ -9,7 +9,9 @@ those nodes on 127.0.0.1 port 0 and prints their addresses; the parent answers
 with every node's address. Then each node runs its rounds on a thread
 (``Node.run``), and after each evaluated round the worker prints the node's
 report and its model's evaluation on every node's test split (this process
-holds every test split, as the parent does). ``{"stop": true}`` on stdin, or
+holds every test split, as the parent does), or with ``[federation]
+eval_sample`` on the splits the seeded draw names (null for the others: the
+draw depends on seed, round and node only, so it is the in-process driver's). ``{"stop": true}`` on stdin, or
 stdin closing, stops the nodes. Errors are one JSON line ``{"error": ...}``
 and a non-zero exit. Nothing is pickled: the messages are JSON.
 """
@@ -26,8 +28,9 @@ from typing import Any
 from flmesh.node.reports import EvalResult, RoundReport, TrainStats
 
 
-def report_json(report: RoundReport, evals: list[EvalResult]) -> dict[str, Any]:
-    return {"report": dataclasses.asdict(report), "evals": [dataclasses.asdict(e) for e in evals]}
+def report_json(report: RoundReport, evals: list[EvalResult | None]) -> dict[str, Any]:
+    return {"report": dataclasses.asdict(report),
+            "evals": [None if e is None else dataclasses.asdict(e) for e in evals]}
 
 
 def _eval(d: dict[str, Any]) -> EvalResult:
@@ -35,12 +38,12 @@ def _eval(d: dict[str, Any]) -> EvalResult:
     return EvalResult(**fields)
 
 
-def report_from_json(d: dict[str, Any]) -> tuple[RoundReport, list[EvalResult]]:
+def report_from_json(d: dict[str, Any]) -> tuple[RoundReport, list[EvalResult | None]]:
     r = dict(d["report"])
     r["train"] = TrainStats(**r["train"])
     r["local"] = _eval(r["local"])
     r["notes"] = tuple(r["notes"])
-    return RoundReport(**r), [_eval(e) for e in d["evals"]]
+    return RoundReport(**r), [None if e is None else _eval(e) for e in d["evals"]]
 
 
 def _say(message: dict[str, Any], lock: threading.Lock) -> None:
@@ -56,6 +59,7 @@ def main() -> int:
     from flmesh.node.node import Node
     from flmesh.node.wire.limits import StreamLimits
     from flmesh.topology import parse_federation
+    from flmesh.topology.sampling import eval_splits
 
     fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
     lock = threading.Lock()
@@ -84,8 +88,10 @@ def main() -> int:
             t = report.round
             if t % fed.eval_every and t != fed.rounds:
                 return
+            cols = set(eval_splits(fed, t, node.node_id, getattr(report, "task", None)))
             with node.model_lock:
-                evals = [evaluate(node.model, test, device=node.device) for test in tests]
+                evals = [evaluate(node.model, test, device=node.device) if j in cols else None
+                         for j, test in enumerate(tests)]
             _say({"node": node.node_id, **report_json(report, evals)}, lock)
 
         try:

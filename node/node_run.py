@@ -145,12 +145,15 @@ class NodeRun:
                     log.warning("left while %s still running", ", ".join(busy))
         return 0
 
-    def _cross_evaluate(self, round: int) -> dict[str, float]:
-        """This node's model on every node's test split (its own locally, the others via Evaluate)."""
-        node = self.node
+    def _cross_evaluate(self, round: int, task: int | None) -> dict[str, float]:
+        """This node's model on every node's test split (its own locally, the others via Evaluate);
+        with ``[federation] eval_sample``, on its own and the seeded sample fl-sim would draw."""
+        from flmesh.topology.sampling import eval_splits
+
+        node, ids = self.node, self.federation.node_ids
         message = node.encode(round, kind="eval")
         out = {node.node_id: node.evaluate_own().accuracy}
-        for peer in self.federation.node_ids:
+        for peer in [ids[j] for j in eval_splits(self.federation, round, node.node_id, task)]:
             if peer == node.node_id or not node.transport.knows(peer):
                 continue
             try:
@@ -170,7 +173,7 @@ class NodeRun:
             if report.source and report.received_from not in (None, report.source):
                 self.missing_peers.add(report.source)  # its fallback sent the model instead
             if self.cross_eval:
-                entry.cross_accuracy = self._cross_evaluate(report.round)
+                entry.cross_accuracy = self._cross_evaluate(report.round, report.task)
         kind = "star" if isinstance(report, StarReport) else "peer"
         row = RoundRow(report.round, kind, "fl-node", nodes={self.node_id: entry},
                        missing=sorted(p for p in (getattr(report, "missing", None),) if p),

@@ -55,7 +55,7 @@ class NodeRound:
     train_size: int | None = None  # samples in its training split
     per_class_correct: list[int] | None = None
     per_class_total: list[int] | None = None
-    cross_accuracy: dict[str, float] | None = None  # its model on each node's test split
+    cross_accuracy: dict[str, float] | None = None  # its model on each (sampled) node's test split
     local_forgetting: float | None = None  # star: Flashback's F_k,t
     client_forgetting: float | None = None  # star: WSM's F_k
     local_per_class_accuracy: list[float | None] | None = None
@@ -97,11 +97,12 @@ class NodeRound:
 
 @dataclass
 class Matrix:
-    """A labelled matrix: ``values[i][j]`` for row ``rows[i]`` and column ``cols[j]``."""
+    """A labelled matrix: ``values[i][j]`` for row ``rows[i]`` and column ``cols[j]`` (None:
+    not evaluated, with ``[federation] eval_sample``)."""
 
     rows: list[str]
     cols: list[str]
-    values: list[list[float]]
+    values: list[list[float | None]]
 
 
 @dataclass
@@ -115,6 +116,7 @@ class RoundRow:
     ff: float | None = None  # Eq. 6
     pfa: float | None = None  # Eq. 7
     accuracy_matrix: Matrix | None = None  # trained model (row) on test split (column)
+    eval_sample: int | None = None  # peer: test splits per model when sampled (own + others); None: all
     accuracy: float | None = None  # star: the global model on the union of the nodes' test splits
     per_class_accuracy: list[float | None] | None = None
     global_forgetting: float | None = None  # star: Flashback's F_t
@@ -207,10 +209,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 class RunWriter:
-    """rounds.jsonl and summary.json in ``out_dir``, both replaced atomically on every write.
+    """rounds.jsonl and summary.json in ``out_dir``.
 
-    ``append=True`` keeps the rows already in rounds.jsonl (a resumed run), those of rounds up
-    to ``upto`` when it is given (a round after the checkpoint runs again).
+    Each row is appended as one line with one ``write`` and fsynced: O(row) per round, where
+    rewriting the file made a run of R rounds cost O(R^2) bytes (a 200-node row is ~0.4 MB).
+    A crash can leave only a torn last line, without its newline; :func:`complete_lines`
+    drops it for every reader. summary.json is replaced atomically. ``append=True`` keeps the
+    rows already in rounds.jsonl (a resumed run), those of rounds up to ``upto`` when it is
+    given (a round after the checkpoint runs again). Not thread-safe: one writer per run.
     """
 
     def __init__(self, out_dir: Path, append: bool = False, upto: int | None = None):
@@ -219,28 +225,40 @@ class RunWriter:
         self.rounds_path = self.out_dir / "rounds.jsonl"
         self.summary_path = self.out_dir / "summary.json"
         self.rows: list[dict[str, Any]] = []
-        self._lines: list[str] = []
+        lines: list[str] = []
         if append and self.rounds_path.exists():
-            lines = [line for line in self.rounds_path.read_text(encoding="utf-8").splitlines() if line]
+            lines = complete_lines(self.rounds_path.read_text(encoding="utf-8"))
             rows = [json.loads(line) for line in lines]
             keep = [upto is None or row.get("round", 0) <= upto for row in rows]
-            self._lines = [line for line, k in zip(lines, keep, strict=True) if k]
+            lines = [line for line, k in zip(lines, keep, strict=True) if k]
             self.rows = [row for row, k in zip(rows, keep, strict=True) if k]
-        write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
+        write_atomic(self.rounds_path, "".join(line + "\n" for line in lines))
 
     def write_round(self, row: RoundRow) -> None:
         data = to_json(row)
         self.rows.append(data)
-        self._lines.append(json.dumps(data))
-        write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
+        line = (json.dumps(data) + "\n").encode("utf-8")
+        fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)  # one call: a reader sees the whole line or none of its newline
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def write_summary(self, summary: Summary) -> None:
         write_atomic(self.summary_path, json.dumps(to_json(summary), indent=2) + "\n")
 
 
+def complete_lines(text: str) -> list[str]:
+    """The non-empty lines of a rounds.jsonl text, without a last line that has no newline yet
+    (being written, or torn by a crash)."""
+    lines = text.split("\n")[:-1]  # the piece after the last newline is not a whole line
+    return [line for line in lines if line]
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a rounds.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+    """The rows of a rounds.jsonl file (a line still being written is left out)."""
+    return [json.loads(line) for line in complete_lines(Path(path).read_text(encoding="utf-8"))]
 
 
 def mean_bytes(rows: Sequence[dict[str, Any]]) -> float | None:

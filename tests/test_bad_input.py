@@ -49,6 +49,7 @@ def node_tables(count: int, **first: Any) -> dict:
 GRAPHS = "[topology] unknown graph '{}' (expected one of ring, cycle, complete, star, path, erdos_renyi"
 PARAM = "expected a number from 0 to {}, true or false, or a list of at most 1024 such numbers, got {}"
 CLIP = "expected [lo, hi] with -1000000 <= lo < hi <= 1000000 and hi - lo >= 1e-06, got "
+SAMPLE = "expected 0 (every test split) or an integer >= 2 (a model's own split and others), got "
 NAME = ("expected 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit "
         "(it names the results folder), got ")
 
@@ -172,6 +173,18 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
                       "[replay] budget: expected a number <= 1000000, got 1e+308"),
     "section-key-newline": (tiny_raw(training={"l\nr": 1}),
                             "[training] 'l\\nr': unknown key (expected one of"),
+    "federation-eval_sample-negative": (tiny_raw(federation={"eval_sample": -1}),
+                                        "[federation] eval_sample: " + SAMPLE + "-1"),
+    "federation-eval_sample-one": (tiny_raw(federation={"eval_sample": 1}),
+                                   "[federation] eval_sample: " + SAMPLE + "1"),
+    "federation-eval_sample-huge": (
+        tiny_raw(federation={"eval_sample": 5000}),
+        "[federation] eval_sample: expected an integer <= 1024 (a federation file holds at most 1024 nodes), "
+        "got 5000"),
+    "federation-eval_sample-star": (
+        tiny_raw(federation={"eval_sample": 2}, aggregator={"strategy": "fedavg"}),
+        "[federation] eval_sample: peer federations only: a star row needs each participant on every test "
+        "split (WSM's client forgetting, Flashback's F_k,t); remove it or [aggregator]"),
 }
 
 
@@ -222,6 +235,8 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
     "sim-eval-every-huge": (["{file}", "--eval-every", "1000000"],
                             "--eval-every: expected an integer <= 100000, got 1000000"),
     "sim-eval-every-zero": (["{star}", "--eval-every", "0"], "--eval-every: expected an integer >= 1, got 0"),
+    "sim-eval-sample-one": (["{file}", "--eval-sample", "1"], "--eval-sample: expected 0 (every test split) "
+                            "or an integer from 2 to 1024, got 1"),
     "sim-out-is-a-file": (["{file}", "--out", "{tmp}/taken.txt"],
                           "--out {tmp}/taken.txt: is a file, expected a folder (existing or to create)"),
     "sim-out-under-a-file": (["{file}", "--out", "{tmp}/taken.txt/run"],

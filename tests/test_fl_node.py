@@ -16,6 +16,8 @@ import pytest
 
 from flmesh.coordinator.node_entry import main as entry_main
 from flmesh.node.cli import main
+from flmesh.topology import load_federation
+from flmesh.topology.sampling import eval_splits
 
 from conftest import REPO, wait_until
 from procs import FL_NODE, federation_file, launch, read_results
@@ -23,14 +25,17 @@ from procs import FL_NODE, federation_file, launch, read_results
 
 @pytest.mark.slow
 def test_four_fl_node_processes_cwt_with_rewind(tmp_path):
+    """Four processes, CWT with rewind; --cross-eval on a seeded sample of 3 of the 4 test splits."""
     ids = ["alpha", "bravo", "charlie", "delta"]
     fed = federation_file(tmp_path, ids, rounds=3, extra='[rewind]\nmode = "previous"\nlambda = 0.2\n')
-    proc = subprocess.run(["bash", str(REPO / "examples/four-nodes/run.sh"), str(fed), "--cross-eval"],
+    proc = subprocess.run(["bash", str(REPO / "examples/four-nodes/run.sh"), str(fed), "--cross-eval",
+                           "--set", "federation.eval_sample=3"],
                           cwd=tmp_path, env={**os.environ, "FL_NODE": FL_NODE},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     cycle = {"alpha": "bravo", "bravo": "charlie", "charlie": "delta", "delta": "alpha"}
     previous = {v: k for k, v in cycle.items()}
+    sampled = load_federation(fed, ["federation.eval_sample=3"])
     for node_id in ids:
         rows, summary = read_results(tmp_path / "runs" / f"procs-{node_id}")
         assert [r["round"] for r in rows] == [1, 2, 3] and summary["rounds"] == 3
@@ -39,7 +44,9 @@ def test_four_fl_node_processes_cwt_with_rewind(tmp_path):
         assert entries[0]["rewound_to"] is None and entries[0]["destination"] == cycle[node_id]
         for e in entries[1:]:
             assert e["source"] == previous[node_id] and e["received"] and e["rewound_to"] == previous[node_id]
-        assert set(entries[-1]["cross_accuracy"]) == set(ids)
+        for row, e in zip(rows, entries, strict=True):  # its own split and the 2 others fl-sim draws
+            drawn = {ids[j] for j in eval_splits(sampled, row["round"], node_id)}
+            assert set(e["cross_accuracy"]) == drawn and node_id in drawn and len(drawn) == 3
     assert "listening on 127.0.0.1:" in proc.stdout
 
 

@@ -1,4 +1,5 @@
-"""The one results schema: dataclasses written atomically, with a schema version."""
+"""The one results schema: rows appended a whole line at a time, the summary written atomically,
+with a schema version."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from flmesh.node.results import (
 )
 
 
-def test_rows_and_summary_are_replaced_atomically_and_versioned(tmp_path):
+def test_rows_are_appended_and_the_summary_replaced_atomically_and_versioned(tmp_path):
     writer = RunWriter(tmp_path)
     assert (tmp_path / "rounds.jsonl").read_text() == ""
     row = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=math.nan, accuracy_matrix=Matrix(["a"], ["a"], [[0.5]]),
@@ -41,3 +42,29 @@ def test_a_resumed_writer_appends(tmp_path):
     again.write_round(RoundRow(2, "star", "aggregator"))
     assert [r["round"] for r in read_rows(tmp_path / "rounds.jsonl")] == [1, 2]
     assert [r["round"] for r in RunWriter(tmp_path).rows] == [], "without append a run starts afresh"
+
+
+def test_a_torn_last_line_is_left_out_by_readers_and_by_a_resumed_writer(tmp_path):
+    writer = RunWriter(tmp_path)
+    writer.write_round(RoundRow(1, "peer", "fl-sim"))
+    writer.write_round(RoundRow(2, "peer", "fl-sim"))
+    rounds = tmp_path / "rounds.jsonl"
+    whole = rounds.read_text()
+    rounds.write_text(whole + whole.splitlines()[1][:25])  # a crash in the middle of round 3's line
+    assert [r["round"] for r in read_rows(rounds)] == [1, 2]
+    again = RunWriter(tmp_path, append=True, upto=2)
+    again.write_round(RoundRow(3, "peer", "fl-sim"))
+    assert [r["round"] for r in read_rows(rounds)] == [1, 2, 3]
+    assert rounds.read_text().endswith("\n") and len(rounds.read_text().splitlines()) == 3
+
+
+def test_rows_are_appended_not_rewritten(tmp_path):
+    """A row costs its own bytes: the lines already written are not written again (the inode and
+    the first line stay as they were)."""
+    writer = RunWriter(tmp_path)
+    writer.write_round(RoundRow(1, "peer", "fl-sim", fa=0.25))
+    rounds = tmp_path / "rounds.jsonl"
+    inode, first = rounds.stat().st_ino, rounds.read_text()
+    writer.write_round(RoundRow(2, "peer", "fl-sim", fa=0.5))
+    assert rounds.stat().st_ino == inode, "the file was replaced, not appended to"
+    assert rounds.read_text().startswith(first)

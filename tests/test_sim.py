@@ -219,16 +219,22 @@ def test_tls_flag_runs_every_call_over_mtls(tiny_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_worker_processes_give_the_same_numbers(tiny_file, tmp_path):
+@pytest.mark.parametrize("eval_sample", [0, 2])
+def test_worker_processes_give_the_same_numbers(tiny_file, tmp_path, eval_sample):
     """--workers 2 runs the nodes in two processes (each a real gRPC server, peers over
-    loopback, TLS on): the rows are those of the single-process run."""
+    loopback, TLS on): the rows are those of the single-process run, with sampled
+    cross-evaluation (2 of the 3 test splits per model) too: the same splits drawn."""
     rows = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
         assert main([str(tiny_file), "--workers", str(workers), "--tls", "--rounds", "3", "--out", str(out),
-                     "--quiet", "--set", 'rewind.mode="previous"']) == 0
+                     "--quiet", "--set", 'rewind.mode="previous"',
+                     "--set", f"federation.eval_sample={eval_sample}"]) == 0
         rows[workers] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         summary = json.loads((out / "summary.json").read_text())
         assert summary["config"].get("workers", 1) == workers
-    assert [(r["round"], r["fa"], r["ff"], r["pfa"]) for r in rows[1]] == \
-        [(r["round"], r["fa"], r["ff"], r["pfa"]) for r in rows[2]]
+    same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "eval_sample")
+    assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
+    if eval_sample:
+        assert all(sum(v is not None for v in values) == 2
+                   for r in rows[2] for values in r["accuracy_matrix"]["values"])

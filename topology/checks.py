@@ -83,6 +83,14 @@ def integer(lo: int | None = None) -> Check:
     return check
 
 
+def sample_size(v: Any) -> int:
+    """``[federation] eval_sample``: 0 (every test split) or K >= 2. K = 1 would be each model on
+    its own split only: FA would be PFA under another name, not an estimate of Eq. 5."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v == 1:
+        raise Bad("0 (every test split) or an integer >= 2 (a model's own split and others)")
+    return v
+
+
 def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
          hi_open: bool = False) -> Check:
     desc = "a number"

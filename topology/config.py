@@ -172,6 +172,9 @@ class Federation:
     aggregator: AggregatorConfig | None = None
     wire: WireConfig = WireConfig()
     eval_every: int = 1  # FA/FF/PFA every that many rounds and the last (star: global accuracy each round)
+    # > 0: each model evaluated on its own test split and eval_sample - 1 others drawn from
+    # (seed, round, node) instead of all N (the N x N cross-evaluation is quadratic); peer only
+    eval_sample: int = 0
     # what it was parsed from (overrides applied), so another process can parse the same one
     raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     base_dir: str | None = field(default=None, compare=False, repr=False)

@@ -7,7 +7,8 @@ the section and key, and what was expected.
 
 Sections (all but ``[federation]`` optional)::
 
-    [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline, eval_every
+    [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline, eval_every,
+                  eval_sample
     [topology]    nodes, graph, params, file, schedule
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
                   fedcurv_lambda
@@ -62,6 +63,7 @@ from flmesh.topology.checks import (
     key_text,
     number,
     path_string,
+    sample_size,
     string,
     table,
 )
@@ -123,6 +125,7 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "rounds": at_most(integer(1), MAX_ROUNDS),
         "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
         "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
+        "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
     },
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
                "scope": string(("sampled", "chain"))},
@@ -219,6 +222,10 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     if aggregator is not None and fed.get("baseline", "none") != "none":
         raise r.fail("[federation] baseline", "baselines compare exchange schedules; "
                      "remove [aggregator] to run one")
+    if aggregator is not None and fed.get("eval_sample", 0):  # a star round evaluates K models, not N
+        raise r.fail("[federation] eval_sample", "peer federations only: a star row needs each "
+                     "participant on every test split (WSM's client forgetting, Flashback's F_k,t); "
+                     "remove it or [aggregator]")
     base = base_dir or Path.cwd()
 
     nodes_raw = raw.get("nodes", {})
@@ -276,7 +283,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         max_model_mib=fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB),
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
-        eval_every=fed.get("eval_every", 1), raw=original, base_dir=str(base),
+        eval_every=fed.get("eval_every", 1), eval_sample=fed.get("eval_sample", 0),
+        raw=original, base_dir=str(base),
         wire=WireConfig(**r.section(raw, "wire", _SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay,
     )

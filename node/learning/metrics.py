@@ -1,7 +1,8 @@
 """Federation metrics from FedRewind Sec. 4.1 (pure numpy).
 
 ``acc[i, j]`` is the accuracy (a fraction in [0, 1]) of node i's model on node
-j's private test split.
+j's private test split; with sampled cross-evaluation (``[federation]
+eval_sample``) NaN marks a pair that was not evaluated.
 """
 
 from __future__ import annotations
@@ -61,3 +62,62 @@ def participant_metrics(acc: np.ndarray, home: list[int]) -> FederationMetrics:
         raise ValueError(f"home columns must be in 0..{acc.shape[1] - 1}, got {home}")
     pfa = float(np.mean([acc[k, h] for k, h in enumerate(home)]))
     return FederationMetrics(federation_accuracy(acc), federation_fairness(acc), pfa)
+
+
+def evaluated_mask(acc: np.ndarray) -> np.ndarray:
+    """True where ``acc`` holds an evaluated pair (not NaN)."""
+    return ~np.isnan(np.asarray(acc, dtype=float))
+
+
+def _stratified_moment(acc: np.ndarray, power: int) -> float:
+    """The N x N mean of ``acc ** power`` estimated from the diagonal (all of it) and the
+    evaluated off-diagonal pairs: (1/N) mean(diagonal) + ((N-1)/N) mean(evaluated others).
+
+    The diagonal is N of the N^2 pairs; weighing it 1/N (not 1/K, its share of the K
+    pairs each model was evaluated on) keeps the estimate unbiased when the other K-1
+    splits are drawn uniformly, and equal to the plain mean when nothing is missing."""
+    n = acc.shape[0]
+    values = acc ** power
+    diag = float(np.mean(np.diag(values)))
+    off = values[evaluated_mask(acc) & ~np.eye(n, dtype=bool)]
+    if n == 1 or off.size == 0:
+        return diag
+    return diag / n + float(np.mean(off)) * (n - 1) / n
+
+
+def sampled_federation_accuracy(acc: np.ndarray) -> float:
+    """FA, Eq. 5, estimated from a matrix with NaN for pairs not evaluated: the diagonal
+    weighs 1/N and the evaluated other pairs (N-1)/N (:func:`_stratified_moment`), an
+    unbiased estimate of the N x N mean under uniform sampling of the other splits."""
+    return _stratified_moment(np.asarray(acc, dtype=float), 1)
+
+
+def sampled_federation_fairness(acc: np.ndarray) -> float:
+    """FF, Eq. 6, estimated like FA: the second moment and the mean over the N x N pairs
+    estimated as in :func:`sampled_federation_accuracy`, then the variance scaled by
+    N^2 / (N^2 - 1) (Eq. 6's denominator). 0 for N = 1."""
+    acc = np.asarray(acc, dtype=float)
+    pairs = acc.shape[0] ** 2
+    if pairs < 2:
+        return 0.0
+    mean, square = _stratified_moment(acc, 1), _stratified_moment(acc, 2)
+    return float(np.sqrt(max(0.0, square - mean * mean) * pairs / (pairs - 1)))
+
+
+def sampled_federation_metrics(acc: np.ndarray) -> FederationMetrics:
+    """FA, FF and PFA (Eq. 5-7) of an N x N matrix with NaN for pairs not evaluated.
+
+    FA and FF are estimates of Eq. 5-6 from the evaluated pairs when pairs are missing
+    (:func:`sampled_federation_accuracy`, :func:`sampled_federation_fairness`). PFA,
+    Eq. 7, is exact: the diagonal (each model on its own node's split) must be evaluated.
+    With nothing missing this is :func:`federation_metrics`, bit for bit.
+    """
+    acc = np.asarray(acc, dtype=float)
+    if acc.ndim != 2 or acc.shape[0] != acc.shape[1] or acc.shape[0] == 0:
+        raise ValueError(f"expected a non-empty square N x N accuracy matrix, got shape {acc.shape}")
+    if np.isnan(np.diag(acc)).any():
+        raise ValueError("every model must be evaluated on its own test split (the diagonal): PFA, Eq. 7")
+    if evaluated_mask(acc).all():  # exact: the very same arithmetic as an exact run
+        return federation_metrics(acc)
+    return FederationMetrics(sampled_federation_accuracy(acc), sampled_federation_fairness(acc),
+                             personalized_federation_accuracy(acc))
