@@ -30,6 +30,8 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -169,6 +171,44 @@ def bench_socket(nbytes: int, repeats: int) -> list[float]:
     return speeds
 
 
+def bench_grpcio_alone(nbytes: int, repeats: int, chunk_bytes: int) -> list[float]:
+    """grpcio by itself, the control row: the same bytes as messages of ``chunk_bytes`` raw
+    bytes (no protobuf, no checks, nothing kept) through one stream-unary call on 127.0.0.1,
+    with flmesh's server and channel options. The ceiling of any Deliver over grpcio here."""
+    import grpc
+
+    from flmesh.node.wire import channels
+
+    def push(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        return str(sum(len(chunk) for chunk in request_iterator)).encode()
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), options=channels._SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Sink", {"Push": grpc.stream_unary_rpc_method_handler(push)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    payload = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy().tobytes()
+    chunks = [payload[i:i + chunk_bytes] for i in range(0, nbytes, chunk_bytes)]  # sent as they are
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=channels._CHANNEL_OPTIONS)
+    call = channel.stream_unary("/bench.Sink/Push")
+    speeds = []
+    try:
+        for rep in range(repeats + 1):
+            t0 = time.perf_counter()
+            if call(iter(chunks), timeout=600) != str(nbytes).encode():
+                raise SystemExit("grpcio alone: the server did not get every byte")
+            seconds = time.perf_counter() - t0
+            label = "warm-up" if rep == 0 else f"rep {rep}"
+            print(f"grpcio {label:8s} {mib_s(nbytes, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms)",
+                  flush=True)
+            if rep:
+                speeds.append(mib_s(nbytes, seconds))
+    finally:
+        channel.close()
+        server.stop(0)
+    return speeds
+
+
 def bench_sha256(nbytes: int, repeats: int) -> float:
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy()
     speeds = []
@@ -194,12 +234,16 @@ def main(argv: list[str] | None = None) -> None:
     nbytes, grpc_speeds = bench_grpc(model, args.repeats, args.chunk_kib * 1024)
     print(f"grpc   median   {statistics.median(grpc_speeds):8.1f} MiB/s  "
           f"({nbytes / MiB:.1f} MiB, chunks of {args.chunk_kib} KiB)")
+    alone = bench_grpcio_alone(nbytes, args.repeats, args.chunk_kib * 1024)
+    print(f"grpcio median   {statistics.median(alone):8.1f} MiB/s  (grpcio alone: raw bytes, no checks)")
     raw_speeds = bench_socket(nbytes, args.repeats)
     print(f"socket median   {statistics.median(raw_speeds):8.1f} MiB/s")
     sha = bench_sha256(nbytes, args.repeats)
     print(f"sha256 alone    {sha:8.1f} MiB/s  (one core; every Deliver does it, the socket does not)")
     x, y = statistics.median(grpc_speeds), statistics.median(raw_speeds)
-    print(f"transport: grpc {x:.1f} MiB/s, raw socket {y:.1f} MiB/s, ratio {x / y:.2f}")
+    z = statistics.median(alone)
+    print(f"transport: grpc {x:.1f} MiB/s, raw socket {y:.1f} MiB/s, ratio {x / y:.2f}; "
+          f"grpcio alone {z:.1f} MiB/s (flmesh's Deliver at {x / z:.2f} of it)")
 
 
 if __name__ == "__main__":

@@ -130,21 +130,22 @@ def default_workers(federation: Federation) -> int:
 
 
 def _share_cores(federation: Federation) -> None:
-    """Give each concurrently training node its share of the cores for torch's own threads.
+    """One node of this process computes at a time, with one torch thread.
 
-    fl-sim trains many nodes at once on threads; torch releases the GIL inside its kernels,
-    so one intra-op thread per trainer uses the cores without oversubscribing them (with
-    the default, every trainer's kernels spin up a thread per core: measured 30% slower on
-    2 cores, most of it system time). A single trainer (Joint) keeps every core."""
-    import os
+    fl-sim hosts many nodes on threads; training them at once made their threads fight
+    for the GIL, which torch releases around every operator (see
+    :func:`~flmesh.node.learning.trainer.serialize_compute`): gated, their steps
+    interleave. One intra-op thread leaves the other core to gRPC and the hand-offs
+    (quick start on 2 cores: 9.1-9.3 s with one thread, 10-12 s with torch's default of
+    one per core). A single trainer (Joint) keeps every core."""
+    from flmesh.node.learning.trainer import serialize_compute
 
+    if federation.baseline == "joint" or len(federation.nodes) == 1:
+        return
     import torch
 
-    agg = federation.aggregator
-    trainers = (1 if federation.baseline == "joint"
-                else max(1, round(len(federation.nodes) * agg.fraction)) if agg is not None
-                else len(federation.nodes))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // trainers))
+    serialize_compute()
+    torch.set_num_threads(1)
 
 
 def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:

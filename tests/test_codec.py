@@ -58,6 +58,22 @@ def test_nan_or_inf_weights_are_refused_by_default():
     assert decode(encode(state).chunks(), model_spec(state)).state_dict.keys() == state.keys()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_finite_check_sees_every_nan_and_infinity_and_lets_huge_finite_values_through(dtype):
+    """The check sums first: a sum that overflows (huge but finite weights) must still pass, and
+    one NaN, +inf or -inf anywhere (also +inf with -inf, whose sum is NaN) must not."""
+    big = torch.finfo(dtype).max
+    huge = {"w": torch.full((1000,), big, dtype=dtype)}
+    assert torch.isinf(huge["w"].sum()), "the test needs a sum that overflows"
+    assert decode(encode(huge).chunks(), model_spec(huge)).state_dict["w"].equal(huge["w"])
+    for bad, count in (([float("nan")], 1), ([float("inf")], 1), ([-float("inf")], 1),
+                       ([float("inf"), -float("inf")], 2)):
+        state = {"w": torch.ones(5000, dtype=dtype)}
+        state["w"][[4999 - i * 1777 for i in range(len(bad))]] = torch.tensor(bad, dtype=dtype)
+        with pytest.raises(CodecError, match=f"tensor 'w' holds {count} NaN or infinite values"):
+            decode(encode(state).chunks(), model_spec(state))
+
+
 def test_padding_beyond_alignment_is_refused():
     """A header may not announce more bytes than its tensors fill (plus alignment): a padded
     payload would make the receiver hold memory the model does not need."""

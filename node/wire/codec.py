@@ -301,7 +301,15 @@ def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | No
         state[spec.name] = flat.reshape(tuple(spec.shape))
         if expected is not None and expected[spec.name][0] != dtype:  # a [wire] dtype: back to ours
             state[spec.name] = state[spec.name].to(expected[spec.name][0])
-        if check_finite and flat.is_floating_point() and not bool(torch.isfinite(flat).all()):
+        if check_finite and flat.is_floating_point() and not _all_finite(flat):
             bad = int((~torch.isfinite(flat)).sum())
             raise CodecError("invalid", f"tensor {spec.name!r} holds {bad} NaN or infinite values")
     return DecodedModel(state, meta, total, moved)
+
+
+def _all_finite(flat: torch.Tensor) -> bool:
+    """No NaN and no infinity in ``flat``. NaN and infinities always reach a sum, so a finite sum
+    settles it in one read-only pass (~2 ms for 45 MiB where ``isfinite().all()`` writes a mask
+    first: ~40 ms, measured in benchmarks/transport.py); only a sum that overflowed is checked
+    element by element."""
+    return bool(torch.isfinite(flat.sum())) or bool(torch.isfinite(flat).all())
