@@ -32,7 +32,7 @@ from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
 from flmesh.node.learning.metrics import sampled_federation_metrics
-from flmesh.node.learning.trainer import evaluate
+from flmesh.node.learning.trainer import compute, evaluate
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
@@ -90,7 +90,7 @@ class PeerDriver:
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()
-        self._round_done = threading.Condition(self._lock)
+        self._round_over: dict[int, threading.Event] = {}  # set once every trainer finished the round
         self._done: dict[int, int] = {}  # round -> trainers that finished it
         self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
         self._next = 1  # the next round whose row is due
@@ -132,7 +132,8 @@ class PeerDriver:
     def stop(self) -> None:
         self._stopped.set()
         with self._lock:
-            self._round_done.notify_all()
+            for over in self._round_over.values():
+                over.set()
         for node in {id(n): n for n in self.nodes + self.trainers}.values():
             node.cancel()
 
@@ -164,7 +165,7 @@ class PeerDriver:
             # node gives (tests/test_sim.py checks it), without N model transfers per trainer
             task = getattr(report, "task", None)
             cols = evaluated_columns(self.federation, t, trainer.node_id, task)
-            with trainer.model_lock:
+            with trainer.model_lock, compute():  # N evaluations, one hand-over of the gate
                 evals = [evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
                          if j in cols else None for j, n in enumerate(self.nodes)]
         with self._lock:
@@ -176,9 +177,14 @@ class PeerDriver:
                     self._rows.put(self._row(self._next, finished))
                 self._rounds_done = self._next
                 self._next += 1
-            self._round_done.notify_all()
-            while self._done.get(t, 0) < len(self.trainers) and not self._stopped.is_set():
-                self._round_done.wait(WAKE_S)
+            # One event per round, set by its last trainer: each waiter wakes once per round (a
+            # condition notified on every report woke all N waiters N times: N^2 per round).
+            over = self._round_over.setdefault(t, threading.Event())
+            if self._done[t] == len(self.trainers):
+                over.set()
+                del self._round_over[t]
+        while not over.wait(WAKE_S) and not self._stopped.is_set():
+            pass
 
     def _row(self, t: int, finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
         return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)

@@ -20,8 +20,9 @@ from flmesh.node.learning.objectives import Objective, Regularizer, cross_entrop
 from flmesh.node.reports import EvalResult, TrainStats
 from flmesh.topology import TrainingConfig
 
-__all__ = ["EvalResult", "Regularizer", "TrainStats", "evaluate", "load_optimizer_state", "make_optimizer",
-           "optimizer_spec", "optimizer_state", "serialize_compute", "split_steps", "steps_for", "train"]
+__all__ = ["EvalResult", "Regularizer", "TrainStats", "compute", "evaluate", "load_optimizer_state",
+           "make_optimizer", "optimizer_spec", "optimizer_state", "serialize_compute", "split_steps",
+           "steps_for", "train"]
 
 _gate: threading.RLock | None = None  # see serialize_compute
 
@@ -33,16 +34,20 @@ def serialize_compute(enabled: bool = True) -> None:
     operator, so ten node threads training small models at once hand the GIL back and
     forth thousands of times a second (measured: ~2.4 million futex calls and 5 s of
     system time in the quick start), while each operator can use every core by itself.
-    With the gate, steps of different nodes interleave instead of contending, as a plain
-    loop runs them; the numbers do not change (each node's steps keep their order and
-    seeds). Reentrant, so training that evaluates or distils inside still works. Off by
-    default: a process with one node has nothing to gain. Call before the threads start."""
+    With the gate, the steps of different nodes interleave instead of contending, as a
+    plain loop runs them; the numbers do not change (each node's steps keep their order
+    and seeds). Per step, not per call, so a Rewind a peer waits for gets its turn within
+    a step of another node's epoch (holding it per call measured no faster). Reentrant,
+    so training that evaluates or distils inside still works. Off by default: a process with one node has
+    nothing to gain. Call before the threads start."""
     global _gate
     _gate = threading.RLock() if enabled else None
 
 
 @contextlib.contextmanager
-def _compute() -> Iterator[None]:
+def compute() -> Iterator[None]:
+    """Hold the gate of :func:`serialize_compute` (reentrant; nothing when it is off). Blocks
+    while another thread of this process trains or evaluates."""
     gate = _gate
     if gate is None:
         yield
@@ -120,7 +125,7 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
             if stop is not None and stop():
                 raise TrainingStopped(f"training stopped after {done} of {steps} steps")
             idx = order[start:start + cfg.batch_size]
-            with _compute():  # one step at a time per process when serialize_compute() is on
+            with compute():  # one step at a time per process when serialize_compute() is on
                 xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 logits = model(xb)
@@ -140,7 +145,7 @@ def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None =
     """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``
     (and per-task counts when its samples carry task ids). One evaluation at a time per
     process when :func:`serialize_compute` is on."""
-    with _compute():
+    with compute():
         return _evaluate(model, data, device, batch_size)
 
 
