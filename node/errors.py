@@ -46,3 +46,9 @@ class PeerError(RuntimeError):
 
 class UnknownPeerError(LookupError):
     """The caller named a peer this node has no address for (or that is not a member)."""
+
+
+class CertError(ValueError):
+    """A certificate, key or name problem: one line naming the file (or value) and the problem.
+    (Raised by :mod:`flmesh.node.wire.cert_files` and the modules on it; here so that code that
+    only catches it, as fl-node's start-up does, does not import ``cryptography``.)"""

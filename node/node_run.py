@@ -34,12 +34,12 @@ log = logging.getLogger("flmesh.node")
 def input_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's input, not our bug: one line, exit 2."""
     from flmesh.node.checkpoint import CheckpointError, StateFileError
+    from flmesh.node.errors import CertError
     from flmesh.node.learning.data import DataError
     from flmesh.node.learning.device import DeviceError
     from flmesh.node.learning.extras import MissingExtra
     from flmesh.node.learning.models import ModelError
     from flmesh.node.learning.partitions import PartitionError
-    from flmesh.node.wire.certs import CertError
     from flmesh.node.wire.channels import BindError
 
     return (DataError, DeviceError, ModelError, PartitionError, BindError, CertError, CheckpointError,

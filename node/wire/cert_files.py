@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import NameOID
 
+from flmesh.node.errors import CertError  # defined there so catching it does not load cryptography
+
 #: Node ids, as ``flmesh.topology.federation.NODE_ID`` (tests check the two agree). Repeated
 #: here because importing the topology package loads networkx, which would make every
 #: ``fl-certs`` call and TLS set-up pay most of a second.
@@ -33,9 +35,6 @@ _HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 CERT_MODE = 0o644  # certificates are public: every process reads the CA's and its peers' names
 KEY_MODE = 0o600  # private keys: the owner only
 
-
-class CertError(ValueError):
-    """A certificate, key or name problem: one line naming the file (or value) and the problem."""
 
 
 def check_node_id(node_id: str) -> str:
