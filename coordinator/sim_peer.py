@@ -32,7 +32,7 @@ from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
 from flmesh.node.learning.metrics import sampled_federation_metrics
-from flmesh.node.learning.trainer import compute, evaluate
+from flmesh.node.learning.trainer import evaluate
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
@@ -165,7 +165,7 @@ class PeerDriver:
             # node gives (tests/test_sim.py checks it), without N model transfers per trainer
             task = getattr(report, "task", None)
             cols = evaluated_columns(self.federation, t, trainer.node_id, task)
-            with trainer.model_lock, compute():  # N evaluations, one hand-over of the gate
+            with trainer.model_lock:
                 evals = [evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
                          if j in cols else None for j, n in enumerate(self.nodes)]
         with self._lock:

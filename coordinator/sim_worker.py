@@ -55,7 +55,7 @@ def _say(message: dict[str, Any], lock: threading.Lock) -> None:
 def main() -> int:
     order = json.loads(sys.stdin.readline())
     from flmesh.node.learning.data import federation_data, load_dataset
-    from flmesh.node.learning.trainer import compute, evaluate, serialize_compute
+    from flmesh.node.learning.trainer import evaluate, serialize_compute
     from flmesh.node.node import Node
     from flmesh.node.wire.limits import StreamLimits
     from flmesh.topology import parse_federation
@@ -94,7 +94,7 @@ def main() -> int:
             if t % fed.eval_every and t != fed.rounds:
                 return
             cols = set(eval_splits(fed, t, node.node_id, getattr(report, "task", None)))
-            with node.model_lock, compute():  # N evaluations, one hand-over of the gate
+            with node.model_lock:
                 evals = [evaluate(node.model, test, device=node.device) if j in cols else None
                          for j, test in enumerate(tests)]
             _say({"node": node.node_id, **report_json(report, evals)}, lock)

@@ -97,7 +97,9 @@ def test_a_plaintext_fl_node_starts_without_cryptography(tmp_path):
     code = ("import sys, json\nfrom flmesh.node.cli import main\n"
             f"status = main(['--id', 'node0', '--federation', {str(fed)!r}, '--listen', '127.0.0.1:0', "
             f"'--out', {str(tmp_path / 'out')!r}])\n"
-            "print(json.dumps([status, sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography')]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+            "crypto = sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography')\n"
+            "print(json.dumps([status, crypto]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         check=True)
     status, crypto = json.loads(out.stdout.strip().splitlines()[-1])
     assert status == 0 and crypto == []
