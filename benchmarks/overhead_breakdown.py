@@ -1,0 +1,122 @@
+"""Where fl-sim's time goes on one job, next to the plain loop's: imports, rounds, compute, the end.
+
+    .venv/bin/python benchmarks/overhead_breakdown.py [FEDERATION.toml]   # default: the quick start
+
+Runs ``fl-sim FEDERATION --quiet`` in this process with timers around its
+phases, then ``benchmarks/plain_loop.py`` in a child process with timers around
+its training and evaluation calls, and prints both. fl-sim's phases: imports
+(everything up to the federation's start), start (data split, nodes, servers),
+rounds (first row to last row, per round), the end (summary, pictures, close),
+and inside the rounds the time the compute gate (one node computes at a time:
+``trainer.serialize_compute``) is held, i.e. training and evaluation, against
+the same computation in the plain loop. Wall seconds from time.perf_counter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+START = time.perf_counter()
+REPO = Path(__file__).resolve().parents[1]
+
+PLAIN = """
+import sys, time
+sys.path.insert(0, {bench!r})
+start = time.perf_counter()
+import plain_loop
+from flmesh.node.learning import trainer
+imported = time.perf_counter() - start
+spent = {{"train": 0.0, "evaluate": 0.0}}
+def timed(name, f):
+    def g(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            spent[name] += time.perf_counter() - t
+    return g
+plain_loop.train = timed("train", plain_loop.train)
+trainer._evaluate = timed("evaluate", trainer._evaluate)
+t = time.perf_counter()
+plain_loop.main([{file!r}])
+print(imported, time.perf_counter() - t, spent["train"], spent["evaluate"])
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("file", nargs="?", default=str(REPO / "examples/quickstart.toml"))
+    args = p.parse_args(argv)
+
+    from flmesh.coordinator import sim as sim_mod
+    from flmesh.coordinator.sim_cli import main as fl_sim
+    from flmesh.node.learning import trainer
+
+    marks: dict[str, float] = {}
+    rows: list[float] = []
+    held = [0.0]
+
+    def mark(name: str) -> None:
+        marks.setdefault(name, time.perf_counter() - START)
+
+    start, write_round = sim_mod.Simulation.start, sim_mod.RunWriter.write_round
+
+    def timed_start(self: sim_mod.Simulation) -> None:
+        mark("start")
+        start(self)
+        mark("started")
+
+    def timed_write(self: sim_mod.RunWriter, row: sim_mod.RoundRow) -> None:
+        write_round(self, row)
+        rows.append(time.perf_counter() - START)
+
+    @contextlib.contextmanager
+    def timed_gate() -> Iterator[None]:
+        gate = trainer._gate
+        if gate is None:
+            yield
+            return
+        with gate:
+            t = time.perf_counter()
+            try:
+                yield
+            finally:
+                held[0] += time.perf_counter() - t
+
+    sim_mod.Simulation.start = timed_start  # type: ignore[method-assign]
+    sim_mod.RunWriter.write_round = timed_write  # type: ignore[method-assign]
+    trainer.compute = timed_gate
+    with tempfile.TemporaryDirectory() as out:
+        status = fl_sim([args.file, "--quiet", "--out", out])
+    end = time.perf_counter() - START
+    if status != 0 or len(rows) < 2:
+        raise SystemExit(f"fl-sim exited with {status} after {len(rows)} rows")
+    code = PLAIN.format(bench=str(REPO / "benchmarks"), file=args.file)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=1800)
+    imported, loop, train_s, eval_s = (float(x) for x in out.stdout.split()[-4:])
+    n = len(rows) - 1
+    per_round = (rows[-1] - rows[0]) / n
+    print(f"fl-sim {args.file}: {len(rows)} rows")
+    print(f"  imports and set-up  {marks['start']:6.2f} s   start (data, nodes, servers) "
+          f"{marks['started'] - marks['start']:.2f} s")
+    print(f"  rounds              {rows[-1] - rows[0]:6.2f} s   ({1000 * per_round:.0f} ms per round, "
+          f"first row to last)")
+    print(f"  end (summary, pictures, close) {end - rows[-1]:.2f} s   whole run {end:.2f} s")
+    print(f"  compute gate held   {held[0]:6.2f} s   ({1000 * held[0] / len(rows):.0f} ms per round: "
+          "training and evaluation)")
+    print(f"plain loop: imports {imported:.2f} s, loop {loop:.2f} s ({1000 * loop / len(rows):.0f} ms per "
+          f"round), of it training {train_s:.2f} s and evaluation {eval_s:.2f} s "
+          f"({1000 * (train_s + eval_s) / len(rows):.0f} ms per round)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
