@@ -205,8 +205,8 @@ def peer_row(federation: Federation, t: int, ids: list[str],
              finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
     """Round ``t``'s row from each trainer's report and its model's evaluations on the test
     splits (in ``ids`` order; None where ``eval_sample`` did not draw the split); one trainer for
-    several nodes is the Joint baseline. FA/FF are over the evaluated pairs, PFA over the
-    diagonal (always evaluated)."""
+    several nodes is the Joint baseline. FA/FF are estimated from the evaluated pairs (see
+    ``sampled_federation_metrics``), PFA is over the diagonal (always evaluated)."""
     if len(finished) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
         report, evals = next(iter(finished.values()))
         results = [evals] * len(ids)

@@ -56,8 +56,12 @@ def test_sigterm_stops_one_node_cleanly_and_the_others_name_it(tmp_path):
     fed = federation_file(tmp_path, ids, rounds=6, timeout=4)
     procs = launch(tmp_path, fed, ids)
     try:
-        victim_rows = tmp_path / "runs" / "procs-n3" / "rounds.jsonl"
-        wait_until(lambda: victim_rows.exists() and victim_rows.read_text().count("\n") >= 1, timeout=180)
+        rows = {i: tmp_path / "runs" / f"procs-{i}" / "rounds.jsonl" for i in ids}
+        victim_rows = rows["n3"]
+        # every node past its Hello (a row written): a node still waiting for n3's Hello would
+        # rightly give up on it instead of running without it
+        wait_until(lambda: all(r.exists() and r.read_text().count("\n") >= 1 for r in rows.values()),
+                   timeout=180)
         procs["n3"].send_signal(signal.SIGSTOP)  # freeze it, then read where it is
         done = victim_rows.read_text().count("\n")
         assert done < 5, f"n3 had already finished {done} rounds; the run is too short for this test"
