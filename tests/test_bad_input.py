@@ -387,3 +387,18 @@ def test_reliability_table_quotes_the_tests():
 def test_reliability_page_lists_every_allowed_generator():
     text = (REPO / "docs" / "reliability.md").read_text()
     assert all(f"`{name}`" in text for name in [*ALIASES, *GENERATORS])
+
+
+@pytest.mark.parametrize("value", ["\r", "graph\n.txt", "a\tb\x1b[2J.xml"])
+def test_control_characters_in_a_value_are_escaped_in_the_one_line_error(value):
+    """Found by the fuzz test above: a graph file named "\\r" put a carriage return in the message."""
+    raw = tiny_raw()
+    raw["topology"]["file"] = value
+    with pytest.raises(FederationError) as err:
+        parse_federation(raw, source="f.toml")
+    text = str(err.value)
+    assert text.startswith("f.toml: ") and text.isprintable(), text
+    assert value.encode("unicode_escape").decode("ascii") in text
+    if value == "\r":
+        assert text.endswith("\\r: unknown graph file type '' (expected one of .edgelist, .edges, .graphml, "
+                             ".txt, .xml)"), text

@@ -21,7 +21,14 @@ from flmesh.topology.tasks import ReplayConfig, TaskStreamConfig
 
 
 class FederationError(ValueError):
-    """A federation file (or an override of it) is invalid. ``str()`` is one line."""
+    """A federation file (or an override of it) is invalid. ``str()`` is one line: control
+    characters that a user's value carried into the message (a path ending in a carriage
+    return, say) are shown escaped."""
+
+    def __init__(self, message: object = "") -> None:
+        text = str(message)
+        super().__init__("".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                                 for c in text))
 
 
 @dataclass(frozen=True)
