@@ -38,8 +38,8 @@ def serialize_compute(enabled: bool = True) -> None:
     plain loop runs them; the numbers do not change (each node's steps keep their order
     and seeds). Per step, not per call, so a Rewind a peer waits for gets its turn within
     a step of another node's epoch (holding it per call measured no faster). Reentrant,
-    so training that evaluates or distils inside still works. Off by default: a process with one node has
-    nothing to gain. Call before the threads start."""
+    so training that evaluates or distils inside still works. Off by default: a process
+    with one node has nothing to gain. Call before the threads start."""
     global _gate
     _gate = threading.RLock() if enabled else None
 
