@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(1, args.repeats + 1):
             message = codec.encode(state, ModelMeta(round=rep, sender="a", architecture="bench"))
             size = message.total_bytes
-            time.sleep(0.2)  # let the encoder's temporaries go back before the baseline is read
             before = rss()
             with PeakSampler() as sampler:
                 reply = client.deliver("b", message, timeout=600)

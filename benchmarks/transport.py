@@ -30,7 +30,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -104,6 +104,22 @@ def mib_s(nbytes: int, seconds: float) -> float:
     return nbytes / MiB / seconds
 
 
+def timed_transfers(kind: str, nbytes: int, repeats: int, transfer: Callable[[], None]) -> list[float]:
+    """Run ``transfer`` (moves ``nbytes``) once to warm up and ``repeats`` times timed, printing
+    each; the timed ones' MiB/s."""
+    speeds = []
+    for rep in range(repeats + 1):
+        t0 = time.perf_counter()
+        transfer()
+        seconds = time.perf_counter() - t0
+        label = "warm-up" if rep == 0 else f"rep {rep}"
+        print(f"{kind:6s} {label:8s} {mib_s(nbytes, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms)",
+              flush=True)
+        if rep:
+            speeds.append(mib_s(nbytes, seconds))
+    return speeds
+
+
 def bench_grpc(model: nn.Module, repeats: int, chunk_bytes: int) -> tuple[int, list[float]]:
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0")
@@ -153,19 +169,14 @@ def bench_socket(nbytes: int, repeats: int) -> list[float]:
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    speeds = []
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        for rep in range(repeats + 1):
-            t0 = time.perf_counter()
+
+        def send() -> None:
             sock.sendall(payload)
             if sock.recv(1) != b"k":
                 raise SystemExit("raw socket: receiver hung up")
-            seconds = time.perf_counter() - t0
-            label = "warm-up" if rep == 0 else f"rep {rep}"
-            print(f"socket {label:8s} {mib_s(nbytes, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms)",
-                  flush=True)
-            if rep:
-                speeds.append(mib_s(nbytes, seconds))
+
+        speeds = timed_transfers("socket", nbytes, repeats, send)
     thread.join()
     listener.close()
     return speeds
@@ -191,18 +202,13 @@ def bench_grpcio_alone(nbytes: int, repeats: int, chunk_bytes: int) -> list[floa
     chunks = [payload[i:i + chunk_bytes] for i in range(0, nbytes, chunk_bytes)]  # sent as they are
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=channels._CHANNEL_OPTIONS)
     call = channel.stream_unary("/bench.Sink/Push")
-    speeds = []
+
+    def push_all() -> None:
+        if call(iter(chunks), timeout=600) != str(nbytes).encode():
+            raise SystemExit("grpcio alone: the server did not get every byte")
+
     try:
-        for rep in range(repeats + 1):
-            t0 = time.perf_counter()
-            if call(iter(chunks), timeout=600) != str(nbytes).encode():
-                raise SystemExit("grpcio alone: the server did not get every byte")
-            seconds = time.perf_counter() - t0
-            label = "warm-up" if rep == 0 else f"rep {rep}"
-            print(f"grpcio {label:8s} {mib_s(nbytes, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms)",
-                  flush=True)
-            if rep:
-                speeds.append(mib_s(nbytes, seconds))
+        speeds = timed_transfers("grpcio", nbytes, repeats, push_all)
     finally:
         channel.close()
         server.stop(0)

@@ -129,25 +129,6 @@ def default_workers(federation: Federation) -> int:
     return 1 if len(federation.nodes) < 32 else max(1, min(cores // 2, len(federation.nodes) // 16))
 
 
-def _share_cores(federation: Federation) -> None:
-    """One node of this process computes at a time, with one torch thread.
-
-    fl-sim hosts many nodes on threads; training them at once made their threads fight
-    for the GIL, which torch releases around every operator (see
-    :func:`~flmesh.node.learning.trainer.serialize_compute`): gated, their steps
-    interleave. One intra-op thread leaves the other core to gRPC and the hand-offs
-    (quick start on 2 cores: 9.1-9.3 s with one thread, 10-12 s with torch's default of
-    one per core). A single trainer (Joint) keeps every core."""
-    from flmesh.node.learning.trainer import serialize_compute
-
-    if federation.baseline == "joint" or len(federation.nodes) == 1:
-        return
-    import torch
-
-    serialize_compute()
-    torch.set_num_threads(1)
-
-
 def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return root / f"{federation.name}-{stamp}"
@@ -193,7 +174,10 @@ class Simulation:
 
     def start(self) -> None:
         """Split the data, build every process and start its server."""
-        _share_cores(self.federation)
+        from flmesh.node.learning.trainer import host_nodes
+
+        fed = self.federation
+        host_nodes(1 if fed.baseline == "joint" else len(fed.nodes))  # Joint: one trainer, every core
         self.driver.start()
 
     def stop(self) -> None:

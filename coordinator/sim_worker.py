@@ -55,7 +55,7 @@ def _say(message: dict[str, Any], lock: threading.Lock) -> None:
 def main() -> int:
     order = json.loads(sys.stdin.readline())
     from flmesh.node.learning.data import federation_data, load_dataset
-    from flmesh.node.learning.trainer import evaluate, serialize_compute
+    from flmesh.node.learning.trainer import evaluate, host_nodes
     from flmesh.node.node import Node
     from flmesh.node.wire.limits import StreamLimits
     from flmesh.topology import parse_federation
@@ -63,11 +63,7 @@ def main() -> int:
 
     fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
     lock = threading.Lock()
-    if len(order["ids"]) > 1:  # as fl-sim's own process (coordinator/sim.py, _share_cores)
-        import torch
-
-        serialize_compute()
-        torch.set_num_threads(1)
+    host_nodes(len(order["ids"]))
     dataset = load_dataset(fed.data)
     data = federation_data(fed, dataset)
     tests = [data[n].test for n in fed.node_ids]

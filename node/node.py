@@ -30,7 +30,7 @@ from torch import nn
 
 from flmesh.node.algorithms.base import trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
-from flmesh.node.continual import ContinualState, empty_share, wire_replay
+from flmesh.node.continual import ContinualState
 from flmesh.node.errors import PeerError
 from flmesh.node.handlers import NodeHandlers
 from flmesh.node.inbox import Inbox
@@ -40,7 +40,6 @@ from flmesh.node.learning.data import (
     ArrayData,
     NodeData,
     derive_seed,
-    node_data,
 )
 from flmesh.node.learning.device import select_device
 from flmesh.node.learning.models import ModelPool, build_model
@@ -53,7 +52,6 @@ from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult, RoundReport, StarReport
 from flmesh.node.transport import (
     AggregatorTransport,
-    ByteCounter,
     PeerStatus,
     PeerTransport,
     with_retry,
@@ -176,27 +174,10 @@ class Node:
         in ``state_dir``. ``tls``: this node's identity, for mTLS on every connection it serves
         and opens (None: plaintext). Call :meth:`start` to serve.
         """
-        from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
-        from flmesh.node.wire.peer_client import GrpcPeerTransport
+        from flmesh.node.grpc_node import grpc_node
 
-        cfg = federation.node(node_id)
-        if peers is None:
-            peers = {n.id: n.address for n in federation.nodes if n.id != node_id and n.address}
-        counter = ByteCounter()
-        transport = GrpcPeerTransport(peers, chunk_bytes=chunk_bytes, counter=counter, tls=tls)
-        star = (GrpcAggregatorTransport(aggregator, chunk_bytes=chunk_bytes, counter=counter, tls=tls)
-                if aggregator else None)
-        tasks = TaskSource.for_node(federation, node_id, dataset) if federation.tasks is not None else None
-        if tasks is not None:
-            data = empty_share(tasks)
-        elif data is None:
-            data = node_data(federation, node_id)
-        node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks)
-        node.listen = listen or cfg.address or "127.0.0.1:0"
-        node.tls = tls
-        wire_replay(node, aggregator, chunk_bytes, state_dir, tls)
-        node.connect(peers)
-        return node
+        return grpc_node(cls, federation, node_id, data=data, dataset=dataset, listen=listen, peers=peers,
+                         aggregator=aggregator, chunk_bytes=chunk_bytes, state_dir=state_dir, tls=tls)
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:

@@ -88,3 +88,15 @@ def test_without_the_gate_compute_is_a_no_op():
     trainer.serialize_compute(False)
     with trainer.compute():
         assert trainer._gate is None
+
+
+def test_a_process_hosting_several_nodes_gates_compute_and_one_hosting_one_does_not():
+    threads = torch.get_num_threads()
+    try:
+        trainer.host_nodes(1)
+        assert trainer._gate is None and torch.get_num_threads() == threads
+        trainer.host_nodes(3)
+        assert trainer._gate is not None and torch.get_num_threads() == 1
+    finally:
+        trainer.serialize_compute(False)
+        torch.set_num_threads(threads)
