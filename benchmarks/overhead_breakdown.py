@@ -9,7 +9,10 @@ its training and evaluation calls, and prints both. fl-sim's phases: imports
 rounds (first row to last row, per round), the end (summary, pictures, close),
 and inside the rounds the time the compute gate (one node computes at a time:
 ``trainer.serialize_compute``) is held, i.e. training and evaluation, against
-the same computation in the plain loop. Wall seconds from time.perf_counter.
+the same computation in the plain loop. Wall seconds from time.perf_counter;
+CPU seconds of the computing thread from time.thread_time (inside the gate, a
+holder that is not on a CPU is waiting for the GIL that another thread took
+while a torch operator ran without it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from statistics import median
+from typing import Any
 
 START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
@@ -33,20 +38,21 @@ start = time.perf_counter()
 import plain_loop
 from flmesh.node.learning import trainer
 imported = time.perf_counter() - start
-spent = {{"train": 0.0, "evaluate": 0.0}}
+spent = {{"train": 0.0, "evaluate": 0.0, "cpu": 0.0}}
 def timed(name, f):
     def g(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             return f(*a, **k)
         finally:
             spent[name] += time.perf_counter() - t
+            spent["cpu"] += time.thread_time() - c
     return g
 plain_loop.train = timed("train", plain_loop.train)
 trainer._evaluate = timed("evaluate", trainer._evaluate)
 t = time.perf_counter()
 plain_loop.main([{file!r}])
-print(imported, time.perf_counter() - t, spent["train"], spent["evaluate"])
+print(imported, time.perf_counter() - t, spent["train"], spent["evaluate"], spent["cpu"])
 """
 
 
@@ -57,11 +63,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from flmesh.coordinator import sim as sim_mod
     from flmesh.coordinator.sim_cli import main as fl_sim
+    from flmesh.node import handlers, rounds
     from flmesh.node.learning import trainer
+    from flmesh.node.wire import codec
 
     marks: dict[str, float] = {}
     rows: list[float] = []
-    held = [0.0]
+    held = [0.0, 0.0]  # wall seconds the gate was held, and its holders' thread CPU seconds meanwhile
+    sends: list[float] = []  # thread CPU seconds of each Deliver: the sender's (encode and the call)
+    receives: list[float] = []  # and the receiver's handler (decode and checks)
+    sample: list[Any] = []  # one node's model state and spec, for the codec on its own
 
     def mark(name: str) -> None:
         marks.setdefault(name, time.perf_counter() - START)
@@ -84,12 +95,33 @@ def main(argv: list[str] | None = None) -> int:
             yield
             return
         with gate:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 yield
             finally:
                 held[0] += time.perf_counter() - t
+                held[1] += time.thread_time() - c
 
+    deliver_onward, deliver = rounds.deliver_onward, handlers.NodeHandlers.deliver
+
+    def timed_onward(node: Any, *a: Any) -> Any:
+        if not sample:
+            sample.extend([node.state_dict(), node.spec])
+        c = time.thread_time()
+        try:
+            return deliver_onward(node, *a)
+        finally:
+            sends.append(time.thread_time() - c)
+
+    def timed_deliver(self: Any, *a: Any) -> Any:
+        c = time.thread_time()
+        try:
+            return deliver(self, *a)
+        finally:
+            receives.append(time.thread_time() - c)
+
+    rounds.deliver_onward = timed_onward
+    handlers.NodeHandlers.deliver = timed_deliver  # type: ignore[method-assign]
     sim_mod.Simulation.start = timed_start  # type: ignore[method-assign]
     sim_mod.RunWriter.write_round = timed_write  # type: ignore[method-assign]
     trainer.compute = timed_gate
@@ -98,10 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     end = time.perf_counter() - START
     if status != 0 or len(rows) < 2:
         raise SystemExit(f"fl-sim exited with {status} after {len(rows)} rows")
+    codec_ms = 0.0
+    if sample:  # the same model through encode and decode alone: the codec's share of a Deliver
+        state, spec = sample
+        meta = codec.ModelMeta(round=1, sender="node0", kind="trained")
+        c = time.thread_time()
+        for _ in range(100):
+            codec.decode(codec.encode(state, meta).chunks(), spec)
+        codec_ms = 10 * (time.thread_time() - c)
     code = PLAIN.format(bench=str(REPO / "benchmarks"), file=args.file)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=1800)
-    imported, loop, train_s, eval_s = (float(x) for x in out.stdout.split()[-4:])
+    imported, loop, train_s, eval_s, compute_cpu = (float(x) for x in out.stdout.split()[-5:])
     n = len(rows) - 1
     per_round = (rows[-1] - rows[0]) / n
     print(f"fl-sim {args.file}: {len(rows)} rows")
@@ -112,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  end (summary, pictures, close) {end - rows[-1]:.2f} s   whole run {end:.2f} s")
     print(f"  compute gate held   {held[0]:6.2f} s   ({1000 * held[0] / len(rows):.0f} ms per round: "
           "training and evaluation)")
+    print(f"    of it on a CPU    {held[1]:6.2f} s   (the holder's thread CPU; the rest it waited for "
+          "the GIL between torch operators)")
+    if sends and receives:
+        print(f"  Deliver             {len(sends)} calls, thread CPU per call {1000 * median(sends):.2f} ms "
+              f"sending, {1000 * median(receives):.2f} ms receiving (medians); the codec alone "
+              f"{codec_ms:.2f} ms per encode and decode")
     print(f"plain loop: imports {imported:.2f} s, loop {loop:.2f} s ({1000 * loop / len(rows):.0f} ms per "
           f"round), of it training {train_s:.2f} s and evaluation {eval_s:.2f} s "
-          f"({1000 * (train_s + eval_s) / len(rows):.0f} ms per round)")
+          f"({1000 * (train_s + eval_s) / len(rows):.0f} ms per round, {compute_cpu:.2f} s of thread CPU)")
     return 0
 
 

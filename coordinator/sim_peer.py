@@ -80,6 +80,17 @@ def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
     return node
 
 
+def reported_own(report: Report, same_split: bool) -> EvalResult | None:
+    """The trainer's evaluation of its model on its own test split, from its round report, when
+    ``same_split`` (the column is the split the node evaluated: its own, no continual task cut).
+    The node evaluated the same model there at the end of its round (the model changes only in
+    the node's own thread, and evaluation is deterministic), so the N x N matrix's diagonal
+    need not be computed twice: N of the N^2 + 2N evaluations of a round. None otherwise."""
+    if same_split and isinstance(report, RoundReport):
+        return report.local
+    return None
+
+
 class PeerDriver:
     def __init__(self, federation: Federation, identities: SimIdentities | None = None):
         """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext.
@@ -166,7 +177,8 @@ class PeerDriver:
             task = getattr(report, "task", None)
             cols = evaluated_columns(self.federation, t, trainer.node_id, task)
             with trainer.model_lock:
-                evals = [evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
+                evals = [reported_own(report, n is trainer and task is None) or
+                         evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
                          if j in cols else None for j, n in enumerate(self.nodes)]
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)

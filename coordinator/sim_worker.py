@@ -54,6 +54,7 @@ def _say(message: dict[str, Any], lock: threading.Lock) -> None:
 
 def main() -> int:
     order = json.loads(sys.stdin.readline())
+    from flmesh.coordinator.sim_peer import reported_own
     from flmesh.node.learning.data import federation_data, load_dataset
     from flmesh.node.learning.trainer import evaluate, host_nodes
     from flmesh.node.node import Node
@@ -91,7 +92,8 @@ def main() -> int:
                 return
             cols = set(eval_splits(fed, t, node.node_id, getattr(report, "task", None)))
             with node.model_lock:
-                evals = [evaluate(node.model, test, device=node.device) if j in cols else None
+                evals = [reported_own(report, test is node.data.test) or
+                         evaluate(node.model, test, device=node.device) if j in cols else None
                          for j, test in enumerate(tests)]
             _say({"node": node.node_id, **report_json(report, evals)}, lock)
 

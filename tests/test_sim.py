@@ -161,6 +161,34 @@ def test_baselines_produce_results_in_the_same_format(tiny_file, tmp_path, basel
                    for n in rows[-1]["nodes"].values())
 
 
+def test_the_diagonal_from_the_reports_is_a_fresh_evaluation(tiny_file, tmp_path, monkeypatch):
+    """fl-sim takes each model's own-split accuracy from the node's report instead of evaluating
+    it again: the rows are those of a run that evaluates the diagonal afresh (with rewind, whose
+    Rewind calls train peers' copies while the node's own model must stay as it reported)."""
+    from flmesh.coordinator import sim_peer
+
+    calls = []
+
+    def counted(report, same_split):
+        calls.append(same_split)
+        return real(report, same_split)
+
+    real = sim_peer.reported_own
+    rows = {}
+    for name in ("reused", "fresh"):
+        if name == "fresh":
+            monkeypatch.setattr(sim_peer, "reported_own", lambda report, same_split: None)
+        else:
+            monkeypatch.setattr(sim_peer, "reported_own", counted)
+        out = tmp_path / name
+        assert main([str(tiny_file), "--rounds", "3", "--out", str(out), "--quiet",
+                     "--set", 'rewind.mode="previous"']) == 0
+        rows[name] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert calls.count(True) == 3 * 3  # one diagonal entry per node and evaluated round was reused
+    same = ("round", "fa", "ff", "pfa", "accuracy_matrix")
+    assert [[r[k] for k in same] for r in rows["reused"]] == [[r[k] for k in same] for r in rows["fresh"]]
+
+
 def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path):
     out = tmp_path / "e"
     assert main([str(tiny_file), "--out", str(out), "--rounds", "5", "--eval-every", "2", "--quiet"]) == 0
