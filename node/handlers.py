@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from flmesh.node.errors import Refused
-from flmesh.node.inbox import InboxKey
+from flmesh.node.inbox import ROUND_WINDOW, InboxKey
 from flmesh.node.learning.trainer import (
     TrainingStopped,
     evaluate,
@@ -42,8 +42,6 @@ from flmesh.topology.peers import may_deliver, may_rewind
 from flmesh.v1 import model_pb2 as pb
 
 Tensors = dict[str, torch.Tensor]
-#: How many rounds ahead of its last finished round a node takes models for.
-ROUND_WINDOW = 4
 
 if TYPE_CHECKING:
     from flmesh.node.node import Node
@@ -237,15 +235,16 @@ class NodeHandlers:
 
     def _in_window(self, round: int, what: str) -> None:
         """Models are taken for rounds from the last one this node finished (its next round
-        trains on it) to ROUND_WINDOW ahead: an older one can never be used, a far-future one
-        is no round this federation runs yet."""
+        trains on it) to ROUND_WINDOW ahead: an older one can never be used; one further ahead
+        is refused as RESOURCE_EXHAUSTED (the window is full), and a sender that is ahead waits
+        and sends it again (:func:`~flmesh.node.peer_exchange.deliver_onward`)."""
         last = self.node.last_round
         if round < last:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "
                           f"over (this node finished round {last})")
-        if round > last + ROUND_WINDOW:
-            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, too far "
-                          f"ahead (this node finished round {last})")
+        if round > last + ROUND_WINDOW:  # the sender is ahead: it waits until this node catches up
+            raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {what} is for round {round}, too far "
+                          f"ahead (this node finished round {last}); send it again once it has caught up")
         if round >= self.node.rounds:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, but nothing "
                           f"is sent after the last round ({self.node.rounds})")

@@ -15,6 +15,10 @@ from typing import Any
 
 from flmesh.node.clock import REAL_CLOCK, Clock
 
+#: A node takes models for rounds from the last one it finished to this many ahead (so its
+#: inbox holds at most this many future rounds per sender); a sender further ahead waits.
+ROUND_WINDOW = 4
+
 
 @dataclass(frozen=True, order=True)
 class InboxKey:

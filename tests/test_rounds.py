@@ -14,6 +14,7 @@ from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.data import federation_data
 from flmesh.node.learning.trainer import split_steps, steps_for
 from flmesh.node.node import Node
+from flmesh.node.peer_exchange import deliver_onward
 from flmesh.node.wire.codec import ModelMeta, decode, encode
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import parse_federation
@@ -146,6 +147,50 @@ def test_a_dead_destination_is_retried_then_its_successor_gets_the_model_and_wai
         report = c.by_id["node1"].run_round(1)
     assert not report.delivered and report.delivered_to is None
     assert "could not deliver to node2" in report.notes
+
+
+def _progresses_after(node, calls: int, to_round: int):
+    """``node``'s Status answers its real round ``calls`` times, then it has finished ``to_round``
+    (on the manual clock nothing else moves while the sender waits)."""
+    real, asked = node.status, []
+
+    def status():
+        asked.append(1)
+        if len(asked) == calls:
+            node.finish_round(to_round, 0.5)
+        return real()
+
+    node.status = status
+    return asked
+
+
+def test_a_destination_rounds_behind_gets_the_model_once_it_catches_up():
+    """CWT node0 -> node1 with node1 five rounds behind node0 (a slow node in a ring falls up
+    to N-1 rounds behind its source): node1 refuses the model as too far ahead of its window,
+    node0 waits while node1 catches up and then delivers to node1, not to its successor."""
+    with Cluster(fed(nodes=4, rounds=12, federation={"round_timeout_s": 30}), "memory") as c:
+        node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
+        node1.finish_round(1, 0.5)
+        node2.finish_round(5, 0.5)  # would take the model (its window) if node0 gave up on node1
+        asked = _progresses_after(node1, 3, to_round=2)
+        notes: list[str] = []
+        assert deliver_onward(node0, 6, "node1", notes) == "node1" and notes == []
+        assert node1.inbox.get(InboxKey(6, "node0", "trained")) is not None
+        assert node2.inbox.get(InboxKey(6, "node0", "trained")) is None
+        assert len(asked) == 3, "asked until node1 had caught up, then sent it again"
+        assert c.clock.now() < 30, "no round timeout spent on a node that was catching up"
+
+
+def test_a_destination_that_stays_behind_is_passed_over_after_a_round_timeout():
+    with Cluster(fed(nodes=4, rounds=12, federation={"round_timeout_s": 30}), "memory") as c:
+        node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
+        node1.finish_round(1, 0.5)  # and never further
+        node2.finish_round(5, 0.5)
+        notes: list[str] = []
+        assert deliver_onward(node0, 6, "node1", notes) == "node2"
+        assert notes == ["node1 was unreachable; delivered to node2 (its successor)"]
+        assert node2.inbox.get(InboxKey(6, "node0", "trained")) is not None
+        assert 30 <= c.clock.now() < 40, "one round timeout without progress, then the successor"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
