@@ -146,7 +146,8 @@ def deliver_onward(node: Node, round: int, destination: str, notes: list[str]) -
                         raise  # not behind: busy or too large, which the retries handle
                     if not caught_up:
                         raise PeerError(exc.peer, exc.address, "FAILED_PRECONDITION",
-                                        f"{to} is rounds behind round {round} and not catching up") from None
+                                        f"{to} stayed more than {ROUND_WINDOW} rounds behind round {round} "
+                                        "without progress for a round timeout") from None
 
         if node.calls.call(target, "delivery to", round, send) is not None:
             if target != destination:
