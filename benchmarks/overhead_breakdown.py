@@ -12,7 +12,9 @@ and inside the rounds the time the compute gate (one node computes at a time:
 the same computation in the plain loop. Wall seconds from time.perf_counter;
 CPU seconds of the computing thread from time.thread_time (inside the gate, a
 holder that is not on a CPU is waiting for the GIL that another thread took
-while a torch operator ran without it).
+while a torch operator ran without it); and each Deliver's thread CPU on the
+sending and the receiving end, next to encoding and decoding the same model
+alone.
 """
 
 from __future__ import annotations
