@@ -103,6 +103,8 @@ class PeerDriver:
         self._lock = threading.Lock()
         self._round_over: dict[int, threading.Event] = {}  # set once every trainer finished the round
         self._done: dict[int, int] = {}  # round -> trainers that finished it
+        self._trained: dict[int, threading.Event] = {}  # an evaluated round: every trainer has trained
+        self._arrived: dict[int, int] = {}  # an evaluated round -> trainers that finished training it
         self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
         self._next = 1  # the next round whose row is due
         self._rounds_done = 0
@@ -159,18 +161,22 @@ class PeerDriver:
         return round % self.eval_every == 0 or round == self.federation.rounds
 
     def _on_report(self, trainer: Node, report: Report) -> None:
-        """In the trainer's thread, right after its round: evaluate its model on every node's
-        test split (or on the seeded ``eval_sample`` draw), then wait until every trainer has
-        finished the round.
+        """In the trainer's thread, right after its round: at an evaluated round, wait until
+        every trainer has finished the round, then evaluate its model on every node's test
+        split (or on the seeded ``eval_sample`` draw); then wait until every trainer has done
+        so.
 
-        The wait keeps the rounds in lock-step, as a federation on one host wants:
-        the N x N evaluation of round t never competes with round t+1's training
-        for the cores (measured: 15-20% faster on 2 cores). The numbers do not
-        depend on it; a stop ends the wait."""
+        The waits keep the rounds in lock-step, as a federation on one host wants: the
+        N x N evaluation of round t competes neither with round t+1's training for the
+        cores (measured: 15-20% faster on 2 cores) nor with other nodes' round t, whose
+        ``wall_s`` it would inflate (at 50 nodes it had doubled an evaluated round's).
+        The numbers do not depend on them; a stop ends the waits."""
         if self._stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         t = report.round
         evals: Evals = []
+        if self._evaluated(t) and not self._all_arrive(t):
+            return  # stopped while waiting for the others
         if self._evaluated(t):
             # in-process, on the test splits fl-sim holds: the numbers an Evaluate RPC to every
             # node gives (tests/test_sim.py checks it), without N model transfers per trainer
@@ -197,6 +203,19 @@ class PeerDriver:
                 del self._round_over[t]
         while not over.wait(WAKE_S) and not self._stopped.is_set():
             pass
+
+    def _all_arrive(self, t: int) -> bool:
+        """Count this trainer in for round ``t`` and wait until every trainer is; False when the
+        driver stopped first. Blocks."""
+        with self._lock:
+            self._arrived[t] = self._arrived.get(t, 0) + 1
+            everyone = self._trained.setdefault(t, threading.Event())
+            if self._arrived[t] == len(self.trainers):
+                everyone.set()
+                del self._trained[t], self._arrived[t]
+        while not everyone.wait(WAKE_S) and not self._stopped.is_set():
+            pass
+        return everyone.is_set()
 
     def _row(self, t: int, finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
         return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)
