@@ -189,6 +189,31 @@ def test_the_diagonal_from_the_reports_is_a_fresh_evaluation(tiny_file, tmp_path
     assert [[r[k] for k in same] for r in rows["reused"]] == [[r[k] for k in same] for r in rows["fresh"]]
 
 
+def test_no_model_is_cross_evaluated_before_every_node_finished_the_round(tiny_file, tmp_path, monkeypatch):
+    """The N x N evaluation of an evaluated round starts only once every node has finished that
+    round, so it does not share the cores with a late node's round (nor with the next round)."""
+    from flmesh.coordinator import sim_peer
+    from flmesh.node.node import Node
+
+    finished: dict[str, int] = {}
+    seen: list[set[int]] = []
+    finish, evaluate = Node.finish_round, sim_peer.evaluate
+
+    def finish_round(self, round, accuracy):
+        finished[self.node_id] = round
+        finish(self, round, accuracy)
+
+    def cross_evaluate(*args, **kwargs):
+        seen.append(set(finished.values()) if len(finished) == 3 else {-1})
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(Node, "finish_round", finish_round)
+    monkeypatch.setattr(sim_peer, "evaluate", cross_evaluate)
+    assert main([str(tiny_file), "--rounds", "3", "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert len(seen) == 3 * 2 * 3, "3 rounds x 3 models x the 2 other splits (the diagonal is reported)"
+    assert all(len(rounds) == 1 and rounds != {-1} for rounds in seen), seen
+
+
 def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path):
     out = tmp_path / "e"
     assert main([str(tiny_file), "--out", str(out), "--rounds", "5", "--eval-every", "2", "--quiet"]) == 0
