@@ -17,6 +17,7 @@ reader threads only append to per-round dicts under a lock.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -31,6 +32,8 @@ from flmesh.node.errors import PeerError
 from flmesh.node.reports import RoundReport
 from flmesh.node.results import RoundRow
 from flmesh.topology import Federation
+
+log = logging.getLogger("flmesh.sim")
 
 
 class WorkerError(RuntimeError):
@@ -141,13 +144,19 @@ class ProcessPeerDriver:
                 pass  # already gone
 
     def close(self) -> None:
-        """Stop the workers and wait for them (killed after a grace period). Blocks."""
+        """Stop the workers and wait for them, each up to the round timeout, then kill it and say
+        so (a worker that does not exit when told is a fault to find, not a normal end). Blocks."""
         self.stop()
-        for proc in self._procs:
+        for index, proc in enumerate(self._procs):
             try:
                 if proc.stdin is not None:
                     proc.stdin.close()
                 proc.wait(timeout=self.federation.round_timeout_s)
-            except (subprocess.TimeoutExpired, OSError):
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d (pid %d) did not exit within %gs of being told to stop; killed it",
+                            index, proc.pid, self.federation.round_timeout_s)
+                proc.kill()
+                proc.wait()
+            except OSError:
                 proc.kill()
                 proc.wait()

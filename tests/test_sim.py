@@ -214,6 +214,32 @@ def test_no_model_is_cross_evaluated_before_every_node_finished_the_round(tiny_f
     assert all(len(rounds) == 1 and rounds != {-1} for rounds in seen), seen
 
 
+def test_a_worker_that_does_not_exit_is_killed_and_named(tiny_file, caplog):
+    """fl-sim --workers waits a round timeout for each worker to exit after the stop, then kills
+    it with a warning naming it (a silent wait had hidden where a slow shutdown went)."""
+    import subprocess
+    import sys
+    import tomllib
+
+    from flmesh.coordinator.sim_procs import ProcessPeerDriver
+    from flmesh.coordinator.sim_tls import SimIdentities
+    from flmesh.topology import parse_federation
+
+    raw = tiny_file.read_text().replace("round_timeout_s = 30", "round_timeout_s = 0.5")
+    assert "round_timeout_s = 0.5" in raw
+    fed = parse_federation(tomllib.loads(raw), source=str(tiny_file), base_dir=tiny_file.parent)
+    driver = ProcessPeerDriver(fed, 1, SimIdentities((), enabled=False))
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+                             stdin=subprocess.PIPE, text=True)
+    driver._procs.append(stuck)
+    with caplog.at_level("WARNING", logger="flmesh.sim"):
+        driver.close()
+    assert stuck.returncode is not None and stuck.returncode < 0, "killed"
+    said = f"worker 0 (pid {stuck.pid}) did not exit within 0.5s of being told to stop; killed it"
+    assert said in caplog.text
+
+
 def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path):
     out = tmp_path / "e"
     assert main([str(tiny_file), "--out", str(out), "--rounds", "5", "--eval-every", "2", "--quiet"]) == 0
