@@ -49,6 +49,39 @@ class Driver(Protocol):
     def close(self) -> None: ...
 
 
+class Lockstep:
+    """Where ``parties()`` threads meet once per round: :meth:`meet` returns when all of them
+    have arrived for that round, or at :meth:`stop`. One event per round, set by its last
+    arrival, so each waiter wakes once per round (a condition notified on every arrival woke
+    all N waiters N times: N^2 per round). Thread-safe."""
+
+    def __init__(self, parties: Callable[[], int]):
+        self._parties = parties
+        self._lock = threading.Lock()
+        self._arrived: dict[int, int] = {}
+        self._everyone: dict[int, threading.Event] = {}
+        self._stopped = threading.Event()
+
+    def meet(self, round: int) -> bool:
+        """Arrive for ``round`` and wait for the others; False when stopped first. Blocks."""
+        with self._lock:
+            self._arrived[round] = self._arrived.get(round, 0) + 1
+            everyone = self._everyone.setdefault(round, threading.Event())
+            if self._arrived[round] >= self._parties():
+                everyone.set()
+                del self._everyone[round], self._arrived[round]
+        while not everyone.wait(WAKE_S) and not self._stopped.is_set():
+            pass
+        return not self._stopped.is_set()
+
+    def stop(self) -> None:
+        """Release every waiter now (their meet returns False). Idempotent."""
+        self._stopped.set()
+        with self._lock:
+            for everyone in self._everyone.values():
+                everyone.set()
+
+
 class RowQueue:
     """Rows pushed by driver threads, read in order by the runner; errors re-raised there."""
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flmesh.coordinator.sim import WAKE_S, RowQueue, base_config, join_threads, run_threads
+from flmesh.coordinator.sim import Lockstep, RowQueue, base_config, join_threads, run_threads
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
@@ -101,10 +101,9 @@ class PeerDriver:
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()
-        self._round_over: dict[int, threading.Event] = {}  # set once every trainer finished the round
-        self._done: dict[int, int] = {}  # round -> trainers that finished it
-        self._trained: dict[int, threading.Event] = {}  # an evaluated round: every trainer has trained
-        self._arrived: dict[int, int] = {}  # an evaluated round -> trainers that finished training it
+        self._done: dict[int, int] = {}  # round -> trainers that finished it (for its row)
+        self._trained = Lockstep(lambda: len(self.trainers))  # before an evaluated round's N x N
+        self._round_over = Lockstep(lambda: len(self.trainers))  # before the next round
         self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
         self._next = 1  # the next round whose row is due
         self._rounds_done = 0
@@ -144,9 +143,8 @@ class PeerDriver:
 
     def stop(self) -> None:
         self._stopped.set()
-        with self._lock:
-            for over in self._round_over.values():
-                over.set()
+        self._trained.stop()
+        self._round_over.stop()
         for node in {id(n): n for n in self.nodes + self.trainers}.values():
             node.cancel()
 
@@ -175,7 +173,7 @@ class PeerDriver:
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         t = report.round
         evals: Evals = []
-        if self._evaluated(t) and not self._all_arrive(t):
+        if self._evaluated(t) and not self._trained.meet(t):
             return  # stopped while waiting for the others
         if self._evaluated(t):
             # in-process, on the test splits fl-sim holds: the numbers an Evaluate RPC to every
@@ -191,31 +189,12 @@ class PeerDriver:
             self._done[t] = self._done.get(t, 0) + 1
             while self._done.get(self._next, 0) == len(self.trainers):
                 finished = self._pending.pop(self._next)
+                del self._done[self._next]
                 if self._evaluated(self._next):
                     self._rows.put(self._row(self._next, finished))
                 self._rounds_done = self._next
                 self._next += 1
-            # One event per round, set by its last trainer: each waiter wakes once per round (a
-            # condition notified on every report woke all N waiters N times: N^2 per round).
-            over = self._round_over.setdefault(t, threading.Event())
-            if self._done[t] == len(self.trainers):
-                over.set()
-                del self._round_over[t]
-        while not over.wait(WAKE_S) and not self._stopped.is_set():
-            pass
-
-    def _all_arrive(self, t: int) -> bool:
-        """Count this trainer in for round ``t`` and wait until every trainer is; False when the
-        driver stopped first. Blocks."""
-        with self._lock:
-            self._arrived[t] = self._arrived.get(t, 0) + 1
-            everyone = self._trained.setdefault(t, threading.Event())
-            if self._arrived[t] == len(self.trainers):
-                everyone.set()
-                del self._trained[t], self._arrived[t]
-        while not everyone.wait(WAKE_S) and not self._stopped.is_set():
-            pass
-        return everyone.is_set()
+        self._round_over.meet(t)
 
     def _row(self, t: int, finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
         return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)

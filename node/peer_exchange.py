@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from flmesh.node.errors import PeerError
 from flmesh.node.inbox import ROUND_WINDOW, InboxKey
 from flmesh.node.transport import DeliverResult
-from flmesh.node.wire.codec import DecodedModel
+from flmesh.node.wire.codec import DecodedModel, EncodedModel
 from flmesh.topology.peers import FALLBACK_HOPS, successors
 
 if TYPE_CHECKING:
@@ -123,6 +123,22 @@ def await_catch_up(node: Node, peer: str, round: int) -> bool | None:
     return False
 
 
+def _deliver_once_admitted(node: Node, to: str, message: EncodedModel, round: int) -> DeliverResult:
+    """One delivery of ``message`` to ``to``, sent again each time ``to`` catches up after
+    refusing it as too far ahead; other failures raise as they come (for the retries)."""
+    while True:
+        try:
+            return node.transport.deliver(to, message, timeout=node.round_timeout_s)
+        except PeerError as exc:
+            caught_up = await_catch_up(node, to, round) if exc.code == "RESOURCE_EXHAUSTED" else None
+            if caught_up is None:
+                raise  # not behind: busy, too large or unreachable, which the retries handle
+            if not caught_up:
+                raise PeerError(exc.peer, exc.address, "FAILED_PRECONDITION",
+                                f"{to} stayed more than {ROUND_WINDOW} rounds behind round {round} "
+                                "without progress for a round timeout") from None
+
+
 def deliver_onward(node: Node, round: int, destination: str, notes: list[str]) -> str | None:
     """Send this node's round-``round`` model to ``destination`` (retries with backoff; waits
     while a destination that is rounds behind catches up), else to its successor; who got it
@@ -135,19 +151,7 @@ def deliver_onward(node: Node, round: int, destination: str, notes: list[str]) -
             continue
 
         def send(to: str = target) -> DeliverResult:
-            while True:
-                try:
-                    return node.transport.deliver(to, message, timeout=node.round_timeout_s)
-                except PeerError as exc:
-                    if exc.code != "RESOURCE_EXHAUSTED":
-                        raise
-                    caught_up = await_catch_up(node, to, round)
-                    if caught_up is None:
-                        raise  # not behind: busy or too large, which the retries handle
-                    if not caught_up:
-                        raise PeerError(exc.peer, exc.address, "FAILED_PRECONDITION",
-                                        f"{to} stayed more than {ROUND_WINDOW} rounds behind round {round} "
-                                        "without progress for a round timeout") from None
+            return _deliver_once_admitted(node, to, message, round)
 
         if node.calls.call(target, "delivery to", round, send) is not None:
             if target != destination:
