@@ -11,6 +11,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flmesh.node.cli_common import skip_final_collection
+
+    skip_final_collection()
     args = list(sys.argv[1:] if argv is None else argv)
     role = "node"
     for i, arg in enumerate(args):

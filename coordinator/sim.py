@@ -151,15 +151,22 @@ def join_threads(threads: list[threading.Thread], timeout: float) -> None:
 
 
 def default_workers(federation: Federation) -> int:
-    """Worker processes for a peer federation: one per two cores once there are enough nodes to
-    pay for the processes' start-up (each imports torch), else one. On 2 cores one process is
-    faster at every size benchmarks/scale.py runs (10 to 200 nodes: the main process's
-    gRPC and hand-off threads already keep the second core busy), so the default there is 1;
-    more processes are for machines with cores to spare (not measured here)."""
+    """Worker processes for a peer federation. Forked workers (:mod:`~flmesh.coordinator.sim_fork`)
+    start in milliseconds, so where this process can fork there is one per core the process
+    may use, with at least 5 nodes each (benchmarks/scale.py on 2 cores: 2.6-3.5 ms per node
+    and round from 10 to 200 nodes with 2 forked workers, 5.5-8.7 ms with one process; the
+    quick start 1.35x the plain loop instead of 1.76x, benchmarks/overhead.py). A worker
+    started as a fresh interpreter imports torch again (1.3-2 s), which pays only from
+    about 32 nodes on: then one per two cores."""
     import os
 
-    cores = os.cpu_count() or 1
-    return 1 if len(federation.nodes) < 32 else max(1, min(cores // 2, len(federation.nodes) // 16))
+    from flmesh.coordinator.sim_fork import can_fork
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    nodes = len(federation.nodes)
+    if can_fork():
+        return max(1, min(cores, nodes // 5))
+    return 1 if nodes < 32 else max(1, min(cores // 2, nodes // 16))
 
 
 def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
@@ -194,11 +201,11 @@ class Simulation:
             from flmesh.coordinator.sim_star import StarDriver
 
             self.driver = StarDriver(federation, self.identities)
-        elif (workers or default_workers(federation)) > 1 and federation.tasks is None \
+        elif (count := workers or default_workers(federation)) > 1 and federation.tasks is None \
                 and federation.baseline != "joint":
             from flmesh.coordinator.sim_procs import ProcessPeerDriver
 
-            count = min(workers or default_workers(federation), len(federation.nodes))
+            count = min(count, len(federation.nodes))
             self.driver = ProcessPeerDriver(federation, count, self.identities)
         else:
             from flmesh.coordinator.sim_peer import PeerDriver

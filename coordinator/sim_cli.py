@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flmesh.node.cli_common import OneLineParser
+from flmesh.node.cli_common import OneLineParser, skip_final_collection
 
 if TYPE_CHECKING:
     from flmesh.node.observe import Board
@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
     parser.add_argument("--workers", type=int, metavar="K",
-                        help="spread a peer federation's nodes over K processes (default: one per two cores "
-                             "from 32 nodes on, else 1)")
+                        help="spread a peer federation's nodes over K processes (default on Linux: forked, "
+                             "one per core with at least 5 nodes each; elsewhere one per two cores from 32 "
+                             "nodes on, else 1)")
     parser.add_argument("--tls", action="store_true",
                         help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
                              "on 127.0.0.1)")
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
 
+    skip_final_collection()
     if run_tools.is_tool(argv):
         return run_tools.main(argv)
     parser = build_parser()

@@ -16,6 +16,7 @@ reader threads only append to per-round dicts under a lock.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from flmesh.coordinator.sim import RowQueue, base_config
+from flmesh.coordinator.sim_fork import ForkedWorker, can_fork
 from flmesh.coordinator.sim_peer import Evals, peer_row
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.sim_worker import report_from_json
@@ -48,11 +50,14 @@ class ProcessPeerDriver:
         self.workers = workers
         self.identities = identities
         self.ids = federation.node_ids
-        self._procs: list[subprocess.Popen[str]] = []
+        self._procs: list[subprocess.Popen[str] | ForkedWorker] = []
+        self.forked = False
         self._readers: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._finished: dict[int, dict[str, tuple[RoundReport, Evals]]] = {}
         self._done_workers = 0
+        self._arrived: dict[tuple[str, int], int] = {}  # (wait, round) -> nodes arrived
+        self._send_lock = threading.Lock()  # reader threads and stop() write to the same pipes
         self._rounds_done = 0
         self._rows = RowQueue()
 
@@ -60,25 +65,38 @@ class ProcessPeerDriver:
         fed = self.federation
         return {**base_config(fed), "schedule": fed.topology.schedule, "baseline": fed.baseline,
                 "graph": fed.topology.graph, "eval_every": fed.eval_every,
-                "eval_sample": fed.eval_sample, "workers": self.workers}
+                "eval_sample": fed.eval_sample, "workers": self.workers,
+                "workers_started": "fork" if self.forked else "interpreter"}
 
     @property
     def rounds_done(self) -> int:
         return self._rounds_done
 
     def start(self) -> None:
-        """Start the workers and exchange every node's address. Blocks until all serve."""
+        """Start the workers and exchange every node's address. Blocks until all serve. Forks
+        them when this process still can (:func:`~flmesh.coordinator.sim_fork.can_fork`):
+        after the data is split here, so they share it; else each is a fresh interpreter."""
         fed = self.federation
         tls_dir = self.identities.folder()
+        tls = str(tls_dir) if tls_dir else None
         shares = [self.ids[i::self.workers] for i in range(self.workers)]
+        self.forked = can_fork()
+        if self.forked:
+            from flmesh.coordinator.sim_worker import forked
+            from flmesh.node.learning.data import federation_data, load_dataset
+
+            dataset = load_dataset(fed.data)
+            shared = (dataset, federation_data(fed, dataset))
+            for ids in shares:
+                self._procs.append(ForkedWorker(functools.partial(forked, fed, ids, tls, shared)))
+        else:
+            for ids in shares:
+                fresh = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_worker"], text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                self._procs.append(fresh)
+                self._send(fresh, {"federation": fed.raw, "source": fed.source, "base_dir": fed.base_dir,
+                                   "ids": ids, "tls_dir": tls})
         addresses: dict[str, str] = {}
-        for ids in shares:
-            proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_worker"], text=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            self._procs.append(proc)
-            order = {"federation": fed.raw, "source": fed.source, "base_dir": fed.base_dir, "ids": ids,
-                     "tls_dir": str(tls_dir) if tls_dir else None}
-            self._send(proc, order)
         for proc in self._procs:
             addresses.update(self._read(proc)["addresses"])
         for proc in self._procs:
@@ -89,14 +107,14 @@ class ProcessPeerDriver:
             reader.start()
             self._readers.append(reader)
 
-    @staticmethod
-    def _send(proc: subprocess.Popen[str], message: dict[str, Any]) -> None:
+    def _send(self, proc: subprocess.Popen[str] | ForkedWorker, message: dict[str, Any]) -> None:
         assert proc.stdin is not None
-        proc.stdin.write(json.dumps(message, default=str) + "\n")
-        proc.stdin.flush()
+        with self._send_lock:
+            proc.stdin.write(json.dumps(message, default=str) + "\n")
+            proc.stdin.flush()
 
     @staticmethod
-    def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    def _read(proc: subprocess.Popen[str] | ForkedWorker) -> dict[str, Any]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         message: dict[str, Any] = json.loads(line) if line else {"error": "a worker exited early"}
@@ -114,12 +132,30 @@ class ProcessPeerDriver:
                 return
             if message.get("done"):
                 break
+            if "meet" in message:
+                self._meet(message["meet"], message["round"])
+                continue
             report, evals = report_from_json(message)
             self._record(report, evals)
         with self._lock:
             self._done_workers += 1
             if self._done_workers == len(self._procs):
                 self._rows.end()
+
+    def _meet(self, name: str, round: int) -> None:
+        """A node arrived at the ``name`` wait of ``round`` (sim_worker.RemoteLockstep); the last
+        of all N releases it in every worker."""
+        with self._lock:
+            key = (name, round)
+            self._arrived[key] = self._arrived.get(key, 0) + 1
+            if self._arrived[key] < len(self.ids):
+                return
+            del self._arrived[key]
+        for proc in self._procs:
+            try:
+                self._send(proc, {"met": name, "round": round})
+            except (BrokenPipeError, ValueError, OSError):
+                pass  # a worker that is gone: its reader reports it
 
     def _record(self, report: RoundReport, evals: Evals) -> None:
         with self._lock:
@@ -150,7 +186,8 @@ class ProcessPeerDriver:
         for index, proc in enumerate(self._procs):
             try:
                 if proc.stdin is not None:
-                    proc.stdin.close()
+                    with self._send_lock:
+                        proc.stdin.close()
                 proc.wait(timeout=self.federation.round_timeout_s)
             except subprocess.TimeoutExpired:
                 log.warning("worker %d (pid %d) did not exit within %gs of being told to stop; killed it",

@@ -2,17 +2,24 @@
 
     python -m flmesh.coordinator.sim_worker     (started by fl-sim; talks JSON lines)
 
-The parent writes one JSON line on stdin: the federation (as parsed, with its
+On Linux fl-sim forks its workers once it has imported torch and split the
+data (:func:`forked`, :mod:`flmesh.coordinator.sim_fork`), so a worker starts
+in milliseconds and shares the data read-only; elsewhere, or from a process
+that already runs threads or gRPC, it starts this module as a fresh
+interpreter. Either way the worker talks JSON lines over a pair of pipes:
+
+The parent writes one JSON line: the federation (as parsed, with its
 overrides, so this process parses the same one), the ids of the nodes to run
-here and, with ``--tls``, the folder of their certificates. The worker builds
+here and, with ``--tls``, the folder of their certificates (a forked worker
+gets the parsed federation and the data from its parent's memory instead). The worker builds
 those nodes on 127.0.0.1 port 0 and prints their addresses; the parent answers
 with every node's address. Then each node runs its rounds on a thread
 (``Node.run``), and after each evaluated round the worker prints the node's
 report and its model's evaluation on every node's test split (this process
 holds every test split, as the parent does), or with ``[federation]
 eval_sample`` on the splits the seeded draw names (null for the others: the
-draw depends on seed, round and node only, so it is the in-process driver's). ``{"stop": true}`` on stdin, or
-stdin closing, stops the nodes. Errors are one JSON line ``{"error": ...}``
+draw depends on seed, round and node only, so it is the in-process driver's). ``{"stop": true}``, or
+the parent's end of the pipe closing, stops the nodes. Errors are one JSON line ``{"error": ...}``
 and a non-zero exit. Nothing is pickled: the messages are JSON.
 """
 
@@ -20,12 +27,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from flmesh.node.reports import EvalResult, RoundReport, TrainStats
+
+if TYPE_CHECKING:
+    from flmesh.node.learning.data import ArrayData, NodeData
+    from flmesh.topology import Federation
+
+    Shared = tuple[ArrayData, dict[str, NodeData]]  # the data set and every node's split
 
 
 def report_json(report: RoundReport, evals: list[EvalResult | None]) -> dict[str, Any]:
@@ -46,80 +61,158 @@ def report_from_json(d: dict[str, Any]) -> tuple[RoundReport, list[EvalResult | 
     return RoundReport(**r), [None if e is None else _eval(e) for e in d["evals"]]
 
 
-def _say(message: dict[str, Any], lock: threading.Lock) -> None:
+class RemoteLockstep:
+    """:class:`~flmesh.coordinator.sim.Lockstep` across worker processes: :meth:`meet` tells
+    the parent that a node arrived for a round, and the parent, which counts every worker's
+    arrivals, answers ``{"met": name, "round": t}`` once all N nodes have (:meth:`release`).
+    Thread-safe."""
+
+    def __init__(self, name: str, say: Callable[[dict[str, Any]], None]):
+        self._name, self._say = name, say
+        self._lock = threading.Lock()
+        self._met: dict[int, threading.Event] = {}
+        self._stopped = False
+
+    def meet(self, node: str, round: int) -> bool:
+        """Arrive for ``round`` and wait until every node has; False when stopped. Blocks."""
+        with self._lock:
+            if self._stopped:
+                return False
+            everyone = self._met.setdefault(round, threading.Event())
+        self._say({"meet": self._name, "round": round, "node": node})
+        everyone.wait()
+        return not self._stopped
+
+    def release(self, round: int) -> None:
+        """The parent says every node has arrived for ``round``: all of them have, here too, so
+        the round's event is dropped once set."""
+        with self._lock:
+            self._met.pop(round, threading.Event()).set()
+
+    def stop(self) -> None:
+        """Release every waiter now, and every later arrival at once (False). Idempotent."""
+        with self._lock:
+            self._stopped = True
+            for everyone in self._met.values():
+                everyone.set()
+
+
+def _say(message: dict[str, Any], out: IO[str], lock: threading.Lock) -> None:
     with lock:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
+        out.write(json.dumps(message) + "\n")
+        out.flush()
 
 
 def main() -> int:
+    """A worker started as a fresh interpreter: the order on stdin, messages on stdout."""
+    from flmesh.node.cli_common import skip_final_collection
+    from flmesh.topology import parse_federation
+
+    skip_final_collection()
     order = json.loads(sys.stdin.readline())
+    fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
+    return serve(fed, order["ids"], order.get("tls_dir"), sys.stdin, sys.stdout)
+
+
+def forked(fed: Federation, ids: list[str], tls_dir: str | None, data: Shared,
+           inbox: IO[str], outbox: IO[str]) -> int:
+    """A worker forked from fl-sim: the parent's parsed federation and data, its pipes. SIGINT is
+    ignored here: the parent, which gets it too, stops its workers over the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return serve(fed, ids, tls_dir, inbox, outbox, data)
+    except Exception as exc:  # before the rounds: bad input reaches the parent as one line
+        _say({"error": f"{type(exc).__name__}: {exc}"}, outbox, threading.Lock())
+        return 1
+
+
+def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], outbox: IO[str],
+          data: Shared | None = None) -> int:
+    """Run ``ids``'s nodes until the parent says stop. Blocks. ``data``: the data set and every
+    node's split, when the parent has them already (fork); else this process loads them."""
     from flmesh.coordinator.sim_peer import reported_own
+    from flmesh.node.learning import trainer
     from flmesh.node.learning.data import federation_data, load_dataset
-    from flmesh.node.learning.trainer import evaluate, host_nodes
     from flmesh.node.node import Node
     from flmesh.node.wire.limits import StreamLimits
-    from flmesh.topology import parse_federation
     from flmesh.topology.sampling import eval_splits
 
-    fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
     lock = threading.Lock()
-    host_nodes(len(order["ids"]))
-    dataset = load_dataset(fed.data)
-    data = federation_data(fed, dataset)
-    tests = [data[n].test for n in fed.node_ids]
-    tls_dir = order.get("tls_dir")
+    trainer.host_nodes(len(ids))
+    if data is None:
+        dataset = load_dataset(fed.data)
+        data = (dataset, federation_data(fed, dataset))
+    dataset, splits = data
+    tests = [splits[n].test for n in fed.node_ids]
     nodes = []
-    for nid in order["ids"]:
+    for nid in ids:
         tls = None
         if tls_dir:
             from flmesh.node.wire.tls import load_tls
 
             certs = Path(tls_dir)
             tls, _ = load_tls(certs / "ca.pem", certs / f"{nid}.pem", certs / f"{nid}.key", expected_id=nid)
-        node = Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0", tls=tls)
+        node = Node.from_federation(fed, nid, data=splits[nid], dataset=dataset, listen="127.0.0.1:0",
+                                    tls=tls)
         node.stream_limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
         nodes.append(node)
-    _say({"addresses": {n.node_id: n.start() for n in nodes}}, lock)
-    peers = json.loads(sys.stdin.readline())["peers"]
+    _say({"addresses": {n.node_id: n.start() for n in nodes}}, outbox, lock)
+    peers = json.loads(inbox.readline())["peers"]
     for n in nodes:
         n.connect(peers)
 
+    def say(message: dict[str, Any]) -> None:
+        _say(message, outbox, lock)
+
+    # as fl-sim's in-process driver: the N x N evaluation of round t waits until every node has
+    # finished round t, and round t+1 until every node is done with round t (PeerDriver._on_report)
+    trained, round_over = RemoteLockstep("trained", say), RemoteLockstep("round_over", say)
+    waits = {"trained": trained, "round_over": round_over}
+    stop = threading.Event()
+
     def run(node: Node) -> None:
         def on_round(report: Any) -> None:
+            if stop.is_set():
+                return  # interrupted mid-round: what the nodes did is incomplete; keep it out
             t = report.round
-            if t % fed.eval_every and t != fed.rounds:
-                return
-            cols = set(eval_splits(fed, t, node.node_id, getattr(report, "task", None)))
-            with node.model_lock:
-                evals = [reported_own(report, test is node.data.test) or
-                         evaluate(node.model, test, device=node.device) if j in cols else None
-                         for j, test in enumerate(tests)]
-            _say({"node": node.node_id, **report_json(report, evals)}, lock)
+            if t % fed.eval_every == 0 or t == fed.rounds:
+                if not trained.meet(node.node_id, t):
+                    return
+                cols = set(eval_splits(fed, t, node.node_id, getattr(report, "task", None)))
+                with node.model_lock:
+                    evals = [reported_own(report, test is node.data.test) or
+                             trainer.evaluate(node.model, test, device=node.device) if j in cols else None
+                             for j, test in enumerate(tests)]
+                say({"node": node.node_id, **report_json(report, evals)})
+            round_over.meet(node.node_id, t)
 
         try:
             node.run(on_round=on_round)
         except Exception as exc:  # a peer that failed for good: one line to the parent
-            _say({"error": f"{node.node_id}: {exc}"}, lock)
+            say({"error": f"{node.node_id}: {exc}"})
             raise
 
     threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in nodes]
     for t in threads:
         t.start()
-    stop = threading.Event()
 
-    def watch_stdin() -> None:  # the parent says stop, or goes away
-        for line in sys.stdin:
-            if json.loads(line).get("stop"):
+    def watch_parent() -> None:  # the parent releases a wait, says stop, or goes away
+        for line in inbox:
+            message = json.loads(line)
+            if "met" in message:
+                waits[message["met"]].release(message["round"])
+            elif message.get("stop"):
                 break
         stop.set()
+        trained.stop()
+        round_over.stop()
         for n in nodes:
             n.cancel()
 
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    threading.Thread(target=watch_parent, daemon=True).start()
     for t in threads:
         t.join()
-    _say({"done": True}, lock)
+    _say({"done": True}, outbox, lock)
     stop.wait()  # keep serving: nodes of other workers may still rewind to these
     for n in nodes:
         n.stop(grace=0.5)

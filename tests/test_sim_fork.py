@@ -1,0 +1,157 @@
+"""fl-sim's worker processes forked after the imports (coordinator/sim_fork.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from flmesh.coordinator.sim_fork import ForkedWorker, can_fork
+from flmesh.node.wire.channels import grpc_started, make_channel
+
+DEADLINE_S = 60.0  # a wait that ends much sooner, unless the behaviour under test is broken
+
+
+def shout(inbox: IO[str], outbox: IO[str]) -> int:
+    outbox.write(inbox.readline().upper())
+    outbox.flush()
+    return 3
+
+
+def until_closed(inbox: IO[str], outbox: IO[str]) -> int:
+    for _ in inbox:
+        pass
+    return 0
+
+
+def test_a_forked_worker_talks_over_its_pipes_and_exits_with_its_code():
+    worker = ForkedWorker(shout)
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write("hello\n")
+    worker.stdin.flush()
+    assert worker.stdout.readline() == "HELLO\n"
+    assert worker.wait(timeout=DEADLINE_S) == 3
+
+
+def test_a_later_worker_does_not_hold_an_earlier_ones_pipe_open():
+    """The second child is forked while the first one's pipe ends are open here; unless it
+    closes them, the first never sees its parent's end close and never exits."""
+    first = ForkedWorker(until_closed)
+    second = ForkedWorker(until_closed)
+    assert first.stdin is not None and second.stdin is not None
+    first.stdin.close()
+    assert first.wait(timeout=DEADLINE_S) == 0
+    second.stdin.close()
+    assert second.wait(timeout=DEADLINE_S) == 0
+
+
+def test_a_worker_that_does_not_exit_times_out_and_can_be_killed():
+    worker = ForkedWorker(until_closed)
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.wait(timeout=0.2)
+    worker.kill()
+    assert worker.wait(timeout=DEADLINE_S) < 0, "ended by a signal"
+
+
+def test_no_fork_once_this_process_has_made_grpc():
+    make_channel("127.0.0.1:9").close()
+    assert grpc_started() and not can_fork()
+
+
+def test_a_fresh_process_can_fork():
+    code = "from flmesh.coordinator.sim_fork import can_fork; print(can_fork())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.stdout.strip() == ("True" if sys.platform == "linux" else "False"), done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
+def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path: Path):
+    """A fresh fl-sim forks its two workers (TLS on, rewinds between them) and its rows are
+    those of the single-process run."""
+    from test_sim import TINY
+
+    file = tmp_path / "tiny.toml"
+    file.write_text(TINY)
+    rows = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        fl_sim = str(Path(sys.executable).parent / "fl-sim")
+        done = subprocess.run([fl_sim, str(file), "--workers", str(workers), "--tls", "--rounds", "3",
+                               "--out", str(out), "--quiet", "--set", 'rewind.mode="previous"'],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        rows[workers] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+        config = json.loads((out / "summary.json").read_text())["config"]
+        assert config.get("workers_started") == (None if workers == 1 else "fork")
+    same = ("round", "fa", "ff", "pfa", "accuracy_matrix")
+    assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
+
+
+LOCKSTEP_PROBE = """
+import json, os, sys, time
+import flmesh.coordinator.sim_cli, flmesh.coordinator.sim_worker as sim_worker, flmesh.node.node
+from flmesh.node.learning import trainer
+from flmesh.node.node import Node
+
+def note(kind, node, round):  # one O_APPEND write per line, from every process
+    line = json.dumps([time.monotonic(), kind, node, round]) + "\\n"
+    os.write(LOG, line.encode())
+
+LOG = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+run_round, finish_round, evaluate, report_json = (Node.run_round, Node.finish_round, trainer.evaluate,
+                                                  sim_worker.report_json)
+def run_round_(self, round):
+    note("start", self.node_id, round)
+    return run_round(self, round)
+def finish_round_(self, round, accuracy):
+    note("finish", self.node_id, round)
+    finish_round(self, round, accuracy)
+def evaluate_(*args, **kwargs):  # fl-sim's cross-evaluation only: the nodes bound theirs at import
+    note("eval", None, None)
+    return evaluate(*args, **kwargs)
+def report_json_(report, evals):
+    note("reported", report.node, report.round)
+    return report_json(report, evals)
+Node.run_round, Node.finish_round, trainer.evaluate = run_round_, finish_round_, evaluate_
+sim_worker.report_json = report_json_
+sys.exit(flmesh.coordinator.sim_cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
+def test_workers_keep_the_rounds_in_lock_step(tmp_path: Path):
+    """As in one process (tests/test_sim.py): across the two forked workers no model is
+    cross-evaluated before every node has finished the round, and no node starts a round
+    before every node has reported the last one. The workers inherit the probes by fork and
+    log to one file; the order is the monotonic clock's, which every process shares."""
+    from test_sim import TINY
+
+    file, log = tmp_path / "tiny.toml", tmp_path / "events.jsonl"
+    file.write_text(TINY)
+    done = subprocess.run([sys.executable, "-c", LOCKSTEP_PROBE, str(log), str(file), "--workers", "2",
+                           "--rounds", "4", "--out", str(tmp_path / "run"), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    events = sorted(json.loads(line) for line in log.read_text().splitlines())
+    finished: dict[str, int] = {}
+    reported: dict[str, int] = {}
+    evals = starts = 0
+    for _, kind, node, round in events:
+        if kind == "finish":
+            finished[node] = round
+        elif kind == "reported":
+            reported[node] = round
+        elif kind == "eval":
+            evals += 1
+            assert len(finished) == 3 and len(set(finished.values())) == 1, finished
+        elif kind == "start" and round > 1:
+            starts += 1
+            assert len(reported) == 3 and set(reported.values()) == {round - 1}, (node, round, reported)
+    assert evals == 4 * 3 * 2, "4 rounds x 3 models x the 2 other splits (the diagonal is reported)"
+    assert starts == 3 * 3
