@@ -10,8 +10,9 @@ evaluation every round). Each is run as a whole process, start-up included,
 by ``benchmarks/plain_loop.py`` (the same split, model, batches and
 evaluation in one loop: no gRPC, threads, files) and by ``fl-sim`` over real
 gRPC on 127.0.0.1, alternated. Prints wall seconds, CPU seconds (user +
-system) and peak RSS of each (medians), the ratios, and both final accuracies
-(they must agree: the same computation).
+system, worker processes included) and peak memory of each with its workers
+(Pss, and the Rss sum; medians), the ratios, and both final accuracies (they
+must agree: the same computation).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,14 +58,46 @@ public_fraction = 0.0
 """
 
 
-def measure(argv: list[str], cwd: Path) -> tuple[float, float, float, str]:
-    """(wall s, CPU s, peak RSS MiB, stdout) of one process, through /usr/bin/time."""
-    done = subprocess.run(["/usr/bin/time", "-f", "@@ %e %U %S %M", *argv], cwd=cwd, capture_output=True,
-                          text=True, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr[-2000:]}")
-    wall, user, sys_s, rss = done.stderr.rsplit("@@ ", 1)[1].split()
-    return float(wall), float(user) + float(sys_s), int(rss) / 1024, done.stdout
+def tree_mib(pid: int, field: str) -> float:
+    """``field`` ("Pss:" or "Rss:") of ``pid`` and its descendants summed, MiB (0 when gone).
+    Pss charges each shared page to its sharers in proportion, so forked workers, which
+    share torch's pages with fl-sim, are not counted several times over; the Rss sum is
+    the worst case."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith(field):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+            continue
+    return total / 1024
+
+
+def measure(argv: list[str], cwd: Path) -> tuple[float, float, float, float, str]:
+    """(wall s, CPU s, peak Pss MiB, peak Rss MiB, stdout) of one process and its children:
+    wall and CPU (theirs included) through /usr/bin/time, memory sampled every 50 ms."""
+    proc = subprocess.Popen(["/usr/bin/time", "-f", "@@ %e %U %S", *argv], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = [0.0, 0.0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_mib(proc.pid, "Pss:"))
+            peak[1] = max(peak[1], tree_mib(proc.pid, "Rss:"))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate(timeout=1800)
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {err[-2000:]}")
+    wall, user, sys_s = err.rsplit("@@ ", 1)[1].split()
+    return float(wall), float(user) + float(sys_s), peak[0], peak[1], out
 
 
 def final_accuracy(text: str) -> str:
@@ -93,25 +128,29 @@ def main(argv: list[str] | None = None) -> int:
                     REPO / "examples/quickstart.toml"}
         plain_loop = str(REPO / "benchmarks/plain_loop.py")
         for j, (name, file) in enumerate(jobs.items()):
-            runs: dict[str, list[tuple[float, float, float, str]]] = {"plain": [], "fl-sim": []}
+            runs: dict[str, list[tuple[float, float, float, float, str]]] = {"plain": [], "fl-sim": []}
             for i in range(repeats):
                 runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
                 sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-run{i}")]
                 runs["fl-sim"].append(measure(sim, work))
                 print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, fl-sim "
                       f"{runs['fl-sim'][-1][0]:.1f}s", file=sys.stderr, flush=True)
-            med = {k: [statistics.median(r[c] for r in v) for c in range(3)] for k, v in runs.items()}
+            med = {k: [statistics.median(r[c] for r in v) for c in range(4)] for k, v in runs.items()}
             last = work / f"job{j}-run{repeats - 1}"
-            accuracy = (final_accuracy(runs["plain"][-1][3]), summary_accuracy(last))
+            accuracy = (final_accuracy(runs["plain"][-1][4]), summary_accuracy(last))
             rows.append((name, med, *accuracy))
     print(f"\nMedians of {repeats} alternated run(s) per command, whole processes (start-up included)\n")
+    print("Memory: peak of the process and its workers, Pss (shared pages split among their sharers) "
+          "and, in brackets, Rss summed (shared pages counted in every process).\n")
     print("| job | plain loop: wall s / CPU s / peak MiB | fl-sim: wall s / CPU s / peak MiB "
           "| ratio wall / CPU / memory | final accuracy: plain / fl-sim |")
     print("|---|---:|---:|---:|---:|")
     for name, med, acc_plain, acc_sim in rows:
-        (pw, pc, pm), (sw, sc, sm) = med["plain"], med["fl-sim"]
-        print(f"| {name} | {pw:.1f} / {pc:.1f} / {pm:.0f} | {sw:.1f} / {sc:.1f} / {sm:.0f} | "
-              f"{sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x | {acc_plain} / {acc_sim} |")
+        (pw, pc, pm, pr), (sw, sc, sm, sr) = med["plain"], med["fl-sim"]
+        print(f"| {name} | {pw:.1f} / {pc:.1f} / {pm:.0f} ({pr:.0f}) "
+              f"| {sw:.1f} / {sc:.1f} / {sm:.0f} ({sr:.0f}) "
+              f"| {sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x ({sr / pr:.2f}x) "
+              f"| {acc_plain} / {acc_sim} |")
     return 0
 
 

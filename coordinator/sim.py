@@ -150,25 +150,6 @@ def join_threads(threads: list[threading.Thread], timeout: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def default_workers(federation: Federation) -> int:
-    """Worker processes for a peer federation. Forked workers (:mod:`~flmesh.coordinator.sim_fork`)
-    start in milliseconds, so where this process can fork there is one per core the process
-    may use, with at least 5 nodes each (benchmarks/scale.py on 2 cores: 2.6-3.5 ms per node
-    and round from 10 to 200 nodes with 2 forked workers, 5.5-8.7 ms with one process; the
-    quick start 1.35x the plain loop instead of 1.76x, benchmarks/overhead.py). A worker
-    started as a fresh interpreter imports torch again (1.3-2 s), which pays only from
-    about 32 nodes on: then one per two cores."""
-    import os
-
-    from flmesh.coordinator.sim_fork import can_fork
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    nodes = len(federation.nodes)
-    if can_fork():
-        return max(1, min(cores, nodes // 5))
-    return 1 if nodes < 32 else max(1, min(cores // 2, nodes // 16))
-
-
 def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return root / f"{federation.name}-{stamp}"
@@ -182,8 +163,9 @@ class Simulation:
         """``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
-        ``workers``: spread a peer federation's nodes over that many processes (default:
-        :func:`default_workers`; 1 for star, continual and Joint runs, which run in one).
+        ``workers``: spread the nodes over that many processes (default:
+        :func:`~flmesh.coordinator.sim_pool.default_workers`; continual and Joint runs run in
+        one; a star federation's aggregator stays in this process).
         ``tls``: every process gets a certificate from a throwaway CA and every call is mTLS
         with the same checks as a deployment (default: plaintext on 127.0.0.1)."""
         if eval_every is not None:
@@ -197,15 +179,22 @@ class Simulation:
         self.kind = "star" if federation.aggregator is not None else "peer"
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
         self.driver: Driver
-        if self.kind == "star":
+        from flmesh.coordinator.sim_pool import default_workers
+
+        count = min(workers or default_workers(federation), len(federation.nodes))
+        if federation.tasks is not None or federation.baseline == "joint":
+            count = 1  # continual and Joint runs run in one process
+        if self.kind == "star" and count > 1:
+            from flmesh.coordinator.sim_star_procs import ProcessStarDriver
+
+            self.driver = ProcessStarDriver(federation, count, self.identities)
+        elif self.kind == "star":
             from flmesh.coordinator.sim_star import StarDriver
 
             self.driver = StarDriver(federation, self.identities)
-        elif (count := workers or default_workers(federation)) > 1 and federation.tasks is None \
-                and federation.baseline != "joint":
+        elif count > 1:
             from flmesh.coordinator.sim_procs import ProcessPeerDriver
 
-            count = min(count, len(federation.nodes))
             self.driver = ProcessPeerDriver(federation, count, self.identities)
         else:
             from flmesh.coordinator.sim_peer import PeerDriver

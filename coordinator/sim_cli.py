@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from flmesh.coordinator.sim import Simulation, default_out_dir
+    from flmesh.coordinator.sim_pool import WorkerError
     from flmesh.node.errors import PeerError, UnknownPeerError
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval_sample is not None:
         overrides.append(f"federation.eval_sample={args.eval_sample}")
     bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors(), OSError)
+    no_run: tuple[type[Exception], ...] = (*bad_input, WorkerError)
     board: Board | None = None
     try:
         federation = load_federation(args.file, overrides)
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 board = Board(args.tensorboard)
             sim = Simulation(federation, out, tls=args.tls, workers=args.workers)
             sim.start()
-        except bad_input:
+        except no_run:
             if made:  # no run, no empty results folder left behind
                 with contextlib.suppress(OSError):
                     out.rmdir()
@@ -176,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 2
+    except WorkerError as exc:  # a worker process failed before the rounds
+        sim.close()
+        err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
+        return 1
 
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sim.stop())
@@ -223,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print("fl-sim: interrupted; stopping all nodes")
         sim.stop()
         summary = None
-    except (PeerError, UnknownPeerError) as exc:  # e.g. the aggregator stopped answering: one line
+    except (PeerError, UnknownPeerError, WorkerError) as exc:  # e.g. the aggregator stopped answering
         err.print(f"fl-sim: error: {exc}; results so far in {sim.out_dir}", markup=False, soft_wrap=True)
         sim.stop()
         return 1

@@ -105,7 +105,7 @@ class StarDriver:
     def _emit(self) -> None:
         """Hand on every round whose aggregator row and node reports are all in (lock held)."""
         while (self._next in self._agg_rows
-               and len(self._reports.get(self._next, {})) == len(self.nodes)):
+               and len(self._reports.get(self._next, {})) == len(self.federation.nodes)):
             row = self._agg_rows.pop(self._next)
             for node_id, report in self._reports.pop(self._next).items():
                 row.nodes[node_id] = merge(row.nodes.get(node_id), report)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from flmesh.node.reports import EvalResult, RoundReport, TrainStats
+from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
 if TYPE_CHECKING:
     from flmesh.node.learning.data import ArrayData, NodeData
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     Shared = tuple[ArrayData, dict[str, NodeData]]  # the data set and every node's split
 
 
-def report_json(report: RoundReport, evals: list[EvalResult | None]) -> dict[str, Any]:
-    return {"report": dataclasses.asdict(report),
+def report_json(report: RoundReport | StarReport, evals: list[EvalResult | None]) -> dict[str, Any]:
+    return {"report": dataclasses.asdict(report), "star": isinstance(report, StarReport),
             "evals": [None if e is None else dataclasses.asdict(e) for e in evals]}
 
 
@@ -53,12 +53,18 @@ def _eval(d: dict[str, Any]) -> EvalResult:
     return EvalResult(**fields)
 
 
-def report_from_json(d: dict[str, Any]) -> tuple[RoundReport, list[EvalResult | None]]:
+def report_from_json(d: dict[str, Any]) -> tuple[RoundReport | StarReport, list[EvalResult | None]]:
     r = dict(d["report"])
+    r["notes"] = tuple(r["notes"])
+    evals = [None if e is None else _eval(e) for e in d["evals"]]
+    if d.get("star"):  # a node that was not sampled trained and evaluated nothing
+        r["train"] = TrainStats(**r["train"]) if r["train"] is not None else None
+        r["start"] = _eval(r["start"]) if r["start"] is not None else None
+        r["local"] = _eval(r["local"]) if r["local"] is not None else None
+        return StarReport(**r), evals
     r["train"] = TrainStats(**r["train"])
     r["local"] = _eval(r["local"])
-    r["notes"] = tuple(r["notes"])
-    return RoundReport(**r), [None if e is None else _eval(e) for e in d["evals"]]
+    return RoundReport(**r), evals
 
 
 class RemoteLockstep:
@@ -144,6 +150,7 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
         data = (dataset, federation_data(fed, dataset))
     dataset, splits = data
     tests = [splits[n].test for n in fed.node_ids]
+    aggregator = json.loads(inbox.readline())["aggregator"] if fed.aggregator is not None else None
     nodes = []
     for nid in ids:
         tls = None
@@ -153,7 +160,7 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
             certs = Path(tls_dir)
             tls, _ = load_tls(certs / "ca.pem", certs / f"{nid}.pem", certs / f"{nid}.key", expected_id=nid)
         node = Node.from_federation(fed, nid, data=splits[nid], dataset=dataset, listen="127.0.0.1:0",
-                                    tls=tls)
+                                    aggregator=aggregator, tls=tls)
         node.stream_limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
         nodes.append(node)
     _say({"addresses": {n.node_id: n.start() for n in nodes}}, outbox, lock)
@@ -174,6 +181,9 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
         def on_round(report: Any) -> None:
             if stop.is_set():
                 return  # interrupted mid-round: what the nodes did is incomplete; keep it out
+            if aggregator is not None:  # star: the aggregator evaluates, and its rounds pace the nodes
+                say({"node": node.node_id, **report_json(report, [])})
+                return
             t = report.round
             if t % fed.eval_every == 0 or t == fed.rounds:
                 if not trained.meet(node.node_id, t):

@@ -232,12 +232,39 @@ def test_a_worker_that_does_not_exit_is_killed_and_named(tiny_file, caplog):
     stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; "
                               "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
                              stdin=subprocess.PIPE, text=True)
-    driver._procs.append(stuck)
+    driver.pool._procs.append(stuck)
     with caplog.at_level("WARNING", logger="flmesh.sim"):
         driver.close()
     assert stuck.returncode is not None and stuck.returncode < 0, "killed"
     said = f"worker 0 (pid {stuck.pid}) did not exit within 0.5s of being told to stop; killed it"
     assert said in caplog.text
+
+
+def test_a_worker_that_fails_before_the_rounds_is_one_line(tiny_file):
+    """A worker that cannot build its nodes (here: a node's TLS key is gone) fails the start
+    with one line naming it; the workers started are stopped."""
+    import tomllib
+
+    from flmesh.coordinator.sim_pool import WorkerError
+    from flmesh.coordinator.sim_procs import ProcessPeerDriver
+    from flmesh.coordinator.sim_tls import SimIdentities
+    from flmesh.topology import parse_federation
+
+    fed = parse_federation(tomllib.loads(tiny_file.read_text()), source=str(tiny_file),
+                           base_dir=tiny_file.parent)
+    identities = SimIdentities(fed.node_ids, enabled=True)
+    folder = identities.folder()
+    assert folder is not None
+    (Path(folder) / "node1.key").unlink()
+    driver = ProcessPeerDriver(fed, 2, identities)
+    try:
+        with pytest.raises(WorkerError, match=r"^worker: .*node1\.key") as failed:
+            driver.start()
+        assert "\n" not in str(failed.value)
+    finally:
+        driver.close()
+        identities.close()
+    assert all(proc.returncode is not None for proc in driver.pool._procs), "no worker left running"
 
 
 def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path):
@@ -317,3 +344,24 @@ def test_worker_processes_give_the_same_numbers(tiny_file, tmp_path, eval_sample
     if eval_sample:
         assert all(sum(v is not None for v in values) == 2
                    for r in rows[2] for values in r["accuracy_matrix"]["values"])
+
+
+@pytest.mark.slow
+def test_a_star_federation_in_worker_processes_gives_the_numbers_of_one_process(tmp_path):
+    """--workers 2 with an aggregator: the aggregator stays in fl-sim, the nodes run in two
+    worker processes (fresh interpreters here: this test process already ran gRPC), and the
+    rows (the aggregator's, with each node's own report merged in) are those of one process."""
+    star = tmp_path / "star.toml"
+    star.write_text(STAR)
+    rows = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        assert main([str(star), "--workers", str(workers), "--rounds", "3", "--out", str(out),
+                     "--quiet"]) == 0
+        rows[workers], summary = read_run(out)
+        assert summary["config"].get("workers_started") == (None if workers == 1 else "interpreter")
+    same = ("round", "accuracy", "fa", "ff", "pfa", "accuracy_matrix", "selected", "received")
+    assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
+    own = ("accuracy", "start_accuracy", "train_loss", "train_steps")
+    assert [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows[1]] == \
+        [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows[2]]

@@ -70,13 +70,14 @@ def test_a_fresh_process_can_fork():
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
-def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path: Path):
-    """A fresh fl-sim forks its two workers (TLS on, rewinds between them) and its rows are
-    those of the single-process run."""
-    from test_sim import TINY
+@pytest.mark.parametrize("kind", ["peer", "star"])
+def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path: Path, kind: str):
+    """A fresh fl-sim forks its two workers (TLS on, rewinds between them; with an aggregator
+    in fl-sim for the star) and its rows are those of the single-process run."""
+    from test_sim import STAR, TINY
 
-    file = tmp_path / "tiny.toml"
-    file.write_text(TINY)
+    file = tmp_path / "federation.toml"
+    file.write_text(TINY if kind == "peer" else STAR)
     rows = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
@@ -88,8 +89,49 @@ def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path:
         rows[workers] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         config = json.loads((out / "summary.json").read_text())["config"]
         assert config.get("workers_started") == (None if workers == 1 else "fork")
-    same = ("round", "fa", "ff", "pfa", "accuracy_matrix")
-    assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
+    same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "accuracy", "selected")
+    assert [[r.get(k) for k in same] for r in rows[1]] == [[r.get(k) for k in same] for r in rows[2]]
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
+def test_a_worker_that_dies_mid_run_ends_the_run_with_one_line(tmp_path: Path):
+    """A worker killed mid-run: the others would wait at the round's lock-step for its nodes
+    forever; fl-sim instead stops, says which worker ended and how, keeps the rows so far,
+    and exits 1."""
+    import os
+    import signal
+
+    from test_sim import TINY
+
+    from conftest import wait_until
+
+    file, out = tmp_path / "tiny.toml", tmp_path / "run"
+    file.write_text(TINY)
+    fl_sim = str(Path(sys.executable).parent / "fl-sim")
+    proc = subprocess.Popen([fl_sim, str(file), "--workers", "2", "--rounds", "100000", "--out", str(out),
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows = out / "rounds.jsonl"
+    try:
+        wait_until(lambda: proc.poll() is not None or rows.exists() and rows.read_text().count("\n") >= 2,
+                   timeout=DEADLINE_S)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        workers = _children(proc.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("fl-sim: error:")]
+    said = f"pid {workers[0]}) exited before its nodes finished (exit code -9)"
+    assert len(lines) == 1 and said in lines[0], err
+    assert rows.read_text().count("\n") >= 2, "the rows so far are kept"
 
 
 LOCKSTEP_PROBE = """
