@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SAMPLE_S = 0.25
 BIN = Path(sys.executable).parent
 
 FEDAVG_10 = """
@@ -58,37 +59,39 @@ public_fraction = 0.0
 """
 
 
-def tree_mib(pid: int, field: str) -> float:
-    """``field`` ("Pss:" or "Rss:") of ``pid`` and its descendants summed, MiB (0 when gone).
-    Pss charges each shared page to its sharers in proportion, so forked workers, which
-    share torch's pages with fl-sim, are not counted several times over; the Rss sum is
-    the worst case."""
-    total, todo = 0, [pid]
+def tree_mib(pid: int) -> tuple[float, float]:
+    """(Pss, Rss) of ``pid`` and its descendants summed, MiB (0 when gone). Pss charges each
+    shared page to its sharers in proportion, so forked workers, which share torch's pages
+    with fl-sim, are not counted several times over; the Rss sum is the worst case."""
+    pss = rss = 0
+    todo = [pid]
     while todo:
         p = todo.pop()
         try:
             for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith(field):
-                    total += int(line.split()[1])
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1])
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
             continue
-    return total / 1024
+    return pss / 1024, rss / 1024
 
 
 def measure(argv: list[str], cwd: Path) -> tuple[float, float, float, float, str]:
     """(wall s, CPU s, peak Pss MiB, peak Rss MiB, stdout) of one process and its children:
-    wall and CPU (theirs included) through /usr/bin/time, memory sampled every 50 ms."""
+    wall and CPU (theirs included) through /usr/bin/time, memory sampled every SAMPLE_S (reading
+    smaps_rollup walks the page tables: sampled often, it slowed the measured process)."""
     proc = subprocess.Popen(["/usr/bin/time", "-f", "@@ %e %U %S", *argv], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0.0, 0.0]
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[0] = max(peak[0], tree_mib(proc.pid, "Pss:"))
-            peak[1] = max(peak[1], tree_mib(proc.pid, "Rss:"))
-            time.sleep(0.05)
+            peak[:] = map(max, peak, tree_mib(proc.pid))
+            time.sleep(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

@@ -1,6 +1,6 @@
 """Where fl-sim's time goes on one job, next to the plain loop's: imports, rounds, compute, the end.
 
-    .venv/bin/python benchmarks/overhead_breakdown.py [FEDERATION.toml]   # default: the quick start
+    .venv/bin/python benchmarks/overhead_breakdown.py [FEDERATION.toml] [--workers K]  # the quick start
 
 Runs ``fl-sim FEDERATION --quiet`` in this process with timers around its
 phases, then ``benchmarks/plain_loop.py`` in a child process with timers around
@@ -14,13 +14,18 @@ CPU seconds of the computing thread from time.thread_time (inside the gate, a
 holder that is not on a CPU is waiting for the GIL that another thread took
 while a torch operator ran without it); and each Deliver's thread CPU on the
 sending and the receiving end, next to encoding and decoding the same model
-alone.
+alone. With worker processes (fl-sim's default on Linux: forked), each
+worker inherits the timers and writes its own figures at its end; the
+compute and Deliver lines add up every worker's.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,9 +66,11 @@ print(imported, time.perf_counter() - t, spent["train"], spent["evaluate"], spen
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("file", nargs="?", default=str(REPO / "examples/quickstart.toml"))
+    p.add_argument("--workers", type=int, help="fl-sim --workers (default: fl-sim's choice)")
     args = p.parse_args(argv)
 
     from flmesh.coordinator import sim as sim_mod
+    from flmesh.coordinator import sim_worker
     from flmesh.coordinator.sim_cli import main as fl_sim
     from flmesh.node import handlers, rounds
     from flmesh.node.learning import trainer
@@ -122,24 +129,51 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             receives.append(time.thread_time() - c)
 
-    rounds.deliver_onward = timed_onward
-    handlers.NodeHandlers.deliver = timed_deliver  # type: ignore[method-assign]
-    sim_mod.Simulation.start = timed_start  # type: ignore[method-assign]
-    sim_mod.RunWriter.write_round = timed_write  # type: ignore[method-assign]
-    trainer.compute = timed_gate
-    with tempfile.TemporaryDirectory() as out:
-        status = fl_sim([args.file, "--quiet", "--out", out])
-    end = time.perf_counter() - START
-    if status != 0 or len(rows) < 2:
-        raise SystemExit(f"fl-sim exited with {status} after {len(rows)} rows")
-    codec_ms = 0.0
-    if sample:  # the same model through encode and decode alone: the codec's share of a Deliver
+    def codec_ms() -> float:
+        """The same model through encode and decode alone: the codec's share of a Deliver."""
+        if not sample:
+            return 0.0
         state, spec = sample
         meta = codec.ModelMeta(round=1, sender="node0", kind="trained")
         c = time.thread_time()
         for _ in range(100):
             codec.decode(codec.encode(state, meta).chunks(), spec)
-        codec_ms = 10 * (time.thread_time() - c)
+        return 10 * (time.thread_time() - c)
+
+    stats_dir = Path(tempfile.mkdtemp())
+    serve = sim_worker.serve
+
+    def timed_serve(*a: Any, **k: Any) -> int:
+        """In a forked worker (which inherits these timers): its figures, to a file, at its end."""
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            return serve(*a, **k)
+        finally:
+            (stats_dir / f"{os.getpid()}.json").write_text(json.dumps({
+                "held": held, "sends": sends, "receives": receives, "codec_ms": codec_ms(),
+                "cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}))
+
+    rounds.deliver_onward = timed_onward
+    handlers.NodeHandlers.deliver = timed_deliver  # type: ignore[method-assign]
+    sim_mod.Simulation.start = timed_start  # type: ignore[method-assign]
+    sim_mod.RunWriter.write_round = timed_write  # type: ignore[method-assign]
+    trainer.compute = timed_gate
+    sim_worker.serve = timed_serve
+    flags = [] if args.workers is None else ["--workers", str(args.workers)]
+    with tempfile.TemporaryDirectory() as out:
+        status = fl_sim([args.file, "--quiet", "--out", out, *flags])
+    end = time.perf_counter() - START
+    if status != 0 or len(rows) < 2:
+        raise SystemExit(f"fl-sim exited with {status} after {len(rows)} rows")
+    workers = [json.loads(f.read_text()) for f in sorted(stats_dir.glob("*.json"))]
+    shutil.rmtree(stats_dir)
+    codec_one = codec_ms()
+    for w in workers:  # forked workers measured the compute and the deliveries
+        held[0] += w["held"][0]
+        held[1] += w["held"][1]
+        sends.extend(w["sends"])
+        receives.extend(w["receives"])
+        codec_one = codec_one or w["codec_ms"]
     code = PLAIN.format(bench=str(REPO / "benchmarks"), file=args.file)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=1800)
@@ -152,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  rounds              {rows[-1] - rows[0]:6.2f} s   ({1000 * per_round:.0f} ms per round, "
           f"first row to last)")
     print(f"  end (summary, pictures, close) {end - rows[-1]:.2f} s   whole run {end:.2f} s")
+    for i, w in enumerate(workers):
+        print(f"  worker {i}: {w['wall']:.2f} s from fork to exit, {w['cpu']:.2f} CPU-s; the figures below "
+              "add up every worker's")
     print(f"  compute gate held   {held[0]:6.2f} s   ({1000 * held[0] / len(rows):.0f} ms per round: "
           "training and evaluation)")
     print(f"    of it on a CPU    {held[1]:6.2f} s   (the holder's thread CPU; the rest it waited for "
@@ -159,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if sends and receives:
         print(f"  Deliver             {len(sends)} calls, thread CPU per call {1000 * median(sends):.2f} ms "
               f"sending, {1000 * median(receives):.2f} ms receiving (medians); the codec alone "
-              f"{codec_ms:.2f} ms per encode and decode")
+              f"{codec_one:.2f} ms per encode and decode")
     print(f"plain loop: imports {imported:.2f} s, loop {loop:.2f} s ({1000 * loop / len(rows):.0f} ms per "
           f"round), of it training {train_s:.2f} s and evaluation {eval_s:.2f} s "
           f"({1000 * (train_s + eval_s) / len(rows):.0f} ms per round, {compute_cpu:.2f} s of thread CPU)")

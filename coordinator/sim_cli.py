@@ -163,14 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         star = federation.aggregator is not None
         out = args.out if args.out is not None else default_out_dir(federation)
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
+        started: Simulation | None = None
         try:
+            sim = started = Simulation(federation, out, tls=args.tls, workers=args.workers)
+            sim.start()  # forks the workers: before any other thread (TensorBoard's writer) runs
             if args.tensorboard is not None:
                 from flmesh.node.observe import Board
 
                 board = Board(args.tensorboard)
-            sim = Simulation(federation, out, tls=args.tls, workers=args.workers)
-            sim.start()
         except no_run:
+            if started is not None:  # the workers and servers started so far
+                started.close()
             if made:  # no run, no empty results folder left behind
                 with contextlib.suppress(OSError):
                     out.rmdir()
@@ -179,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 2
     except WorkerError as exc:  # a worker process failed before the rounds
-        sim.close()
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 1
 

@@ -3,24 +3,28 @@
     python -m flmesh.coordinator.sim_worker     (started by fl-sim; talks JSON lines)
 
 On Linux fl-sim forks its workers once it has imported torch and split the
-data (:func:`forked`, :mod:`flmesh.coordinator.sim_fork`), so a worker starts
-in milliseconds and shares the data read-only; elsewhere, or from a process
-that already runs threads or gRPC, it starts this module as a fresh
-interpreter. Either way the worker talks JSON lines over a pair of pipes:
+data (:func:`forked`; :mod:`flmesh.coordinator.sim_fork`), so a worker starts
+in milliseconds with the parsed federation and the data in its parent's
+memory. Elsewhere, or from a process that already runs threads or gRPC, it
+starts this module as a fresh interpreter (:func:`main`), and the first line
+it reads is the order: the federation (as parsed, with its overrides, so this
+process parses the same one), the ids of its nodes and, with ``--tls``, the
+folder of their certificates. Then, either way, over a pair of pipes in JSON
+lines (nothing is pickled):
 
-The parent writes one JSON line: the federation (as parsed, with its
-overrides, so this process parses the same one), the ids of the nodes to run
-here and, with ``--tls``, the folder of their certificates (a forked worker
-gets the parsed federation and the data from its parent's memory instead). The worker builds
-those nodes on 127.0.0.1 port 0 and prints their addresses; the parent answers
-with every node's address. Then each node runs its rounds on a thread
-(``Node.run``), and after each evaluated round the worker prints the node's
-report and its model's evaluation on every node's test split (this process
-holds every test split, as the parent does), or with ``[federation]
-eval_sample`` on the splits the seeded draw names (null for the others: the
-draw depends on seed, round and node only, so it is the in-process driver's). ``{"stop": true}``, or
-the parent's end of the pipe closing, stops the nodes. Errors are one JSON line ``{"error": ...}``
-and a non-zero exit. Nothing is pickled: the messages are JSON.
+- a star federation's aggregator address comes first (the aggregator runs in
+  fl-sim); the worker builds its nodes on 127.0.0.1 port 0 and says their
+  addresses; the parent answers with every node's address;
+- each node runs its rounds on a thread (``Node.run``). Between peers, at an
+  evaluated round, the worker says ``meet`` and waits for ``met`` (the
+  lock-step of :class:`RemoteLockstep`), evaluates the node's model on every
+  node's test split (or on the splits the seeded ``eval_sample`` draw names,
+  null for the others: the draw depends on seed, round and node only), says
+  the report with those evaluations, and waits again before the next round.
+  In a star federation it says each report as the round ends;
+- ``{"stop": true}``, or the parent's end of the pipe closing, stops the
+  nodes; the worker says ``done`` once they have. Errors are one line
+  ``{"error": ...}`` and a non-zero exit.
 """
 
 from __future__ import annotations
