@@ -113,11 +113,22 @@ def _say(message: dict[str, Any], out: IO[str], lock: threading.Lock) -> None:
         out.flush()
 
 
+def leave_signals_to_the_parent() -> None:
+    """Ignore SIGINT and SIGTERM: fl-sim gets them too (Ctrl-C, or a stop sent to the process
+    group) and stops its workers over the pipe after the round in progress, so the rows
+    stay whole; a worker that died of the signal first would be a failed run instead. A
+    worker whose parent is gone sees its pipe close and stops; fl-sim kills one that does
+    not exit when told."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def main() -> int:
     """A worker started as a fresh interpreter: the order on stdin, messages on stdout."""
     from flmesh.node.cli_common import skip_final_collection
     from flmesh.topology import parse_federation
 
+    leave_signals_to_the_parent()
     skip_final_collection()
     order = json.loads(sys.stdin.readline())
     fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
@@ -126,9 +137,8 @@ def main() -> int:
 
 def forked(fed: Federation, ids: list[str], tls_dir: str | None, data: Shared,
            inbox: IO[str], outbox: IO[str]) -> int:
-    """A worker forked from fl-sim: the parent's parsed federation and data, its pipes. SIGINT is
-    ignored here: the parent, which gets it too, stops its workers over the pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A worker forked from fl-sim: the parent's parsed federation and data, its pipes."""
+    leave_signals_to_the_parent()
     try:
         return serve(fed, ids, tls_dir, inbox, outbox, data)
     except Exception as exc:  # before the rounds: bad input reaches the parent as one line

@@ -197,3 +197,40 @@ def test_workers_keep_the_rounds_in_lock_step(tmp_path: Path):
             assert len(reported) == 3 and set(reported.values()) == {round - 1}, (node, round, reported)
     assert evals == 4 * 3 * 2, "4 rounds x 3 models x the 2 other splits (the diagonal is reported)"
     assert starts == 3 * 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
+def test_sigterm_to_the_process_group_stops_the_run_cleanly(tmp_path: Path):
+    """A stop sent to fl-sim's whole process group (a service manager, a container runtime)
+    reaches the workers too. They leave it to fl-sim, which stops them after the round in
+    progress: exit 130, the rows so far and an interrupted summary, no error, no process
+    left (a worker that died of the signal had made it a failed run)."""
+    import os
+    import signal
+
+    from test_sim import TINY
+
+    from conftest import wait_until
+
+    file, out = tmp_path / "tiny.toml", tmp_path / "run"
+    file.write_text(TINY)
+    fl_sim = str(Path(sys.executable).parent / "fl-sim")
+    proc = subprocess.Popen([fl_sim, str(file), "--workers", "2", "--rounds", "100000", "--out", str(out),
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    rows = out / "rounds.jsonl"
+    try:
+        wait_until(lambda: proc.poll() is not None or rows.exists() and rows.read_text().count("\n") >= 2,
+                   timeout=DEADLINE_S)
+        workers = _children(proc.pid)
+        assert proc.poll() is None and len(workers) == 2
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "error" not in err, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and summary["rounds"] == rows.read_text().count("\n") >= 2
+    assert not any(Path(f"/proc/{w}").exists() for w in workers), "every worker exited"
