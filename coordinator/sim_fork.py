@@ -15,11 +15,13 @@ nothing is pickled (the fork copies memory).
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import IO
 
@@ -51,6 +53,9 @@ class ForkedWorker:
         self._proc = multiprocessing.get_context("fork").Process(
             target=_child, args=(work, child_in, child_out, inherited), daemon=True)
         self._proc.start()
+        _live.add(self._proc)
+        atexit.unregister(_kill_the_live)  # run before multiprocessing's exit handler, registered
+        atexit.register(_kill_the_live)  # at its first start (handlers run last-in, first-out)
         os.close(child_in)
         os.close(child_out)
         self._fds = (to_child, from_child)
@@ -77,6 +82,20 @@ class ForkedWorker:
         """Stop passing this side's pipe ends on to later children: the child is gone. The ends
         stay open for their readers, as a Popen's do (closed by the caller or with the file)."""
         ForkedWorker._open = [fd for fd in ForkedWorker._open if fd not in self._fds]
+
+
+_live: weakref.WeakSet[multiprocessing.process.BaseProcess] = weakref.WeakSet()
+
+
+def _kill_the_live() -> None:
+    """At this process's exit, kill the workers no one stopped (e.g. an interrupt while they
+    started). They ignore SIGTERM (fl-sim stops them over the pipe), so multiprocessing's own
+    exit handler, which sends SIGTERM to a daemonic child and then waits for it, would wait
+    for ever; and while this process lives, its pipes keep them from seeing it go."""
+    for proc in list(_live):
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
 
 
 def _child(work: Work, inbox_fd: int, outbox_fd: int, inherited: list[int]) -> None:

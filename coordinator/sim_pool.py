@@ -42,11 +42,11 @@ EXIT_WAIT_S = 5.0  # for the exit code of a worker whose pipe closed early (it i
 def default_workers(federation: Federation) -> int:
     """Worker processes for a federation's nodes. Forked workers (:mod:`~flmesh.coordinator.sim_fork`)
     start in milliseconds, so where this process can fork there is one per core the process
-    may use, with at least 5 nodes each (benchmarks/scale.py on 2 cores: 2.6-3.5 ms per node
-    and round from 10 to 200 nodes with 2 forked workers, 5.5-8.7 ms with one process; the
-    quick start 1.35x the plain loop instead of 1.76x, benchmarks/overhead.py). A worker
-    started as a fresh interpreter imports torch again (1.3-2 s), which pays only from
-    about 32 nodes on: then one per two cores."""
+    may use, with at least 5 nodes each (on 2 cores, docs/performance.md: 2.6-5.7 ms per node
+    and round from 10 to 200 nodes with 2 forked workers, 6.3-7.7 ms in one process; the
+    quick start 1.21-1.49x the plain loop's time instead of 1.81x). A worker started as a
+    fresh interpreter imports torch again (1.3-2 s), which pays only from about 32 nodes
+    on: then one per two cores."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     nodes = len(federation.nodes)
     if can_fork():

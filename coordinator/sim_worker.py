@@ -48,8 +48,15 @@ if TYPE_CHECKING:
 
 
 def report_json(report: RoundReport | StarReport, evals: list[EvalResult | None]) -> dict[str, Any]:
-    return {"report": dataclasses.asdict(report), "star": isinstance(report, StarReport),
-            "evals": [None if e is None else dataclasses.asdict(e) for e in evals]}
+    return {"report": _fields(report), "star": isinstance(report, StarReport),
+            "evals": [None if e is None else _fields(e) for e in evals]}
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A report's or evaluation's fields for json.dumps, nested ones too: what
+    ``dataclasses.asdict`` gives, without deep-copying every tuple (0.3 ms a report)."""
+    return {f.name: _fields(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v
+            for f in dataclasses.fields(obj)}
 
 
 def _eval(d: dict[str, Any]) -> EvalResult:
@@ -150,6 +157,8 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
           data: Shared | None = None) -> int:
     """Run ``ids``'s nodes until the parent says stop. Blocks. ``data``: the data set and every
     node's split, when the parent has them already (fork); else this process loads them."""
+    import torch
+
     from flmesh.coordinator.sim_peer import reported_own
     from flmesh.node.learning import trainer
     from flmesh.node.learning.data import federation_data, load_dataset
@@ -159,6 +168,9 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
 
     lock = threading.Lock()
     trainer.host_nodes(len(ids))
+    # one torch thread also for a worker with one node: fl-sim runs about one worker per core,
+    # and a forked child must not start OpenMP threads its parent may have had (not fork-safe)
+    torch.set_num_threads(1)
     if data is None:
         dataset = load_dataset(fed.data)
         data = (dataset, federation_data(fed, dataset))

@@ -365,3 +365,22 @@ def test_a_star_federation_in_worker_processes_gives_the_numbers_of_one_process(
     own = ("accuracy", "start_accuracy", "train_loss", "train_steps")
     assert [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows[1]] == \
         [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows[2]]
+
+
+def test_worker_reports_survive_the_json_lines_exactly():
+    """What a worker sends fl-sim (sim_worker.report_json) reads back as the same report and
+    evaluations: a peer round's, a sampled star node's and one the aggregator passed over."""
+    import json
+
+    from flmesh.coordinator.sim_worker import report_from_json, report_json
+    from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
+
+    ev = EvalResult(18, 36, 1.25, (1, 2, 3), (4, 5, 6), (), ())
+    peer = RoundReport("node1", 3, "node0", "node2", True, None, True, 144, TrainStats(0.5, 5, 80, 0), ev,
+                       0.02, notes=("late",), received_accuracy=0.25, task=None)
+    sampled = StarReport("node1", 2, True, True, False, TrainStats(0.1, 1, 2, 0), ev, ev, "node0", 0.1,
+                         ("x",))
+    passed_over = StarReport("node2", 2, False)
+    for report, evals in ((peer, [ev, None, ev]), (sampled, []), (passed_over, [])):
+        back = report_from_json(json.loads(json.dumps(report_json(report, evals))))
+        assert back == (report, evals)

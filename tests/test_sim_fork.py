@@ -234,3 +234,30 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly(tmp_path: Path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and summary["rounds"] == rows.read_text().count("\n") >= 2
     assert not any(Path(f"/proc/{w}").exists() for w in workers), "every worker exited"
+
+
+def test_a_process_that_exits_without_stopping_its_workers_does_not_hang():
+    """Workers ignore SIGTERM (fl-sim stops them over the pipe), so multiprocessing's exit
+    handler, which sends SIGTERM to daemonic children and waits for them, would wait for ever
+    for a worker nobody stopped (an interrupt while they started): they are killed instead."""
+    code = """
+import signal
+from flmesh.coordinator.sim_fork import ForkedWorker
+
+def deaf(inbox, outbox):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    outbox.write("ready\\n")
+    outbox.flush()
+    for _ in inbox:
+        pass
+    return 0
+
+worker = ForkedWorker(deaf)
+assert worker.stdout.readline() == "ready\\n"
+print(worker.pid, flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout)
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the worker is gone"
