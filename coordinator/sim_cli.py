@@ -47,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
     parser.add_argument("--workers", type=int, metavar="K",
-                        help="spread a peer federation's nodes over K processes (default on Linux: forked, "
-                             "one per core with at least 5 nodes each; elsewhere one per two cores from 32 "
-                             "nodes on, else 1)")
+                        help="spread the nodes over K processes, a star federation's aggregator staying "
+                             "in fl-sim (default on Linux: forked, one per core with at least 5 nodes each; "
+                             "elsewhere one per two cores from 32 nodes on, else 1)")
     parser.add_argument("--tls", action="store_true",
                         help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
                              "on 127.0.0.1)")

@@ -29,7 +29,7 @@ def check_seconds(flag: str, value: float) -> float:
 def skip_final_collection() -> None:
     """Let this process's exit skip the interpreter's last garbage collections. They walk every
     object torch's import made, about 0.4 s of each exit on this machine (``python -c "import
-    torch"`` 1.75 s, with ``gc.freeze()`` last 1.35 s; benchmarks/overhead.py). Registered as
+    torch"`` 1.75 s, with ``gc.freeze()`` last 1.35 s; docs/performance.md). Registered as
     the first exit handler to run (they run last-in, first-out), so the others (logging's
     flush, temporary folders) still run; objects are still freed by reference count, and only
     garbage in reference cycles is left to the operating system. Call once, from a command's
