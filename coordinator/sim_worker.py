@@ -42,6 +42,7 @@ from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
 if TYPE_CHECKING:
     from flmesh.node.learning.data import ArrayData, NodeData
+    from flmesh.node.node import Node
     from flmesh.topology import Federation
 
     Shared = tuple[ArrayData, dict[str, NodeData]]  # the data set and every node's split
@@ -159,100 +160,122 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
     node's split, when the parent has them already (fork); else this process loads them."""
     import torch
 
-    from flmesh.coordinator.sim_peer import reported_own
     from flmesh.node.learning import trainer
     from flmesh.node.learning.data import federation_data, load_dataset
-    from flmesh.node.node import Node
-    from flmesh.node.wire.limits import StreamLimits
-    from flmesh.topology.sampling import eval_splits
 
-    lock = threading.Lock()
     trainer.host_nodes(len(ids))
-    # one torch thread also for a worker with one node: fl-sim runs about one worker per core,
-    # and a forked child must not start OpenMP threads its parent may have had (not fork-safe)
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # with one node too: fl-sim runs about one worker per core
     if data is None:
         dataset = load_dataset(fed.data)
         data = (dataset, federation_data(fed, dataset))
-    dataset, splits = data
-    tests = [splits[n].test for n in fed.node_ids]
     aggregator = json.loads(inbox.readline())["aggregator"] if fed.aggregator is not None else None
-    nodes = []
-    for nid in ids:
-        tls = None
-        if tls_dir:
-            from flmesh.node.wire.tls import load_tls
-
-            certs = Path(tls_dir)
-            tls, _ = load_tls(certs / "ca.pem", certs / f"{nid}.pem", certs / f"{nid}.key", expected_id=nid)
-        node = Node.from_federation(fed, nid, data=splits[nid], dataset=dataset, listen="127.0.0.1:0",
-                                    aggregator=aggregator, tls=tls)
-        node.stream_limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
-        nodes.append(node)
-    _say({"addresses": {n.node_id: n.start() for n in nodes}}, outbox, lock)
+    worker = Worker(fed, outbox, aggregator)
+    nodes = worker.build(ids, tls_dir, *data)
+    worker.say({"addresses": {n.node_id: n.start() for n in nodes}})
     peers = json.loads(inbox.readline())["peers"]
     for n in nodes:
         n.connect(peers)
-
-    def say(message: dict[str, Any]) -> None:
-        _say(message, outbox, lock)
-
-    # as fl-sim's in-process driver: the N x N evaluation of round t waits until every node has
-    # finished round t, and round t+1 until every node is done with round t (PeerDriver._on_report)
-    trained, round_over = RemoteLockstep("trained", say), RemoteLockstep("round_over", say)
-    waits = {"trained": trained, "round_over": round_over}
-    stop = threading.Event()
-
-    def run(node: Node) -> None:
-        def on_round(report: Any) -> None:
-            if stop.is_set():
-                return  # interrupted mid-round: what the nodes did is incomplete; keep it out
-            if aggregator is not None:  # star: the aggregator evaluates, and its rounds pace the nodes
-                say({"node": node.node_id, **report_json(report, [])})
-                return
-            t = report.round
-            if t % fed.eval_every == 0 or t == fed.rounds:
-                if not trained.meet(node.node_id, t):
-                    return
-                cols = set(eval_splits(fed, t, node.node_id, getattr(report, "task", None)))
-                with node.model_lock:
-                    evals = [reported_own(report, test is node.data.test) or
-                             trainer.evaluate(node.model, test, device=node.device) if j in cols else None
-                             for j, test in enumerate(tests)]
-                say({"node": node.node_id, **report_json(report, evals)})
-            round_over.meet(node.node_id, t)
-
-        try:
-            node.run(on_round=on_round)
-        except Exception as exc:  # a peer that failed for good: one line to the parent
-            say({"error": f"{node.node_id}: {exc}"})
-            raise
-
-    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in nodes]
+    threads = [threading.Thread(target=worker.run, args=(n,), daemon=True) for n in nodes]
     for t in threads:
         t.start()
+    threading.Thread(target=worker.follow_parent, args=(inbox, nodes), daemon=True).start()
+    for t in threads:
+        t.join()
+    worker.say({"done": True})
+    worker.stopped.wait()  # keep serving: nodes of other workers may still rewind to these
+    for n in nodes:
+        n.stop(grace=0.5)
+    return 0
 
-    def watch_parent() -> None:  # the parent releases a wait, says stop, or goes away
+
+class Worker:
+    """This worker's side of the protocol: it builds the nodes, reports their rounds, keeps them
+    in lock-step with the other workers' and follows the parent's messages. ``say`` is
+    thread-safe; the rest runs on the threads :func:`serve` starts."""
+
+    def __init__(self, fed: Federation, outbox: IO[str], aggregator: str | None):
+        self.fed, self.aggregator = fed, aggregator
+        self._outbox, self._lock = outbox, threading.Lock()
+        self.stopped = threading.Event()
+        # as fl-sim's in-process driver: the N x N evaluation of round t waits until every node
+        # has finished round t, and round t+1 until every node is done with round t
+        self.trained = RemoteLockstep("trained", self.say)
+        self.round_over = RemoteLockstep("round_over", self.say)
+        self.tests: list[ArrayData] = []
+
+    def say(self, message: dict[str, Any]) -> None:
+        _say(message, self._outbox, self._lock)
+
+    def build(self, ids: list[str], tls_dir: str | None, dataset: ArrayData,
+              splits: dict[str, NodeData]) -> list[Node]:
+        """This worker's nodes on 127.0.0.1 port 0, each with its certificate (``tls_dir``)."""
+        from flmesh.node.node import Node
+        from flmesh.node.wire.limits import StreamLimits
+
+        fed = self.fed
+        self.tests = [splits[n].test for n in fed.node_ids]
+        nodes = []
+        for nid in ids:
+            tls = None
+            if tls_dir:
+                from flmesh.node.wire.tls import load_tls
+
+                certs = Path(tls_dir)
+                tls, _ = load_tls(certs / "ca.pem", certs / f"{nid}.pem", certs / f"{nid}.key",
+                                  expected_id=nid)
+            node = Node.from_federation(fed, nid, data=splits[nid], dataset=dataset, listen="127.0.0.1:0",
+                                        aggregator=self.aggregator, tls=tls)
+            node.stream_limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
+            nodes.append(node)
+        return nodes
+
+    def run(self, node: Node) -> None:
+        """One node's rounds (its thread); a failure goes to the parent as one line."""
+        try:
+            node.run(on_round=lambda report: self.on_round(node, report))
+        except Exception as exc:  # a peer that failed for good
+            self.say({"error": f"{node.node_id}: {exc}"})
+            raise
+
+    def on_round(self, node: Node, report: RoundReport | StarReport) -> None:
+        """Report ``node``'s round: at once in a star federation (the aggregator evaluates, and
+        its rounds pace the nodes); between peers, at an evaluated round, after every node has
+        finished it, with the model's evaluations; then wait for every node to be done."""
+        from flmesh.coordinator.sim_peer import reported_own
+        from flmesh.node.learning import trainer
+        from flmesh.topology.sampling import eval_splits
+
+        if self.stopped.is_set():
+            return  # interrupted mid-round: what the nodes did is incomplete; keep it out
+        if self.aggregator is not None:
+            self.say({"node": node.node_id, **report_json(report, [])})
+            return
+        fed, t = self.fed, report.round
+        if t % fed.eval_every == 0 or t == fed.rounds:
+            if not self.trained.meet(node.node_id, t):
+                return
+            cols = set(eval_splits(fed, t, node.node_id, report.task))
+            with node.model_lock:
+                evals = [reported_own(report, test is node.data.test) or
+                         trainer.evaluate(node.model, test, device=node.device) if j in cols else None
+                         for j, test in enumerate(self.tests)]
+            self.say({"node": node.node_id, **report_json(report, evals)})
+        self.round_over.meet(node.node_id, t)
+
+    def follow_parent(self, inbox: IO[str], nodes: list[Node]) -> None:
+        """The parent's messages (its thread): a wait released, stop, or the pipe closing."""
+        waits = {"trained": self.trained, "round_over": self.round_over}
         for line in inbox:
             message = json.loads(line)
             if "met" in message:
                 waits[message["met"]].release(message["round"])
             elif message.get("stop"):
                 break
-        stop.set()
-        trained.stop()
-        round_over.stop()
+        self.stopped.set()
+        self.trained.stop()
+        self.round_over.stop()
         for n in nodes:
             n.cancel()
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    for t in threads:
-        t.join()
-    _say({"done": True}, outbox, lock)
-    stop.wait()  # keep serving: nodes of other workers may still rewind to these
-    for n in nodes:
-        n.stop(grace=0.5)
-    return 0
 
 
 if __name__ == "__main__":
