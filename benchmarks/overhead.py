@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from proctree import tree_kib
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.25
 BIN = Path(sys.executable).parent
@@ -59,38 +61,20 @@ public_fraction = 0.0
 """
 
 
-def tree_mib(pid: int) -> tuple[float, float]:
-    """(Pss, Rss) of ``pid`` and its descendants summed, MiB (0 when gone). Pss charges each
-    shared page to its sharers in proportion, so forked workers, which share torch's pages
-    with fl-sim, are not counted several times over; the Rss sum is the worst case."""
-    pss = rss = 0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    pss += int(line.split()[1])
-                elif line.startswith("Rss:"):
-                    rss += int(line.split()[1])
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
-            continue
-    return pss / 1024, rss / 1024
-
-
 def measure(argv: list[str], cwd: Path) -> tuple[float, float, float, float, str]:
     """(wall s, CPU s, peak Pss MiB, peak Rss MiB, stdout) of one process and its children:
-    wall and CPU (theirs included) through /usr/bin/time, memory sampled every SAMPLE_S (reading
-    smaps_rollup walks the page tables: sampled often, it slowed the measured process)."""
+    wall and CPU (theirs included) through /usr/bin/time, memory sampled every SAMPLE_S: Pss
+    splits each shared page among its sharers, so forked workers, which share torch's pages
+    with fl-sim, are not counted several times over; the Rss sum is the worst case. (Sampled
+    every 50 ms, smaps_rollup's page-table walks slowed the measured processes.)"""
     proc = subprocess.Popen(["/usr/bin/time", "-f", "@@ %e %U %S", *argv], cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     peak = [0.0, 0.0]
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[:] = map(max, peak, tree_mib(proc.pid))
+            pss, rss = tree_kib(proc.pid, "smaps_rollup", ["Pss:", "Rss:"])
+            peak[:] = max(peak[0], pss / 1024), max(peak[1], rss / 1024)
             time.sleep(SAMPLE_S)
 
     sampler = threading.Thread(target=sample, daemon=True)

@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from proctree import tree_kib
+
 from flmesh.node.results import read_rows
 
 BIN = Path(sys.executable).parent
@@ -49,22 +51,6 @@ hidden = [64]
 """
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of ``pid`` and its descendants, MiB (0 when gone)."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError, ValueError):
-            continue
-    return total / 1024
-
-
 def run(file: Path, out: Path, rounds: int, workers: int | None) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB of the process tree) of one fl-sim run, results in ``out``."""
     # rows (and FA) every second round: each row carries its round's wall time
@@ -78,7 +64,7 @@ def run(file: Path, out: Path, rounds: int, workers: int | None) -> tuple[float,
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[0] = max(peak[0], tree_rss_mib(proc.pid))
+            peak[0] = max(peak[0], tree_kib(proc.pid, "status", ["VmRSS:"])[0] / 1024)
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
