@@ -54,6 +54,21 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServicer):
         result = handle(context, lambda caller: self.handlers.submit(caller, request_iterator))
         return serde.to_proto(aggregator_pb2.SubmitReply, result)
 
+    def FetchGlobalOne(self, request: aggregator_pb2.FetchRequest,
+                       context: grpc.ServicerContext) -> pb.ModelMessage:
+        message = handle(context, lambda caller: self.handlers.fetch(caller, request.node_id,
+                                                              request.round))
+        one = message.one_message()
+        if one is None:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"aggregator: the global model's "
+                          f"{message.total_bytes} bytes do not fit one message; fetch it with FetchGlobal")
+        return pb.ModelMessage.FromString(one)
+
+    def SubmitUpdateOne(self, request: pb.ModelMessage,
+                        context: grpc.ServicerContext) -> aggregator_pb2.SubmitReply:
+        result = handle(context, lambda caller: self.handlers.submit(caller, iter(request.chunks)))
+        return serde.to_proto(aggregator_pb2.SubmitReply, result)
+
     def AggregatorStatus(self, request: aggregator_pb2.AggregatorStatusRequest,
                          context: grpc.ServicerContext) -> aggregator_pb2.AggregatorStatusReply:
         status = handle(context, lambda caller: self.handlers.status(caller))

@@ -23,6 +23,7 @@ from flmesh.node.node import Node
 from flmesh.node.wire import codec
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import ModelMeta
+from flmesh.node.wire.frames import MESSAGE_CHUNKS_FIELD, tag, varint
 from flmesh.topology import parse_federation
 from flmesh.v1 import aggregator_pb2, peer_pb2, replay_pb2
 from flmesh.v1 import model_pb2 as pb
@@ -80,6 +81,16 @@ def _raw(channel, method, streaming):
     return channel.unary_unary(method, request_serializer=None, response_deserializer=None)
 
 
+def _send_model(channel, method: str, frames: list[bytes]) -> None:
+    """``frames`` (serialised ModelChunks, or junk) as a stream, or to a ``*One`` method as one
+    ModelMessage whose chunks they are."""
+    if method.endswith("One"):
+        message = b"".join(tag(MESSAGE_CHUNKS_FIELD) + varint(len(f)) + f for f in frames)
+        _raw(channel, method, False)(message, timeout=5)
+    else:
+        _raw(channel, method, True)(iter(frames), timeout=5)
+
+
 texts = st.text(max_size=80)
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 uints = st.integers(min_value=0, max_value=2**32 - 1)
@@ -128,13 +139,13 @@ def test_peer_unary_methods(peer, caplog, method, node_id, federation, architect
 
 
 @CASES
-@given(method=st.sampled_from(["Deliver", "Evaluate"]), mutate=header_mutations,
+@given(method=st.sampled_from(["Deliver", "Evaluate", "DeliverOne", "EvaluateOne"]), mutate=header_mutations,
        data=st.lists(junk, max_size=3), garbage=st.lists(junk, max_size=3), use_garbage=st.booleans())
 def test_peer_model_streams(peer, caplog, method, mutate, data, garbage, use_garbage):
     node, channel = peer
     before = node.state_dict()
     frames = garbage if use_garbage else _model_stream(node, mutate, data)
-    _call(lambda: _raw(channel, f"/flmesh.v1.Peer/{method}", True)(iter(frames), timeout=5))
+    _call(lambda: _send_model(channel, f"/flmesh.v1.Peer/{method}", frames))
     assert len(node.inbox) == 0, "nothing a fuzzer sends is taken"
     assert all(torch.equal(before[k], v) for k, v in node.state_dict().items())
     _no_crash_logged(caplog)
@@ -157,7 +168,8 @@ def test_peer_rewind(peer, caplog, epochs, steps, round, sender, mutate, garbage
 
 
 @CASES
-@given(method=st.sampled_from(["Join", "Poll", "FetchGlobal", "AggregatorStatus"]), node_id=texts,
+@given(method=st.sampled_from(["Join", "Poll", "FetchGlobal", "FetchGlobalOne", "AggregatorStatus"]),
+       node_id=texts,
        number=ints, wait=floats, counts=st.lists(ints, max_size=12), address=texts,
        garbage=st.one_of(st.none(), junk))
 def test_aggregator_unary_methods(aggregator, caplog, method, node_id, number, wait, counts, address,
@@ -171,6 +183,7 @@ def test_aggregator_unary_methods(aggregator, caplog, method, node_id, number, w
         "Poll": lambda: aggregator_pb2.PollRequest(node_id=node_id, round=number & 0xFFFFFFFF,
                                                    wait_s=wait if wait == wait else 0.0),
         "FetchGlobal": lambda: aggregator_pb2.FetchRequest(node_id=node_id, round=number & 0xFFFFFFFF),
+        "FetchGlobalOne": lambda: aggregator_pb2.FetchRequest(node_id=node_id, round=number & 0xFFFFFFFF),
         "AggregatorStatus": aggregator_pb2.AggregatorStatusRequest,
     }
     request = garbage or requests[method]().SerializeToString()
@@ -190,13 +203,14 @@ def test_aggregator_unary_methods(aggregator, caplog, method, node_id, number, w
 @CASES
 @given(mutate=header_mutations, data=st.lists(junk, max_size=3), garbage=st.lists(junk, max_size=3),
        use_garbage=st.booleans(),
-       method=st.sampled_from(["Aggregator/SubmitUpdate", "ReplayBuffer/Contribute"]))
+       method=st.sampled_from(["Aggregator/SubmitUpdate", "Aggregator/SubmitUpdateOne",
+                               "ReplayBuffer/Contribute"]))
 def test_aggregator_and_buffer_streams(peer, aggregator, caplog, mutate, data, garbage, use_garbage, method):
     node, _ = peer
     agg, channel = aggregator
     global_before = {k: v.clone() for k, v in agg.core.global_state.items()}
     frames = garbage if use_garbage else _model_stream(node, mutate, data)
-    _call(lambda: _raw(channel, f"/flmesh.v1.{method}", True)(iter(frames), timeout=5))
+    _call(lambda: _send_model(channel, f"/flmesh.v1.{method}", frames))
     assert all(torch.equal(global_before[k], v) for k, v in agg.core.global_state.items())
     assert agg.replay is not None and agg.replay.ledger.totals() == {}
     _no_crash_logged(caplog)

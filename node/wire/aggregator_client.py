@@ -1,14 +1,18 @@
 """The gRPC :class:`~flmesh.node.transport.AggregatorTransport`, used by ordinary nodes (wire wing).
 
 Methods block until the call ends or its timeout (seconds) and raise
-:class:`~flmesh.node.errors.PeerError` naming the aggregator on failure.
+:class:`~flmesh.node.errors.PeerError` naming the aggregator on failure. A
+model whose data fits one chunk travels in one message (``FetchGlobalOne``,
+``SubmitUpdateOne``), unless the aggregator does not serve those methods.
 Thread-safe; close when done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeVar
+
+import grpc
 
 from flmesh.node.errors import PeerError
 from flmesh.node.transport import AggregatorStatus, ByteCounter, JoinInfo, PollInfo, SubmitResult
@@ -16,9 +20,11 @@ from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.peer_client import counted_rpc
+from flmesh.node.wire.peer_client import counted_rpc, one_message_enabled, unimplemented
+from flmesh.node.wire.specs import spec_bytes
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
+from flmesh.v1 import model_pb2 as pb
 
 if TYPE_CHECKING:
     from flmesh.node.metrics import Metrics
@@ -48,6 +54,11 @@ class GrpcAggregatorTransport:
             "/flmesh.v1.Aggregator/SubmitUpdate", request_serializer=None,
             response_deserializer=aggregator_pb2.SubmitReply.FromString,
             _registered_method=True)  # type: ignore[call-arg]
+        self._submit_one = self._channel.unary_unary(
+            "/flmesh.v1.Aggregator/SubmitUpdateOne", request_serializer=None,
+            response_deserializer=aggregator_pb2.SubmitReply.FromString,
+            _registered_method=True)  # type: ignore[call-arg]
+        self._one = one_message_enabled()  # send the *One methods (False: off, or not served)
 
     def close(self) -> None:
         self._channel.close()
@@ -75,7 +86,7 @@ class GrpcAggregatorTransport:
 
         def call() -> DecodedModel:
             try:
-                return codec.decode(self._stub.FetchGlobal(request, timeout=timeout), expected, max_bytes,
+                return codec.decode(self._fetch_chunks(request, expected, timeout), expected, max_bytes,
                                     wire=self.wire)
             except codec.CodecError as exc:
                 raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
@@ -84,11 +95,35 @@ class GrpcAggregatorTransport:
         self.counter.add_received("global", result.wire_bytes)
         return result
 
+    def _fetch_chunks(self, request: aggregator_pb2.FetchRequest, expected: ModelSpec,
+                      timeout: float) -> Iterable[pb.ModelChunk]:
+        """The global model's chunks: in one message (FetchGlobalOne) when the model expected
+        fits one chunk and the aggregator serves that method, else as a stream."""
+        if self._one and spec_bytes(expected) <= self.chunk_bytes:
+            try:
+                return iter(self._stub.FetchGlobalOne(request, timeout=timeout).chunks)
+            except grpc.RpcError as exc:
+                if unimplemented(exc):
+                    self._one = False
+                elif getattr(exc, "code", lambda: None)() != grpc.StatusCode.OUT_OF_RANGE:
+                    raise  # OUT_OF_RANGE: bigger than this node expects (extras); stream it
+        return self._stub.FetchGlobal(request, timeout=timeout)
+
+    def _submit_update(self, update: EncodedModel, timeout: float) -> aggregator_pb2.SubmitReply:
+        # fresh frames on each try: a retry resends the whole update
+        message = update.one_message(self.chunk_bytes) if self._one else None
+        if message is not None:
+            try:
+                return self._submit_one(message, timeout=timeout)
+            except grpc.RpcError as exc:
+                if not unimplemented(exc):
+                    raise
+                self._one = False
+        return self._submit(update.frames(self.chunk_bytes), timeout=timeout)
+
     def submit(self, update: EncodedModel, *, timeout: float) -> SubmitResult:
         size = update.wire_bytes(self.chunk_bytes)
-        chunk = self.chunk_bytes  # fresh frames on each try: a retry resends the whole update
-        reply = self._rpc("SubmitUpdate", lambda: self._submit(update.frames(chunk), timeout=timeout),
-                          timeout, size)
+        reply = self._rpc("SubmitUpdate", lambda: self._submit_update(update, timeout), timeout, size)
         self.counter.add_sent("update", size)
         return serde.from_proto(SubmitResult, reply)
 

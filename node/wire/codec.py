@@ -32,7 +32,7 @@ import torch
 
 from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, Hasher
 from flmesh.node.wire.compression import RAW, WireFormat, ZstdInto, compress, to_wire
-from flmesh.node.wire.frames import DATA_TAG, DataChunk, tag, varint
+from flmesh.node.wire.frames import DATA_TAG, MESSAGE_CHUNKS_FIELD, DataChunk, tag, varint
 from flmesh.node.wire.specs import (
     ALIGN,
     FROM_WIRE,
@@ -141,6 +141,13 @@ class EncodedModel:
         view, size = self._sent()
         for start in range(0, size, chunk_bytes):
             yield pb.ModelChunk(data=bytes(view[start:start + chunk_bytes]))
+
+    def one_message(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> bytes | None:
+        """The stream of :meth:`frames` as one serialised ``ModelMessage`` (for the ``*One``
+        methods) when the data fits one chunk; None when it does not (it goes as a stream)."""
+        if self._sent()[1] > chunk_bytes:
+            return None
+        return b"".join(self.frames(chunk_bytes, field=MESSAGE_CHUNKS_FIELD))
 
     def frames(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, field: int | None = None) -> Iterator[bytes]:
         """The stream of :meth:`chunks`, already serialised: one ``bytes`` per ModelChunk.

@@ -26,6 +26,8 @@ def tag(field: int) -> bytes:
 
 
 DATA_TAG = tag(pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number)
+#: ``ModelMessage.chunks``: a one-message model is its stream's frames, each wrapped in this field.
+MESSAGE_CHUNKS_FIELD = pb.ModelMessage.DESCRIPTOR.fields_by_name["chunks"].number
 
 
 def _readvarint(raw: bytes, pos: int) -> tuple[int, int]:

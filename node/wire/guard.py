@@ -2,12 +2,14 @@
 
 gRPC's Python server gives every RPC a worker thread for its whole life, and a
 model stream lives as long as its sender keeps it open. The guard, a server
-interceptor on every flmesh server, admits a streaming RPC only while fewer
-than ``StreamLimits.total`` streams run (and fewer than ``per_peer`` from the
-same caller), refusing the rest at once with RESOURCE_EXHAUSTED (callers
-retry), and cancels a stream that outlives ``deadline_s``. The thread pool has
-``reserve`` workers beyond the admitted streams, so unary calls (health,
-``Status``, ``Hello``, ``Poll``) are always answered.
+interceptor on every flmesh server, admits a streaming RPC, or a call that
+carries a whole model in one message (:data:`MODEL_MESSAGE_METHODS`), only
+while fewer than ``StreamLimits.total`` of them run (and fewer than
+``per_peer`` from the same caller), refusing the rest at once with
+RESOURCE_EXHAUSTED (callers retry), and cancels a stream that outlives
+``deadline_s`` (a one-message call has all its bytes when it starts). The
+thread pool has ``reserve`` workers beyond the admitted calls, so the other
+unary calls (health, ``Status``, ``Hello``, ``Poll``) are always answered.
 
 A stream that ends because its caller went away or its deadline passed ends
 quietly (one log line, no traceback): nothing is left to answer.
@@ -29,6 +31,12 @@ from flmesh.node.wire.tls import auth_values
 __all__ = ["StreamGuard", "StreamLimits", "peer_key"]
 
 log = logging.getLogger("flmesh.wire")
+
+#: Unary calls that carry a model (its data fits one chunk) one way or the other: admitted
+#: like model streams.
+MODEL_MESSAGE_METHODS = frozenset({"/flmesh.v1.Peer/DeliverOne", "/flmesh.v1.Peer/EvaluateOne",
+                                   "/flmesh.v1.Aggregator/SubmitUpdateOne",
+                                   "/flmesh.v1.Aggregator/FetchGlobalOne"})
 
 
 def peer_key(context: grpc.ServicerContext) -> str:
@@ -76,9 +84,16 @@ class StreamGuard(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None or not (handler.request_streaming or handler.response_streaming):
-            return handler
+        if handler is None:
+            return None
         method = handler_call_details.method
+        if handler.unary_unary is not None and method in MODEL_MESSAGE_METHODS:
+            return grpc.unary_unary_rpc_method_handler(
+                self._admitted(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if not (handler.request_streaming or handler.response_streaming):
+            return handler
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
                 self._unary_reply(handler.stream_unary, method),
@@ -113,6 +128,19 @@ class StreamGuard(grpc.ServerInterceptor):
         out that gRPC neither answers nor logs as a crash."""
         log.info("%s from %s ended: the call was cancelled", method, peer)
         context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
+
+    def _admitted(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+            peer = peer_key(context)
+            refused = self._admit(peer)
+            if refused is not None:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+            try:
+                return behavior(request, context)
+            finally:
+                self._release(peer)
+
+        return guarded
 
     def _unary_reply(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         def guarded(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:

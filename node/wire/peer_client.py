@@ -3,13 +3,16 @@
 One channel per peer, opened on first use and kept. Model streams go out
 pre-serialised (:meth:`~flmesh.node.wire.codec.EncodedModel.frames`) and
 come back through :func:`~flmesh.node.wire.frames.parse_chunk`: the stub's
-bytes on the wire, fewer copies. Every failure is a
+bytes on the wire, fewer copies. A model whose data fits one chunk goes in
+one message instead (``DeliverOne``, ``EvaluateOne``), unless the peer does
+not serve those methods. Every failure is a
 :class:`~flmesh.node.errors.PeerError` naming the peer, its address and the
 status. Thread-safe; ``close`` when done.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -77,6 +80,21 @@ def counted_rpc(metrics: Metrics | None, peer: str, address: str, method: str, f
     return result
 
 
+def one_message_enabled() -> bool:
+    """Whether models that fit one chunk go in one message (``FLMESH_ONE_MESSAGE``: 1, the
+    default, or 0 for streams only, the benchmarks' control). Another value is an error."""
+    value = os.environ.get("FLMESH_ONE_MESSAGE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"FLMESH_ONE_MESSAGE must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def unimplemented(exc: grpc.RpcError) -> bool:
+    """Whether a call failed because the server does not serve its method (a peer from before
+    the ``*One`` methods: the caller falls back to the stream)."""
+    return getattr(exc, "code", lambda: None)() == grpc.StatusCode.UNIMPLEMENTED
+
+
 @dataclass
 class _Link:
     address: str
@@ -85,6 +103,9 @@ class _Link:
     deliver: Any
     evaluate: Any
     rewind: Any
+    deliver_one: Any
+    evaluate_one: Any
+    one: bool = True  # send DeliverOne and EvaluateOne (False: off, or the peer said it does not serve them)
 
 
 class GrpcPeerTransport:
@@ -97,6 +118,7 @@ class GrpcPeerTransport:
         self.wire = RAW  # how rewound models come back (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
+        self.one_message = one_message_enabled()
         self._addresses: dict[str, str] = dict(peers or {})
         self._links: dict[str, _Link] = {}
         self._lock = threading.Lock()
@@ -141,6 +163,13 @@ class GrpcPeerTransport:
                 channel.stream_stream("/flmesh.v1.Peer/Rewind", request_serializer=None,
                                       response_deserializer=parse_chunk,
                                       _registered_method=True),  # type: ignore[call-arg]
+                channel.unary_unary("/flmesh.v1.Peer/DeliverOne", request_serializer=None,
+                                    response_deserializer=peer_pb2.DeliverReply.FromString,
+                                    _registered_method=True),  # type: ignore[call-arg]
+                channel.unary_unary("/flmesh.v1.Peer/EvaluateOne", request_serializer=None,
+                                    response_deserializer=peer_pb2.EvaluateReply.FromString,
+                                    _registered_method=True),  # type: ignore[call-arg]
+                self.one_message,
             )
             self._links[peer] = link
             return link
@@ -150,6 +179,19 @@ class GrpcPeerTransport:
         link = self._link(peer)
         return counted_rpc(self.metrics, peer, link.address, method, lambda: fn(link), busy_wait_s, sent)
 
+    def _send(self, link: _Link, model: EncodedModel, one: Any, stream: Any, timeout: float) -> Any:
+        """``model`` in one message (``one``) when its data fits one chunk and the peer serves
+        the ``*One`` methods, else as a stream (``stream``); the reply."""
+        message = model.one_message(self.chunk_bytes) if link.one else None
+        if message is not None:
+            try:
+                return one(message, timeout=timeout)
+            except grpc.RpcError as exc:
+                if not unimplemented(exc):
+                    raise
+                link.one = False
+        return stream(model.frames(self.chunk_bytes), timeout=timeout)
+
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
         request = peer_pb2.HelloRequest(node_id=me, federation=federation, architecture=architecture)
@@ -158,8 +200,8 @@ class GrpcPeerTransport:
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
         size = model.wire_bytes(self.chunk_bytes)
-        reply = self._call(peer, lambda link: link.deliver(model.frames(self.chunk_bytes), timeout=timeout),
-                           timeout, "Deliver", size)
+        reply = self._call(peer, lambda link: self._send(link, model, link.deliver_one, link.deliver,
+                                                         timeout), timeout, "Deliver", size)
         self.counter.add_sent(codec.meta_of(model.header).kind, size)
         return serde.from_proto(DeliverResult, reply)
 
@@ -184,8 +226,8 @@ class GrpcPeerTransport:
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult:
         size = model.wire_bytes(self.chunk_bytes)
-        reply = self._call(peer, lambda link: link.evaluate(model.frames(self.chunk_bytes), timeout=timeout),
-                           timeout, "Evaluate", size)
+        reply = self._call(peer, lambda link: self._send(link, model, link.evaluate_one, link.evaluate,
+                                                         timeout), timeout, "Evaluate", size)
         self.counter.add_sent("eval", size)
         return serde.eval_result(reply)
 

@@ -57,6 +57,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         result = handle(context, lambda caller: self.handlers.evaluate(caller, request_iterator))
         return serde.evaluate_reply(self.handlers.node_id, result)
 
+    def DeliverOne(self, request: pb.ModelMessage, context: grpc.ServicerContext) -> peer_pb2.DeliverReply:
+        result = handle(context, lambda caller: self.handlers.deliver(caller, iter(request.chunks)))
+        return serde.to_proto(peer_pb2.DeliverReply, result)
+
+    def EvaluateOne(self, request: pb.ModelMessage, context: grpc.ServicerContext) -> peer_pb2.EvaluateReply:
+        result = handle(context, lambda caller: self.handlers.evaluate(caller, iter(request.chunks)))
+        return serde.evaluate_reply(self.handlers.node_id, result)
+
     def Rewind(self, request_iterator: Iterator[peer_pb2.RewindRequest],
                context: grpc.ServicerContext) -> Iterator[pb.ModelChunk]:
         first = next(request_iterator, None)

@@ -69,6 +69,13 @@ def model_spec(state_dict: Mapping[str, torch.Tensor]) -> ModelSpec:
     return {name: (t.dtype, tuple(t.shape)) for name, t in state_dict.items()}
 
 
+def spec_bytes(spec: ModelSpec) -> int:
+    """Bytes of a model of ``spec`` at its own dtypes (an upper bound for its wire payload,
+    which a smaller wire dtype or compression only shrinks)."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+               for dtype, shape in spec.values())
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

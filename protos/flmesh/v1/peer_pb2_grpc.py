@@ -55,6 +55,16 @@ class PeerStub:
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
                 _registered_method=True)
+        self.DeliverOne = channel.unary_unary(
+                '/flmesh.v1.Peer/DeliverOne',
+                request_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
+                _registered_method=True)
+        self.EvaluateOne = channel.unary_unary(
+                '/flmesh.v1.Peer/EvaluateOne',
+                request_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/flmesh.v1.Peer/Status',
                 request_serializer=flmesh_dot_v1_dot_peer__pb2.StatusRequest.SerializeToString,
@@ -96,6 +106,22 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeliverOne(self, request, context):
+        """Deliver and Evaluate for a model whose data fits one chunk: the same
+        chunks in one message (ModelMessage), the same checks and replies. One
+        call instead of a stream saves a stream's per-message hand-offs, which
+        cost more than the bytes of a small model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EvaluateOne(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Where this node is in its run.
         """
@@ -124,6 +150,16 @@ def add_PeerServicer_to_server(servicer, server):
             'Evaluate': grpc.stream_unary_rpc_method_handler(
                     servicer.Evaluate,
                     request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
+                    response_serializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.SerializeToString,
+            ),
+            'DeliverOne': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeliverOne,
+                    request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
+                    response_serializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.SerializeToString,
+            ),
+            'EvaluateOne': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvaluateOne,
+                    request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
                     response_serializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
@@ -239,6 +275,60 @@ class Peer:
             target,
             '/flmesh.v1.Peer/Evaluate',
             flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
+            flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverOne(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flmesh.v1.Peer/DeliverOne',
+            flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
+            flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvaluateOne(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flmesh.v1.Peer/EvaluateOne',
+            flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
             flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
             options,
             channel_credentials,
