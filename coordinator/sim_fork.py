@@ -44,10 +44,11 @@ class ForkedWorker:
 
     _open: list[int] = []  # this process's ends of every worker's pipes: a later child closes them
 
-    def __init__(self, work: Work):
+    def __init__(self, work: Work, close: list[int] | None = None):
+        """``close``: more of this process's file descriptors the child must not keep."""
         to_child, child_in = os.pipe()[::-1]  # (write end, read end)
         child_out, from_child = os.pipe()[::-1]
-        inherited = [*ForkedWorker._open, to_child, from_child]
+        inherited = [*ForkedWorker._open, to_child, from_child, *(close or [])]
         sys.stdout.flush()
         sys.stderr.flush()  # else the child would write the parent's buffered text again
         self._proc = multiprocessing.get_context("fork").Process(

@@ -3,16 +3,16 @@
 One process runs a single Python interpreter at a time (the GIL), so a
 simulation on one process uses about one core however many it has. This
 driver starts K workers (:class:`~flmesh.coordinator.sim_pool.WorkerPool`),
-keeps their nodes in lock-step as the in-process driver does (each worker
-tells it when a node arrives at a wait, and it releases the wait in every
-worker once all N nodes have: ``sim_worker.RemoteLockstep``), and builds each
-round's row from the reports and evaluations the workers send (JSON lines)
+whose nodes keep in lock-step as the in-process driver's do (the workers
+count each other's arrivals at a wait: :mod:`~flmesh.coordinator.sim_mesh`),
+and builds each round's row from the reports and evaluations the workers send
+(JSON lines)
 with the same function as the in-process driver
 (:func:`~flmesh.coordinator.sim_peer.peer_row`), so the numbers are the same
 (with ``[federation] eval_sample`` too: a worker draws each model's test
 splits from seed, round and node, as the in-process driver does, and sends
-null for the others). The reader threads only count arrivals and append to
-per-round dicts under a lock.
+null for the others). The reader threads only append to per-round dicts under
+a lock.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ class ProcessPeerDriver:
         self.ids = federation.node_ids
         self._lock = threading.Lock()
         self._finished: dict[int, dict[str, tuple[RoundReport, Evals]]] = {}
-        self._arrived: dict[tuple[str, int], int] = {}  # (wait, round) -> nodes arrived
         self._rounds_done = 0
         self._rows = RowQueue()
 
@@ -58,23 +57,9 @@ class ProcessPeerDriver:
         self.pool.connect(self._on_message, self._rows.fail, self._rows.end)
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        if "meet" in message:
-            self._meet(message["meet"], message["round"])
-        else:
-            report, evals = report_from_json(message)
-            assert isinstance(report, RoundReport)
-            self._record(report, evals)
-
-    def _meet(self, name: str, round: int) -> None:
-        """A node arrived at the ``name`` wait of ``round`` (sim_worker.RemoteLockstep); the last
-        of all N releases it in every worker."""
-        with self._lock:
-            key = (name, round)
-            self._arrived[key] = self._arrived.get(key, 0) + 1
-            if self._arrived[key] < len(self.ids):
-                return
-            del self._arrived[key]
-        self.pool.broadcast({"met": name, "round": round})
+        report, evals = report_from_json(message)
+        assert isinstance(report, RoundReport)
+        self._record(report, evals)
 
     def _record(self, report: RoundReport, evals: Evals) -> None:
         with self._lock:

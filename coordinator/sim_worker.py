@@ -16,12 +16,13 @@ lines (nothing is pickled):
   fl-sim); the worker builds its nodes on 127.0.0.1 port 0 and says their
   addresses; the parent answers with every node's address;
 - each node runs its rounds on a thread (``Node.run``). Between peers, at an
-  evaluated round, the worker says ``meet`` and waits for ``met`` (the
-  lock-step of :class:`RemoteLockstep`), evaluates the node's model on every
-  node's test split (or on the splits the seeded ``eval_sample`` draw names,
-  null for the others: the draw depends on seed, round and node only), says
-  the report with those evaluations, and waits again before the next round.
-  In a star federation it says each report as the round ends;
+  evaluated round, the node waits until every node of every worker has
+  trained the round (the workers keep that lock-step among themselves:
+  :mod:`~flmesh.coordinator.sim_mesh`), evaluates its model on every node's
+  test split (or on the splits the seeded ``eval_sample`` draw names, null
+  for the others: the draw depends on seed, round and node only), says the
+  report with those evaluations, and waits again before the next round. In a
+  star federation it says each report as the round ends;
 - ``{"stop": true}``, or the parent's end of the pipe closing, stops the
   nodes; the worker says ``done`` once they have. Errors are one line
   ``{"error": ...}`` and a non-zero exit.
@@ -34,10 +35,10 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from flmesh.coordinator.sim_mesh import Mesh
 from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
 if TYPE_CHECKING:
@@ -79,42 +80,6 @@ def report_from_json(d: dict[str, Any]) -> tuple[RoundReport | StarReport, list[
     return RoundReport(**r), evals
 
 
-class RemoteLockstep:
-    """:class:`~flmesh.coordinator.sim.Lockstep` across worker processes: :meth:`meet` tells
-    the parent that a node arrived for a round, and the parent, which counts every worker's
-    arrivals, answers ``{"met": name, "round": t}`` once all N nodes have (:meth:`release`).
-    Thread-safe."""
-
-    def __init__(self, name: str, say: Callable[[dict[str, Any]], None]):
-        self._name, self._say = name, say
-        self._lock = threading.Lock()
-        self._met: dict[int, threading.Event] = {}
-        self._stopped = False
-
-    def meet(self, node: str, round: int) -> bool:
-        """Arrive for ``round`` and wait until every node has; False when stopped. Blocks."""
-        with self._lock:
-            if self._stopped:
-                return False
-            everyone = self._met.setdefault(round, threading.Event())
-        self._say({"meet": self._name, "round": round, "node": node})
-        everyone.wait()
-        return not self._stopped
-
-    def release(self, round: int) -> None:
-        """The parent says every node has arrived for ``round``: all of them have, here too, so
-        the round's event is dropped once set."""
-        with self._lock:
-            self._met.pop(round, threading.Event()).set()
-
-    def stop(self) -> None:
-        """Release every waiter now, and every later arrival at once (False). Idempotent."""
-        with self._lock:
-            self._stopped = True
-            for everyone in self._met.values():
-                everyone.set()
-
-
 def _say(message: dict[str, Any], out: IO[str], lock: threading.Lock) -> None:
     with lock:
         out.write(json.dumps(message) + "\n")
@@ -140,24 +105,26 @@ def main() -> int:
     skip_final_collection()
     order = json.loads(sys.stdin.readline())
     fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
-    return serve(fed, order["ids"], order.get("tls_dir"), sys.stdin, sys.stdout)
+    return serve(fed, order["ids"], order.get("tls_dir"), order["mesh"], sys.stdin, sys.stdout)
 
 
-def forked(fed: Federation, ids: list[str], tls_dir: str | None, data: Shared,
+def forked(fed: Federation, ids: list[str], tls_dir: str | None, mesh: dict[str, Any], data: Shared,
            inbox: IO[str], outbox: IO[str]) -> int:
     """A worker forked from fl-sim: the parent's parsed federation and data, its pipes."""
     leave_signals_to_the_parent()
     try:
-        return serve(fed, ids, tls_dir, inbox, outbox, data)
+        return serve(fed, ids, tls_dir, mesh, inbox, outbox, data)
     except Exception as exc:  # before the rounds: bad input reaches the parent as one line
         _say({"error": f"{type(exc).__name__}: {exc}"}, outbox, threading.Lock())
         return 1
 
 
-def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], outbox: IO[str],
-          data: Shared | None = None) -> int:
-    """Run ``ids``'s nodes until the parent says stop. Blocks. ``data``: the data set and every
-    node's split, when the parent has them already (fork); else this process loads them."""
+def serve(fed: Federation, ids: list[str], tls_dir: str | None, mesh: dict[str, Any], inbox: IO[str],
+          outbox: IO[str], data: Shared | None = None) -> int:
+    """Run ``ids``'s nodes until the parent says stop. Blocks. ``mesh``: this worker's ends of
+    the lock-step's pipes (:meth:`~flmesh.coordinator.sim_mesh.MeshPipes.ends`). ``data``: the
+    data set and every node's split, when the parent has them already (fork); else this
+    process loads them."""
     import torch
 
     from flmesh.node.learning import trainer
@@ -169,7 +136,7 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, inbox: IO[str], 
         dataset = load_dataset(fed.data)
         data = (dataset, federation_data(fed, dataset))
     aggregator = json.loads(inbox.readline())["aggregator"] if fed.aggregator is not None else None
-    worker = Worker(fed, outbox, aggregator)
+    worker = Worker(fed, outbox, aggregator, Mesh(mesh, len(ids)))
     nodes = worker.build(ids, tls_dir, *data)
     worker.say({"addresses": {n.node_id: n.start() for n in nodes}})
     peers = json.loads(inbox.readline())["peers"]
@@ -193,14 +160,14 @@ class Worker:
     in lock-step with the other workers' and follows the parent's messages. ``say`` is
     thread-safe; the rest runs on the threads :func:`serve` starts."""
 
-    def __init__(self, fed: Federation, outbox: IO[str], aggregator: str | None):
+    def __init__(self, fed: Federation, outbox: IO[str], aggregator: str | None, mesh: Mesh):
         self.fed, self.aggregator = fed, aggregator
         self._outbox, self._lock = outbox, threading.Lock()
         self.stopped = threading.Event()
         # as fl-sim's in-process driver: the N x N evaluation of round t waits until every node
-        # has finished round t, and round t+1 until every node is done with round t
-        self.trained = RemoteLockstep("trained", self.say)
-        self.round_over = RemoteLockstep("round_over", self.say)
+        # has finished round t ("trained"), and round t+1 until every node is done with round t
+        # ("round_over")
+        self.mesh = mesh
         self.tests: list[ArrayData] = []
 
     def say(self, message: dict[str, Any]) -> None:
@@ -252,7 +219,7 @@ class Worker:
             return
         fed, t = self.fed, report.round
         if t % fed.eval_every == 0 or t == fed.rounds:
-            if not self.trained.meet(node.node_id, t):
+            if not self.mesh.meet("trained", t):
                 return
             cols = set(eval_splits(fed, t, node.node_id, report.task))
             with node.model_lock:
@@ -260,20 +227,15 @@ class Worker:
                          trainer.evaluate(node.model, test, device=node.device) if j in cols else None
                          for j, test in enumerate(self.tests)]
             self.say({"node": node.node_id, **report_json(report, evals)})
-        self.round_over.meet(node.node_id, t)
+        self.mesh.meet("round_over", t)
 
     def follow_parent(self, inbox: IO[str], nodes: list[Node]) -> None:
-        """The parent's messages (its thread): a wait released, stop, or the pipe closing."""
-        waits = {"trained": self.trained, "round_over": self.round_over}
+        """The parent's messages (its thread): stop, or the pipe closing (the parent is gone)."""
         for line in inbox:
-            message = json.loads(line)
-            if "met" in message:
-                waits[message["met"]].release(message["round"])
-            elif message.get("stop"):
+            if json.loads(line).get("stop"):
                 break
         self.stopped.set()
-        self.trained.stop()
-        self.round_over.stop()
+        self.mesh.stop()
         for n in nodes:
             n.cancel()
 
