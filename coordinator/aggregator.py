@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flmesh.coordinator.aggregator_core import AggregatorCore
+from flmesh.coordinator.aggregator_core import AggregatorCore, RoundOutcome
 from flmesh.coordinator.star_rows import star_row
 from flmesh.node import algorithms
 from flmesh.node.algorithms.base import RefinedServer, ServerContext, Tensors, trainable_spec
@@ -51,6 +51,8 @@ EVAL_WORKERS = 8
 #: Evaluates a model state on the nodes' test splits (in a continual federation only the
 #: samples of tasks <= the given one): node id -> result.
 Evaluator = Callable[[Tensors, int | None], dict[str, EvalResult]]
+#: Evaluates a closed round's updates, each on every node's test split: node -> split -> result.
+UpdateEvaluator = Callable[[RoundOutcome, int | None], dict[str, dict[str, EvalResult]]]
 
 
 def local_evaluator(tests: Callable[[], dict[str, ArrayData]], factory: Callable[[], torch.nn.Module],
@@ -86,6 +88,8 @@ class Aggregator:
         self._health: Any = None
         self._pool = ThreadPoolExecutor(max_workers=EVAL_WORKERS, thread_name_prefix="flmesh-eval")
         self.evaluate: Evaluator = evaluator or self.evaluate_remote
+        # FA/FF/PFA's evaluations; fl-sim's workers may hand in their own (sim_star_procs.py)
+        self.evaluate_updates: UpdateEvaluator = self._evaluate_each_update
         self._start_eval: dict[str, EvalResult] | None = None
         self.replay: ReplayBufferCore | None = None  # the replay buffer, when this aggregator hosts it
         self._round_start = 0.0
@@ -223,7 +227,7 @@ class Aggregator:
         task = self._task(round)
         global_eval = self.evaluate(outcome.new_global, task)
         evaluated = round % self.federation.eval_every == 0 or round == self.federation.rounds
-        local_evals = ({u.node: self.evaluate(u.state, task) for u in outcome.updates} if evaluated
+        local_evals = (self.evaluate_updates(outcome, task) if evaluated
                        else {})  # FA/FF/PFA (N x K evaluations) every eval_every rounds
         sent, received = self.counter.take()
         by_kind = {k: sent.get(k, 0) + received.get(k, 0) for k in {*sent, *received}}
@@ -238,6 +242,10 @@ class Aggregator:
         core.finish_round(round, row.accuracy or 0.0)
         self.rounds_done = round
         return row
+
+    def _evaluate_each_update(self, outcome: RoundOutcome,
+                              task: int | None) -> dict[str, dict[str, EvalResult]]:
+        return {u.node: self.evaluate(u.state, task) for u in outcome.updates}
 
     def run(self, on_round: Callable[[RoundRow], None] | None = None, *,
             join_timeout: float = 120.0) -> list[RoundRow]:

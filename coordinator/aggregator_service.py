@@ -57,12 +57,8 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServicer):
     def FetchGlobalOne(self, request: aggregator_pb2.FetchRequest,
                        context: grpc.ServicerContext) -> pb.ModelMessage:
         message = handle(context, lambda caller: self.handlers.fetch(caller, request.node_id,
-                                                              request.round))
-        one = message.one_message()
-        if one is None:
-            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"aggregator: the global model's "
-                          f"{message.total_bytes} bytes do not fit one message; fetch it with FetchGlobal")
-        return pb.ModelMessage.FromString(one)
+                                                              request.round, one_message=True))
+        return pb.ModelMessage.FromString(message.one_message() or b"")  # it fits: fetch checked
 
     def SubmitUpdateOne(self, request: pb.ModelMessage,
                         context: grpc.ServicerContext) -> aggregator_pb2.SubmitReply:

@@ -86,6 +86,13 @@ def _say(message: dict[str, Any], out: IO[str], lock: threading.Lock) -> None:
         out.flush()
 
 
+def update_evals_here(fed: Federation) -> bool:
+    """Whether a star federation's workers evaluate their own updates for the aggregator's row:
+    when models travel bit for bit (``[wire] dtype = "native"``; compression is lossless), so
+    a node's model is the update the aggregator decoded."""
+    return fed.aggregator is not None and fed.wire.dtype == "native"
+
+
 def leave_signals_to_the_parent() -> None:
     """Ignore SIGINT and SIGTERM: fl-sim gets them too (Ctrl-C, or a stop sent to the process
     group) and stops its workers over the pipe after the round in progress, so the rows
@@ -215,7 +222,8 @@ class Worker:
         if self.stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         if self.aggregator is not None:
-            self.say({"node": node.node_id, **report_json(report, [])})
+            assert isinstance(report, StarReport)
+            self.say({"node": node.node_id, **report_json(report, self.update_evals(node, report))})
             return
         fed, t = self.fed, report.round
         if t % fed.eval_every == 0 or t == fed.rounds:
@@ -228,6 +236,22 @@ class Worker:
                          for j, test in enumerate(self.tests)]
             self.say({"node": node.node_id, **report_json(report, evals)})
         self.mesh.meet("round_over", t)
+
+    def update_evals(self, node: Node, report: StarReport) -> list[EvalResult | None]:
+        """At an evaluated round, the model ``node`` submitted on every node's test split: the
+        evaluations the aggregator's row takes for FA/FF/PFA, made here, beside the other
+        workers', instead of one after another in fl-sim while every worker waits. Only when
+        the update travelled exactly (``update_evals_here``), so these are the aggregator's
+        numbers; else none, and the aggregator evaluates what it received."""
+        from flmesh.node.learning import trainer
+
+        fed, t = self.fed, report.round
+        if not (update_evals_here(fed) and report.submitted and not report.late
+                and (t % fed.eval_every == 0 or t == fed.rounds)):
+            return []
+        with node.model_lock:
+            return [trainer.evaluate(node.model, test.up_to_task(report.task), device=node.device)
+                    for test in self.tests]
 
     def follow_parent(self, inbox: IO[str], nodes: list[Node]) -> None:
         """The parent's messages (its thread): stop, or the pipe closing (the parent is gone)."""

@@ -161,6 +161,8 @@ def test_a_global_model_too_big_for_one_message_is_fetched_as_a_stream():
             channel.close()
         assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "do not fit one message; fetch it with FetchGlobal" in err.value.details()
+        counter = c.aggregator.core.counter
+        counter.take()
         node = c.nodes[0]
         transport = node.aggregator
         transport.chunk_bytes = 8 * codec.DEFAULT_CHUNK_BYTES  # type: ignore[union-attr]
@@ -168,6 +170,7 @@ def test_a_global_model_too_big_for_one_message_is_fetched_as_a_stream():
         fetched = transport.fetch("node0", 1, expected=node.global_spec,  # type: ignore[union-attr]
                                   max_bytes=node.max_model_bytes, timeout=10)
         assert spy.one == 1, "it asked for one message, was told it does not fit, and streamed it"
+        assert counter.take()[0] == {"global": fetched.wire_bytes}, "the refused one is not counted as sent"
         assert all(torch.equal(fetched.state_dict[k], v) for k, v in c.aggregator.core.global_state.items())
 
 

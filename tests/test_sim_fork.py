@@ -165,6 +165,52 @@ sys.exit(flmesh.coordinator.sim_cli.main(sys.argv[2:]))
 """
 
 
+EVALUATIONS_PROBE = """
+import sys
+import flmesh.coordinator.aggregator as aggregator, flmesh.coordinator.sim_cli
+
+calls = []
+make = aggregator.local_evaluator
+def local_evaluator(*args, **kwargs):  # fl-sim's in-process evaluator, counted
+    evaluate = make(*args, **kwargs)
+    def counted(state, task):
+        calls.append(1)
+        return evaluate(state, task)
+    return counted
+aggregator.local_evaluator = local_evaluator
+code = flmesh.coordinator.sim_cli.main(sys.argv[1:])
+print("evaluations in fl-sim:", len(calls))
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
+def test_star_workers_evaluate_their_own_updates_when_models_travel_exactly(tmp_path: Path):
+    """fl-sim (the aggregator) evaluates only the global models when the wire is exact: the
+    workers send each update's evaluations with the reports (the numbers are those of one
+    process: test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process). With a lossy
+    wire the update the aggregator holds is not the node's model, so it evaluates each."""
+    from test_sim import STAR
+
+    file = tmp_path / "star.toml"
+    file.write_text(STAR)
+    counts, updates = {}, {}
+    for dtype in ("native", "float16"):
+        out = tmp_path / dtype
+        done = subprocess.run([sys.executable, "-c", EVALUATIONS_PROBE, str(file), "--workers", "2",
+                               "--rounds", "3", "--out", str(out), "--quiet",
+                               "--set", f'wire.dtype="{dtype}"'], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        counts[dtype] = int(done.stdout.split("evaluations in fl-sim:")[1].split()[0])
+        rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+        updates[dtype] = sum(len(r["received"]) for r in rows)
+        assert all(r["fa"] is not None for r in rows)
+    assert updates["native"] >= 3 and updates["float16"] >= 3
+    assert counts["native"] == 1 + 3, "the starting model and each round's global model only"
+    assert counts["float16"] == 1 + 3 + updates["float16"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="fl-sim forks its workers on Linux only")
 def test_workers_keep_the_rounds_in_lock_step(tmp_path: Path):

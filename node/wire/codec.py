@@ -142,10 +142,13 @@ class EncodedModel:
         for start in range(0, size, chunk_bytes):
             yield pb.ModelChunk(data=bytes(view[start:start + chunk_bytes]))
 
+    def fits_one_message(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> bool:
+        return self._sent()[1] <= chunk_bytes
+
     def one_message(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> bytes | None:
         """The stream of :meth:`frames` as one serialised ``ModelMessage`` (for the ``*One``
         methods) when the data fits one chunk; None when it does not (it goes as a stream)."""
-        if self._sent()[1] > chunk_bytes:
+        if not self.fits_one_message(chunk_bytes):
             return None
         return b"".join(self.frames(chunk_bytes, field=MESSAGE_CHUNKS_FIELD))
 
