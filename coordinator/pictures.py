@@ -13,6 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+#: Fixed margins for the pictures whose labels are fixed (axis titles, tick labels of at most
+#: three digits): what ``tight_layout`` computes for them, without its extra drawing pass, a
+#: quarter of the drawing time (0.17-0.19 s for both pictures with it, 0.13 s without). The
+#: node-forgetting and task pictures, whose labels are node names or vary, keep tight_layout.
+FIXED_MARGINS = {"left": 0.11, "right": 0.977, "bottom": 0.146, "top": 0.949}
+
 
 def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
     """Draw the pictures of ``rows`` into ``out_dir``; their paths (none without rows)."""
@@ -75,7 +81,7 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    fig.tight_layout()
+    fig.subplots_adjust(**FIXED_MARGINS)
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -95,7 +101,7 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_xlabel("round")
     ax.set_ylabel("class")
     fig.colorbar(image, ax=ax, label="accuracy (%)")
-    fig.tight_layout()
+    fig.subplots_adjust(**FIXED_MARGINS)
     fig.savefig(path)
     plt.close(fig)
     return path
