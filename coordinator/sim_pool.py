@@ -74,12 +74,12 @@ def balanced_shares(ids: list[str], work: dict[str, float], k: int) -> list[list
     def room(j: int) -> bool:
         return len(shares[j]) < base or (len(shares[j]) == base and grown < extra)
 
-    for node in sorted(ids, key=lambda n: (-work[n], ids.index(n))):
+    order = {n: i for i, n in enumerate(ids)}
+    for node in sorted(ids, key=lambda n: (-work[n], order[n])):
         i = min((j for j in range(k) if room(j)), key=lambda j: (loads[j], len(shares[j]), j))
         shares[i].append(node)
         loads[i] += work[node]
         grown += len(shares[i]) == base + 1
-    order = {n: i for i, n in enumerate(ids)}
     return [sorted(share, key=order.__getitem__) for share in shares]
 
 

@@ -20,7 +20,7 @@ from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.peer_client import counted_rpc, one_message_enabled, unimplemented
+from flmesh.node.wire.peer_client import counted_rpc, one_message_enabled, status_of, unimplemented
 from flmesh.node.wire.specs import spec_bytes
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
@@ -105,7 +105,7 @@ class GrpcAggregatorTransport:
             except grpc.RpcError as exc:
                 if unimplemented(exc):
                     self._one = False
-                elif getattr(exc, "code", lambda: None)() != grpc.StatusCode.OUT_OF_RANGE:
+                elif status_of(exc) != grpc.StatusCode.OUT_OF_RANGE:
                     raise  # OUT_OF_RANGE: bigger than this node expects (extras); stream it
         return self._stub.FetchGlobal(request, timeout=timeout)
 

@@ -54,7 +54,7 @@ def rpc(peer: str, address: str, fn: Callable[[], T], busy_wait_s: float = 0.0) 
         try:
             return fn()
         except grpc.RpcError as exc:
-            code: Any = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            code = status_of(exc)
             details = exc.details() if hasattr(exc, "details") else str(exc)
             busy = code == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in (details or "")
             if not busy or time.monotonic() + backoff > deadline:
@@ -89,10 +89,22 @@ def one_message_enabled() -> bool:
     return value == "1"
 
 
+def status_of(exc: grpc.RpcError) -> grpc.StatusCode:
+    """A failed call's status (UNKNOWN for an error that carries none)."""
+    code = exc.code() if hasattr(exc, "code") else None
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+
+
 def unimplemented(exc: grpc.RpcError) -> bool:
     """Whether a call failed because the server does not serve its method (a peer from before
     the ``*One`` methods: the caller falls back to the stream)."""
-    return getattr(exc, "code", lambda: None)() == grpc.StatusCode.UNIMPLEMENTED
+    return status_of(exc) == grpc.StatusCode.UNIMPLEMENTED
+
+
+def _bytes_out(channel: grpc.Channel, kind: str, method: str, reply: Callable[[bytes], Any]) -> Any:
+    """A Peer method whose requests go out already serialised (model frames, one-message bytes)."""
+    return getattr(channel, kind)(f"/flmesh.v1.Peer/{method}", request_serializer=None,
+                                  response_deserializer=reply, _registered_method=True)
 
 
 @dataclass
@@ -152,23 +164,14 @@ class GrpcPeerTransport:
                 raise PeerError(peer, "(no address)", "FAILED_PRECONDITION",
                                 "no address is known for this peer")
             channel = make_channel(address, self.tls, peer)
+            deliver, evaluate = peer_pb2.DeliverReply.FromString, peer_pb2.EvaluateReply.FromString
             link = _Link(
                 address, channel, peer_pb2_grpc.PeerStub(channel),
-                channel.stream_unary("/flmesh.v1.Peer/Deliver", request_serializer=None,
-                                     response_deserializer=peer_pb2.DeliverReply.FromString,
-                                     _registered_method=True),  # type: ignore[call-arg]
-                channel.stream_unary("/flmesh.v1.Peer/Evaluate", request_serializer=None,
-                                     response_deserializer=peer_pb2.EvaluateReply.FromString,
-                                     _registered_method=True),  # type: ignore[call-arg]
-                channel.stream_stream("/flmesh.v1.Peer/Rewind", request_serializer=None,
-                                      response_deserializer=parse_chunk,
-                                      _registered_method=True),  # type: ignore[call-arg]
-                channel.unary_unary("/flmesh.v1.Peer/DeliverOne", request_serializer=None,
-                                    response_deserializer=peer_pb2.DeliverReply.FromString,
-                                    _registered_method=True),  # type: ignore[call-arg]
-                channel.unary_unary("/flmesh.v1.Peer/EvaluateOne", request_serializer=None,
-                                    response_deserializer=peer_pb2.EvaluateReply.FromString,
-                                    _registered_method=True),  # type: ignore[call-arg]
+                _bytes_out(channel, "stream_unary", "Deliver", deliver),
+                _bytes_out(channel, "stream_unary", "Evaluate", evaluate),
+                _bytes_out(channel, "stream_stream", "Rewind", parse_chunk),
+                _bytes_out(channel, "unary_unary", "DeliverOne", deliver),
+                _bytes_out(channel, "unary_unary", "EvaluateOne", evaluate),
                 self.one_message,
             )
             self._links[peer] = link

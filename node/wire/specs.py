@@ -72,8 +72,7 @@ def model_spec(state_dict: Mapping[str, torch.Tensor]) -> ModelSpec:
 def spec_bytes(spec: ModelSpec) -> int:
     """Bytes of a model of ``spec`` at its own dtypes (an upper bound for its wire payload,
     which a smaller wire dtype or compression only shrinks)."""
-    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-               for dtype, shape in spec.values())
+    return sum(math.prod(shape) * dtype.itemsize for dtype, shape in spec.values())
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -118,7 +117,7 @@ def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: 
         if any(d < 0 for d in spec.shape):
             raise CodecError("corrupt", f"tensor {spec.name!r}: negative dimension in {list(spec.shape)}")
         dtype = FROM_WIRE[spec.dtype]
-        want = math.prod(spec.shape) * torch.empty((), dtype=dtype).element_size()
+        want = math.prod(spec.shape) * dtype.itemsize
         if spec.nbytes != want:
             raise CodecError("corrupt", f"tensor {spec.name!r}: {spec.nbytes} bytes for shape "
                              f"{list(spec.shape)} of {dtype_name(dtype)} (expected {want})")
