@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/receive_memory.py [--mib 1024] [--repeats 2]
 
 One process holds a sender and a receiver (benchmarks/transport.py's ``Sink``:
-header checks against the expected spec, bytes into the payload buffer,
-SHA-256 while they arrive, finite check, then the model is dropped). The
+header checks against the expected spec, bytes into the payload buffer, the
+digest while they arrive, finite check, then the model is dropped), first
+with the payload on the receiver's data lane (a large model's default), then
+streamed over gRPC. The
 model (a synthetic float32 state dict of ``--mib`` MiB) is encoded first;
 then a thread reads the process's resident set (/proc/self/statm) every
 millisecond while each Deliver runs. Prints, per delivery, the resident set
@@ -28,6 +30,7 @@ from transport import MiB, Sink, _Blob
 
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, ModelMeta
+from flmesh.node.wire.data_lane import DataLane
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
 
@@ -72,29 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.mib <= 0 or args.repeats < 1:
         parser.error("--mib and --repeats must be positive")
     state = {k: v for k, v in _Blob(args.mib).state_dict().items()}
-    server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0")
-    client = GrpcPeerTransport({"b": address})
-    try:
-        client.hello("b", "a", "", "", timeout=30)
-        print(f"model {args.mib:.0f} MiB; gRPC chunks of {DEFAULT_CHUNK_BYTES // 1024} KiB")
-        for rep in range(1, args.repeats + 1):
-            message = codec.encode(state, ModelMeta(round=rep, sender="a", architecture="bench"))
-            size = message.total_bytes
-            before = rss()
-            with PeakSampler() as sampler:
-                reply = client.deliver("b", message, timeout=600)
-            if not reply.accepted or reply.bytes_received != size:
-                raise SystemExit(f"delivery {rep} not accepted: {reply}")
-            extra = sampler.peak - before
-            chunks = (extra - size) / DEFAULT_CHUNK_BYTES
-            print(f"delivery {rep}: resident {before / MiB:7.0f} MiB before, "
-                  f"peak {sampler.peak / MiB:7.0f} MiB, extra {extra / MiB:7.0f} MiB "
-                  f"= model {size / MiB:.0f} MiB + {chunks:+.1f} chunks",
-                  flush=True)
-            del message
-    finally:
-        client.close()
-        server.stop(0)
+    print(f"model {args.mib:.0f} MiB; gRPC chunks of {DEFAULT_CHUNK_BYTES // 1024} KiB")
+    for lane in (True, False):
+        way = "data lane" if lane else "gRPC stream"
+        data_lane = DataLane("127.0.0.1") if lane else None
+        server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0", lane=data_lane)
+        client = GrpcPeerTransport({"b": address})
+        try:
+            client.hello("b", "a", "", "", timeout=30)
+            for rep in range(1, args.repeats + 1):
+                message = codec.encode(state, ModelMeta(round=rep, sender="a", architecture="bench"))
+                size = message.total_bytes
+                before = rss()
+                with PeakSampler() as sampler:
+                    reply = client.deliver("b", message, timeout=600)
+                if not reply.accepted or reply.bytes_received != size:
+                    raise SystemExit(f"delivery {rep} not accepted: {reply}")
+                extra = sampler.peak - before
+                chunks = (extra - size) / DEFAULT_CHUNK_BYTES
+                print(f"{way:11s} delivery {rep}: resident {before / MiB:7.0f} MiB before, "
+                      f"peak {sampler.peak / MiB:7.0f} MiB, extra {extra / MiB:7.0f} MiB "
+                      f"= model {size / MiB:.0f} MiB + {chunks:+.1f} chunks", flush=True)
+                del message
+        finally:
+            client.close()
+            server.stop(0)
+            if data_lane is not None:
+                data_lane.close()
     return 0
 
 

@@ -1,25 +1,30 @@
-"""Model transfer over flmesh's gRPC Deliver RPC versus a raw TCP socket, on 127.0.0.1.
+"""Model transfer with flmesh's Deliver versus a raw TCP socket, on 127.0.0.1.
 
     .venv/bin/python benchmarks/transport.py [--mib N] [--repeats R] [--chunk-kib K]
 
-Two in-process :class:`flmesh.node.Node` objects (port 0) hold the same model
-(ResNet-18's ~45 MiB float32 state dict by default, or a synthetic model of
-``--mib`` MiB). The sender pushes its encoded model with
-``PeerClient.deliver`` ``--repeats`` times after one warm-up; each timing is the
-whole Deliver call: streaming, the receiver's header checks, copy into the
-payload buffer, SHA-256 and the reply. Every repetition uses a fresh round, so
-each delivery is accepted (not a duplicate); the receiver then drops it, as a
-node does once it has loaded a model, so its receive buffer can be reused (the
-socket side reuses one buffer too). The encode step is timed apart.
+A receiver that takes Deliver exactly as a node does (the same header checks
+against the expected spec, receive buffers and digest, served by flmesh's
+Peer servicer on port 0) and a sender with flmesh's ``GrpcPeerTransport``, in
+one process, hold the same model (ResNet-18's ~45 MiB float32 state dict by
+default, or a synthetic model of ``--mib`` MiB). The sender delivers its
+encoded model ``--repeats`` times after one warm-up; each timing is the whole
+Deliver call: the transfer, the receiver's checks, the digest and the reply.
+Every repetition uses a fresh round, so each delivery is accepted; the receiver
+then drops it, as a node does once it has loaded a model, so its receive buffer
+can be reused (the socket side reuses one buffer too). Encoding is timed apart.
 
-Then the same number of bytes goes through a plain TCP socket the same number
-of times: a receiver thread ``recv_into`` a preallocated buffer and answers one
-byte once it has everything; the sender times ``sendall`` up to that byte.
+Two ways of Deliver, each measured: with the payload on the receiver's data
+lane (:mod:`flmesh.node.wire.data_lane`; what a node whose model is this large
+serves without TLS), and streamed over gRPC (``FLMESH_DATA_LANE=0``, TLS, and
+models under 4 MiB). The controls: grpcio by itself moving the same bytes as
+raw-bytes messages with no checks, and a plain TCP socket: a receiver thread
+``recv_into`` a preallocated buffer and answers one byte once it has
+everything; the sender times ``sendall`` up to that byte.
 
-Prints MiB/s per repetition and the medians, and for scale the speed of
-SHA-256 alone over the payload (the receiver must hash every byte; the raw
-socket does not). The last line is
-``transport: grpc <X> MiB/s, raw socket <Y> MiB/s, ratio <X/Y>``.
+Prints MiB/s per repetition and the medians, and for scale the speed of each
+digest alone over the payload (the receiver hashes every byte; the raw socket
+does not). The last line is ``transport: deliver <X> MiB/s (data lane), raw
+socket <Y> MiB/s, ratio <X/Y>; over gRPC ...``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 
+import blake3
 import torch
 from torch import nn
 
@@ -40,7 +47,9 @@ from flmesh.node.errors import Refused
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
 from flmesh.node.wire import codec
+from flmesh.node.wire.buffers import DIGESTS
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
+from flmesh.node.wire.data_lane import DataLane
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
 
@@ -104,52 +113,51 @@ def mib_s(nbytes: int, seconds: float) -> float:
     return nbytes / MiB / seconds
 
 
-def timed_transfers(kind: str, nbytes: int, repeats: int, transfer: Callable[[], None]) -> list[float]:
-    """Run ``transfer`` (moves ``nbytes``) once to warm up and ``repeats`` times timed, printing
-    each; the timed ones' MiB/s."""
-    speeds = []
-    for rep in range(repeats + 1):
-        t0 = time.perf_counter()
-        transfer()
-        seconds = time.perf_counter() - t0
-        label = "warm-up" if rep == 0 else f"rep {rep}"
-        print(f"{kind:6s} {label:8s} {mib_s(nbytes, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms)",
-              flush=True)
-        if rep:
-            speeds.append(mib_s(nbytes, seconds))
-    return speeds
+#: One way of moving the payload: ``transfer()`` moves it once and returns the wall seconds it
+#: took and the CPU seconds the process (both ends) spent meanwhile.
+Transfer = Callable[[], tuple[float, float]]
 
 
-def bench_grpc(model: nn.Module, repeats: int, chunk_bytes: int) -> tuple[int, list[float]]:
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+@contextmanager
+def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool) -> Iterator[tuple[int, Transfer]]:
+    """flmesh's Deliver: the payload on the receiver's data lane (``lane``, as a node with a model
+    this large serves it) or streamed over gRPC. Each transfer encodes a fresh round first
+    (not timed), so every delivery is accepted."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0")
+    data_lane = DataLane("127.0.0.1") if lane else None
+    server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0", lane=data_lane)
     client = GrpcPeerTransport({"b": address}, chunk_bytes=chunk_bytes)
+    rounds = iter(range(1, 1 << 30))
+    total = codec.encode(state).total_bytes
+
+    def transfer() -> tuple[float, float]:
+        message = codec.encode(state, ModelMeta(round=next(rounds), sender="a", architecture="bench"))
+        return timed(lambda: check(client.deliver("b", message, timeout=600)))
+
+    def check(reply: DeliverResult) -> None:
+        if not reply.accepted or reply.bytes_received != total:
+            raise SystemExit(f"deliver: not accepted: {reply}")
+
     try:
         client.hello("b", "a", "", "", timeout=30)
-        speeds = []
-        total = 0
-        for rep in range(repeats + 1):  # rep 0 is the warm-up
-            t0 = time.perf_counter()
-            message = codec.encode(state, ModelMeta(round=rep + 1, sender="a", architecture="bench"))
-            t_enc = time.perf_counter() - t0
-            total = message.total_bytes
-            t0 = time.perf_counter()
-            reply = client.deliver("b", message, timeout=600)
-            seconds = time.perf_counter() - t0
-            if not reply.accepted or reply.bytes_received != total:
-                raise SystemExit(f"grpc: delivery {rep} not accepted: {reply}")
-            label = "warm-up" if rep == 0 else f"rep {rep}"
-            print(f"grpc  {label:8s} {mib_s(total, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms; "
-                  f"encode {t_enc * 1e3:5.1f} ms)", flush=True)
-            if rep:
-                speeds.append(mib_s(total, seconds))
-        return total, speeds
+        yield total, transfer
     finally:
         client.close()
         server.stop(0)
+        if data_lane is not None:
+            data_lane.close()
 
 
-def bench_socket(nbytes: int, repeats: int) -> list[float]:
+@contextmanager
+def socket_way(nbytes: int) -> Iterator[Transfer]:
+    """A plain TCP socket: a receiver thread ``recv_into`` one preallocated buffer and answers
+    one byte once it has everything; a transfer is ``sendall`` up to that byte."""
     payload = memoryview(bytearray(torch.randn(nbytes // 4 + 1).numpy().tobytes()[:nbytes]))
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -158,7 +166,7 @@ def bench_socket(nbytes: int, repeats: int) -> list[float]:
         conn, _ = listener.accept()
         with conn:
             buf = memoryview(bytearray(nbytes))
-            for _ in range(repeats + 1):
+            while True:
                 got = 0
                 while got < nbytes:
                     n = conn.recv_into(buf[got:])
@@ -176,13 +184,13 @@ def bench_socket(nbytes: int, repeats: int) -> list[float]:
             if sock.recv(1) != b"k":
                 raise SystemExit("raw socket: receiver hung up")
 
-        speeds = timed_transfers("socket", nbytes, repeats, send)
+        yield lambda: timed(send)
     thread.join()
     listener.close()
-    return speeds
 
 
-def bench_grpcio_alone(nbytes: int, repeats: int, chunk_bytes: int) -> list[float]:
+@contextmanager
+def grpcio_way(nbytes: int, chunk_bytes: int) -> Iterator[Transfer]:
     """grpcio by itself, the control row: the same bytes as messages of ``chunk_bytes`` raw
     bytes (no protobuf, no checks, nothing kept) through one stream-unary call on 127.0.0.1,
     with flmesh's server and channel options. The ceiling of any Deliver over grpcio here."""
@@ -208,19 +216,43 @@ def bench_grpcio_alone(nbytes: int, repeats: int, chunk_bytes: int) -> list[floa
             raise SystemExit("grpcio alone: the server did not get every byte")
 
     try:
-        speeds = timed_transfers("grpcio", nbytes, repeats, push_all)
+        yield lambda: timed(push_all)
     finally:
         channel.close()
         server.stop(0)
-    return speeds
 
 
-def bench_sha256(nbytes: int, repeats: int) -> float:
+def alternate(ways: dict[str, Transfer], nbytes: int, repeats: int
+              ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """One warm-up transfer per way, then ``repeats`` rounds in which every way moves the
+    payload once (the order rotating), so that all ways are measured in the same phase of a
+    machine whose speed drifts; prints each, returns MiB/s and CPU ms per way."""
+    names = list(ways)
+
+    def run(name: str, label: str) -> tuple[float, float]:
+        seconds, cpu = ways[name]()
+        print(f"{name:6s} {label:8s} {mib_s(nbytes, seconds):8.1f} MiB/s  ({seconds * 1e3:6.1f} ms, "
+              f"CPU {cpu * 1e3:6.1f} ms)", flush=True)
+        return mib_s(nbytes, seconds), cpu * 1e3
+
+    for name in names:
+        run(name, "warm-up")
+    speeds: dict[str, list[float]] = {name: [] for name in names}
+    cpus: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            speed, cpu = run(name, f"rep {rep + 1}")
+            speeds[name].append(speed)
+            cpus[name].append(cpu)
+    return speeds, cpus
+
+
+def bench_digest(name: str, nbytes: int, repeats: int) -> float:
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8).numpy()
     speeds = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        hashlib.sha256(data).digest()
+        (blake3.blake3(data) if name == "blake3" else hashlib.sha256(data)).digest()
         speeds.append(mib_s(nbytes, time.perf_counter() - t0))
     return statistics.median(speeds[1:])
 
@@ -229,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=float, default=None,
                         help="synthetic float32 model of this many MiB (default: ResNet-18, ~45 MiB)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed transfers after one warm-up (5)")
+    parser.add_argument("--repeats", type=int, default=9,
+                        help="rounds of timed transfers (every way once per round) after one warm-up (9)")
     parser.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
                         help=f"gRPC data chunk size in KiB ({DEFAULT_CHUNK_BYTES // 1024})")
     args = parser.parse_args(argv)
@@ -237,19 +270,30 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeats, --chunk-kib and --mib must be positive")
 
     model = build_model(args.mib)
-    nbytes, grpc_speeds = bench_grpc(model, args.repeats, args.chunk_kib * 1024)
-    print(f"grpc   median   {statistics.median(grpc_speeds):8.1f} MiB/s  "
-          f"({nbytes / MiB:.1f} MiB, chunks of {args.chunk_kib} KiB)")
-    alone = bench_grpcio_alone(nbytes, args.repeats, args.chunk_kib * 1024)
-    print(f"grpcio median   {statistics.median(alone):8.1f} MiB/s  (grpcio alone: raw bytes, no checks)")
-    raw_speeds = bench_socket(nbytes, args.repeats)
-    print(f"socket median   {statistics.median(raw_speeds):8.1f} MiB/s")
-    sha = bench_sha256(nbytes, args.repeats)
-    print(f"sha256 alone    {sha:8.1f} MiB/s  (one core; every Deliver does it, the socket does not)")
-    x, y = statistics.median(grpc_speeds), statistics.median(raw_speeds)
-    z = statistics.median(alone)
-    print(f"transport: grpc {x:.1f} MiB/s, raw socket {y:.1f} MiB/s, ratio {x / y:.2f}; "
-          f"grpcio alone {z:.1f} MiB/s (flmesh's Deliver at {x / z:.2f} of it)")
+    chunk = args.chunk_kib * 1024
+    with ExitStack() as stack:
+        nbytes, lane = stack.enter_context(deliver_way(model, chunk, lane=True))
+        _, streamed = stack.enter_context(deliver_way(model, chunk, lane=False))
+        ways = {"lane": lane, "grpc": streamed, "grpcio": stack.enter_context(grpcio_way(nbytes, chunk)),
+                "socket": stack.enter_context(socket_way(nbytes))}
+        speeds, cpus = alternate(ways, nbytes, args.repeats)
+    med = {name: statistics.median(v) for name, v in speeds.items()}
+    cpu = {name: statistics.median(v) for name, v in cpus.items()}
+    print(f"lane   median   {med['lane']:8.1f} MiB/s  ({nbytes / MiB:.1f} MiB: Deliver with the payload "
+          "on the data lane, a large model's default)")
+    print(f"grpc   median   {med['grpc']:8.1f} MiB/s  (Deliver streamed over gRPC in chunks of "
+          f"{args.chunk_kib} KiB: FLMESH_DATA_LANE=0, TLS, or a model under 4 MiB)")
+    print(f"grpcio median   {med['grpcio']:8.1f} MiB/s  (grpcio alone: raw bytes, no checks)")
+    print(f"socket median   {med['socket']:8.1f} MiB/s")
+    print("CPU per transfer, both ends (median): " + ", ".join(f"{name} {cpu[name]:.1f} ms" for name in cpu))
+    for name in DIGESTS:
+        print(f"{name:6s} alone   {bench_digest(name, nbytes, args.repeats):8.1f} MiB/s  (one core; every "
+              "Deliver hashes every byte with the sender's [wire] digest, the socket does not)")
+    ratios = [a / b for a, b in zip(speeds["lane"], speeds["socket"], strict=True)]
+    print(f"lane / socket per round: {' '.join(f'{r:.2f}' for r in ratios)}")
+    print(f"transport: deliver {med['lane']:.1f} MiB/s (data lane), raw socket {med['socket']:.1f} MiB/s, "
+          f"ratio {med['lane'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} MiB/s, ratio "
+          f"{med['grpc'] / med['socket']:.2f}; grpcio alone {med['grpcio']:.1f} MiB/s")
 
 
 if __name__ == "__main__":

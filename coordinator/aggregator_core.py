@@ -72,7 +72,8 @@ class AggregatorCore:
         self.update_spec = {**model_spec, **update_spec}
         self.max_model_bytes = int(federation.max_model_mib * 2**20)
         wire = federation.wire
-        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level)  # how models travel
+        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level,
+                                     wire.digest)  # how models travel
         self.clock = clock
         self.counter = counter or ByteCounter()
         self.metrics: Metrics | None = None  # Prometheus (--metrics-port): bytes per node

@@ -131,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.node.errors import PeerError, UnknownPeerError
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars
+    from flmesh.node.wire.data_lane import lane_enabled
     from flmesh.node.wire.peer_client import one_message_enabled
     from flmesh.topology import FederationError, load_federation
 
     try:
         one_message_enabled()  # read by every node: a bad value is a usage error, before any work
+        lane_enabled()
     except ValueError as exc:
         parser.error(str(exc))
     console = Console(stderr=False, highlight=False)

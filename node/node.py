@@ -106,7 +106,8 @@ class Node:
         self.round_timeout_s = federation.round_timeout_s
         self.max_model_bytes = int(federation.max_model_mib * 2**20)
         wire = federation.wire
-        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level)  # how models travel
+        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level,
+                                     wire.digest)  # how models travel
         transport.wire = self.wire
         if aggregator is not None:
             aggregator.wire = self.wire
@@ -135,6 +136,7 @@ class Node:
         self._last_accuracy = 0.0
         self._lock = threading.Lock()
         self._server: Any = None
+        self._lane: Any = None  # the data lane (flmesh.node.wire.data_lane) of a large model
         self._health: Any = None
         self.replay = ReplayLink(self.counter)  # to the replay-buffer host (continual federations)
         self.replay_host: ReplayBufferCore | None = None  # when this node hosts the buffer
@@ -182,10 +184,14 @@ class Node:
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
         """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking."""
+        from flmesh.node.wire.data_lane import open_lane
         from flmesh.node.wire.server import serve_peer
+        from flmesh.node.wire.specs import spec_bytes
 
+        self._lane = open_lane(self.listen, spec_bytes(self.spec), self.tls)
         self._server, self._health, self.address = serve_peer(self.handlers, self.listen, self.replay_host,
-                                                              tls=self.tls, limits=self.stream_limits)
+                                                              tls=self.tls, limits=self.stream_limits,
+                                                              lane=self._lane)
         self.set_state("idle")
         return self.address
 
@@ -222,6 +228,9 @@ class Node:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
+        if self._lane is not None:
+            self._lane.close()
+            self._lane = None
         self.transport.close()
         self.replay.close()
         if self.aggregator is not None:

@@ -25,13 +25,12 @@ from flmesh.node.errors import PeerError
 from flmesh.node.reports import EvalResult
 from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import WireFormat
-from flmesh.node.wire.frames import DataChunk
-from flmesh.v1 import model_pb2 as pb
+from flmesh.node.wire.frames import StreamItem
 
 T = TypeVar("T")
 
-#: A model stream as a handler reads it: the header chunk, then data chunks.
-Chunks = Iterable[pb.ModelChunk | DataChunk]
+#: A model stream as a handler reads it: the header chunk, then data chunks (or a lane's payload).
+Chunks = Iterable[StreamItem]
 
 
 @dataclass(frozen=True)

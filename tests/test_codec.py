@@ -7,6 +7,7 @@ import torch
 
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import CodecError, ModelMeta, decode, encode, model_spec
+from flmesh.node.wire.compression import WireFormat
 from flmesh.node.wire.frames import parse_chunk
 from flmesh.v1 import model_pb2 as pb
 
@@ -107,14 +108,34 @@ def test_model_from_a_gpu_or_noncontiguous_view_encodes():
     assert torch.equal(out.state_dict["t"], base.t())
 
 
-def test_corrupt_bytes_are_rejected():
-    chunks = chunks_of(sample_state())
+@pytest.mark.parametrize("digest", ["blake3", "sha256"])
+def test_corrupt_bytes_are_rejected(digest):
+    chunks = list(encode(sample_state(), wire=WireFormat(digest=digest)).chunks(13))
+    assert len(getattr(chunks[0].header, digest)) == 32
+    assert decode(chunks, model_spec(sample_state())).total_bytes == chunks[0].header.total_bytes
     data = bytearray(chunks[2].data)
     data[0] ^= 0xFF
     chunks[2] = pb.ModelChunk(data=bytes(data))
-    with pytest.raises(CodecError, match="sha256") as err:
+    with pytest.raises(CodecError, match=f"{digest} of the received bytes does not match") as err:
         decode(chunks, model_spec(sample_state()))
     assert err.value.reason == "corrupt"
+
+
+def test_a_header_carries_exactly_one_digest_of_32_bytes():
+    chunks = chunks_of(sample_state())
+    cases = {"both": {"sha256": b"\0" * 32}, "neither": {"blake3": b""}, "short": {"blake3": b"\0" * 31}}
+    messages = {"both": "carries both a sha256 and a blake3", "neither": "header sha256 must be 32 bytes",
+                "short": "header blake3 must be 32 bytes"}
+    for case, fields in cases.items():
+        header = pb.ModelHeader()
+        header.CopyFrom(chunks[0].header)
+        for name, value in fields.items():
+            setattr(header, name, value)
+        with pytest.raises(CodecError, match=messages[case]) as err:
+            decode([pb.ModelChunk(header=header), *chunks[1:]], model_spec(sample_state()))
+        assert err.value.reason == "corrupt"
+    with pytest.raises(ValueError, match="unknown digest 'md5'"):
+        encode(sample_state(), wire=WireFormat(digest="md5"))
 
 
 def test_truncated_and_overlong_streams_are_rejected():

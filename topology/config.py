@@ -134,11 +134,13 @@ class AggregatorConfig:
 class WireConfig:
     """How model streams travel (``[wire]``): floats as ``dtype`` ("native": as they are;
     "float16" / "bfloat16": half the bytes, lossy) and the payload compressed with
-    ``compression`` ("none" or "zstd" at ``zstd_level``, lossless)."""
+    ``compression`` ("none" or "zstd" at ``zstd_level``, lossless); the payload's ``digest``
+    ("blake3", the default, or "sha256") that the receiver checks every byte against."""
 
     dtype: str = "native"
     compression: str = "none"
     zstd_level: int = 3
+    digest: str = "blake3"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ receiver can view them without copying), hashed with SHA-256. Typed metadata
 Receiving is strict. Before any byte is accepted the header is checked for
 consistency, its kind, against the size limit and against the tensor names,
 dtypes and shapes the receiver expects; while bytes arrive their count is
-bounded by the header; at the end the SHA-256 must match. Every failure
+bounded by the header; at the end the digest must match. Every failure
 raises :class:`CodecError` whose ``code`` is the status the caller gets and
 whose message names the tensor or the limit.
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, Hasher
+from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, FiniteCheck, Hasher, all_finite
 from flmesh.node.wire.compression import RAW, WireFormat, ZstdInto, compress, to_wire
-from flmesh.node.wire.frames import DATA_TAG, MESSAGE_CHUNKS_FIELD, DataChunk, tag, varint
+from flmesh.node.wire.frames import DATA_TAG, MESSAGE_CHUNKS_FIELD, PayloadReader, StreamItem, tag, varint
 from flmesh.node.wire.specs import (
     ALIGN,
     FROM_WIRE,
@@ -41,6 +41,7 @@ from flmesh.node.wire.specs import (
     CodecError,
     ModelSpec,
     check_header,
+    digest_name,
     dtype_name,
     kind_of,
     model_spec,
@@ -195,9 +196,9 @@ def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()
         offset += nbytes
     # Only the alignment gaps need zeroing (the digest covers them): filling the
     # whole payload first would write every byte twice. Hashing here on a
-    # helper thread measured no faster: the copy is cheap next to SHA-256.
+    # helper thread measured no faster: the copy is cheap next to the hash.
     payload = torch.empty(offset, dtype=torch.uint8)
-    hasher = Hasher(payload.numpy().data, threaded=False)
+    hasher = Hasher(payload.numpy().data, threaded=False, digest=wire.digest)
     end = 0
     for start, nbytes, t in tensors:
         payload[end:start].zero_()
@@ -207,10 +208,11 @@ def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()
         hasher.filled(end)
     digest = hasher.digest()
     header = pb.ModelHeader(
-        tensors=specs, total_bytes=offset, sha256=digest, round=meta.round, sender=meta.sender,
+        tensors=specs, total_bytes=offset, round=meta.round, sender=meta.sender,
         kind=KINDS[meta.kind], num_samples=meta.num_samples, label_counts=list(meta.label_counts),
         architecture=meta.architecture, metadata=_meta_to_wire(meta.metadata),
     )
+    setattr(header, wire.digest, digest)
     if wire.compression == "zstd":
         header.compression = pb.COMPRESSION_ZSTD
         return EncodedModel(header, payload, compress(payload.numpy(), wire.level))
@@ -224,8 +226,7 @@ def meta_of(header: pb.ModelHeader) -> ModelMeta:
                      architecture=header.architecture, metadata=_meta_from_wire(header.metadata))
 
 
-def peek_header(chunks: Iterable[pb.ModelChunk | DataChunk]
-                ) -> tuple[pb.ModelHeader, Iterator[pb.ModelChunk | DataChunk]]:
+def peek_header(chunks: Iterable[StreamItem]) -> tuple[pb.ModelHeader, Iterator[StreamItem]]:
     """The stream's header (to choose what to expect) and the whole stream, header included."""
     it = iter(chunks)
     first = next(it, None)
@@ -248,13 +249,13 @@ class DecodedModel:
     wire_bytes: int = 0
 
 
-def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | None = None,
+def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
            max_bytes: int = 2**31, *, check_finite: bool = True, wire: WireFormat = RAW) -> DecodedModel:
     """Rebuild a state dict from a chunk stream, checking everything (see module doc).
 
     Blocks while it iterates ``chunks``; raises CodecError on the first problem,
     having allocated nothing larger than the header's (limited) total size.
-    The SHA-256 is computed on a helper thread while the bytes arrive. With
+    The digest is computed on a helper thread while the bytes arrive. With
     ``check_finite`` (the default) a floating tensor holding NaN or infinity is
     refused: no use of a model survives one. Floats may come in ``wire.dtype``
     and are cast to the expected dtype; a zstd-compressed stream is decompressed
@@ -270,16 +271,29 @@ def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | No
     total = int(header.total_bytes)
     payload = POOL.take(total)
     target = payload.numpy()
-    hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES)
-    zstd = ZstdInto(target) if header.compression == pb.COMPRESSION_ZSTD else None
     if header.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
         raise CodecError("invalid", f"unknown compression #{header.compression}")
+    # Views of the payload in each tensor's wire dtype (None: not aligned for it, copied later);
+    # floating ones are checked for NaN and infinity as their bytes arrive.
+    views = [(spec, _view(payload, spec)) for spec in header.tensors]
+    finite = FiniteCheck(sorted(((spec.name, v, spec.offset + spec.nbytes) for spec, v in views
+                                 if v is not None), key=lambda t: t[2])) if check_finite else None
+    hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES, digest=digest_name(header),
+                    then=finite.upto if finite is not None else None)
+    zstd = ZstdInto(target) if header.compression == pb.COMPRESSION_ZSTD else None
     pos = 0
     moved = pb.ModelChunk(header=header).ByteSize()
     try:
         for chunk in it:
             if chunk.WhichOneof("payload") != "data":
                 raise CodecError("corrupt", "a second header arrived inside one model stream")
+            if isinstance(chunk, PayloadReader):  # the data lane: the bytes land in place, unframed
+                if pos or zstd is not None:
+                    raise CodecError("invalid", "a data-lane payload comes whole and uncompressed")
+                chunk.read_into(target.data, hasher.filled)
+                pos = total
+                moved += total
+                continue
             data = chunk.data
             moved += len(DATA_TAG) + len(varint(len(data))) + len(data)
             if zstd is not None:
@@ -298,28 +312,29 @@ def decode(chunks: Iterable[pb.ModelChunk | DataChunk], expected: ModelSpec | No
         digest = hasher.digest()
     finally:
         hasher.close(abort=True)
-    if digest != header.sha256:
-        raise CodecError("corrupt", "sha256 of the received bytes does not match the header")
+    if digest != (header.blake3 or header.sha256):
+        raise CodecError("corrupt", f"{digest_name(header)} of the received bytes does not match the header")
+    bad = set(finite.bad()) if finite is not None else set()
     state = {}
-    for spec in header.tensors:
+    for spec, flat in views:
         dtype = FROM_WIRE[spec.dtype]
-        raw = payload[spec.offset:spec.offset + spec.nbytes]
-        try:
-            flat = raw.view(dtype)
-        except RuntimeError:  # offset not aligned for this dtype: copy once instead
-            flat = raw.clone().view(dtype)
+        if flat is None:  # offset not aligned for this dtype: copy once instead
+            flat = payload[spec.offset:spec.offset + spec.nbytes].clone().view(dtype)
+            if check_finite and flat.is_floating_point() and not all_finite(flat):
+                bad.add(spec.name)
+        if spec.name in bad:
+            count = int((~torch.isfinite(flat)).sum())
+            raise CodecError("invalid", f"tensor {spec.name!r} holds {count} NaN or infinite values")
         state[spec.name] = flat.reshape(tuple(spec.shape))
         if expected is not None and expected[spec.name][0] != dtype:  # a [wire] dtype: back to ours
             state[spec.name] = state[spec.name].to(expected[spec.name][0])
-        if check_finite and flat.is_floating_point() and not _all_finite(flat):
-            bad = int((~torch.isfinite(flat)).sum())
-            raise CodecError("invalid", f"tensor {spec.name!r} holds {bad} NaN or infinite values")
     return DecodedModel(state, meta, total, moved)
 
 
-def _all_finite(flat: torch.Tensor) -> bool:
-    """No NaN and no infinity in ``flat``. NaN and infinities always reach a sum, so a finite sum
-    settles it in one read-only pass (~2 ms for 45 MiB where ``isfinite().all()`` writes a mask
-    first: ~40 ms, measured in benchmarks/transport.py); only a sum that overflowed is checked
-    element by element."""
-    return bool(torch.isfinite(flat.sum())) or bool(torch.isfinite(flat).all())
+def _view(payload: torch.Tensor, spec: pb.TensorSpec) -> torch.Tensor | None:
+    """The tensor's bytes of ``payload`` as a flat tensor of its wire dtype, without a copy;
+    None when its offset is not aligned for that dtype."""
+    try:
+        return payload[spec.offset:spec.offset + spec.nbytes].view(FROM_WIRE[spec.dtype])
+    except RuntimeError:
+        return None

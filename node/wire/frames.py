@@ -9,6 +9,8 @@ else through protobuf, so malformed input gets protobuf's exact behaviour.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from flmesh.v1 import model_pb2 as pb
 
 
@@ -67,6 +69,30 @@ class DataChunk:
         return pb.ModelHeader()
 
 
+class PayloadReader:
+    """A stream's whole payload from one source that writes it straight into the receive buffer
+    (the data lane's connection, :mod:`~flmesh.node.wire.data_lane`), standing where the data
+    chunks would: :func:`flmesh.node.wire.codec.decode` calls :meth:`read_into` once, and every
+    check after the bytes (digest, finite values) is the stream's."""
+
+    __slots__ = ()
+
+    def WhichOneof(self, oneof_group: str) -> str | None:  # protobuf's name, as for DataChunk
+        if oneof_group != "payload":
+            raise ValueError(f"ModelChunk has no oneof {oneof_group!r}")
+        return "data"
+
+    @property
+    def header(self) -> pb.ModelHeader:  # protobuf's answer for a chunk that is not the header
+        return pb.ModelHeader()
+
+    def read_into(self, target: memoryview, filled: Callable[[int], None]) -> None:
+        """Fill all of ``target`` and make sure nothing follows, calling ``filled(n)`` as the
+        first ``n`` bytes are in place; blocks while reading. Raises
+        :class:`~flmesh.node.wire.specs.CodecError` when the source has fewer or more bytes."""
+        raise NotImplementedError
+
+
 def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
     """Deserialise one ModelChunk: data messages as :class:`DataChunk`, anything else with protobuf.
 
@@ -81,3 +107,6 @@ def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
     return pb.ModelChunk.FromString(raw)
 
 
+#: One element of a model stream as receivers read it: a protobuf ModelChunk (the header), a data
+#: chunk read without protobuf, or a data lane's whole payload.
+StreamItem = pb.ModelChunk | DataChunk | PayloadReader

@@ -32,9 +32,10 @@ __all__ = ["StreamGuard", "StreamLimits", "peer_key"]
 
 log = logging.getLogger("flmesh.wire")
 
-#: Unary calls that carry a model (its data fits one chunk) one way or the other: admitted
-#: like model streams.
+#: Unary calls that carry a model (its data fits one chunk) one way or the other, or whose
+#: model comes on the data lane while they run: admitted like model streams.
 MODEL_MESSAGE_METHODS = frozenset({"/flmesh.v1.Peer/DeliverOne", "/flmesh.v1.Peer/EvaluateOne",
+                                   "/flmesh.v1.Peer/DeliverLane",
                                    "/flmesh.v1.Aggregator/SubmitUpdateOne",
                                    "/flmesh.v1.Aggregator/FetchGlobalOne"})
 

@@ -5,7 +5,9 @@ pre-serialised (:meth:`~flmesh.node.wire.codec.EncodedModel.frames`) and
 come back through :func:`~flmesh.node.wire.frames.parse_chunk`: the stub's
 bytes on the wire, fewer copies. A model whose data fits one chunk goes in
 one message instead (``DeliverOne``, ``EvaluateOne``), unless the peer does
-not serve those methods. Every failure is a
+not serve those methods; a large uncompressed model is delivered on the
+peer's data lane when its Hello announced one
+(:mod:`~flmesh.node.wire.data_lane`, ``DeliverLane``). Every failure is a
 :class:`~flmesh.node.errors.PeerError` naming the peer, its address and the
 status. Thread-safe; ``close`` when done.
 """
@@ -24,10 +26,11 @@ import grpc
 from flmesh.node.errors import PeerError
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import ByteCounter, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.wire import codec, serde
+from flmesh.node.wire import codec, data_lane, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
+from flmesh.node.wire.data_lane import host_of, lane_enabled, new_token, send_payload
 from flmesh.node.wire.frames import parse_chunk
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
@@ -117,7 +120,9 @@ class _Link:
     rewind: Any
     deliver_one: Any
     evaluate_one: Any
+    deliver_lane: Any
     one: bool = True  # send DeliverOne and EvaluateOne (False: off, or the peer said it does not serve them)
+    lane_port: int | None = None  # its data lane, from its Hello (None: not asked; 0: none, off, failed)
 
 
 class GrpcPeerTransport:
@@ -131,6 +136,7 @@ class GrpcPeerTransport:
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
         self.one_message = one_message_enabled()
+        self.lane = lane_enabled()
         self._addresses: dict[str, str] = dict(peers or {})
         self._links: dict[str, _Link] = {}
         self._lock = threading.Lock()
@@ -172,6 +178,7 @@ class GrpcPeerTransport:
                 _bytes_out(channel, "stream_stream", "Rewind", parse_chunk),
                 _bytes_out(channel, "unary_unary", "DeliverOne", deliver),
                 _bytes_out(channel, "unary_unary", "EvaluateOne", evaluate),
+                _bytes_out(channel, "unary_unary", "DeliverLane", deliver),
                 self.one_message,
             )
             self._links[peer] = link
@@ -198,15 +205,44 @@ class GrpcPeerTransport:
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
         request = peer_pb2.HelloRequest(node_id=me, federation=federation, architecture=architecture)
-        reply = self._call(peer, lambda link: link.stub.Hello(request, timeout=timeout), method="Hello")
-        return serde.from_proto(HelloInfo, reply)
+
+        def call(link: _Link) -> peer_pb2.HelloReply:
+            reply = link.stub.Hello(request, timeout=timeout)
+            link.lane_port = reply.data_port if self.lane else 0
+            return reply
+
+        return serde.from_proto(HelloInfo, self._call(peer, call, method="Hello"))
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
         size = model.wire_bytes(self.chunk_bytes)
-        reply = self._call(peer, lambda link: self._send(link, model, link.deliver_one, link.deliver,
-                                                         timeout), timeout, "Deliver", size)
+        reply = self._call(peer, lambda link: self._deliver(link, model, timeout), timeout, "Deliver", size)
         self.counter.add_sent(codec.meta_of(model.header).kind, size)
         return serde.from_proto(DeliverResult, reply)
+
+    def _deliver(self, link: _Link, model: EncodedModel, timeout: float) -> Any:
+        """On the peer's data lane when it has one and the model is large and uncompressed, else
+        over gRPC (:meth:`_send`). A lane that cannot be reached, or a peer that says it serves
+        none, gets gRPC from then on."""
+        large = self.lane and model.compressed is None and model.total_bytes >= data_lane.LANE_MIN_BYTES
+        if large and link.lane_port is None:  # no Hello yet (fl-sim's nodes say none): ask once
+            try:
+                hello = peer_pb2.HelloRequest(node_id=model.header.sender)
+                link.lane_port = link.stub.Hello(hello, timeout=min(timeout, 10.0)).data_port
+            except grpc.RpcError:
+                link.lane_port = 0
+        if large and link.lane_port:
+            token = new_token()
+            request = peer_pb2.LaneDelivery(header=model.header, token=token).SerializeToString()
+            try:
+                return send_payload(host_of(link.address), link.lane_port, token, model.payload.numpy().data,
+                                    lambda: link.deliver_lane.future(request, timeout=timeout), timeout)
+            except OSError:  # no connection to the lane (a firewall, another host's port)
+                link.lane_port = 0
+            except grpc.RpcError as exc:
+                if not unimplemented(exc):
+                    raise
+                link.lane_port = 0
+        return self._send(link, model, link.deliver_one, link.deliver, timeout)
 
     def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
                expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:

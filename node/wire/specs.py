@@ -95,6 +95,16 @@ def kind_of(header: pb.ModelHeader) -> str:
     return name
 
 
+def digest_name(header: pb.ModelHeader) -> str:
+    """Which digest the header carries ("blake3" or "sha256"): exactly one, of 32 bytes."""
+    if header.sha256 and header.blake3:
+        raise CodecError("corrupt", "header carries both a sha256 and a blake3 digest (one is used)")
+    name, value = ("blake3", header.blake3) if header.blake3 else ("sha256", header.sha256)
+    if len(value) != 32:
+        raise CodecError("corrupt", f"header {name} must be 32 bytes")
+    return name
+
+
 def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: int,
                  wire_dtype: torch.dtype | None = None) -> None:
     """Reject a header that is inconsistent, of an unknown kind, too large, or does not fit
@@ -104,8 +114,7 @@ def check_header(header: pb.ModelHeader, expected: ModelSpec | None, max_bytes: 
     if total > max_bytes:
         raise CodecError("oversize", f"model of {total} bytes exceeds the limit of {max_bytes} bytes "
                          f"({max_bytes / 2**20:.1f} MiB)")
-    if len(header.sha256) != 32:
-        raise CodecError("corrupt", "header sha256 must be 32 bytes")
+    digest_name(header)
     end = 0
     seen = set()
     for spec in header.tensors:

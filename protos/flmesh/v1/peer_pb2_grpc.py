@@ -65,6 +65,11 @@ class PeerStub:
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
                 _registered_method=True)
+        self.DeliverLane = channel.unary_unary(
+                '/flmesh.v1.Peer/DeliverLane',
+                request_serializer=flmesh_dot_v1_dot_peer__pb2.LaneDelivery.SerializeToString,
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/flmesh.v1.Peer/Status',
                 request_serializer=flmesh_dot_v1_dot_peer__pb2.StatusRequest.SerializeToString,
@@ -122,6 +127,18 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeliverLane(self, request, context):
+        """Deliver for a large model whose payload travels on this node's data lane
+        (HelloReply.data_port): the caller first opens a TCP connection to that
+        port and writes `token` (32 random bytes) then the raw payload; this call
+        carries the header and the token, and the reply comes when the payload
+        has been read and checked like a stream's (size, digest, finite values).
+        The payload skips gRPC's per-message copies and HTTP/2 framing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Where this node is in its run.
         """
@@ -161,6 +178,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.EvaluateOne,
                     request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
                     response_serializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.SerializeToString,
+            ),
+            'DeliverLane': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeliverLane,
+                    request_deserializer=flmesh_dot_v1_dot_peer__pb2.LaneDelivery.FromString,
+                    response_serializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -330,6 +352,33 @@ class Peer:
             '/flmesh.v1.Peer/EvaluateOne',
             flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
             flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeliverLane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flmesh.v1.Peer/DeliverLane',
+            flmesh_dot_v1_dot_peer__pb2.LaneDelivery.SerializeToString,
+            flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,249 @@
+"""The data lane: a large model's payload on a plain TCP connection beside gRPC (wire wing).
+
+Why: over grpcio every byte of a model stream is copied into and out of
+HTTP/2 frames and per-message buffers, which caps a Deliver at 0.25-0.35 of
+what a loopback socket moves (``make bench``). On the lane the receiver reads
+the payload with ``recv_into`` straight into its receive buffer while the
+digest runs beside it; nothing else touches the bytes.
+
+How: a node whose model is at least :data:`LANE_MIN_BYTES` and that serves
+without TLS listens on a second, ephemeral port of its gRPC host and announces
+it in ``HelloReply.data_port``. To deliver, a sender connects there, writes a
+fresh random token (:data:`TOKEN_BYTES`) and then the raw payload, and makes a
+``DeliverLane`` call carrying the header and the token. The call waits for the
+connection that brought its token (:meth:`DataLane.claim`) and reads the
+payload through :class:`LaneReader`, so every check of a stream applies: the
+header before any payload byte, the exact size, the digest, finite values, the
+sender and the round window. The gRPC call is the delivery: the stream guard
+admits it like a stream, and its status is the sender's answer.
+
+With mTLS a node serves no lane and models stream over gRPC: Python's ssl
+reads one 16 KiB record per call, and a lane over it moved no more than gRPC's
+own TLS (measured ad hoc, both ends in one process or two).
+
+Bounds: at most ``max_pending`` connections wait for their call (more are
+closed at once); one that has not sent its token within ``admit_timeout_s`` or
+is not claimed by a call within that time is closed. ``FLMESH_DATA_LANE=0``
+turns lanes off (the benchmark's control).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from flmesh.node.errors import Refused
+from flmesh.node.wire.frames import PayloadReader
+from flmesh.node.wire.helpers import HELPERS
+from flmesh.node.wire.specs import CodecError
+
+#: Models whose payload is at least this large go on the lane (a node serves one when its own
+#: model is); below it one gRPC stream costs less than a second connection.
+LANE_MIN_BYTES = 4 << 20
+TOKEN_BYTES = 32
+#: How long a sender waits to connect to a lane before it streams over gRPC instead.
+CONNECT_TIMEOUT_S = 2.0
+#: A lane connection that moves no byte for this long is given up.
+STALL_S = 10.0
+
+
+def lane_enabled() -> bool:
+    """Whether large models may take the data lane (``FLMESH_DATA_LANE``: 1, the default, or 0:
+    every model streams over gRPC, the benchmarks' control). Another value is an error."""
+    value = os.environ.get("FLMESH_DATA_LANE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"FLMESH_DATA_LANE must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def host_of(address: str) -> str:
+    """The host of HOST:PORT, without an IPv6 address's brackets."""
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        part = conn.recv(n - len(data))
+        if not part:
+            return None
+        data += part
+    return data
+
+
+class DataLane:
+    """A node's lane listener on ``host`` (an ephemeral port: :attr:`port`). Thread-safe;
+    :meth:`close` when the node stops."""
+
+    def __init__(self, host: str, *, max_pending: int = 32, admit_timeout_s: float = 10.0):
+        self.admit_timeout_s = admit_timeout_s
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family)
+        self.port: int = self._listener.getsockname()[1]
+        self._pending: dict[bytes, socket.socket] = {}
+        self._cond = threading.Condition()
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._closed = False
+        threading.Thread(target=self._accept, name="flmesh-lane", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # too many connections wait already: the sender falls back or retries
+                continue
+            HELPERS.run(functools.partial(self._admit, conn))
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Read one connection's token and keep it until a call claims it or the time is up."""
+        try:
+            deadline = time.monotonic() + self.admit_timeout_s
+            conn.settimeout(self.admit_timeout_s)
+            try:
+                token = _recv_exactly(conn, TOKEN_BYTES)
+            except OSError:  # the connection broke or stalled
+                token = None
+            with self._cond:
+                if token is None or self._closed or token in self._pending:
+                    conn.close()
+                    return
+                self._pending[token] = conn
+                self._cond.notify_all()
+                while self._pending.get(token) is conn and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                if self._pending.get(token) is conn:  # no call claimed it
+                    del self._pending[token]
+                    conn.close()
+        finally:
+            self._slots.release()
+
+    def claim(self, token: bytes, timeout: float) -> socket.socket:
+        """The connection that brought ``token``, waiting up to ``timeout`` s for it; the caller
+        owns it then. Raises Refused when none comes."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (conn := self._pending.pop(token, None)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    raise Refused("FAILED_PRECONDITION", f"no data-lane connection brought the call's token "
+                                  f"within {timeout:.1f} s")
+                self._cond.wait(left)
+            self._cond.notify_all()  # its admitting thread may end
+        return conn
+
+    def discard(self, token: bytes) -> None:
+        """Close the connection of a call that ended without reading it (refused first)."""
+        with self._cond:
+            conn = self._pending.pop(token, None)
+            self._cond.notify_all()
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        """Stop listening and close every waiting connection; idempotent."""
+        with self._cond:
+            self._closed = True
+            waiting = list(self._pending.values())
+            self._pending.clear()
+            self._cond.notify_all()
+        try:  # wakes the accepting thread: on Linux close() alone leaves a blocked accept() listening
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in waiting:
+            conn.close()
+
+
+def open_lane(listen: str, model_bytes: int, tls: object | None) -> DataLane | None:
+    """The lane a node serves beside its gRPC address ``listen``: None with TLS, for a model
+    under :data:`LANE_MIN_BYTES`, or when ``FLMESH_DATA_LANE=0``."""
+    if tls is not None or model_bytes < LANE_MIN_BYTES or not lane_enabled():
+        return None
+    return DataLane(host_of(listen))
+
+
+class LaneReader(PayloadReader):
+    """The payload of one ``DeliverLane`` call: claims its connection when the decoder gets to
+    the bytes (after the header's checks) and reads them into the receive buffer."""
+
+    __slots__ = ("lane", "token", "deadline")
+
+    def __init__(self, lane: DataLane, token: bytes, deadline: float):
+        self.lane, self.token, self.deadline = lane, token, deadline
+
+    def _left(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def read_into(self, target: memoryview, filled: Callable[[int], None]) -> None:
+        conn = self.lane.claim(self.token, min(self._left(), self.lane.admit_timeout_s))
+        total, pos = len(target), 0
+        try:
+            # One timeout for every read (setting it again per read measured slower): a sender that
+            # stalls is cut after STALL_S; one that trickles, at the call's deadline.
+            conn.settimeout(min(self._left(), STALL_S))
+            while pos < total:
+                if time.monotonic() > self.deadline:
+                    raise TimeoutError
+                n = conn.recv_into(target[pos:])
+                if n == 0:
+                    raise CodecError("corrupt", f"the data lane closed after {pos} of the {total} bytes "
+                                     "the header announced")
+                pos += n
+                filled(pos)
+            if conn.recv(1):
+                raise CodecError("corrupt", f"the data lane carries more than the {total} bytes "
+                                 "the header announced")
+        except TimeoutError:
+            raise Refused("DEADLINE_EXCEEDED", f"the data lane stalled after {pos} of {total} bytes"
+                          ) from None
+        except OSError as exc:
+            raise CodecError("corrupt", f"the data lane failed after {pos} of {total} bytes: "
+                             f"{exc.strerror or exc}") from None
+        finally:
+            conn.close()
+
+
+def new_token() -> bytes:
+    return secrets.token_bytes(TOKEN_BYTES)
+
+
+def send_payload(host: str, port: int, token: bytes, payload: memoryview, call: Callable[[], grpc.Future],
+                 timeout: float) -> Any:
+    """Deliver over a lane: connect to ``host:port`` (raises OSError when that fails: the caller
+    streams instead), write ``token``, start ``call`` (a gRPC future), write the payload and
+    return the call's result. Blocks until the call ends; ``timeout`` bounds the writes."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(token)
+        future = call()
+        # A call that ends (refused) while the payload is still being written must not leave
+        # the writer blocked on a receiver that stopped reading.
+        future.add_done_callback(lambda _: _shutdown(sock))
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the receiver stopped reading: the call's status says why
+        return future.result()
+    finally:
+        sock.close()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

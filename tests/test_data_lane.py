@@ -1,0 +1,346 @@
+"""The data lane: a large model's payload on a TCP connection beside gRPC, read with every check a
+stream gets; its bounds; and the fallbacks to gRPC streams when a peer has no lane."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import grpc
+import pytest
+import torch
+
+from flmesh.node.errors import Refused
+from flmesh.node.inbox import InboxKey
+from flmesh.node.learning.data import federation_data
+from flmesh.node.node import Node
+from flmesh.node.transport import DeliverResult
+from flmesh.node.wire import codec, data_lane, peer_client
+from flmesh.node.wire.channels import make_channel
+from flmesh.node.wire.codec import ModelMeta
+from flmesh.node.wire.data_lane import TOKEN_BYTES, DataLane, open_lane
+from flmesh.node.wire.limits import StreamLimits
+from flmesh.node.wire.server import serve_peer
+from flmesh.topology import parse_federation
+from flmesh.v1 import model_pb2 as pb
+from flmesh.v1 import peer_pb2, peer_pb2_grpc
+
+from conftest import REPO, tiny_raw, wait_until
+from harness import Cluster
+
+
+@pytest.fixture
+def lanes(monkeypatch):
+    """Every model takes the lane (the tiny MLP's are far below the 4 MiB it needs otherwise);
+    counts the deliveries that did."""
+    monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1)
+    sent = []
+
+    def counted(*args, **kwargs):
+        reply = data_lane.send_payload(*args, **kwargs)
+        sent.append(reply)
+        return reply
+
+    monkeypatch.setattr(peer_client, "send_payload", counted)
+    return sent
+
+
+@pytest.fixture
+def fed():
+    return parse_federation(tiny_raw(nodes=3, rounds=2), source="tiny.toml")
+
+
+def _started(fed) -> list[Node]:
+    data = federation_data(fed)
+    nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0") for nid in fed.node_ids]
+    addresses = {n.node_id: n.start() for n in nodes}
+    for n in nodes:
+        n.connect(addresses)
+    return nodes
+
+
+def _states(fed) -> dict[str, dict[str, torch.Tensor]]:
+    with Cluster(fed, "grpc") as c:
+        for t in (1, 2):
+            c.peer_round(t)
+        return c.states()
+
+
+def test_a_federation_on_data_lanes_ends_exactly_as_one_on_grpc_streams(fed, lanes, monkeypatch):
+    on_lanes = _states(fed)
+    monkeypatch.setenv("FLMESH_DATA_LANE", "0")  # the control: no node serves a lane, every model streams
+    count, sends = len(lanes), []
+    send = peer_client.GrpcPeerTransport._send
+
+    def spied(self, link, *args):
+        sends.append(args[1] is link.deliver_one)
+        return send(self, link, *args)
+
+    monkeypatch.setattr(peer_client.GrpcPeerTransport, "_send", spied)
+    streamed = _states(fed)
+    delivered = sum(sends)  # the _send calls that delivered (not evaluations)
+    assert len(lanes) == count == delivered > 0, "every delivery took the lane, or none"
+    for nid, state in on_lanes.items():
+        assert state.keys() == streamed[nid].keys()
+        assert all(torch.equal(state[k], streamed[nid][k]) for k in state), nid
+
+
+def _lane_call(node: Node, header: pb.ModelHeader, payload: bytes | None, *, token: bytes | None = None,
+               connect: bool = True, timeout: float = 10.0):
+    """A DeliverLane call made by hand: the connection (unless not ``connect``), its token, the
+    payload (None: none), the call; returns the reply or the RpcError, and whether the node
+    closed the connection."""
+    token = os.urandom(TOKEN_BYTES) if token is None else token
+    channel = make_channel(node.address)
+    sock = socket.create_connection(("127.0.0.1", node._lane.port)) if connect else None
+    try:
+        if sock is not None:
+            sock.settimeout(10)
+            sock.sendall(token[:TOKEN_BYTES])
+        call = peer_pb2_grpc.PeerStub(channel).DeliverLane.future(
+            peer_pb2.LaneDelivery(header=header, token=token), timeout=timeout)
+        if sock is not None and payload is not None:
+            try:
+                sock.sendall(payload)
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        try:
+            reply = call.result()
+        except grpc.RpcError as exc:
+            reply = exc
+        closed = sock is None or _closed_by_peer(sock)
+        return reply, closed
+    finally:
+        if sock is not None:
+            sock.close()
+        channel.close()
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` (reads end) within its timeout."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_lane_delivery_gets_every_check_of_a_stream_and_bad_ones_leave_nothing(fed, lanes):
+    nodes = _started(fed)
+    sender, target = nodes[0], nodes[1]
+    try:
+        target._lane.admit_timeout_s = 0.5  # a call whose connection never comes waits this long
+        good = sender.encode(round=1)
+        header, payload = good.header, bytes(good.payload.numpy())
+        corrupt = bytearray(payload)
+        corrupt[len(corrupt) // 2] ^= 0xFF
+        mallory = pb.ModelHeader()
+        mallory.CopyFrom(header)
+        mallory.sender = "mallory"
+        cases = [
+            (header, bytes(corrupt), {}, grpc.StatusCode.DATA_LOSS,
+             "blake3 of the received bytes does not match the header"),
+            (header, payload[:-10], {}, grpc.StatusCode.DATA_LOSS,
+             f"the data lane closed after {len(payload) - 10} of the {len(payload)} bytes"),
+            (header, payload + b"x", {}, grpc.StatusCode.DATA_LOSS,
+             f"carries more than the {len(payload)} bytes"),
+            (mallory, payload, {}, grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'mallory'"),
+            (header, payload, {"connect": False}, grpc.StatusCode.FAILED_PRECONDITION,
+             "no data-lane connection brought the call's token within 0.5 s"),
+            (header, payload, {"token": b"short"}, grpc.StatusCode.INVALID_ARGUMENT,
+             "a data-lane token is 32 bytes, not 5"),
+        ]
+        for case_header, case_payload, kwargs, code, message in cases:
+            reply, closed = _lane_call(target, case_header, case_payload, **kwargs)
+            assert isinstance(reply, grpc.RpcError), message
+            assert reply.code() == code and message in reply.details(), (message, reply.details())
+            assert closed, f"{message}: the node closed the connection"
+            assert len(target.inbox) == 0
+        assert not target._lane._pending, "no connection is left waiting"
+        reply, _ = _lane_call(target, header, payload)
+        assert reply.accepted and reply.bytes_received == len(payload)
+        got = target.inbox.get(InboxKey(1, "node0", "trained"))
+        assert all(torch.equal(got.state_dict[k], v) for k, v in sender.state_dict().items())
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+
+
+def test_the_lane_closes_the_connections_no_call_claims(lanes):
+    lane = DataLane("127.0.0.1", max_pending=2, admit_timeout_s=0.5)
+    try:
+        def connect() -> socket.socket:
+            sock = socket.create_connection(("127.0.0.1", lane.port))
+            sock.settimeout(10)
+            return sock
+
+        silent = connect()  # never sends its token
+        unclaimed, token = connect(), os.urandom(TOKEN_BYTES)
+        unclaimed.sendall(token)
+        wait_until(lambda: token in lane._pending)
+        extra = connect()  # two wait already: closed at once
+        assert _closed_by_peer(extra)
+        assert _closed_by_peer(silent) and _closed_by_peer(unclaimed), "closed when their time is up"
+        with pytest.raises(Refused, match="no data-lane connection brought the call's token"):
+            lane.claim(token, 0.1)
+        claimed, token = connect(), os.urandom(TOKEN_BYTES)
+        claimed.sendall(token + b"payload")
+        conn = lane.claim(token, 10)
+        conn.settimeout(10)
+        assert conn.recv(7) == b"payload"
+        conn.close()
+    finally:
+        lane.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", lane.port), timeout=2).close()
+
+
+def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed, lanes, monkeypatch):
+    monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1 << 40)
+    nodes = _started(fed)  # no node serves a lane
+    monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1)  # ... but their models are "large" for the senders
+    other = DataLane("127.0.0.1", admit_timeout_s=0.5)  # a lane that is not node2's
+    try:
+        sender = nodes[0]
+        assert sender.transport.deliver("node1", sender.encode(round=1), timeout=10).accepted
+        link = sender.transport._link("node1")
+        assert link.lane_port == 0 and not lanes, "asked (Hello says no lane) and streamed"
+        link2 = sender.transport._link("node2")
+        link2.lane_port = other.port  # node2 does not serve DeliverLane: UNIMPLEMENTED, then streams
+        assert sender.transport.deliver("node2", sender.encode(round=1), timeout=10).accepted
+        assert link2.lane_port == 0 and not lanes
+    finally:
+        other.close()
+        for n in nodes:
+            n.stop(grace=0)
+    nodes = _started(fed)  # now with lanes
+    try:
+        sender, target = nodes[0], nodes[1]
+        assert sender.transport.hello("node1", "node0", fed.name, "", timeout=10).node_id == "node1"
+        link = sender.transport._link("node1")
+        assert link.lane_port == target._lane.port
+        target._lane.close()  # announced, but nobody listens there any more
+        assert sender.transport.deliver("node1", sender.encode(round=1), timeout=10).accepted
+        assert link.lane_port == 0 and not lanes
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+
+
+class _Stall:
+    node_id = "stall"
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.lock = threading.Lock()
+
+    def deliver(self, caller, chunks):
+        with self.lock:
+            self.entered += 1
+        for _ in chunks:
+            pass
+        return DeliverResult(accepted=False, duplicate=False, bytes_received=0)
+
+
+def test_lane_calls_are_admitted_like_model_streams():
+    handlers = _Stall()
+    lane = DataLane("127.0.0.1")
+    server, _, address = serve_peer(handlers, "127.0.0.1:0", lane=lane,  # type: ignore[arg-type]
+                                    limits=StreamLimits(total=1, per_peer=1, deadline_s=30.0, reserve=2))
+    gate = threading.Event()
+
+    def stalled():
+        yield pb.ModelChunk(header=pb.ModelHeader(total_bytes=8, kind=pb.MODEL_KIND_TRAINED))
+        gate.wait(30)
+
+    holder, other = make_channel(address), make_channel(address)
+    call = peer_pb2_grpc.PeerStub(holder).Deliver.future(stalled(), timeout=30)
+    header = codec.encode({"w": torch.zeros(2)}, ModelMeta(round=1, sender="node0")).header
+    try:
+        wait_until(lambda: handlers.entered == 1)
+        with pytest.raises(grpc.RpcError) as err:
+            peer_pb2_grpc.PeerStub(other).DeliverLane(
+                peer_pb2.LaneDelivery(header=header, token=os.urandom(TOKEN_BYTES)), timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in err.value.details()
+    finally:
+        gate.set()
+        call.result(timeout=10)
+        holder.close()
+        other.close()
+        server.stop(0)
+        lane.close()
+
+
+def test_only_large_models_get_a_lane_and_flmesh_data_lane_0_turns_it_off(monkeypatch, capsys, tmp_path):
+    lane = open_lane("127.0.0.1:0", 4 << 20, None)
+    assert lane is not None and lane.port > 0
+    lane.close()
+    assert open_lane("127.0.0.1:0", (4 << 20) - 1, None) is None
+    monkeypatch.setenv("FLMESH_DATA_LANE", "0")
+    assert open_lane("127.0.0.1:0", 4 << 20, None) is None
+    monkeypatch.setenv("FLMESH_DATA_LANE", "on")
+    with pytest.raises(ValueError, match="FLMESH_DATA_LANE must be 0 or 1, got 'on'"):
+        peer_client.GrpcPeerTransport({})
+    from flmesh.coordinator.sim_cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([str(REPO / "examples" / "quickstart.toml"), "--out", str(tmp_path / "run"), "--quiet"])
+    assert exit_.value.code == 2
+    assert "fl-sim: error: FLMESH_DATA_LANE must be 0 or 1, got 'on'" in capsys.readouterr().err
+
+
+def test_over_mtls_a_node_serves_no_lane_and_large_models_stream(tmp_path, lanes):
+    from flmesh.node.wire.certs import federation_pki
+    from flmesh.node.wire.tls import load_tls
+
+    fed = parse_federation(tiny_raw(nodes=3, rounds=2), source="t.toml")
+    tls = {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0]
+           for i, p in federation_pki(tmp_path / "pki", fed.node_ids).items()}
+    data = federation_data(fed)
+    nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0", tls=tls[n])
+             for n in fed.node_ids]
+    addresses = {n.node_id: n.start() for n in nodes}
+    for n in nodes:
+        n.connect(addresses)
+    node0, node1 = nodes[0], nodes[1]
+    try:
+        assert node1._lane is None
+        channel = make_channel(node1.address, tls["node0"], "node1")
+        reply = peer_pb2_grpc.PeerStub(channel).Hello(peer_pb2.HelloRequest(node_id="node0"), timeout=10)
+        assert reply.data_port == 0
+        with pytest.raises(grpc.RpcError) as err:
+            peer_pb2_grpc.PeerStub(channel).DeliverLane(
+                peer_pb2.LaneDelivery(header=node0.encode(round=1).header, token=os.urandom(TOKEN_BYTES)),
+                timeout=10)
+        channel.close()
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "serves no data lane" in err.value.details()
+        assert node0.transport.deliver("node1", node0.encode(round=1), timeout=10).accepted
+        assert not lanes and node0.transport._link("node1").lane_port == 0, "streamed over gRPC's TLS"
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+
+
+def test_helper_threads_run_jobs_side_by_side_and_are_kept_for_the_next_ones():
+    from flmesh.node.wire.helpers import Helpers
+
+    helpers = Helpers("test-helper")
+    release, done = threading.Event(), []
+    helpers.run(lambda: release.wait(10) and done.append("first"))
+    helpers.run(lambda: done.append("second"))  # not behind the first, which still waits
+    wait_until(lambda: done == ["second"])
+    release.set()
+    wait_until(lambda: len(done) == 2 and helpers._idle == 2)
+    threads = {t for t in threading.enumerate() if t.name == "test-helper"}
+    for i in range(10):  # one after another, as payloads come: an idle thread takes each
+        helpers.run(lambda i=i: done.append(i))
+        wait_until(lambda n=3 + i: len(done) == n and helpers._idle == 2)
+    assert {t for t in threading.enumerate() if t.name == "test-helper"} == threads, "no new thread"
+    helpers.run(lambda: 1 / 0)  # logged; the thread stays
+    wait_until(lambda: helpers._idle == 2)
