@@ -344,3 +344,20 @@ def test_helper_threads_run_jobs_side_by_side_and_are_kept_for_the_next_ones():
     assert {t for t in threading.enumerate() if t.name == "test-helper"} == threads, "no new thread"
     helpers.run(lambda: 1 / 0)  # logged; the thread stays
     wait_until(lambda: helpers._idle == 2)
+
+
+def test_a_helper_thread_lets_go_of_its_last_job():
+    """A hashing job holds views of the payload it hashed: an idle helper must not keep that
+    payload alive (benchmarks/receive_memory.py saw 1 GiB stay resident per delivery)."""
+    import weakref
+
+    from flmesh.node.wire.helpers import Helpers
+
+    class Payload:
+        pass
+
+    helpers, payload = Helpers("test-helper-ref"), Payload()
+    ref = weakref.ref(payload)
+    helpers.run(lambda held=payload: None)
+    del payload
+    wait_until(lambda: ref() is None)

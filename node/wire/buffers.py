@@ -104,6 +104,7 @@ class Hasher:
             failed, self._failed = self._failed, None
             if failed is not None and not abort:
                 raise failed
+        self._then = None  # it holds views of the payload
         self._view.release()
 
 

@@ -31,15 +31,17 @@ class Helpers:
             if idle:
                 self._idle -= 1
                 self._jobs.put(job)  # one idle thread waits for each job queued
-        if not idle:
-            threading.Thread(target=self._work, args=(job,), name=self.name, daemon=True).start()
+        if not idle:  # the job in a box the thread empties: a thread's args live as long as it does
+            threading.Thread(target=self._work, args=([job],), name=self.name, daemon=True).start()
 
-    def _work(self, job: Callable[[], None]) -> None:
+    def _work(self, box: list[Callable[[], None]]) -> None:
+        job = box.pop()
         while True:
             try:
                 job()
             except Exception:  # a job's own bug: logged, and the thread stays for the next job
                 log.exception("a helper thread's job failed")
+            del job  # it may hold a received payload: not while this thread waits for the next
             with self._lock:
                 self._idle += 1
             job = self._jobs.get()
