@@ -195,6 +195,11 @@ class Node:
         self.set_state("idle")
         return self.address
 
+    @property
+    def data_lane_port(self) -> int | None:
+        """The port of this node's data lane (large models, no TLS), None when it serves none."""
+        return self._lane.port if self._lane is not None else None
+
     def set_metrics(self, metrics: Metrics) -> None:
         """Keep Prometheus metrics of this node's rounds, calls and retries in ``metrics``."""
         self.metrics = metrics

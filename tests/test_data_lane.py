@@ -232,6 +232,22 @@ def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed,
             n.stop(grace=0)
 
 
+def test_a_sender_streams_when_the_lane_turns_its_connection_away(fed, lanes):
+    nodes = _started(fed)
+    sender, target = nodes[0], nodes[1]
+    lane = target._lane
+    lane._slots = threading.Semaphore(0)  # as if 32 connections waited already: it closes the next
+    lane.admit_timeout_s = 0.5  # how long the call waits for the connection that never comes
+    try:
+        assert sender.transport.hello("node1", "node0", fed.name, "", timeout=10).node_id == "node1"
+        assert sender.transport.deliver("node1", sender.encode(round=1), timeout=10).accepted
+        assert sender.transport._link("node1").lane_port == 0 and not lanes, "streamed over gRPC"
+        assert target.inbox.get(InboxKey(1, "node0", "trained")) is not None
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+
+
 class _Stall:
     node_id = "stall"
 
@@ -361,3 +377,21 @@ def test_a_helper_thread_lets_go_of_its_last_job():
     helpers.run(lambda held=payload: None)
     del payload
     wait_until(lambda: ref() is None)
+
+
+@pytest.mark.slow
+def test_fl_node_processes_with_a_large_model_announce_their_lane_and_deliver_over_it(tmp_path):
+    from procs import launch, read_results
+
+    ids = ["a", "b"]
+    fed = tmp_path / "fed.toml"  # an MLP of 9 MiB: over the lane's 4 MiB
+    fed.write_text('[federation]\nname = "lane"\nseed = 4\nrounds = 2\nround_timeout_s = 60\n'
+                   '[topology]\ngraph = "ring"\n[training]\nepochs = 0.2\nbatch_size = 16\nlr = 0.01\n'
+                   '[model]\nhidden = [2048, 1024]\n' + "".join(f"[nodes.{i}]\n" for i in ids))
+    procs = launch(tmp_path, fed, ids, "--insecure")
+    outs = {i: p.communicate(timeout=300) for i, p in procs.items()}
+    for i, p in procs.items():
+        assert p.returncode == 0, outs[i][1][-2000:]
+        assert f"fl-node {i}: data lane on port " in outs[i][0]
+        rows, _ = read_results(tmp_path / "runs" / f"lane-{i}")
+        assert rows[1]["nodes"][i]["received"], "round 2 trained on the model delivered over the lane"

@@ -4,8 +4,11 @@ A stream is one ``ModelChunk(header=...)`` then ``ModelChunk(data=...)``
 messages of at most ``chunk_bytes`` each. The header lists every tensor's name,
 dtype, shape, byte offset and length; the payload is the tensors' raw
 little-endian bytes at those offsets (each start aligned to 64 bytes so the
-receiver can view them without copying), hashed with SHA-256. Typed metadata
-(:class:`ModelMeta.metadata`) travels in the header.
+receiver can view them without copying), hashed with BLAKE3 or SHA-256 (the
+sender's ``[wire] digest``; the header carries one). Typed metadata
+(:class:`ModelMeta.metadata`) travels in the header. A data lane's payload
+(:class:`~flmesh.node.wire.frames.PayloadReader`) stands where the data chunks
+would and is read straight into the receive buffer.
 
 Receiving is strict. Before any byte is accepted the header is checked for
 consistency, its kind, against the size limit and against the tensor names,
@@ -16,8 +19,8 @@ whose message names the tensor or the limit.
 
 Speed (benchmarks/transport.py): senders stream pre-serialised frames
 (:meth:`EncodedModel.frames`, :mod:`~flmesh.node.wire.frames`); receivers read
-data chunks as views, hash on a helper thread while chunks arrive, and write
-into recycled buffers (:mod:`~flmesh.node.wire.buffers`).
+data chunks as views, hash and check floats on a helper thread while chunks
+arrive, and write into recycled buffers (:mod:`~flmesh.node.wire.buffers`).
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ LANE_MIN_BYTES = 4 << 20
 TOKEN_BYTES = 32
 #: How long a sender waits to connect to a lane before it streams over gRPC instead.
 CONNECT_TIMEOUT_S = 2.0
+#: The start of a call's refusal when its connection never reached the lane (the lane was full,
+#: or something between dropped it): the sender streams over gRPC instead.
+NO_CONNECTION = "no data-lane connection brought the call's token"
 #: A lane connection that moves no byte for this long is given up.
 STALL_S = 10.0
 
@@ -69,9 +72,12 @@ def host_of(address: str) -> str:
     return address.rsplit(":", 1)[0].strip("[]")
 
 
-def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
+def _recv_exactly(conn: socket.socket, n: int, deadline: float) -> bytes | None:
+    """``n`` bytes, or None when the connection ends first; TimeoutError at ``deadline``
+    (monotonic), however slowly the bytes trickle in."""
     data = b""
     while len(data) < n:
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
         part = conn.recv(n - len(data))
         if not part:
             return None
@@ -109,10 +115,9 @@ class DataLane:
         """Read one connection's token and keep it until a call claims it or the time is up."""
         try:
             deadline = time.monotonic() + self.admit_timeout_s
-            conn.settimeout(self.admit_timeout_s)
             try:
-                token = _recv_exactly(conn, TOKEN_BYTES)
-            except OSError:  # the connection broke or stalled
+                token = _recv_exactly(conn, TOKEN_BYTES, deadline)
+            except OSError:  # the connection broke, stalled or trickled
                 token = None
             with self._cond:
                 if token is None or self._closed or token in self._pending:
@@ -136,8 +141,7 @@ class DataLane:
             while (conn := self._pending.pop(token, None)) is None:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
-                    raise Refused("FAILED_PRECONDITION", f"no data-lane connection brought the call's token "
-                                  f"within {timeout:.1f} s")
+                    raise Refused("FAILED_PRECONDITION", f"{NO_CONNECTION} within {timeout:.1f} s")
                 self._cond.wait(left)
             self._cond.notify_all()  # its admitting thread may end
         return conn

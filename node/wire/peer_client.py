@@ -221,8 +221,8 @@ class GrpcPeerTransport:
 
     def _deliver(self, link: _Link, model: EncodedModel, timeout: float) -> Any:
         """On the peer's data lane when it has one and the model is large and uncompressed, else
-        over gRPC (:meth:`_send`). A lane that cannot be reached, or a peer that says it serves
-        none, gets gRPC from then on."""
+        over gRPC (:meth:`_send`). A lane that cannot be reached or whose connection never got
+        to the call, or a peer that says it serves none, gets gRPC from then on."""
         large = self.lane and model.compressed is None and model.total_bytes >= data_lane.LANE_MIN_BYTES
         if large and link.lane_port is None:  # no Hello yet (fl-sim's nodes say none): ask once
             try:
@@ -239,7 +239,9 @@ class GrpcPeerTransport:
             except OSError:  # no connection to the lane (a firewall, another host's port)
                 link.lane_port = 0
             except grpc.RpcError as exc:
-                if not unimplemented(exc):
+                lane_failed = status_of(exc) == grpc.StatusCode.FAILED_PRECONDITION and (
+                    data_lane.NO_CONNECTION in (exc.details() or ""))  # e.g. its lane was full
+                if not (unimplemented(exc) or lane_failed):
                     raise
                 link.lane_port = 0
         return self._send(link, model, link.deliver_one, link.deliver, timeout)
