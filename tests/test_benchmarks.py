@@ -92,3 +92,11 @@ def test_wsm_prints_client_forgetting_over_c():
     assert [(r[0], r[1]) for r in rows] == [("0.1", "FedAvg"), ("0.1", "FedAvg + WSM"), ("0.5", "FedAvg"),
                                             ("0.5", "FedAvg + WSM")]
     assert all(len(r) == 6 and r[4] != "nan" for r in rows)
+
+
+def test_transport_prints_every_way_and_the_ratios():
+    out = run("transport.py", "--mib", "5", "--repeats", "2")
+    for way in ("lane", "grpc", "grpcio", "socket"):
+        assert f"\n{way:6s} median " in out
+    assert "CPU per transfer, both ends (median): lane " in out
+    assert "transport: deliver " in out and "(data lane), raw socket " in out
