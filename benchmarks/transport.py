@@ -6,12 +6,12 @@ A receiver that takes Deliver exactly as a node does (the same header checks
 against the expected spec, receive buffers and digest, served by flmesh's
 Peer servicer on port 0) and a sender with flmesh's ``GrpcPeerTransport``, in
 one process, hold the same model (ResNet-18's ~45 MiB float32 state dict by
-default, or a synthetic model of ``--mib`` MiB). The sender delivers its
-encoded model ``--repeats`` times after one warm-up; each timing is the whole
-Deliver call: the transfer, the receiver's checks, the digest and the reply.
-Every repetition uses a fresh round, so each delivery is accepted; the receiver
-then drops it, as a node does once it has loaded a model, so its receive buffer
-can be reused (the socket side reuses one buffer too). Encoding is timed apart.
+default, or a synthetic model of ``--mib`` MiB, at least 4). Each timing is
+the whole Deliver call: the transfer, the receiver's checks, the digest and
+the reply. Every delivery is of a fresh round, so each is accepted; the
+receiver then drops it, as a node does once it has loaded a model, so its
+receive buffer can be reused (the socket side reuses one buffer too). Encoding
+is not timed.
 
 Two ways of Deliver, each measured: with the payload on the receiver's data
 lane (:mod:`flmesh.node.wire.data_lane`; what a node whose model is this large
@@ -21,10 +21,14 @@ raw-bytes messages with no checks, and a plain TCP socket: a receiver thread
 ``recv_into`` a preallocated buffer and answers one byte once it has
 everything; the sender times ``sendall`` up to that byte.
 
-Prints MiB/s per repetition and the medians, and for scale the speed of each
-digest alone over the payload (the receiver hashes every byte; the raw socket
-does not). The last line is ``transport: deliver <X> MiB/s (data lane), raw
-socket <Y> MiB/s, ratio <X/Y>; over gRPC ...``.
+The four ways take turns: one warm-up transfer each, then ``--repeats`` rounds
+in which each moves the payload once, the order rotating, so that all are
+measured in the same phase of a machine whose speed drifts. Prints MiB/s and
+the process's CPU time (both ends) per transfer, the medians, the lane/socket
+ratio per round, and for scale the speed of each digest alone over the payload
+(the receiver hashes every byte; the raw socket does not). The last line is
+``transport: deliver <X> MiB/s (data lane), raw socket <Y> MiB/s, ratio <X/Y>;
+over gRPC ...``.
 """
 
 from __future__ import annotations

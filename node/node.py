@@ -189,9 +189,15 @@ class Node:
         from flmesh.node.wire.specs import spec_bytes
 
         self._lane = open_lane(self.listen, spec_bytes(self.spec), self.tls)
-        self._server, self._health, self.address = serve_peer(self.handlers, self.listen, self.replay_host,
-                                                              tls=self.tls, limits=self.stream_limits,
-                                                              lane=self._lane)
+        try:
+            self._server, self._health, self.address = serve_peer(
+                self.handlers, self.listen, self.replay_host, tls=self.tls, limits=self.stream_limits,
+                lane=self._lane)
+        except BaseException:
+            if self._lane is not None:
+                self._lane.close()
+                self._lane = None
+            raise
         self.set_state("idle")
         return self.address
 

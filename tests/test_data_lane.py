@@ -292,11 +292,20 @@ def test_lane_calls_are_admitted_like_model_streams():
         lane.close()
 
 
-def test_only_large_models_get_a_lane_and_flmesh_data_lane_0_turns_it_off(monkeypatch, capsys, tmp_path):
+def test_only_large_models_get_a_lane_and_flmesh_data_lane_0_turns_it_off(monkeypatch, capsys, caplog,
+                                                                          tmp_path):
     lane = open_lane("127.0.0.1:0", 4 << 20, None)
     assert lane is not None and lane.port > 0
     lane.close()
     assert open_lane("127.0.0.1:0", (4 << 20) - 1, None) is None
+    def cannot_listen(host):
+        raise OSError(98, "Address already in use")
+
+    with monkeypatch.context() as patch, caplog.at_level("WARNING", logger="flmesh.wire"):
+        patch.setattr(data_lane, "DataLane", cannot_listen)
+        assert open_lane("127.0.0.1:0", 4 << 20, None) is None, "the node serves without it"
+    assert "no data lane on 127.0.0.1: Address already in use; large models will stream over gRPC" in (
+        caplog.text)
     monkeypatch.setenv("FLMESH_DATA_LANE", "0")
     assert open_lane("127.0.0.1:0", 4 << 20, None) is None
     monkeypatch.setenv("FLMESH_DATA_LANE", "on")

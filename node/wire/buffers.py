@@ -108,10 +108,6 @@ class Hasher:
         self._view.release()
 
 
-
-
-
-
 class FiniteCheck:
     """Which floating tensors of a payload hold NaN or infinity, checked as their bytes arrive.
 

@@ -30,6 +30,7 @@ turns lanes off (the benchmark's control).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import secrets
 import socket
@@ -44,6 +45,8 @@ from flmesh.node.errors import Refused
 from flmesh.node.wire.frames import PayloadReader
 from flmesh.node.wire.helpers import HELPERS
 from flmesh.node.wire.specs import CodecError
+
+log = logging.getLogger("flmesh.wire")
 
 #: Models whose payload is at least this large go on the lane (a node serves one when its own
 #: model is); below it one gRPC stream costs less than a second connection.
@@ -172,10 +175,16 @@ class DataLane:
 
 def open_lane(listen: str, model_bytes: int, tls: object | None) -> DataLane | None:
     """The lane a node serves beside its gRPC address ``listen``: None with TLS, for a model
-    under :data:`LANE_MIN_BYTES`, or when ``FLMESH_DATA_LANE=0``."""
+    under :data:`LANE_MIN_BYTES`, when ``FLMESH_DATA_LANE=0``, or when it cannot listen (one
+    warning: the node serves without it, and its peers stream over gRPC)."""
     if tls is not None or model_bytes < LANE_MIN_BYTES or not lane_enabled():
         return None
-    return DataLane(host_of(listen))
+    try:
+        return DataLane(host_of(listen))
+    except OSError as exc:
+        log.warning("no data lane on %s: %s; large models will stream over gRPC", host_of(listen),
+                    exc.strerror or exc)
+        return None
 
 
 class LaneReader(PayloadReader):
