@@ -75,7 +75,7 @@ def wait_for_source(node: Node, round: int, notes: list[str]) -> tuple[str | Non
     timeout = node.round_timeout_s
     deadline = node.clock.now() + timeout
     last_chance = node.clock.now() + MAX_WAIT_FACTOR * timeout
-    extended = False
+    extended = last_look = False
     while True:
         found = node.inbox.wait_any(keys, max(0.0, deadline - node.clock.now()), node.stop_event)
         if found:
@@ -83,10 +83,13 @@ def wait_for_source(node: Node, round: int, notes: list[str]) -> tuple[str | Non
             if sender != senders[0]:
                 notes.append(f"{senders[0]} was down; got {sender}'s model instead (its fallback)")
             return sender, found[InboxKey(round - 1, sender, "trained")]
-        if node.stop_event.is_set() or node.clock.now() >= last_chance:
+        if last_look or node.stop_event.is_set() or node.clock.now() >= last_chance:
             break
         if not any(_working_on(node, s, round - 1) for s in senders):
-            break
+            # A sender that finished while we asked may have delivered since the wait ended: its
+            # Status then says it is past the round, and the model is already here.
+            last_look, deadline = True, node.clock.now()
+            continue
         deadline = min(last_chance, node.clock.now() + EXTEND_SHARE * timeout)
         extended = True
     waited = f"{timeout:g}s" + (" and longer while it was still working" if extended else "")

@@ -164,6 +164,26 @@ def _progresses_after(node, calls: int, to_round: int):
     return asked
 
 
+def test_a_model_delivered_while_its_sender_is_asked_for_progress_is_taken():
+    """The wait for the source ends when no sender is still working on the round. A sender that
+    delivers and finishes between the wait's end and its Status reply has nothing left to do,
+    and its model is already in the inbox: the node takes it instead of training without it."""
+    with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
+        node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
+        node2.finish_round(1, 0.5)  # node0's fallback sender is past round 1 too
+        real = node0.status
+
+        def status():  # node0 delivers and finishes while node1 asks how far it is
+            if node1.inbox.get(InboxKey(1, "node0", "trained")) is None:
+                assert node0.transport.deliver("node1", node0.encode(round=1), timeout=5).accepted
+                node0.finish_round(1, 0.5)
+            return real()
+
+        node0.status = status
+        report = node1.run_round(2)
+    assert report.received and report.missing is None, report.notes
+
+
 def test_a_destination_rounds_behind_gets_the_model_once_it_catches_up():
     """CWT node0 -> node1 with node1 five rounds behind node0 (a slow node in a ring falls up
     to N-1 rounds behind its source): node1 refuses the model as too far ahead of its window,
