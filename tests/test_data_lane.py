@@ -393,7 +393,7 @@ def test_fl_node_processes_with_a_large_model_announce_their_lane_and_deliver_ov
     from procs import launch, read_results
 
     ids = ["a", "b"]
-    fed = tmp_path / "fed.toml"  # an MLP of 9 MiB: over the lane's 4 MiB
+    fed = tmp_path / "fed.toml"  # an MLP of 8.6 MiB: over the lane's 4 MiB
     fed.write_text('[federation]\nname = "lane"\nseed = 4\nrounds = 2\nround_timeout_s = 60\n'
                    '[topology]\ngraph = "ring"\n[training]\nepochs = 0.2\nbatch_size = 16\nlr = 0.01\n'
                    '[model]\nhidden = [2048, 1024]\n' + "".join(f"[nodes.{i}]\n" for i in ids))
