@@ -176,7 +176,9 @@ def _sans(address: str | None) -> tuple[list[str], list[str]]:
     """The (DNS names, IPs) for a HOST:PORT address ([v6]:PORT for IPv6): a host name or an IP."""
     if address is None:
         return [], []
-    host = address.rsplit(":", 1)[0].strip("[]")
+    from flmesh.topology.checks import host_of  # here: fl-certs --help imports no topology
+
+    host = host_of(address)
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

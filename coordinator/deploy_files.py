@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from flmesh.topology import Federation
+from flmesh.topology.checks import host_of
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -165,7 +166,7 @@ def _issue(out: Path, plan: Plan, days: int, name: str) -> None:
 
 def _sans(address: str) -> tuple[list[str], list[str]]:
     """(DNS names, IPs) for HOST:PORT: a host name, or an IP other than 0.0.0.0 / ::."""
-    host = address.rsplit(":", 1)[0].strip("[]")
+    host = host_of(address)
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

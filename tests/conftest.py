@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flmesh.node.wire.tls import Tls
 from flmesh.topology import Federation, parse_federation
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,6 +22,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
+    """A fresh federation CA under ``root`` and each id's mTLS material from it."""
+    from flmesh.node.wire.certs import federation_pki
+    from flmesh.node.wire.tls import load_tls
+
+    return {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0] for i, p in federation_pki(root, ids).items()}
 
 
 def tiny_raw(nodes: int = 3, rounds: int = 2, **sections: dict) -> dict:

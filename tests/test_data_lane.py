@@ -15,18 +15,14 @@ from flmesh.node.errors import Refused
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.data import federation_data
 from flmesh.node.node import Node
-from flmesh.node.transport import DeliverResult
-from flmesh.node.wire import codec, data_lane, peer_client
+from flmesh.node.wire import data_lane, peer_client
 from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.codec import ModelMeta
 from flmesh.node.wire.data_lane import TOKEN_BYTES, DataLane, open_lane
-from flmesh.node.wire.limits import StreamLimits
-from flmesh.node.wire.server import serve_peer
 from flmesh.topology import parse_federation
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
-from conftest import REPO, tiny_raw, wait_until
+from conftest import REPO, identities, tiny_raw, wait_until
 from harness import Cluster
 
 
@@ -248,50 +244,6 @@ def test_a_sender_streams_when_the_lane_turns_its_connection_away(fed, lanes):
             n.stop(grace=0)
 
 
-class _Stall:
-    node_id = "stall"
-
-    def __init__(self) -> None:
-        self.entered = 0
-        self.lock = threading.Lock()
-
-    def deliver(self, caller, chunks):
-        with self.lock:
-            self.entered += 1
-        for _ in chunks:
-            pass
-        return DeliverResult(accepted=False, duplicate=False, bytes_received=0)
-
-
-def test_lane_calls_are_admitted_like_model_streams():
-    handlers = _Stall()
-    lane = DataLane("127.0.0.1")
-    server, _, address = serve_peer(handlers, "127.0.0.1:0", lane=lane,  # type: ignore[arg-type]
-                                    limits=StreamLimits(total=1, per_peer=1, deadline_s=30.0, reserve=2))
-    gate = threading.Event()
-
-    def stalled():
-        yield pb.ModelChunk(header=pb.ModelHeader(total_bytes=8, kind=pb.MODEL_KIND_TRAINED))
-        gate.wait(30)
-
-    holder, other = make_channel(address), make_channel(address)
-    call = peer_pb2_grpc.PeerStub(holder).Deliver.future(stalled(), timeout=30)
-    header = codec.encode({"w": torch.zeros(2)}, ModelMeta(round=1, sender="node0")).header
-    try:
-        wait_until(lambda: handlers.entered == 1)
-        with pytest.raises(grpc.RpcError) as err:
-            peer_pb2_grpc.PeerStub(other).DeliverLane(
-                peer_pb2.LaneDelivery(header=header, token=os.urandom(TOKEN_BYTES)), timeout=10)
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in err.value.details()
-    finally:
-        gate.set()
-        call.result(timeout=10)
-        holder.close()
-        other.close()
-        server.stop(0)
-        lane.close()
-
-
 def test_only_large_models_get_a_lane_and_flmesh_data_lane_0_turns_it_off(monkeypatch, capsys, caplog,
                                                                           tmp_path):
     lane = open_lane("127.0.0.1:0", 4 << 20, None)
@@ -320,12 +272,8 @@ def test_only_large_models_get_a_lane_and_flmesh_data_lane_0_turns_it_off(monkey
 
 
 def test_over_mtls_a_node_serves_no_lane_and_large_models_stream(tmp_path, lanes):
-    from flmesh.node.wire.certs import federation_pki
-    from flmesh.node.wire.tls import load_tls
-
     fed = parse_federation(tiny_raw(nodes=3, rounds=2), source="t.toml")
-    tls = {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0]
-           for i, p in federation_pki(tmp_path / "pki", fed.node_ids).items()}
+    tls = identities(tmp_path / "pki", fed.node_ids)
     data = federation_data(fed)
     nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0", tls=tls[n])
              for n in fed.node_ids]

@@ -15,12 +15,13 @@ from flmesh.node.transport import DeliverResult
 from flmesh.node.wire import codec
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import ModelMeta
+from flmesh.node.wire.data_lane import TOKEN_BYTES, DataLane
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.peer_service import PeerServicer
 from flmesh.node.wire.server import serve_peer
 from flmesh.topology import parse_federation
-from flmesh.v1 import aggregator_pb2, peer_pb2_grpc
+from flmesh.v1 import aggregator_pb2, peer_pb2, peer_pb2_grpc
 from flmesh.v1 import model_pb2 as pb
 
 from conftest import REPO, tiny_raw, wait_until
@@ -191,9 +192,10 @@ class _Stall:
         return DeliverResult(accepted=False, duplicate=False, bytes_received=0)
 
 
-def test_one_message_calls_are_admitted_like_model_streams():
+def test_one_message_and_lane_calls_are_admitted_like_model_streams():
     handlers = _Stall()
-    server, _, address = serve_peer(handlers, "127.0.0.1:0",  # type: ignore[arg-type]
+    lane = DataLane("127.0.0.1")
+    server, _, address = serve_peer(handlers, "127.0.0.1:0", lane=lane,  # type: ignore[arg-type]
                                     limits=StreamLimits(total=1, per_peer=1, deadline_s=30.0, reserve=2))
     gate = threading.Event()
 
@@ -203,13 +205,18 @@ def test_one_message_calls_are_admitted_like_model_streams():
 
     holder, other = make_channel(address), make_channel(address)
     call = peer_pb2_grpc.PeerStub(holder).Deliver.future(stalled(), timeout=30)
-    message = codec.encode({"w": torch.zeros(2)}, ModelMeta(round=1, sender="node0")).one_message()
+    encoded = codec.encode({"w": torch.zeros(2)}, ModelMeta(round=1, sender="node0"))
+    message = encoded.one_message()
+    lane_call = peer_pb2.LaneDelivery(header=encoded.header, token=bytes(TOKEN_BYTES))
     deliver_one = other.unary_unary("/flmesh.v1.Peer/DeliverOne")
     try:
         wait_until(lambda: handlers.entered == 1)
-        with pytest.raises(grpc.RpcError) as err:
-            deliver_one(message, timeout=10)
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "in flight" in err.value.details()
+        for attempt in (lambda: deliver_one(message, timeout=10),
+                        lambda: peer_pb2_grpc.PeerStub(other).DeliverLane(lane_call, timeout=10)):
+            with pytest.raises(grpc.RpcError) as err:
+                attempt()
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "in flight" in err.value.details()
         gate.set()
         call.result(timeout=10)
         deliver_one(message, timeout=10)  # the slot is free again: admitted and answered
@@ -219,6 +226,7 @@ def test_one_message_calls_are_admitted_like_model_streams():
         holder.close()
         other.close()
         server.stop(0)
+        lane.close()
 
 
 def test_flmesh_one_message_0_sends_every_model_as_a_stream(fed, monkeypatch):

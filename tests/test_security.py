@@ -4,7 +4,6 @@ payloads, stalled streams. Real gRPC servers on 127.0.0.1:0; every refusal leave
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import grpc
 import pytest
@@ -19,22 +18,17 @@ from flmesh.node.node import Node
 from flmesh.node.transport import DeliverResult, PeerStatus
 from flmesh.node.wire import codec
 from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
-from flmesh.node.wire.certs import federation_pki
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import ModelMeta
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
-from flmesh.node.wire.tls import Tls, load_tls
+from flmesh.node.wire.tls import Tls
 from flmesh.topology import parse_federation
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2_grpc
 
-from conftest import tiny_raw, wait_until
-
-
-def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
-    return {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0] for i, p in federation_pki(root, ids).items()}
+from conftest import identities, tiny_raw, wait_until
 
 
 @pytest.fixture

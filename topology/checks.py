@@ -151,6 +151,11 @@ def address(v: Any) -> str:
     return v
 
 
+def host_of(address: str) -> str:
+    """The host of HOST:PORT, without an IPv6 address's brackets."""
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
 def device(v: Any) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v):
         raise Bad("'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")

@@ -36,7 +36,7 @@ class Hasher:
     ``batch`` bytes: every hand-over wakes a thread, which is not free.
     """
 
-    def __init__(self, view: memoryview, threaded: bool, batch: int = 1 << 18, digest: str = "sha256",
+    def __init__(self, view: memoryview, threaded: bool, *, digest: str, batch: int = 1 << 18,
                  then: Callable[[int], None] | None = None):
         """``then(end)``: more work on the bytes up to ``end`` once they are hashed (on the helper
         thread when ``threaded``): :class:`FiniteCheck` of the tensors that arrived."""

@@ -45,6 +45,7 @@ from flmesh.node.errors import Refused
 from flmesh.node.wire.frames import PayloadReader
 from flmesh.node.wire.helpers import HELPERS
 from flmesh.node.wire.specs import CodecError
+from flmesh.topology.checks import host_of
 
 log = logging.getLogger("flmesh.wire")
 
@@ -68,11 +69,6 @@ def lane_enabled() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"FLMESH_DATA_LANE must be 0 or 1, got {value!r}")
     return value == "1"
-
-
-def host_of(address: str) -> str:
-    """The host of HOST:PORT, without an IPv6 address's brackets."""
-    return address.rsplit(":", 1)[0].strip("[]")
 
 
 def _recv_exactly(conn: socket.socket, n: int, deadline: float) -> bytes | None:

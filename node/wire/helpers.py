@@ -20,9 +20,7 @@ class Helpers:
 
     def __init__(self, name: str = "flmesh-helper") -> None:
         self.name = name
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
+        self.forget()
 
     def run(self, job: Callable[[], None]) -> None:
         """Run ``job`` on a helper thread; returns at once. A job that raises is logged."""
@@ -47,8 +45,9 @@ class Helpers:
             job = self._jobs.get()
 
     def forget(self) -> None:
-        """After a fork: the child has none of the parent's threads."""
-        self._jobs = queue.SimpleQueue()
+        """No threads, no jobs: at the start, and after a fork (the child has none of the
+        parent's threads)."""
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._idle = 0
         self._lock = threading.Lock()
 
