@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,16 @@ Evaluator = Callable[[Tensors, int | None], dict[str, EvalResult]]
 UpdateEvaluator = Callable[[RoundOutcome, int | None], dict[str, dict[str, EvalResult]]]
 
 
+@dataclass(frozen=True)
+class Collected:
+    """A closed, aggregated round that is not evaluated yet: its outcome, when it began (the
+    aggregator's clock, s) and the model-stream bytes it moved, by kind."""
+
+    outcome: RoundOutcome
+    start: float
+    bytes_by_kind: dict[str, int]
+
+
 def local_evaluator(tests: Callable[[], dict[str, ArrayData]], factory: Callable[[], torch.nn.Module],
                     device: torch.device) -> Evaluator:
     """Evaluation on test splits held in this process (fl-sim): the numbers ``Evaluate`` gives,
@@ -83,6 +94,8 @@ class Aggregator:
         self.address: str | None = None
         self.tls: Tls | None = None  # the aggregator's mTLS identity (from_federation sets it)
         self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
+        # open the next round before evaluating this one (run()); from_federation decides
+        self.overlap_evaluation = False
         self.rounds_done = 0
         self._server: Any = None
         self._health: Any = None
@@ -142,6 +155,11 @@ class Aggregator:
                          evaluator=evaluator)
         aggregator.replay = replay
         aggregator.tls = tls
+        # In-process evaluation (fl-sim) takes no node's time and moves no bytes, so it may run
+        # beside the next round. Not in a continual federation: there a node's test split
+        # changes when it enters the next round's task. Not over Evaluate RPCs: those would
+        # take the nodes' CPU while they train and their bytes would land in the next row.
+        aggregator.overlap_evaluation = tests is not None and fed.tasks is None
         return aggregator
 
     # ------------------------------------------------------------------ life cycle
@@ -217,29 +235,39 @@ class Aggregator:
     def end_round(self, round: int) -> RoundRow:
         """Collect until every sampled update is in or the deadline passed, close, aggregate,
         evaluate; the round's row. Blocks."""
+        return self.report_round(self.collect_round(round))
+
+    def collect_round(self, round: int) -> Collected:
+        """Collect until every sampled update is in or the deadline passed, close and aggregate
+        (the next round may open from here on); what :meth:`report_round` needs. Blocks."""
         core = self.core
-        start = self._round_start
-        start_eval = self._start_eval or {}
-        core.wait_for_updates(round, start + core.config.deadline_s)
+        core.wait_for_updates(round, self._round_start + core.config.deadline_s)
         outcome = core.close_round(round)
         for note in outcome.notes:
             log.warning("%s", note)
+        sent, received = self.counter.take()  # this round's bytes, before the next round's fetches
+        by_kind = {k: sent.get(k, 0) + received.get(k, 0) for k in {*sent, *received}}
+        return Collected(outcome, self._round_start, by_kind)
+
+    def report_round(self, collected: Collected) -> RoundRow:
+        """Evaluate a collected round's new global model (and, at an evaluated round, its
+        updates); its row. Tells the core the round is finished. Blocks."""
+        outcome, round = collected.outcome, collected.outcome.round
+        start_eval = self._start_eval or {}
         task = self._task(round)
         global_eval = self.evaluate(outcome.new_global, task)
         evaluated = round % self.federation.eval_every == 0 or round == self.federation.rounds
         local_evals = (self.evaluate_updates(outcome, task) if evaluated
                        else {})  # FA/FF/PFA (N x K evaluations) every eval_every rounds
-        sent, received = self.counter.take()
-        by_kind = {k: sent.get(k, 0) + received.get(k, 0) for k in {*sent, *received}}
         row, self._prev_global = star_row(
             outcome, self.federation.node_ids, self.num_classes, global_eval=global_eval,
             start_eval=start_eval,
             local_evals=local_evals, prev_global=self._prev_global, writer="aggregator",
-            wall_s=self.clock.now() - start, bytes_by_kind=by_kind, task=task)
+            wall_s=self.clock.now() - collected.start, bytes_by_kind=collected.bytes_by_kind, task=task)
         if self.replay is not None:  # releases made by this round: those of the tasks before it
             row.privacy_spent = self.replay.ledger.totals(before_task=task)
         self._start_eval = global_eval
-        core.finish_round(round, row.accuracy or 0.0)
+        self.core.finish_round(round, row.accuracy or 0.0)
         self.rounds_done = round
         return row
 
@@ -252,27 +280,46 @@ class Aggregator:
         """The aggregator's loop: wait (up to ``join_timeout`` s) for every node to join, then
         every round after the last one done (0, or a restored checkpoint's); each row goes to
         ``on_round`` as soon as the round is evaluated, then the round's checkpoint is written
-        (when ``checkpoint_dir`` is set)."""
+        (when ``checkpoint_dir`` is set).
+
+        With :attr:`overlap_evaluation` (and no checkpoints), a round's evaluation and row
+        come after the next round has opened, while its nodes fetch and train: the row is
+        the same (it evaluates the round's own snapshot), the nodes do not wait for it."""
         fed = self.federation
         log.info("serving %s; waiting for %d nodes to join", self.core.strategy, len(fed.nodes))
         absent = self.core.wait_for_joins(join_timeout)
         if absent and not self.core.stop_event.is_set():
             log.warning("starting without %s (not joined within %gs)", ", ".join(absent), join_timeout)
-        rows = []
+        overlap = self.overlap_evaluation and self.checkpoint_dir is None
+        rows: list[RoundRow] = []
+        pending: Collected | None = None  # collected, evaluated once the next round is open
         for t in range(self.rounds_done + 1, fed.rounds + 1):
             if self.core.stop_event.is_set():
                 break
-            row = self.run_round(t)
-            if self.core.stop_event.is_set() and t < fed.rounds:
-                break  # interrupted mid-round: what the nodes did is incomplete; keep it out
-            rows.append(row)
-            if on_round is not None:
-                on_round(row)
-            if self.checkpoint_dir is not None:
-                from flmesh.coordinator.aggregator_checkpoint import save
-
-                save(self, t, self.checkpoint_dir)
-            log.info("round %d/%d: global accuracy %.1f%%, %d/%d updates%s", t, fed.rounds,
-                     100 * (row.accuracy or 0.0), len(row.received or []), len(row.selected or []),
-                     f"; missing {', '.join(row.missing)}" if row.missing else "")
+            self.begin_round(t)
+            if pending is not None and not self._hand_on(self.report_round(pending), rows, on_round):
+                break
+            collected = self.collect_round(t)
+            pending = collected if overlap and t < fed.rounds else None
+            if pending is None and not self._hand_on(self.report_round(collected), rows, on_round):
+                break
         return rows
+
+    def _hand_on(self, row: RoundRow, rows: list[RoundRow],
+                 on_round: Callable[[RoundRow], None] | None) -> bool:
+        """Keep ``row``, give it to ``on_round`` and write its checkpoint; False (and nothing
+        kept) when the run was stopped before its last round."""
+        fed, t = self.federation, row.round
+        if self.core.stop_event.is_set() and t < fed.rounds:
+            return False  # interrupted mid-round: what the nodes did is incomplete; keep it out
+        rows.append(row)
+        if on_round is not None:
+            on_round(row)
+        if self.checkpoint_dir is not None:
+            from flmesh.coordinator.aggregator_checkpoint import save
+
+            save(self, t, self.checkpoint_dir)
+        log.info("round %d/%d: global accuracy %.1f%%, %d/%d updates%s", t, fed.rounds,
+                 100 * (row.accuracy or 0.0), len(row.received or []), len(row.selected or []),
+                 f"; missing {', '.join(row.missing)}" if row.missing else "")
+        return True

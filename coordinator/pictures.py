@@ -37,10 +37,12 @@ def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
 def load_in_background() -> None:
     """Start importing matplotlib (about 0.5 s of Python) on a daemon thread and return at once.
 
-    fl-sim calls it once the rounds run, whose threads mostly wait on torch and gRPC with the
-    GIL released, so the import no longer adds to the end of a run; :func:`draw` then finds
-    it loaded (or waits on the import lock for the rest). An import that fails here is left
-    for :func:`draw` to raise."""
+    :meth:`~flmesh.coordinator.sim.Simulation.run` calls it once the rounds run when it has
+    no picture helper (an embedder's simulation; ``fl-sim`` draws in
+    :mod:`~flmesh.coordinator.picture_helper`, whose import does not hold this process's GIL
+    beside the rounds), so the import does not add to the end of the run; :func:`draw` then
+    finds it loaded (or waits on the import lock for the rest). An import that fails here is
+    left for :func:`draw` to raise."""
 
     def load() -> None:
         try:

@@ -23,10 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes
 from flmesh.topology import Federation
+
+if TYPE_CHECKING:
+    from flmesh.coordinator.picture_helper import PictureHelper
 
 #: How often the runner's thread wakes while it waits for a row (Ctrl-C is noticed then).
 WAKE_S = 0.2
@@ -178,6 +181,8 @@ class Simulation:
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
+        # who draws the pictures: fl-sim's helper process (picture_helper.py); None: this process
+        self.pictures: PictureHelper | None = None
         self.driver: Driver
         from flmesh.coordinator.sim_pool import default_workers
 
@@ -236,7 +241,7 @@ class Simulation:
         rows: list[RoundRow] = []
         try:
             for row in self.driver.rows():
-                if not rows:  # the rounds run: load matplotlib beside them, not after them
+                if not rows and self.pictures is None:  # load matplotlib beside the rounds, not after
                     from flmesh.coordinator.pictures import load_in_background
 
                     load_in_background()
@@ -249,7 +254,9 @@ class Simulation:
             writer.write_summary(summary)
             from flmesh.coordinator.pictures import draw
 
-            summary.pictures = [str(p) for p in draw(writer.rows, self.out_dir)]
+            drawn = (self.pictures.draw(writer.rows, self.out_dir) if self.pictures is not None
+                     else draw(writer.rows, self.out_dir))
+            summary.pictures = [str(p) for p in drawn]
             writer.write_summary(summary)
         return summary
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from flmesh.node.cli_common import OneLineParser, skip_final_collection
 
 if TYPE_CHECKING:
+    from flmesh.coordinator.picture_helper import PictureHelper
     from flmesh.node.observe import Board
     from flmesh.node.results import RoundRow
 
@@ -121,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         return run_tools.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    from flmesh.coordinator.picture_helper import PictureHelper
+
+    pictures = PictureHelper.start()  # imports matplotlib beside this process's imports below
+    try:
+        return _run(args, parser, pictures)
+    finally:
+        pictures.close()
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: PictureHelper) -> int:
+    """fl-sim after its flags are read; the exit code."""
     from rich.console import Console
     from rich.logging import RichHandler
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -173,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         started: Simulation | None = None
         try:
             sim = started = Simulation(federation, out, tls=args.tls, workers=args.workers)
+            sim.pictures = pictures
             sim.start()  # forks the workers: before any other thread (TensorBoard's writer) runs
             if args.tensorboard is not None:
                 from flmesh.node.observe import Board

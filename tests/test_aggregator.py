@@ -202,3 +202,55 @@ def test_public_split_never_overlaps_client_data():
     assert abs(len(public) - 0.2 * len(digits)) < 10
     counts = torch.bincount(digits.y[sorted(public)], minlength=10)
     assert counts.min() > 0, "stratified: every class is in the public split"
+
+
+def test_fl_sim_evaluates_a_round_while_the_next_one_runs_and_writes_the_same_rows(tmp_path):
+    """fl-sim's aggregator evaluates in-process, so it opens round t+1 before it evaluates
+    round t: the nodes train while it evaluates. The rows (accuracies, FA/FF/PFA, each
+    round's bytes) are exactly those of the lock-step it replaces."""
+    fed = parse_federation(tiny_raw(nodes=4, rounds=3, aggregator={"strategy": "fedavg", "fraction": 0.5}))
+    rows, opened = {}, {}
+    for overlap in (True, False):
+        sim = Simulation(fed, tmp_path / f"overlap-{overlap}", workers=1)
+        try:
+            sim.start()
+            agg = sim.driver.aggregator  # type: ignore[attr-defined]
+            assert agg.overlap_evaluation  # in-process evaluation, no [tasks]
+            agg.overlap_evaluation = overlap
+            seen = opened[overlap] = []
+            report = agg.report_round
+
+            def spy(collected, report=report, agg=agg, seen=seen):  # type: ignore[no-untyped-def]
+                seen.append((collected.outcome.round, agg.core.status(None).round))  # (evaluated, open)
+                return report(collected)
+
+            agg.report_round = spy
+            sim.run()
+        finally:
+            sim.close()
+        rows[overlap] = [{k: v for k, v in r.items() if k not in ("wall_s", "nodes")}
+                         for r in read_rows(tmp_path / f"overlap-{overlap}" / "rounds.jsonl")]
+    assert opened[True] == [(1, 2), (2, 3), (3, 3)]  # the last round has no next one to wait for
+    assert opened[False] == [(1, 1), (2, 2), (3, 3)]
+    assert rows[True] == rows[False] and [r["round"] for r in rows[True]] == [1, 2, 3]
+    assert all(r["bytes_by_kind"]["global"] > 0 for r in rows[True])
+
+
+def test_only_in_process_evaluation_without_tasks_runs_beside_the_next_round():
+    """Over Evaluate RPCs the evaluation would take the nodes' CPU while they train (and its
+    bytes would land in the next row); in a continual federation a node's test split changes
+    as it enters the next round's task. Both keep the lock-step."""
+    from flmesh.coordinator.aggregator import Aggregator
+
+    digits = load_digits()
+    plain = parse_federation(tiny_raw(nodes=4, aggregator={"strategy": "fedavg"}))
+    continual = parse_federation(tiny_raw(nodes=4, rounds=4, aggregator={"strategy": "fedavg"},
+                                          tasks={"tasks": 2, "rounds_per_task": 2}))
+    splits = federation_data(plain, digits)
+
+    def tests() -> dict[str, ArrayData]:
+        return {n: s.test for n, s in splits.items()}
+
+    assert Aggregator.from_federation(plain, dataset=digits, tests=tests).overlap_evaluation
+    assert not Aggregator.from_federation(plain, dataset=digits).overlap_evaluation
+    assert not Aggregator.from_federation(continual, dataset=digits, tests=tests).overlap_evaluation

@@ -121,14 +121,17 @@ def test_missing_file_from_the_console_script(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
+    """Ctrl-C in a terminal reaches fl-sim's whole process group (its workers too): the run
+    ends with the finished rounds, their summary and their pictures (drawn by the picture
+    helper, which is in a session of its own)."""
     out = tmp_path / "int"
     proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tiny_file),
                              "--out", str(out), "--rounds", "500", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         rounds = out / "rounds.jsonl"
         wait_until(lambda: rounds.exists() and rounds.read_text().count("\n") >= 1, timeout=120)
-        os.kill(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -137,6 +140,7 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     rows, summary = read_run(out)
     assert summary["interrupted"] and 1 <= summary["rounds"] < 500
     assert len(rows) == summary["rounds"]
+    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
 
 
 @pytest.mark.parametrize("baseline", ["standalone", "joint"])

@@ -93,9 +93,11 @@ def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path:
     assert [[r.get(k) for k in same] for r in rows[1]] == [[r.get(k) for k in same] for r in rows[2]]
 
 
-def _children(pid: int) -> list[int]:
+def _children(pid: int, helper: bool = False) -> list[int]:
+    """fl-sim's worker processes (``helper``: its picture helper instead)."""
     path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(c) for c in path.read_text().split()] if path.exists() else []
+    found = [int(c) for c in path.read_text().split()] if path.exists() else []
+    return [c for c in found if helper == (b"picture_helper" in Path(f"/proc/{c}/cmdline").read_bytes())]
 
 
 @pytest.mark.slow
@@ -269,8 +271,8 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly(tmp_path: Path):
     try:
         wait_until(lambda: proc.poll() is not None or rows.exists() and rows.read_text().count("\n") >= 2,
                    timeout=DEADLINE_S)
-        workers = _children(proc.pid)
-        assert proc.poll() is None and len(workers) == 2
+        workers, helper = _children(proc.pid), _children(proc.pid, helper=True)
+        assert proc.poll() is None and len(workers) == 2 and len(helper) == 1
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=DEADLINE_S)
     finally:
@@ -280,6 +282,8 @@ def test_sigterm_to_the_process_group_stops_the_run_cleanly(tmp_path: Path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and summary["rounds"] == rows.read_text().count("\n") >= 2
     assert not any(Path(f"/proc/{w}").exists() for w in workers), "every worker exited"
+    assert not Path(f"/proc/{helper[0]}").exists(), "the picture helper too (after drawing)"
+    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
 
 
 def test_a_process_that_exits_without_stopping_its_workers_does_not_hang():

@@ -1,0 +1,119 @@
+"""A helper process that draws a run's pictures, so fl-sim itself never imports matplotlib.
+
+matplotlib's import is ~0.45 s of Python. fl-sim used to run it on a thread beside the
+rounds, where it held fl-sim's GIL and made the aggregator's and the workers' calls wait:
+in a timeline of the FedAvg job of ``benchmarks/overhead.py`` the three rounds it ran
+beside took ~0.3 s longer. :meth:`PictureHelper.start` launches a fresh interpreter
+(``python -m flmesh.coordinator.picture_helper``) as fl-sim starts; it imports matplotlib on
+the core that fl-sim's own import of torch leaves idle, then waits. At the end,
+:meth:`PictureHelper.draw` sends it the rows (one JSON line) and it answers with the
+pictures' paths (one JSON line) -- the same :func:`~flmesh.coordinator.pictures.draw`,
+the same files.
+
+Nothing is lost when the helper cannot help: if it did not start, died, or could not
+import or draw, :meth:`PictureHelper.draw` draws in this process instead, which either
+works or raises its own error as before. The helper is in its own session (Ctrl-C in the
+terminal, which reaches fl-sim's whole process group, does not kill it before it has drawn
+an interrupted run's pictures) and leaves when its stdin closes, so it never outlives
+fl-sim; :meth:`PictureHelper.close` ends it at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class PictureHelper:
+    """The parent's end of the helper. Use from one thread; :meth:`draw` blocks."""
+
+    def __init__(self, proc: subprocess.Popen[str] | None):
+        self._proc = proc
+
+    @classmethod
+    def start(cls) -> PictureHelper:
+        """Launch the helper (returns at once; it imports matplotlib in the background). When
+        matplotlib is loaded here already (a test or an embedder that ran a simulation before),
+        drawing here costs nothing more, and no helper is launched."""
+        return cls(None) if "matplotlib.figure" in sys.modules else cls.launch()
+
+    @classmethod
+    def launch(cls) -> PictureHelper:
+        """Launch the helper whatever this process has loaded (returns at once)."""
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.picture_helper"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        except OSError:  # draw() draws here instead
+            return cls(None)
+        return cls(proc)
+
+    def draw(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
+        """The pictures of ``rows`` in ``out_dir`` (see :func:`~flmesh.coordinator.pictures.draw`);
+        drawn by the helper, or here when it cannot. Blocks until they are written."""
+        from flmesh.coordinator.pictures import draw
+
+        proc, self._proc = self._proc, None  # one drawing per helper
+        if proc is None or not rows:
+            return draw(rows, out_dir)
+        reply: dict[str, Any] = {}
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps({"rows": list(rows), "out_dir": str(out_dir)}) + "\n")
+            proc.stdin.flush()
+            reply = json.loads(proc.stdout.readline() or "{}")
+        except (OSError, ValueError):  # it died: draw here
+            reply = {}
+        finally:
+            _end(proc)
+        pictures = reply.get("pictures")
+        if not isinstance(pictures, list) or not all(Path(p).is_file() for p in pictures):
+            return draw(rows, out_dir)  # it could not: here, with this process's own error if any
+        return [Path(p) for p in pictures]
+
+    def close(self) -> None:
+        """End the helper if it has not drawn (a run that failed before its rounds). Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _end(proc)
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """Kill and reap: the helper holds nothing worth a graceful exit."""
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:  # a flush into a dead helper's pipe
+                pass
+
+
+def main() -> int:
+    """The helper: import matplotlib, then draw each request (one JSON line in, one out)
+    until stdin closes. A request it cannot draw gets ``{"error": ...}``."""
+    from flmesh.coordinator.pictures import _pyplot, draw
+
+    try:
+        _pyplot()
+    except Exception as exc:  # the parent draws itself and reports what is wrong
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            paths = draw(request["rows"], Path(request["out_dir"]))
+            reply: dict[str, Any] = {"pictures": [str(p) for p in paths]}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
