@@ -34,7 +34,7 @@ from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load
 from flmesh.node.learning.metrics import sampled_federation_metrics
 from flmesh.node.learning.trainer import evaluate
 from flmesh.node.node import Node, Report
-from flmesh.node.reports import EvalResult, RoundReport
+from flmesh.node.reports import EvalResult, RoundReport, StarReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
@@ -85,8 +85,10 @@ def reported_own(report: Report, same_split: bool) -> EvalResult | None:
     ``same_split`` (the column is the split the node evaluated: its own, no continual task cut).
     The node evaluated the same model there at the end of its round (the model changes only in
     the node's own thread, and evaluation is deterministic), so the N x N matrix's diagonal
-    need not be computed twice: N of the N^2 + 2N evaluations of a round. None otherwise."""
-    if same_split and isinstance(report, RoundReport):
+    need not be computed twice: N of the N^2 + 2N evaluations of a round. A star node's report
+    has it when the node trained (the model it evaluated is the update it submitted). None
+    otherwise."""
+    if same_split and isinstance(report, RoundReport | StarReport):
         return report.local
     return None
 

@@ -243,14 +243,16 @@ class Worker:
         workers', instead of one after another in fl-sim while every worker waits. Only when
         the update travelled exactly (``update_evals_here``), so these are the aggregator's
         numbers; else none, and the aggregator evaluates what it received."""
+        from flmesh.coordinator.sim_peer import reported_own
         from flmesh.node.learning import trainer
 
         fed, t = self.fed, report.round
         if not (update_evals_here(fed) and report.submitted and not report.late
                 and (t % fed.eval_every == 0 or t == fed.rounds)):
             return []
-        with node.model_lock:
-            return [trainer.evaluate(node.model, test.up_to_task(report.task), device=node.device)
+        with node.model_lock:  # the own split's evaluation is the report's (sim_peer.reported_own)
+            return [reported_own(report, test is node.data.test and report.task is None) or
+                    trainer.evaluate(node.model, test.up_to_task(report.task), device=node.device)
                     for test in self.tests]
 
     def follow_parent(self, inbox: IO[str], nodes: list[Node]) -> None:

@@ -168,9 +168,16 @@ sys.exit(flmesh.coordinator.sim_cli.main(sys.argv[2:]))
 
 
 EVALUATIONS_PROBE = """
-import sys
+import os, sys
 import flmesh.coordinator.aggregator as aggregator, flmesh.coordinator.sim_cli
+from flmesh.node.learning import trainer
 
+LOG = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+evaluate = trainer.evaluate
+def worker_evaluate(*args, **kwargs):  # every evaluation in the workers
+    os.write(LOG, b"e")
+    return evaluate(*args, **kwargs)
+trainer.evaluate = worker_evaluate
 calls = []
 make = aggregator.local_evaluator
 def local_evaluator(*args, **kwargs):  # fl-sim's in-process evaluator, counted
@@ -180,7 +187,7 @@ def local_evaluator(*args, **kwargs):  # fl-sim's in-process evaluator, counted
         return evaluate(state, task)
     return counted
 aggregator.local_evaluator = local_evaluator
-code = flmesh.coordinator.sim_cli.main(sys.argv[1:])
+code = flmesh.coordinator.sim_cli.main(sys.argv[2:])
 print("evaluations in fl-sim:", len(calls))
 sys.exit(code)
 """
@@ -191,26 +198,32 @@ sys.exit(code)
 def test_star_workers_evaluate_their_own_updates_when_models_travel_exactly(tmp_path: Path):
     """fl-sim (the aggregator) evaluates only the global models when the wire is exact: the
     workers send each update's evaluations with the reports (the numbers are those of one
-    process: test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process). With a lossy
+    process: test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process), each on
+    the other nodes' splits, its own split's being the node's own report's. With a lossy
     wire the update the aggregator holds is not the node's model, so it evaluates each."""
     from test_sim import STAR
 
     file = tmp_path / "star.toml"
     file.write_text(STAR)
-    counts, updates = {}, {}
+    counts, updates, in_workers = {}, {}, {}
     for dtype in ("native", "float16"):
-        out = tmp_path / dtype
-        done = subprocess.run([sys.executable, "-c", EVALUATIONS_PROBE, str(file), "--workers", "2",
+        out, log = tmp_path / dtype, tmp_path / f"{dtype}.log"
+        done = subprocess.run([sys.executable, "-c", EVALUATIONS_PROBE, str(log), str(file), "--workers", "2",
                                "--rounds", "3", "--out", str(out), "--quiet",
                                "--set", f'wire.dtype="{dtype}"'], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
         counts[dtype] = int(done.stdout.split("evaluations in fl-sim:")[1].split()[0])
+        in_workers[dtype] = len(log.read_bytes()) if log.exists() else 0
         rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         updates[dtype] = sum(len(r["received"]) for r in rows)
         assert all(r["fa"] is not None for r in rows)
     assert updates["native"] >= 3 and updates["float16"] >= 3
     assert counts["native"] == 1 + 3, "the starting model and each round's global model only"
     assert counts["float16"] == 1 + 3 + updates["float16"]
+    # a trained node evaluates its start and trained models on its own split; with an exact
+    # wire its worker adds the update on the 2 other nodes' splits (its own is the report's)
+    assert in_workers["float16"] == 2 * updates["float16"]
+    assert in_workers["native"] == (2 + 2) * updates["native"]
 
 
 @pytest.mark.slow
