@@ -21,6 +21,7 @@ fl-sim; :meth:`PictureHelper.close` ends it at once.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -94,10 +95,45 @@ def _end(proc: subprocess.Popen[str]) -> None:
                 pass
 
 
+def draw_in_two(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
+    """:func:`~flmesh.coordinator.pictures.draw`, with the later pictures drawn by a fork of
+    this process at the same time: at the end of a run fl-sim's workers are done and the
+    cores idle. Only in the helper, which runs no threads, so it may fork. Blocks; raises
+    what either process could not draw."""
+    from flmesh.coordinator.pictures import plans
+
+    jobs = plans(rows, out_dir)
+    split = (len(jobs) + 1) // 2  # two here, the last one there: the slowest is the star's last
+    if len(jobs) < 2 or not hasattr(os, "fork"):
+        return [plot(rows, path) for plot, path in jobs]
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: its pictures, then its error (if any) on the pipe, and out
+        os.close(read_end)
+        code = 0
+        try:
+            for plot, path in jobs[split:]:
+                plot(rows, path)
+        except BaseException as exc:
+            os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:4096])
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    try:
+        drawn = [plot(rows, path) for plot, path in jobs[:split]]
+    finally:
+        with os.fdopen(read_end, "rb") as pipe:
+            problem = pipe.read().decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise RuntimeError(problem or f"the drawing fork ended with status {status}")
+    return drawn + [path for _, path in jobs[split:]]
+
+
 def main() -> int:
     """The helper: import matplotlib, then draw each request (one JSON line in, one out)
     until stdin closes. A request it cannot draw gets ``{"error": ...}``."""
-    from flmesh.coordinator.pictures import _pyplot, draw
+    from flmesh.coordinator.pictures import _pyplot
 
     try:
         _pyplot()
@@ -107,7 +143,7 @@ def main() -> int:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            paths = draw(request["rows"], Path(request["out_dir"]))
+            paths = draw_in_two(request["rows"], Path(request["out_dir"]))
             reply: dict[str, Any] = {"pictures": [str(p) for p in paths]}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}

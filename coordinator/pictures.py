@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +20,26 @@ from typing import Any
 FIXED_MARGINS = {"left": 0.11, "right": 0.977, "bottom": 0.146, "top": 0.949}
 
 
+#: Draws one picture of the rows to the path and returns the path.
+Plot = Callable[[Sequence[Mapping[str, Any]], Path], Path]
+
+
 def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
     """Draw the pictures of ``rows`` into ``out_dir``; their paths (none without rows)."""
+    return [plot(rows, path) for plot, path in plans(rows, out_dir)]
+
+
+def plans(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[tuple[Plot, Path]]:
+    """The pictures ``rows`` get, in order: how each is drawn and where to."""
     if not rows:
         return []
     out_dir = Path(out_dir)
-    pictures = [plot_accuracy(rows, out_dir / "accuracy.png"),
-                plot_per_class(rows, out_dir / "per_class.png")]
+    pictures: list[tuple[Plot, Path]] = [(plot_accuracy, out_dir / "accuracy.png"),
+                                         (plot_per_class, out_dir / "per_class.png")]
     if rows[0].get("kind") == "star":
-        pictures.append(plot_local_forgetting(rows, out_dir / "local_forgetting.png"))
+        pictures.append((plot_local_forgetting, out_dir / "local_forgetting.png"))
     if any(r.get("task_accuracy") for r in rows):
-        pictures.append(plot_tasks(rows, out_dir / "tasks.png"))
+        pictures.append((plot_tasks, out_dir / "tasks.png"))
     return pictures
 
 

@@ -3,8 +3,10 @@ when it cannot draw them."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,48 @@ def test_picture_helper_module_runs_as_a_script():
     done = subprocess.run([sys.executable, "-m", "flmesh.coordinator.picture_helper"], input="",
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout == ""
+
+
+def star_rows(rounds: int = 4) -> list[dict]:
+    return [{**row, "kind": "star", "accuracy": 0.11 * row["round"],
+             "nodes": {f"node{i}": {"local_forgetting": 0.01 * i} for i in range(3)}}
+            for row in peer_rows(rounds)]
+
+
+IN_TWO = """
+import json, sys
+from pathlib import Path
+from flmesh.coordinator.picture_helper import draw_in_two
+try:
+    print(json.dumps([str(p) for p in draw_in_two(json.loads(sys.argv[1]), Path(sys.argv[2]))]))
+except RuntimeError as exc:
+    print("error:", exc)
+"""
+
+
+def in_two(rows: list[dict], out: Path) -> str:
+    """draw_in_two in a fresh interpreter: single-threaded, as the helper that forks is."""
+    done = subprocess.run([sys.executable, "-c", IN_TWO, json.dumps(rows), str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_helper_draws_the_later_pictures_in_a_fork_at_the_same_time(tmp_path):
+    """A star run's three pictures, two in the helper and the last in its fork: the files this
+    process draws alone."""
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one").mkdir()
+    two = [Path(p) for p in json.loads(in_two(star_rows(), tmp_path / "two"))]
+    one = draw(star_rows(), tmp_path / "one")
+    assert [p.name for p in two] == [p.name for p in one] == [*NAMES, "local_forgetting.png"]
+    for a, b in zip(two, one, strict=True):
+        assert a.read_bytes() == b.read_bytes()
+
+
+def test_a_picture_the_fork_cannot_draw_is_an_error_of_the_helper(tmp_path):
+    rows = star_rows()
+    rows[1]["nodes"] = {}  # the node-forgetting picture (the fork's) reads every row's nodes
+    said = in_two(rows, tmp_path)
+    assert said.startswith("error: KeyError") and "node0" in said
+    assert (tmp_path / "accuracy.png").exists()  # what the helper drew itself is there
