@@ -20,6 +20,10 @@ from typing import Any
 FIXED_MARGINS = {"left": 0.11, "right": 0.977, "bottom": 0.146, "top": 0.949}
 
 
+class PicturesError(Exception):
+    """The pictures of a run could not be drawn (its rows and summary are written)."""
+
+
 #: Draws one picture of the rows to the path and returns the path.
 Plot = Callable[[Sequence[Mapping[str, Any]], Path], Path]
 

@@ -235,7 +235,9 @@ class Simulation:
 
     def run(self, on_round: Callable[[RoundRow], None] | None = None) -> Summary:
         """Run every round, writing rounds.jsonl as it goes; returns the summary it writes
-        (also when interrupted or failed: the finished rounds are kept)."""
+        (also when interrupted or failed: the finished rounds are kept). Raises
+        :class:`~flmesh.coordinator.pictures.PicturesError` when the pictures cannot be drawn
+        (after the summary is written)."""
         writer = RunWriter(self.out_dir)
         started = time.monotonic()
         rows: list[RoundRow] = []
@@ -252,10 +254,14 @@ class Simulation:
         finally:
             summary = self.summary(rows, writer.rows, time.monotonic() - started)
             writer.write_summary(summary)
-            from flmesh.coordinator.pictures import draw
+            from flmesh.coordinator.pictures import PicturesError, draw
 
-            drawn = (self.pictures.draw(writer.rows, self.out_dir) if self.pictures is not None
-                     else draw(writer.rows, self.out_dir))
+            try:
+                drawn = (self.pictures.draw(writer.rows, self.out_dir) if self.pictures is not None
+                         else draw(writer.rows, self.out_dir))
+            except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
+                raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
+                                    f"{type(exc).__name__}: {exc}") from exc
             summary.pictures = [str(p) for p in drawn]
             writer.write_summary(summary)
         return summary

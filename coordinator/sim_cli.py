@@ -6,7 +6,8 @@
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
 percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures. Exit codes:
-0 done, 1 a peer or the aggregator failed mid-run, 2 bad input (one line on stderr), 130 interrupted.
+0 done, 1 a peer or the aggregator failed mid-run (or the pictures could not be drawn), 2 bad input (one
+line on stderr), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from flmesh.coordinator.pictures import PicturesError
     from flmesh.coordinator.sim import Simulation, default_out_dir
     from flmesh.coordinator.sim_pool import WorkerError
     from flmesh.node.errors import PeerError, UnknownPeerError
@@ -254,6 +256,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     except (PeerError, UnknownPeerError, WorkerError) as exc:  # e.g. the aggregator stopped answering
         err.print(f"fl-sim: error: {exc}; results so far in {sim.out_dir}", markup=False, soft_wrap=True)
         sim.stop()
+        return 1
+    except PicturesError as exc:  # the rows and the summary are written
+        err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 1
     finally:
         sim.close()

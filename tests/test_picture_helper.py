@@ -137,3 +137,26 @@ def test_a_picture_the_fork_cannot_draw_is_an_error_of_the_helper(tmp_path):
     said = in_two(rows, tmp_path)
     assert said.startswith("error: KeyError") and "node0" in said
     assert (tmp_path / "accuracy.png").exists()  # what the helper drew itself is there
+
+
+def test_pictures_that_cannot_be_drawn_are_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """A full disk, say, where the pictures go: the rows and the summary are written, and
+    fl-sim says so in one line instead of a traceback, exit 1."""
+    from flmesh.coordinator import pictures
+    from flmesh.coordinator.sim_cli import main
+
+    def full(rows, out_dir):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pictures, "draw", full)
+    monkeypatch.setattr(PictureHelper, "start", classmethod(lambda cls: cls(None)))
+    fed = tmp_path / "fed.toml"
+    fed.write_text('[federation]\nname = "p"\nrounds = 2\n[topology]\nnodes = 3\n[model]\nhidden = [16]\n')
+    out = tmp_path / "run"
+    assert main([str(fed), "--out", str(out), "--quiet", "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"fl-sim: error: cannot draw the pictures in {out}: OSError: [Errno 28] No space left "
+                     "on device"], err
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+    assert len((out / "rounds.jsonl").read_text().splitlines()) == 2
