@@ -7,10 +7,11 @@ beside took ~0.3 s longer. :meth:`PictureHelper.start` launches a fresh interpre
 (``python -m flmesh.coordinator.picture_helper``) as fl-sim starts; it imports matplotlib on
 the core that fl-sim's own import of torch leaves idle, then waits. At the end,
 :meth:`PictureHelper.draw` sends it the rows (one JSON line) and it answers with the
-pictures' paths (one JSON line) -- the same :func:`~flmesh.coordinator.pictures.draw`,
-the same files.
+pictures' paths (one JSON line): the pictures of
+:func:`~flmesh.coordinator.pictures.draw`, the same files, drawn two at a time
+(:func:`draw_in_two`).
 
-Nothing is lost when the helper cannot help: if it did not start, died, or could not
+Nothing is lost when the helper cannot help: if it did not start, died, hangs, or could not
 import or draw, :meth:`PictureHelper.draw` draws in this process instead, which either
 works or raises its own error as before. The helper is in its own session (Ctrl-C in the
 terminal, which reaches fl-sim's whole process group, does not kill it before it has drawn
@@ -22,11 +23,16 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+#: How long (s) the helper may take to answer before fl-sim ends it and draws itself: far more
+#: than it needs (0.1-0.3 s for a run of 40 rounds), so only a helper that hangs meets it.
+DRAW_TIMEOUT_S = 300.0
 
 
 class PictureHelper:
@@ -55,7 +61,8 @@ class PictureHelper:
 
     def draw(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
         """The pictures of ``rows`` in ``out_dir`` (see :func:`~flmesh.coordinator.pictures.draw`);
-        drawn by the helper, or here when it cannot. Blocks until they are written."""
+        drawn by the helper, or here when it cannot (or has not answered within
+        :data:`DRAW_TIMEOUT_S`). Blocks until they are written."""
         from flmesh.coordinator.pictures import draw
 
         proc, self._proc = self._proc, None  # one drawing per helper
@@ -66,8 +73,9 @@ class PictureHelper:
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(json.dumps({"rows": list(rows), "out_dir": str(out_dir)}) + "\n")
             proc.stdin.flush()
-            reply = json.loads(proc.stdout.readline() or "{}")
-        except (OSError, ValueError):  # it died: draw here
+            answered, _, _ = select.select([proc.stdout], [], [], DRAW_TIMEOUT_S)
+            reply = json.loads(proc.stdout.readline() or "{}") if answered else {}
+        except (OSError, ValueError):  # it died or garbled its answer: draw here
             reply = {}
         finally:
             _end(proc)

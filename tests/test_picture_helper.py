@@ -160,3 +160,14 @@ def test_pictures_that_cannot_be_drawn_are_one_line_and_exit_1(tmp_path, monkeyp
                      "on device"], err
     assert json.loads((out / "summary.json").read_text())["rounds"] == 2
     assert len((out / "rounds.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_helper_that_never_answers_is_ended_and_the_pictures_drawn_here(tmp_path, monkeypatch):
+    from flmesh.coordinator import picture_helper
+
+    monkeypatch.setattr(picture_helper, "DRAW_TIMEOUT_S", 0.2)
+    mute = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    helper = PictureHelper(mute)
+    assert [p.name for p in helper.draw(peer_rows(), tmp_path)] == NAMES
+    assert mute.poll() is not None  # ended, not left behind
