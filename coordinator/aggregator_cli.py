@@ -158,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             resumed_after=[done] if args.resume and done else [],
             bytes_per_round=mean_bytes(writer.rows),
             wall_s=round(time.monotonic() - started, 3), out_dir=str(out), host={"pid": os.getpid()})
-        summary.pictures = [str(p) for p in draw(writer.rows, out)]
+        try:
+            summary.pictures = [str(p) for p in draw(writer.rows, out)]
+        except Exception as exc:  # a full disk, say: the rows and summary stay; one line, not a traceback
+            error = summary.error = f"cannot draw the pictures in {out}: {type(exc).__name__}: {exc}"
+            print(f"{prog}: error: {error}", file=sys.stderr)
         writer.write_summary(summary)
         ops.close()
         aggregator.close()

@@ -120,6 +120,39 @@ def test_fl_node_aggregator_with_rewind_across_processes(tmp_path):
     assert all(r["nodes"]["b"]["rewound_to"] == "a" for r in node_rows)
 
 
+@pytest.mark.slow
+def test_an_aggregator_that_cannot_draw_its_pictures_says_so_in_one_line(tmp_path):
+    """Its rows and summary are written; the pictures' failure is one line and exit 1, not a
+    traceback (here the folder holds a directory where accuracy.png goes)."""
+    ids = ["a", "b"]
+    fed = federation_file(tmp_path, ids, rounds=1, graph="complete",
+                          extra='[aggregator]\nstrategy = "fedavg"\ndeadline_s = 60\n')
+    out = tmp_path / "runs/procs-aggregator"
+    (out / "accuracy.png").mkdir(parents=True)
+    ready = tmp_path / "agg.addr"
+    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
+                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
+        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
+        _, agg_err = agg.communicate(timeout=300)
+        for p in procs.values():
+            p.communicate(timeout=300)
+    finally:
+        for p in [agg, *procs.values()]:
+            p.kill()
+    assert agg.returncode == 1, agg_err[-3000:]
+    assert "Traceback" not in agg_err
+    said = [line for line in agg_err.splitlines() if "error:" in line]
+    assert len(said) == 1, said
+    assert said[0].startswith("fl-node aggregator: error: cannot draw the pictures in ")
+    assert "IsADirectoryError" in said[0]
+    rows, summary = read_results(out)
+    assert [r["round"] for r in rows] == [1] and summary["error"].startswith("cannot draw the pictures")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
