@@ -66,8 +66,11 @@ class PictureHelper:
         from flmesh.coordinator.pictures import draw
 
         proc, self._proc = self._proc, None  # one drawing per helper
-        if proc is None or not rows:
+        if proc is None:
             return draw(rows, out_dir)
+        if not rows:  # no pictures: nothing to ask
+            _end(proc)
+            return []
         reply: dict[str, Any] = {}
         try:
             assert proc.stdin is not None and proc.stdout is not None

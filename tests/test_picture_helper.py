@@ -65,6 +65,10 @@ def test_a_helper_leaves_when_fl_sim_goes_and_close_ends_it():
     other.close()
     assert other._proc is None and helper._proc is not None
     other.close()  # idempotent
+    third = PictureHelper.launch()
+    proc = third._proc
+    assert third.draw([], Path("/nonexistent")) == []  # a run without rows: no pictures, no helper left
+    assert proc is not None and proc.poll() is not None
 
 
 def test_fl_sim_draws_its_pictures_without_importing_matplotlib(tmp_path):
