@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flmesh.node.node import Node
 from flmesh.node.wire.tls import Tls
 from flmesh.topology import Federation, parse_federation
 
@@ -30,6 +31,20 @@ def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
     from flmesh.node.wire.tls import load_tls
 
     return {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0] for i, p in federation_pki(root, ids).items()}
+
+
+def started_nodes(fed: Federation, tls: dict[str, Tls] | None = None) -> list[Node]:
+    """Every node of ``fed`` serving on 127.0.0.1:0 (with ``tls``: each its mTLS identity),
+    connected to the others. The caller stops them."""
+    from flmesh.node.learning.data import federation_data
+
+    data = federation_data(fed)
+    nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0",
+                                  tls=tls[n] if tls is not None else None) for n in fed.node_ids]
+    addresses = {n.node_id: n.start() for n in nodes}
+    for n in nodes:
+        n.connect(addresses)
+    return nodes
 
 
 def tiny_raw(nodes: int = 3, rounds: int = 2, **sections: dict) -> dict:

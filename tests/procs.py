@@ -74,6 +74,28 @@ def launch(tmp_path: Path, fed: Path, ids: list[str], *extra: str) -> dict[str, 
     return procs
 
 
+Star = tuple[subprocess.Popen, str, str, dict[str, subprocess.Popen], dict[str, str]]
+
+
+def run_star(tmp_path: Path, fed: Path, ids: list[str]) -> Star:
+    """An ``fl-node --role aggregator`` on port 0 and one fl-node per id joining it, run to their
+    end: (aggregator, its stdout, its stderr, the nodes, each node's stderr)."""
+    ready = tmp_path / "agg.addr"
+    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
+                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
+        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
+        agg_out, agg_err = agg.communicate(timeout=300)
+        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
+    finally:
+        for p in [agg, *procs.values()]:
+            p.kill()
+    return agg, agg_out, agg_err, procs, errs
+
+
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     """Every sample of a /metrics page: (name, labels) -> value."""
     with urllib.request.urlopen(url, timeout=10) as reply:

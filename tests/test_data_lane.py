@@ -13,7 +13,6 @@ import torch
 
 from flmesh.node.errors import Refused
 from flmesh.node.inbox import InboxKey
-from flmesh.node.learning.data import federation_data
 from flmesh.node.node import Node
 from flmesh.node.wire import data_lane, peer_client
 from flmesh.node.wire.channels import make_channel
@@ -22,7 +21,7 @@ from flmesh.topology import parse_federation
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
-from conftest import REPO, identities, tiny_raw, wait_until
+from conftest import REPO, identities, started_nodes, tiny_raw, wait_until
 from harness import Cluster
 
 
@@ -45,15 +44,6 @@ def lanes(monkeypatch):
 @pytest.fixture
 def fed():
     return parse_federation(tiny_raw(nodes=3, rounds=2), source="tiny.toml")
-
-
-def _started(fed) -> list[Node]:
-    data = federation_data(fed)
-    nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0") for nid in fed.node_ids]
-    addresses = {n.node_id: n.start() for n in nodes}
-    for n in nodes:
-        n.connect(addresses)
-    return nodes
 
 
 def _states(fed) -> dict[str, dict[str, torch.Tensor]]:
@@ -127,7 +117,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 
 def test_a_lane_delivery_gets_every_check_of_a_stream_and_bad_ones_leave_nothing(fed, lanes):
-    nodes = _started(fed)
+    nodes = started_nodes(fed)
     sender, target = nodes[0], nodes[1]
     try:
         target._lane.admit_timeout_s = 0.5  # a call whose connection never comes waits this long
@@ -198,7 +188,7 @@ def test_the_lane_closes_the_connections_no_call_claims(lanes):
 
 def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed, lanes, monkeypatch):
     monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1 << 40)
-    nodes = _started(fed)  # no node serves a lane
+    nodes = started_nodes(fed)  # no node serves a lane
     monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1)  # ... but their models are "large" for the senders
     other = DataLane("127.0.0.1", admit_timeout_s=0.5)  # a lane that is not node2's
     try:
@@ -214,7 +204,7 @@ def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed,
         other.close()
         for n in nodes:
             n.stop(grace=0)
-    nodes = _started(fed)  # now with lanes
+    nodes = started_nodes(fed)  # now with lanes
     try:
         sender, target = nodes[0], nodes[1]
         assert sender.transport.hello("node1", "node0", fed.name, "", timeout=10).node_id == "node1"
@@ -229,7 +219,7 @@ def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed,
 
 
 def test_a_sender_streams_when_the_lane_turns_its_connection_away(fed, lanes):
-    nodes = _started(fed)
+    nodes = started_nodes(fed)
     sender, target = nodes[0], nodes[1]
     lane = target._lane
     lane._slots = threading.Semaphore(0)  # as if 32 connections waited already: it closes the next
@@ -274,12 +264,7 @@ def test_only_large_models_get_a_lane_and_flmesh_data_lane_0_turns_it_off(monkey
 def test_over_mtls_a_node_serves_no_lane_and_large_models_stream(tmp_path, lanes):
     fed = parse_federation(tiny_raw(nodes=3, rounds=2), source="t.toml")
     tls = identities(tmp_path / "pki", fed.node_ids)
-    data = federation_data(fed)
-    nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0", tls=tls[n])
-             for n in fed.node_ids]
-    addresses = {n.node_id: n.start() for n in nodes}
-    for n in nodes:
-        n.connect(addresses)
+    nodes = started_nodes(fed, tls)
     node0, node1 = nodes[0], nodes[1]
     try:
         assert node1._lane is None

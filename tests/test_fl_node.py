@@ -20,7 +20,7 @@ from flmesh.topology import load_federation
 from flmesh.topology.sampling import eval_splits
 
 from conftest import REPO, wait_until
-from procs import FL_NODE, federation_file, launch, read_results
+from procs import FL_NODE, federation_file, launch, read_results, run_star
 
 
 @pytest.mark.slow
@@ -94,19 +94,7 @@ def test_fl_node_aggregator_with_rewind_across_processes(tmp_path):
     fed = federation_file(tmp_path, ids, rounds=2, graph="complete",
                           extra='[rewind]\nmode = "previous"\n'
                                 '[aggregator]\nstrategy = "fedavg"\ndeadline_s = 60\n')
-    ready = tmp_path / "agg.addr"
-    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
-                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
-        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
-        agg_out, agg_err = agg.communicate(timeout=300)
-        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
-    finally:
-        for p in [agg, *procs.values()]:
-            p.kill()
+    agg, agg_out, agg_err, procs, errs = run_star(tmp_path, fed, ids)
     assert agg.returncode == 0, agg_err[-3000:]
     assert [p.returncode for p in procs.values()] == [0, 0, 0], errs
     assert "fl-node aggregator: listening on 127.0.0.1:" in agg_out
@@ -129,20 +117,7 @@ def test_an_aggregator_that_cannot_draw_its_pictures_says_so_in_one_line(tmp_pat
                           extra='[aggregator]\nstrategy = "fedavg"\ndeadline_s = 60\n')
     out = tmp_path / "runs/procs-aggregator"
     (out / "accuracy.png").mkdir(parents=True)
-    ready = tmp_path / "agg.addr"
-    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
-                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
-        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
-        _, agg_err = agg.communicate(timeout=300)
-        for p in procs.values():
-            p.communicate(timeout=300)
-    finally:
-        for p in [agg, *procs.values()]:
-            p.kill()
+    agg, _, agg_err, _, _ = run_star(tmp_path, fed, ids)
     assert agg.returncode == 1, agg_err[-3000:]
     assert "Traceback" not in agg_err
     said = [line for line in agg_err.splitlines() if "error:" in line]
@@ -276,19 +251,7 @@ mode = "client"
 epsilon = 10.0
 budget = 50.0
 """)
-    ready = tmp_path / "agg.addr"
-    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
-                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    procs: dict[str, subprocess.Popen] = {}
-    try:
-        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
-        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
-        _, agg_err = agg.communicate(timeout=300)
-        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
-    finally:
-        for p in [agg, *procs.values()]:
-            p.kill()
+    agg, _, agg_err, procs, errs = run_star(tmp_path, fed, ids)
     assert agg.returncode == 0, agg_err[-3000:]
     assert all(p.returncode == 0 for p in procs.values()), errs
     rows, summary = read_results(tmp_path / "runs/procs-aggregator")

@@ -9,7 +9,6 @@ import grpc
 import pytest
 import torch
 
-from flmesh.node.learning.data import federation_data
 from flmesh.node.node import Node
 from flmesh.node.transport import DeliverResult
 from flmesh.node.wire import codec
@@ -24,7 +23,7 @@ from flmesh.topology import parse_federation
 from flmesh.v1 import aggregator_pb2, peer_pb2, peer_pb2_grpc
 from flmesh.v1 import model_pb2 as pb
 
-from conftest import REPO, tiny_raw, wait_until
+from conftest import REPO, started_nodes, tiny_raw, wait_until
 from harness import Cluster
 
 
@@ -37,15 +36,6 @@ class Spy:
     def __call__(self, *args, **kwargs):
         self.calls += 1
         return self.call(*args, **kwargs)
-
-
-def _started(fed) -> list[Node]:
-    data = federation_data(fed)
-    nodes = [Node.from_federation(fed, nid, data=data[nid], listen="127.0.0.1:0") for nid in fed.node_ids]
-    addresses = {n.node_id: n.start() for n in nodes}
-    for n in nodes:
-        n.connect(addresses)
-    return nodes
 
 
 def _spied_link(node: Node, peer: str):
@@ -61,7 +51,7 @@ def fed():
 
 
 def test_a_model_that_fits_one_chunk_goes_in_one_message_and_a_bigger_one_as_a_stream(fed):
-    nodes = _started(fed)
+    nodes = started_nodes(fed)
     try:
         sender, target = nodes[0], nodes[1]
         link = _spied_link(sender, "node1")
@@ -87,7 +77,7 @@ def test_a_peer_without_the_one_message_methods_gets_streams(fed, monkeypatch):
     # what a peer from before DeliverOne/EvaluateOne serves: gRPC's UNIMPLEMENTED
     monkeypatch.setattr(PeerServicer, "DeliverOne", peer_pb2_grpc.PeerServicer.DeliverOne)
     monkeypatch.setattr(PeerServicer, "EvaluateOne", peer_pb2_grpc.PeerServicer.EvaluateOne)
-    nodes = _started(fed)
+    nodes = started_nodes(fed)
     try:
         sender, target = nodes[0], nodes[1]
         link = _spied_link(sender, "node1")
@@ -231,7 +221,7 @@ def test_one_message_and_lane_calls_are_admitted_like_model_streams():
 
 def test_flmesh_one_message_0_sends_every_model_as_a_stream(fed, monkeypatch):
     monkeypatch.setenv("FLMESH_ONE_MESSAGE", "0")  # the benchmarks' control (benchmarks/one_message.py)
-    nodes = _started(fed)
+    nodes = started_nodes(fed)
     try:
         link = _spied_link(nodes[0], "node1")
         assert nodes[0].transport.deliver("node1", nodes[0].encode(round=1), timeout=10).accepted

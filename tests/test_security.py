@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.coordinator.sim import Simulation
 from flmesh.node.errors import PeerError
-from flmesh.node.learning.data import federation_data, load_dataset
+from flmesh.node.learning.data import load_dataset
 from flmesh.node.node import Node
 from flmesh.node.transport import DeliverResult, PeerStatus
 from flmesh.node.wire import codec
@@ -28,7 +28,7 @@ from flmesh.topology import parse_federation
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2_grpc
 
-from conftest import identities, tiny_raw, wait_until
+from conftest import identities, started_nodes, tiny_raw, wait_until
 
 
 @pytest.fixture
@@ -44,12 +44,7 @@ def cluster(pki):
     """Five TLS nodes, CWT node0 -> node1 -> ... -> node4 -> node0, rewind to the previous node."""
     ours, _ = pki
     fed = parse_federation(tiny_raw(nodes=5, rounds=10, rewind={"mode": "previous"}), source="t.toml")
-    data = federation_data(fed)
-    nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0", tls=ours[n])
-             for n in fed.node_ids]
-    addresses = {n.node_id: n.start() for n in nodes}
-    for n in nodes:
-        n.connect(addresses)
+    nodes = started_nodes(fed, ours)
     yield {n.node_id: n for n in nodes}
     for n in nodes:
         n.stop(grace=0)
