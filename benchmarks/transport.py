@@ -1,13 +1,14 @@
 """Model transfer with flmesh's Deliver versus a raw TCP socket, on 127.0.0.1.
 
-    .venv/bin/python benchmarks/transport.py [--mib N] [--repeats R] [--chunk-kib K]
+    .venv/bin/python benchmarks/transport.py [--mib N] [--repeats R] [--chunk-kib K] [--digest D]
 
 A receiver that takes Deliver exactly as a node does (the same header checks
 against the expected spec, receive buffers and digest, served by flmesh's
 Peer servicer on port 0) and a sender with flmesh's ``GrpcPeerTransport``, in
 one process, hold the same model (ResNet-18's ~45 MiB float32 state dict by
 default, or a synthetic model of ``--mib`` MiB, at least 4). Each timing is
-the whole Deliver call: the transfer, the receiver's checks, the digest and
+the whole Deliver call: the transfer, the receiver's checks, the digest
+(``--digest``: the federation default XXH3-128, or BLAKE3 or SHA-256) and
 the reply. Every delivery is of a fresh round, so each is accepted; the
 receiver then drops it, as a node does once it has loaded a model, so its
 receive buffer can be reused (the socket side reuses one buffer too). Encoding
@@ -27,14 +28,13 @@ measured in the same phase of a machine whose speed drifts. Prints MiB/s and
 the process's CPU time (both ends) per transfer, the medians, the lane/socket
 ratio per round, and for scale the speed of each digest alone over the payload
 (the receiver hashes every byte; the raw socket does not). The last line is
-``transport: deliver <X> MiB/s (data lane), raw socket <Y> MiB/s, ratio <X/Y>;
-over gRPC ...``.
+``transport (<digest>): deliver <X> MiB/s (data lane), raw socket <Y> MiB/s,
+ratio <X/Y>; over gRPC ...``.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import socket
 import statistics
 import threading
@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 
-import blake3
 import torch
 from torch import nn
 
@@ -51,8 +50,9 @@ from flmesh.node.errors import Refused
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
 from flmesh.node.wire import codec
-from flmesh.node.wire.buffers import DIGESTS
+from flmesh.node.wire.buffers import DIGESTS, new_digest
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
+from flmesh.node.wire.compression import WireFormat
 from flmesh.node.wire.data_lane import LANE_MIN_BYTES, DataLane
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
@@ -85,7 +85,8 @@ def build_model(mib: float | None) -> nn.Module:
 
 class Sink:
     """A receiver that takes Deliver exactly as a node does (header checks against the expected
-    spec, bytes into a recycled buffer, SHA-256 while they arrive) and then drops the model."""
+    spec, bytes into a recycled buffer, the header's digest while they arrive) and then drops
+    the model."""
 
     node_id = "b"
 
@@ -129,10 +130,11 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
 
 
 @contextmanager
-def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool) -> Iterator[tuple[int, Transfer]]:
+def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool, wire: WireFormat
+                ) -> Iterator[tuple[int, Transfer]]:
     """flmesh's Deliver: the payload on the receiver's data lane (``lane``, as a node with a model
-    this large serves it) or streamed over gRPC. Each transfer encodes a fresh round first
-    (not timed), so every delivery is accepted."""
+    this large serves it) or streamed over gRPC, hashed with ``wire.digest``. Each transfer
+    encodes a fresh round first (not timed), so every delivery is accepted."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     data_lane = DataLane("127.0.0.1") if lane else None
     server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0", lane=data_lane)
@@ -141,7 +143,8 @@ def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool) -> Iterator[tupl
     total = codec.encode(state).total_bytes
 
     def transfer() -> tuple[float, float]:
-        message = codec.encode(state, ModelMeta(round=next(rounds), sender="a", architecture="bench"))
+        meta = ModelMeta(round=next(rounds), sender="a", architecture="bench")
+        message = codec.encode(state, meta, wire=wire)
         took = timed(lambda: check(client.deliver("b", message, timeout=600)))
         if lane and not client._link("b").lane_port:  # it fell back to gRPC: not what this row says
             raise SystemExit("deliver: the data lane was not used")
@@ -259,7 +262,9 @@ def bench_digest(name: str, nbytes: int, repeats: int) -> float:
     speeds = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        (blake3.blake3(data) if name == "blake3" else hashlib.sha256(data)).digest()
+        digest = new_digest(name)
+        digest.update(data)
+        digest.digest()
         speeds.append(mib_s(nbytes, time.perf_counter() - t0))
     return statistics.median(speeds[1:])
 
@@ -272,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="rounds of timed transfers (every way once per round) after one warm-up (9)")
     parser.add_argument("--chunk-kib", type=int, default=DEFAULT_CHUNK_BYTES // 1024,
                         help=f"gRPC data chunk size in KiB ({DEFAULT_CHUNK_BYTES // 1024})")
+    parser.add_argument("--digest", choices=DIGESTS, default=WireFormat().digest,
+                        help=f"the payload digest, as a federation's [wire] digest ({WireFormat().digest})")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.chunk_kib < 1 or (args.mib is not None and args.mib <= 0):
         parser.error("--repeats, --chunk-kib and --mib must be positive")
@@ -281,28 +288,29 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(args.mib)
     chunk = args.chunk_kib * 1024
     with ExitStack() as stack:
-        nbytes, lane = stack.enter_context(deliver_way(model, chunk, lane=True))
-        _, streamed = stack.enter_context(deliver_way(model, chunk, lane=False))
+        wire = WireFormat(digest=args.digest)
+        nbytes, lane = stack.enter_context(deliver_way(model, chunk, lane=True, wire=wire))
+        _, streamed = stack.enter_context(deliver_way(model, chunk, lane=False, wire=wire))
         ways = {"lane": lane, "grpc": streamed, "grpcio": stack.enter_context(grpcio_way(nbytes, chunk)),
                 "socket": stack.enter_context(socket_way(nbytes))}
         speeds, cpus = alternate(ways, nbytes, args.repeats)
     med = {name: statistics.median(v) for name, v in speeds.items()}
     cpu = {name: statistics.median(v) for name, v in cpus.items()}
     print(f"lane   median   {med['lane']:8.1f} MiB/s  ({nbytes / MiB:.1f} MiB: Deliver with the payload "
-          "on the data lane, a large model's default)")
+          f"on the data lane, a large model's default; digest {args.digest})")
     print(f"grpc   median   {med['grpc']:8.1f} MiB/s  (Deliver streamed over gRPC in chunks of "
           f"{args.chunk_kib} KiB: FLMESH_DATA_LANE=0, TLS, or a model under 4 MiB)")
     print(f"grpcio median   {med['grpcio']:8.1f} MiB/s  (grpcio alone: raw bytes, no checks)")
     print(f"socket median   {med['socket']:8.1f} MiB/s")
     print("CPU per transfer, both ends (median): " + ", ".join(f"{name} {cpu[name]:.1f} ms" for name in cpu))
     for name in DIGESTS:
-        print(f"{name:6s} alone   {bench_digest(name, nbytes, args.repeats):8.1f} MiB/s  (one core; every "
+        print(f"{name:8s} alone {bench_digest(name, nbytes, args.repeats):8.1f} MiB/s  (one core; every "
               "Deliver hashes every byte with the sender's [wire] digest, the socket does not)")
     ratios = [a / b for a, b in zip(speeds["lane"], speeds["socket"], strict=True)]
     print(f"lane / socket per round: {' '.join(f'{r:.2f}' for r in ratios)}")
-    print(f"transport: deliver {med['lane']:.1f} MiB/s (data lane), raw socket {med['socket']:.1f} MiB/s, "
-          f"ratio {med['lane'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} MiB/s, ratio "
-          f"{med['grpc'] / med['socket']:.2f}; grpcio alone {med['grpcio']:.1f} MiB/s")
+    print(f"transport ({args.digest}): deliver {med['lane']:.1f} MiB/s (data lane), raw socket "
+          f"{med['socket']:.1f} MiB/s, ratio {med['lane'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} "
+          f"MiB/s, ratio {med['grpc'] / med['socket']:.2f}; grpcio alone {med['grpcio']:.1f} MiB/s")
 
 
 if __name__ == "__main__":

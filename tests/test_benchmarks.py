@@ -99,4 +99,6 @@ def test_transport_prints_every_way_and_the_ratios():
     for way in ("lane", "grpc", "grpcio", "socket"):
         assert f"\n{way:6s} median " in out
     assert "CPU per transfer, both ends (median): lane " in out
-    assert "transport: deliver " in out and "(data lane), raw socket " in out
+    assert "transport (xxh3_128): deliver " in out and "(data lane), raw socket " in out
+    for digest in ("xxh3_128", "blake3", "sha256"):
+        assert f"\n{digest:8s} alone " in out

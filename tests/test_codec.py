@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from flmesh.node.wire import codec
+from flmesh.node.wire.buffers import DIGEST_BYTES, DIGESTS, new_digest
 from flmesh.node.wire.codec import CodecError, ModelMeta, decode, encode, model_spec
 from flmesh.node.wire.compression import WireFormat
 from flmesh.node.wire.frames import parse_chunk
@@ -108,10 +109,11 @@ def test_model_from_a_gpu_or_noncontiguous_view_encodes():
     assert torch.equal(out.state_dict["t"], base.t())
 
 
-@pytest.mark.parametrize("digest", ["blake3", "sha256"])
+@pytest.mark.parametrize("digest", ["xxh3_128", "blake3", "sha256"])
 def test_corrupt_bytes_are_rejected(digest):
     chunks = list(encode(sample_state(), wire=WireFormat(digest=digest)).chunks(13))
-    assert len(getattr(chunks[0].header, digest)) == 32
+    assert len(getattr(chunks[0].header, digest)) == DIGEST_BYTES[digest]
+    assert [name for name in DIGESTS if getattr(chunks[0].header, name)] == [digest]
     assert decode(chunks, model_spec(sample_state())).total_bytes == chunks[0].header.total_bytes
     data = bytearray(chunks[2].data)
     data[0] ^= 0xFF
@@ -121,11 +123,16 @@ def test_corrupt_bytes_are_rejected(digest):
     assert err.value.reason == "corrupt"
 
 
-def test_a_header_carries_exactly_one_digest_of_32_bytes():
+def test_a_header_carries_exactly_one_digest_of_its_size():
     chunks = chunks_of(sample_state())
-    cases = {"both": {"sha256": b"\0" * 32}, "neither": {"blake3": b""}, "short": {"blake3": b"\0" * 31}}
-    messages = {"both": "carries both a sha256 and a blake3", "neither": "header sha256 must be 32 bytes",
-                "short": "header blake3 must be 32 bytes"}
+    assert len(chunks[0].header.xxh3_128) == 16, "XXH3-128 is the default"
+    cases = {"two": {"sha256": b"\0" * 32}, "three": {"sha256": b"\0" * 32, "blake3": b"\0" * 32},
+             "neither": {"xxh3_128": b""}, "short": {"xxh3_128": b"\0" * 15},
+             "long": {"xxh3_128": b"", "blake3": b"\0" * 33}}
+    messages = {"two": r"more than one digest \(xxh3_128, sha256",
+                "three": r"more than one digest \(xxh3_128, blake3, sha256",
+                "neither": "carries no digest", "short": "header xxh3_128 must be 16 bytes",
+                "long": "header blake3 must be 32 bytes"}
     for case, fields in cases.items():
         header = pb.ModelHeader()
         header.CopyFrom(chunks[0].header)
@@ -213,6 +220,32 @@ def test_unknown_kind_and_dtype_cannot_be_encoded():
 def test_payload_offsets_are_aligned():
     header = encode(sample_state()).header
     assert all(t.offset % codec.ALIGN == 0 for t in header.tensors)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("-inf")])
+def test_a_sender_that_packs_tensors_unaligned_is_decoded_by_copy_and_checked(bad):
+    """Another encoder may pack tensors back to back: a float tensor at an odd offset cannot be
+    a view of the buffer, so it is copied once, shaped, and checked for NaN and infinity."""
+    w = torch.arange(6.0).reshape(2, 3)
+    if bad is not None:
+        w[1, 2] = bad
+    tag = torch.tensor([7, 8, 9], dtype=torch.uint8)
+    payload = tag.numpy().tobytes() + w.numpy().tobytes()
+    digest = new_digest("xxh3_128")
+    digest.update(payload)
+    header = pb.ModelHeader(total_bytes=len(payload), kind=pb.MODEL_KIND_TRAINED, xxh3_128=digest.digest(),
+                            tensors=[pb.TensorSpec(name="tag", dtype=codec.TO_WIRE[torch.uint8], shape=[3],
+                                                   offset=0, nbytes=3),
+                                     pb.TensorSpec(name="w", dtype=codec.TO_WIRE[torch.float32], shape=[2, 3],
+                                                   offset=3, nbytes=24)])
+    chunks = [pb.ModelChunk(header=header), pb.ModelChunk(data=payload)]
+    spec = model_spec({"tag": tag, "w": w})
+    if bad is not None:
+        with pytest.raises(CodecError, match="tensor 'w' holds 1 NaN or infinite values"):
+            decode(chunks, spec)
+        return
+    out = decode(chunks, spec).state_dict
+    assert torch.equal(out["w"], w) and torch.equal(out["tag"], tag)
 
 
 @pytest.mark.parametrize("kind", [pb.MODEL_KIND_UNSPECIFIED, 42])

@@ -130,7 +130,7 @@ def test_a_lane_delivery_gets_every_check_of_a_stream_and_bad_ones_leave_nothing
         mallory.sender = "mallory"
         cases = [
             (header, bytes(corrupt), {}, grpc.StatusCode.DATA_LOSS,
-             "blake3 of the received bytes does not match the header"),
+             "xxh3_128 of the received bytes does not match the header"),
             (header, payload[:-10], {}, grpc.StatusCode.DATA_LOSS,
              f"the data lane closed after {len(payload) - 10} of the {len(payload)} bytes"),
             (header, payload + b"x", {}, grpc.StatusCode.DATA_LOSS,

@@ -72,6 +72,15 @@ def test_overrides(tmp_path):
     assert fed.training.epochs == 3 and fed.model.name == "mlp" and fed.name == "other"
 
 
+def test_a_federation_file_takes_every_digest_a_node_can_check(tmp_path):
+    from flmesh.node.wire.buffers import DIGESTS
+
+    assert load_federation(write(tmp_path, VALID)).wire.digest == DIGESTS[0] == "xxh3_128"
+    for digest in DIGESTS:
+        text = VALID.replace("[model]", f'[wire]\ndigest = "{digest}"\n[model]', 1)
+        assert load_federation(write(tmp_path, text)).wire.digest == digest
+
+
 def test_every_example_is_valid():
     examples = sorted((REPO / "examples").glob("*.toml"))
     assert examples
@@ -104,6 +113,8 @@ MALFORMED = [
     ("nodes = 4", "nodes = 1", "[topology] nodes: expected an integer >= 2, got 1"),
     ("nodes = 4\n", "", "[topology] nodes: required: give the node count"),
     ("[model]", "[modle]", "[modle]: unknown section"),
+    ("[model]", '[wire]\ndigest = "md5"\n[model]',
+     "[wire] digest: expected one of 'xxh3_128', 'blake3', 'sha256', got 'md5'"),
     ("rounds = 3", "rounds = 3\nrounds = 4", "not valid TOML"),
     ('graph = "ring"', 'graph = "ring"\nfile = "missing.graphml"', "missing.graphml: graph file not found"),
 ]

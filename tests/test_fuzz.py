@@ -122,7 +122,7 @@ def _model_stream(node: Node, mutate: dict, data: list[bytes]) -> list[bytes]:
 header_mutations = st.fixed_dictionaries({}, optional={
     "round": uints, "sender": st.sampled_from(["node0", "node2", "", "eve", "node1"]),
     "kind": st.integers(0, 12), "total_bytes": st.integers(0, 2**40), "sha256": st.binary(max_size=40),
-    "blake3": st.binary(max_size=40),
+    "blake3": st.binary(max_size=40), "xxh3_128": st.binary(max_size=24),
     "num_samples": uints, "architecture": texts, "metadata": texts,
     "tensor_shape": st.lists(st.integers(0, 2**31), max_size=4), "tensor_offset": st.integers(0, 2**40),
 })

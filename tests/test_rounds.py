@@ -15,6 +15,7 @@ from flmesh.node.learning.data import federation_data
 from flmesh.node.learning.trainer import split_steps, steps_for
 from flmesh.node.node import Node
 from flmesh.node.peer_exchange import deliver_onward
+from flmesh.node.wire.buffers import DIGEST_BYTES, DIGESTS
 from flmesh.node.wire.codec import ModelMeta, decode, encode
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import parse_federation
@@ -318,7 +319,7 @@ def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("wire", [{"compression": "zstd"}, {"dtype": "bfloat16", "compression": "zstd"},
-                                  {"dtype": "float16"}, {"digest": "sha256"}])
+                                  {"dtype": "float16"}, {"digest": "sha256"}, {"digest": "blake3"}])
 def test_wire_formats_carry_every_kind_of_message(transport, wire):
     """[wire] applies to deliveries, rewinds (model and optimizer state), and star fetches and
     updates with strategy extras (FedCurv's float64 aggregates keep their precision)."""
@@ -333,9 +334,10 @@ def test_wire_formats_carry_every_kind_of_message(transport, wire):
         rows = [c.star_round(t)[0] for t in (1, 2)]
         header = c.nodes[0].encode(round=2).header
     assert all(r.aggregated and not r.missing for r in rows)
-    digest, other = ("sha256", "blake3") if wire.get("digest") == "sha256" else ("blake3", "sha256")
-    assert len(getattr(header, digest)) == 32 and not getattr(header, other), "the federation's digest only"
-    if wire in ({"compression": "zstd"}, {"digest": "sha256"}):  # lossless: the numbers without [wire]
+    digest = wire.get("digest", "xxh3_128")
+    assert [name for name in DIGESTS if getattr(header, name)] == [digest], "the federation's digest only"
+    assert len(getattr(header, digest)) == DIGEST_BYTES[digest]
+    if "dtype" not in wire:  # lossless: the numbers without [wire]
         with Cluster(fed(nodes=3, rounds=2, aggregator={"strategy": "fedcurv", "fraction": 1.0,
                                                         "deadline_s": 30}), transport) as c:
             plain = [c.star_round(t)[0] for t in (1, 2)]

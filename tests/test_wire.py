@@ -78,7 +78,7 @@ def test_bad_payloads_are_refused_with_a_status_and_the_node_keeps_running(nodes
     cases = [
         (codec.encode(wrong_shape, ModelMeta(round=1, sender="node0")).chunks(),
          grpc.StatusCode.INVALID_ARGUMENT, "tensor 'net.1.weight': shape [3, 3]"),
-        (corrupt, grpc.StatusCode.DATA_LOSS, "blake3 of the received bytes does not match"),
+        (corrupt, grpc.StatusCode.DATA_LOSS, "xxh3_128 of the received bytes does not match"),
         (codec.encode({"bogus": torch.zeros(2)}, ModelMeta(round=1, sender="node0")).chunks(),
          grpc.StatusCode.INVALID_ARGUMENT, "unknown tensor 'bogus'"),
         (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="mallory")).chunks(),

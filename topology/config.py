@@ -135,12 +135,13 @@ class WireConfig:
     """How model streams travel (``[wire]``): floats as ``dtype`` ("native": as they are;
     "float16" / "bfloat16": half the bytes, lossy) and the payload compressed with
     ``compression`` ("none" or "zstd" at ``zstd_level``, lossless); the payload's ``digest``
-    ("blake3", the default, or "sha256") that the receiver checks every byte against."""
+    that the receiver checks every byte against: "xxh3_128" (the default, catches corruption),
+    "blake3" or "sha256" (cryptographic, for a digest that must also be a content address)."""
 
     dtype: str = "native"
     compression: str = "none"
     zstd_level: int = 3
-    digest: str = "blake3"
+    digest: str = "xxh3_128"
 
 
 @dataclass(frozen=True)

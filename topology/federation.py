@@ -17,7 +17,7 @@ Sections (all but ``[federation]`` optional)::
     [model]       name, hidden, channels, norm, groups, weights, small_input
     [rewind]      mode ("off", "previous", "random"), lambda
     [wire]        dtype ("native", "float16", "bfloat16"), compression ("none", "zstd"), zstd_level,
-                  digest ("blake3", "sha256")
+                  digest ("xxh3_128", "blake3", "sha256")
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
                   server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age,
                   trim, clip_norm (present: a star federation)
@@ -140,7 +140,7 @@ _SECTIONS: dict[str, dict[str, Check]] = {
         "trim": number(0, 0.5, hi_open=True), "clip_norm": at_most(number(0), 1e6),
     },
     "wire": {"dtype": string(("native", "float16", "bfloat16")), "compression": string(("none", "zstd")),
-             "zstd_level": at_most(integer(1), 19), "digest": string(("blake3", "sha256"))},
+             "zstd_level": at_most(integer(1), 19), "digest": string(("xxh3_128", "blake3", "sha256"))},
     "topology": {
         "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
         "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),

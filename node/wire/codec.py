@@ -4,7 +4,7 @@ A stream is one ``ModelChunk(header=...)`` then ``ModelChunk(data=...)``
 messages of at most ``chunk_bytes`` each. The header lists every tensor's name,
 dtype, shape, byte offset and length; the payload is the tensors' raw
 little-endian bytes at those offsets (each start aligned to 64 bytes so the
-receiver can view them without copying), hashed with BLAKE3 or SHA-256 (the
+receiver can view them without copying), hashed with XXH3-128, BLAKE3 or SHA-256 (the
 sender's ``[wire] digest``; the header carries one). Typed metadata
 (:class:`ModelMeta.metadata`) travels in the header. A data lane's payload
 (:class:`~flmesh.node.wire.frames.PayloadReader`) stands where the data chunks
@@ -276,11 +276,14 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
     target = payload.numpy()
     if header.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
         raise CodecError("invalid", f"unknown compression #{header.compression}")
-    # Views of the payload in each tensor's wire dtype (None: not aligned for it, copied later);
+    # Views of the payload in each tensor's wire dtype and shape (None: not aligned for it, copied
+    # later), made before the bytes come so that little is left to do after the last one;
     # floating ones are checked for NaN and infinity as their bytes arrive.
     views = [(spec, _view(payload, spec)) for spec in header.tensors]
     finite = FiniteCheck(sorted(((spec.name, v, spec.offset + spec.nbytes) for spec, v in views
                                  if v is not None), key=lambda t: t[2])) if check_finite else None
+    casts = {spec.name: expected[spec.name][0] for spec in header.tensors
+             if expected is not None and expected[spec.name][0] != FROM_WIRE[spec.dtype]}
     hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES, digest=digest_name(header),
                     then=finite.upto if finite is not None else None)
     zstd = ZstdInto(target) if header.compression == pb.COMPRESSION_ZSTD else None
@@ -315,29 +318,29 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
         digest = hasher.digest()
     finally:
         hasher.close(abort=True)
-    if digest != (header.blake3 or header.sha256):
+    if digest != getattr(header, digest_name(header)):
         raise CodecError("corrupt", f"{digest_name(header)} of the received bytes does not match the header")
     bad = set(finite.bad()) if finite is not None else set()
     state = {}
-    for spec, flat in views:
-        dtype = FROM_WIRE[spec.dtype]
-        if flat is None:  # offset not aligned for this dtype: copy once instead
-            flat = payload[spec.offset:spec.offset + spec.nbytes].clone().view(dtype)
+    for spec, tensor in views:
+        name = spec.name
+        if tensor is None:  # offset not aligned for this dtype: copy once instead
+            flat = payload[spec.offset:spec.offset + spec.nbytes].clone().view(FROM_WIRE[spec.dtype])
+            tensor = flat.view(tuple(spec.shape))
             if check_finite and flat.is_floating_point() and not all_finite(flat):
-                bad.add(spec.name)
-        if spec.name in bad:
-            count = int((~torch.isfinite(flat)).sum())
-            raise CodecError("invalid", f"tensor {spec.name!r} holds {count} NaN or infinite values")
-        state[spec.name] = flat.reshape(tuple(spec.shape))
-        if expected is not None and expected[spec.name][0] != dtype:  # a [wire] dtype: back to ours
-            state[spec.name] = state[spec.name].to(expected[spec.name][0])
+                bad.add(name)
+        if name in bad:
+            count = int((~torch.isfinite(tensor)).sum())
+            raise CodecError("invalid", f"tensor {name!r} holds {count} NaN or infinite values")
+        state[name] = tensor if name not in casts else tensor.to(casts[name])  # a [wire] dtype: ours
     return DecodedModel(state, meta, total, moved)
 
 
 def _view(payload: torch.Tensor, spec: pb.TensorSpec) -> torch.Tensor | None:
-    """The tensor's bytes of ``payload`` as a flat tensor of its wire dtype, without a copy;
+    """The tensor's bytes of ``payload`` as a tensor of its wire dtype and shape, without a copy;
     None when its offset is not aligned for that dtype."""
     try:
-        return payload[spec.offset:spec.offset + spec.nbytes].view(FROM_WIRE[spec.dtype])
+        flat = payload[spec.offset:spec.offset + spec.nbytes].view(FROM_WIRE[spec.dtype])
+        return flat.view(tuple(spec.shape))
     except RuntimeError:
         return None

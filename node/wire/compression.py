@@ -29,16 +29,16 @@ WIRE_DTYPES: dict[str, torch.dtype | None] = {"native": None, "float16": torch.f
 class WireFormat:
     """``dtype``: floats travel as this dtype (None: their own); ``compression``: "none" or
     "zstd" at ``level`` (1 fast .. 19 small); ``digest``: the payload's hash a sender puts in
-    the header ("blake3" or "sha256"; a receiver checks whichever comes). Immutable."""
+    the header (one of ``buffers.DIGESTS``; a receiver checks whichever comes). Immutable."""
 
     dtype: torch.dtype | None = None
     compression: str = "none"
     level: int = 3
-    digest: str = "blake3"
+    digest: str = "xxh3_128"
 
     @classmethod
     def named(cls, dtype: str = "native", compression: str = "none", level: int = 3,
-              digest: str = "blake3") -> WireFormat:
+              digest: str = "xxh3_128") -> WireFormat:
         return cls(WIRE_DTYPES[dtype], compression, level, digest)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from flmesh.node.errors import StatusName
+from flmesh.node.wire.buffers import DIGEST_BYTES, DIGESTS
 from flmesh.v1 import model_pb2 as pb
 
 TO_WIRE = {
@@ -96,12 +97,16 @@ def kind_of(header: pb.ModelHeader) -> str:
 
 
 def digest_name(header: pb.ModelHeader) -> str:
-    """Which digest the header carries ("blake3" or "sha256"): exactly one, of 32 bytes."""
-    if header.sha256 and header.blake3:
-        raise CodecError("corrupt", "header carries both a sha256 and a blake3 digest (one is used)")
-    name, value = ("blake3", header.blake3) if header.blake3 else ("sha256", header.sha256)
-    if len(value) != 32:
-        raise CodecError("corrupt", f"header {name} must be 32 bytes")
+    """Which digest the header carries (one of :data:`DIGESTS`): exactly one, of its size."""
+    present = [name for name in DIGESTS if getattr(header, name)]
+    if len(present) > 1:
+        raise CodecError("corrupt", f"header carries more than one digest ({', '.join(present)}; "
+                         "one is used)")
+    if not present:
+        raise CodecError("corrupt", f"header carries no digest (expected one of {', '.join(DIGESTS)})")
+    name = present[0]
+    if len(getattr(header, name)) != DIGEST_BYTES[name]:
+        raise CodecError("corrupt", f"header {name} must be {DIGEST_BYTES[name]} bytes")
     return name
 
 

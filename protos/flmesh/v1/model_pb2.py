@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66lmesh/v1/model.proto\x12\tflmesh.v1\"o\n\tMetaValue\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x02 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x03 \x01(\tH\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x42\x07\n\x05value\"j\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.flmesh.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\x9a\x03\n\x0bModelHeader\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.flmesh.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\x12\r\n\x05round\x18\x04 \x01(\r\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12\"\n\x04kind\x18\x06 \x01(\x0e\x32\x14.flmesh.v1.ModelKind\x12\x13\n\x0bnum_samples\x18\x07 \x01(\x04\x12\x14\n\x0clabel_counts\x18\x08 \x03(\x04\x12\x14\n\x0c\x61rchitecture\x18\t \x01(\t\x12\x36\n\x08metadata\x18\n \x03(\x0b\x32$.flmesh.v1.ModelHeader.MetadataEntry\x12+\n\x0b\x63ompression\x18\x0b \x01(\x0e\x32\x16.flmesh.v1.Compression\x12\x0e\n\x06\x62lake3\x18\x0c \x01(\x0c\x1a\x45\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.flmesh.v1.MetaValue:\x02\x38\x01\"Q\n\nModelChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.flmesh.v1.ModelHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"5\n\x0cModelMessage\x12%\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x15.flmesh.v1.ModelChunk*\xcf\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT64\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_INT16\x10\x07\x12\x0e\n\nDTYPE_INT8\x10\x08\x12\x0f\n\x0b\x44TYPE_UINT8\x10\t\x12\x0e\n\nDTYPE_BOOL\x10\n*\xff\x01\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12MODEL_KIND_TRAINED\x10\x01\x12\x15\n\x11MODEL_KIND_REWIND\x10\x02\x12\x15\n\x11MODEL_KIND_GLOBAL\x10\x03\x12\x15\n\x11MODEL_KIND_UPDATE\x10\x04\x12\x13\n\x0fMODEL_KIND_EVAL\x10\x05\x12\x15\n\x11MODEL_KIND_EXTRAS\x10\x06\x12\x1b\n\x17MODEL_KIND_CONTRIBUTION\x10\x07\x12\x15\n\x11MODEL_KIND_BUFFER\x10\x08\x12\x19\n\x15MODEL_KIND_CHECKPOINT\x10\t*9\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66lmesh/v1/model.proto\x12\tflmesh.v1\"o\n\tMetaValue\x12\x13\n\tint_value\x18\x01 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x02 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x03 \x01(\tH\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x42\x07\n\x05value\"j\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.flmesh.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xac\x03\n\x0bModelHeader\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.flmesh.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06sha256\x18\x03 \x01(\x0c\x12\r\n\x05round\x18\x04 \x01(\r\x12\x0e\n\x06sender\x18\x05 \x01(\t\x12\"\n\x04kind\x18\x06 \x01(\x0e\x32\x14.flmesh.v1.ModelKind\x12\x13\n\x0bnum_samples\x18\x07 \x01(\x04\x12\x14\n\x0clabel_counts\x18\x08 \x03(\x04\x12\x14\n\x0c\x61rchitecture\x18\t \x01(\t\x12\x36\n\x08metadata\x18\n \x03(\x0b\x32$.flmesh.v1.ModelHeader.MetadataEntry\x12+\n\x0b\x63ompression\x18\x0b \x01(\x0e\x32\x16.flmesh.v1.Compression\x12\x0e\n\x06\x62lake3\x18\x0c \x01(\x0c\x12\x10\n\x08xxh3_128\x18\r \x01(\x0c\x1a\x45\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.flmesh.v1.MetaValue:\x02\x38\x01\"Q\n\nModelChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.flmesh.v1.ModelHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07payload\"5\n\x0cModelMessage\x12%\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x15.flmesh.v1.ModelChunk*\xcf\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT64\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x0f\n\x0b\x44TYPE_INT32\x10\x06\x12\x0f\n\x0b\x44TYPE_INT16\x10\x07\x12\x0e\n\nDTYPE_INT8\x10\x08\x12\x0f\n\x0b\x44TYPE_UINT8\x10\t\x12\x0e\n\nDTYPE_BOOL\x10\n*\xff\x01\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12MODEL_KIND_TRAINED\x10\x01\x12\x15\n\x11MODEL_KIND_REWIND\x10\x02\x12\x15\n\x11MODEL_KIND_GLOBAL\x10\x03\x12\x15\n\x11MODEL_KIND_UPDATE\x10\x04\x12\x13\n\x0fMODEL_KIND_EVAL\x10\x05\x12\x15\n\x11MODEL_KIND_EXTRAS\x10\x06\x12\x1b\n\x17MODEL_KIND_CONTRIBUTION\x10\x07\x12\x15\n\x11MODEL_KIND_BUFFER\x10\x08\x12\x19\n\x15MODEL_KIND_CHECKPOINT\x10\t*9\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELHEADER_METADATAENTRY']._loaded_options = None
   _globals['_MODELHEADER_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=809
-  _globals['_DTYPE']._serialized_end=1016
-  _globals['_MODELKIND']._serialized_start=1019
-  _globals['_MODELKIND']._serialized_end=1274
-  _globals['_COMPRESSION']._serialized_start=1276
-  _globals['_COMPRESSION']._serialized_end=1333
+  _globals['_DTYPE']._serialized_start=827
+  _globals['_DTYPE']._serialized_end=1034
+  _globals['_MODELKIND']._serialized_start=1037
+  _globals['_MODELKIND']._serialized_end=1292
+  _globals['_COMPRESSION']._serialized_start=1294
+  _globals['_COMPRESSION']._serialized_end=1351
   _globals['_METAVALUE']._serialized_start=36
   _globals['_METAVALUE']._serialized_end=147
   _globals['_TENSORSPEC']._serialized_start=149
   _globals['_TENSORSPEC']._serialized_end=255
   _globals['_MODELHEADER']._serialized_start=258
-  _globals['_MODELHEADER']._serialized_end=668
-  _globals['_MODELHEADER_METADATAENTRY']._serialized_start=599
-  _globals['_MODELHEADER_METADATAENTRY']._serialized_end=668
-  _globals['_MODELCHUNK']._serialized_start=670
-  _globals['_MODELCHUNK']._serialized_end=751
-  _globals['_MODELMESSAGE']._serialized_start=753
-  _globals['_MODELMESSAGE']._serialized_end=806
+  _globals['_MODELHEADER']._serialized_end=686
+  _globals['_MODELHEADER_METADATAENTRY']._serialized_start=617
+  _globals['_MODELHEADER_METADATAENTRY']._serialized_end=686
+  _globals['_MODELCHUNK']._serialized_start=688
+  _globals['_MODELCHUNK']._serialized_end=769
+  _globals['_MODELMESSAGE']._serialized_start=771
+  _globals['_MODELMESSAGE']._serialized_end=824
 # @@protoc_insertion_point(module_scope)

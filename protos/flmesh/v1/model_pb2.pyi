@@ -89,7 +89,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
-    __slots__ = ("tensors", "total_bytes", "sha256", "round", "sender", "kind", "num_samples", "label_counts", "architecture", "metadata", "compression", "blake3")
+    __slots__ = ("tensors", "total_bytes", "sha256", "round", "sender", "kind", "num_samples", "label_counts", "architecture", "metadata", "compression", "blake3", "xxh3_128")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class ModelHeader(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     BLAKE3_FIELD_NUMBER: _ClassVar[int]
+    XXH3_128_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     sha256: bytes
@@ -121,7 +122,8 @@ class ModelHeader(_message.Message):
     metadata: _containers.MessageMap[str, MetaValue]
     compression: Compression
     blake3: bytes
-    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., metadata: _Optional[_Mapping[str, MetaValue]] = ..., compression: _Optional[_Union[Compression, str]] = ..., blake3: _Optional[bytes] = ...) -> None: ...
+    xxh3_128: bytes
+    def __init__(self, tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[bytes] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., num_samples: _Optional[int] = ..., label_counts: _Optional[_Iterable[int]] = ..., architecture: _Optional[str] = ..., metadata: _Optional[_Mapping[str, MetaValue]] = ..., compression: _Optional[_Union[Compression, str]] = ..., blake3: _Optional[bytes] = ..., xxh3_128: _Optional[bytes] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "data")
