@@ -21,7 +21,7 @@ import xxhash
 from flmesh.node.wire.helpers import HELPERS
 
 #: The payload digests a model header may carry, each in the ``ModelHeader`` field of its name,
-#: and their sizes in bytes. XXH3-128 is the default: it detects corruption at ~12 GiB/s on one
+#: and their sizes in bytes. XXH3-128 is the default: it detects corruption at 12-23 GiB/s on one
 #: core, where a cryptographic hash is most of what a transfer costs beyond the socket's copy
 #: (BLAKE3 ~4, SHA-256 ~1.7 GiB/s here; ``make bench`` prints all three);
 #: forgery is not the digest's to stop, since the sender writes both header and payload.
