@@ -7,7 +7,10 @@ Prints, over N runs (default 5), the min and median wall time of
 ``fl-node`` process from launch until its gRPC health service answers SERVING
 (a 2-node federation on digits; the node binds 127.0.0.1:0 and announces the
 port in --ready-file; the health check is polled every 10 ms). Targets
-(issue 11): --help under 0.5 s, SERVING within 2 s.
+(issue 11): --help under 0.5 s, SERVING within 2 s. And how long ``fl-sim``
+takes to exit after its last line of output (one round of the same
+federation): as installed (``exit_after``: no interpreter teardown), and, as
+the control, the same ``main`` ended by ``sys.exit`` (Python's ordinary exit).
 """
 
 from __future__ import annotations
@@ -81,6 +84,25 @@ def serving(work: Path) -> float:
         proc.wait()
 
 
+def exit_after_last_line(work: Path, ordinary: bool) -> float:
+    """Seconds from fl-sim's last line on stdout to its exit (one round); ``ordinary``: its
+    ``main`` under ``sys.exit`` instead of the installed command."""
+    fed = work / "fed.toml"
+    fed.write_text(FEDERATION)
+    out = work / f"sim-{next(RUN)}"
+    ordinary_exit = "import sys; from flmesh.coordinator.sim_cli import main; sys.exit(main())"
+    command = [sys.executable, "-c", ordinary_exit] if ordinary else [str(BIN / "fl-sim")]
+    proc = subprocess.Popen([*command, str(fed), "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    last = time.perf_counter()
+    for _ in proc.stdout:
+        last = time.perf_counter()
+    if proc.wait(timeout=300) != 0:
+        raise SystemExit(f"fl-sim failed (exit {proc.returncode}): {' '.join(command)}")
+    return time.perf_counter() - last
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--runs", type=int, default=5)
@@ -90,11 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         rows[f"`{name} --help`"] = [timed([str(BIN / name), "--help"]) for _ in range(args.runs)]
     with tempfile.TemporaryDirectory() as tmp:
         rows["`fl-node` launch to health SERVING"] = [serving(Path(tmp)) for _ in range(args.runs)]
+        exits: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(args.runs):  # alternated, so both see the same phase of the machine
+            for ordinary in (False, True):
+                exits[ordinary].append(exit_after_last_line(Path(tmp), ordinary))
+        rows["`fl-sim` last line to exit"] = exits[False]
+        rows["control: the same `main` under `sys.exit`"] = exits[True]
     print(f"\n{args.runs} runs each, seconds\n")
     print("| what | min | median | target |")
     print("|---|---:|---:|---:|")
     for name, values in rows.items():
-        target = "2.0" if "SERVING" in name else "0.5"
+        target = "2.0" if "SERVING" in name else "0.5" if "--help" in name else "-"
         print(f"| {name} | {min(values):.2f} | {statistics.median(values):.2f} | {target} |")
     return 0
 

@@ -8,6 +8,7 @@ reach it.
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,5 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     return node_main(args)
 
 
+def entry() -> NoReturn:
+    """The ``fl-node`` console command: :func:`main`, then a quick exit (``exit_after``)."""
+    from flmesh.node.cli_common import exit_after
+
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -19,9 +19,9 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from flmesh.node.cli_common import OneLineParser, skip_final_collection
+from flmesh.node.cli_common import OneLineParser, exit_after, skip_final_collection
 
 if TYPE_CHECKING:
     from flmesh.coordinator.picture_helper import PictureHelper
@@ -286,5 +286,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     return 130 if interrupted or summary.interrupted else 0
 
 
+def entry() -> NoReturn:
+    """The ``fl-sim`` console command: :func:`main`, then a quick exit (``exit_after``)."""
+    exit_after(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
