@@ -22,11 +22,12 @@ from flmesh.node.wire.helpers import HELPERS
 
 #: The payload digests a model header may carry, each in the ``ModelHeader`` field of its name,
 #: and their sizes in bytes. XXH3-128 is the default: it detects corruption at 12-23 GiB/s on one
-#: core, where a cryptographic hash is most of what a transfer costs beyond the socket's copy
+#: core, where a cryptographic hash was over half of what a lane transfer cost beyond the socket's copy
 #: (BLAKE3 ~4, SHA-256 ~1.7 GiB/s here; ``make bench`` prints all three);
 #: forgery is not the digest's to stop, since the sender writes both header and payload.
 DIGEST_BYTES = {"xxh3_128": 16, "blake3": 32, "sha256": 32}
 DIGESTS = tuple(DIGEST_BYTES)
+
 
 def new_digest(name: str) -> xxhash.xxh3_128 | blake3.blake3 | hashlib._Hash:
     """A fresh hash object of the digest ``name`` (one of :data:`DIGESTS`)."""
@@ -35,6 +36,7 @@ def new_digest(name: str) -> xxhash.xxh3_128 | blake3.blake3 | hashlib._Hash:
     if name == "xxh3_128":
         return xxhash.xxh3_128()
     return blake3.blake3() if name == "blake3" else hashlib.sha256()
+
 
 #: Received payloads at least this large are hashed on a helper thread while they arrive.
 THREADED_HASH_BYTES = 1 << 20

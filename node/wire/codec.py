@@ -332,7 +332,7 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
         if name in bad:
             count = int((~torch.isfinite(tensor)).sum())
             raise CodecError("invalid", f"tensor {name!r} holds {count} NaN or infinite values")
-        state[name] = tensor if name not in casts else tensor.to(casts[name])  # a [wire] dtype: ours
+        state[name] = tensor if name not in casts else tensor.to(casts[name])  # from a [wire] dtype
     return DecodedModel(state, meta, total, moved)
 
 
