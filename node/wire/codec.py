@@ -284,7 +284,8 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
                                  if v is not None), key=lambda t: t[2])) if check_finite else None
     casts = {spec.name: expected[spec.name][0] for spec in header.tensors
              if expected is not None and expected[spec.name][0] != FROM_WIRE[spec.dtype]}
-    hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES, digest=digest_name(header),
+    digest_kind = digest_name(header)  # check_header has vetted it: exactly one, of its size
+    hasher = Hasher(target.data, threaded=total >= THREADED_HASH_BYTES, digest=digest_kind,
                     then=finite.upto if finite is not None else None)
     zstd = ZstdInto(target) if header.compression == pb.COMPRESSION_ZSTD else None
     pos = 0
@@ -318,8 +319,8 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
         digest = hasher.digest()
     finally:
         hasher.close(abort=True)
-    if digest != getattr(header, digest_name(header)):
-        raise CodecError("corrupt", f"{digest_name(header)} of the received bytes does not match the header")
+    if digest != getattr(header, digest_kind):
+        raise CodecError("corrupt", f"{digest_kind} of the received bytes does not match the header")
     bad = set(finite.bad()) if finite is not None else set()
     state = {}
     for spec, tensor in views:
