@@ -155,7 +155,7 @@ class MemoryPeerTransport:
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
         chunks = _as_received(model, self.network.chunk_bytes)
         result = _call(peer, lambda: self.network.peer(self.me, peer).deliver(self.me, chunks))
-        self.counter.add_sent(codec.meta_of(model.header).kind, model.wire_bytes(self.network.chunk_bytes))
+        self.counter.add_sent(codec.kind_of(model.header), model.wire_bytes(self.network.chunk_bytes))
         return result
 
     def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,

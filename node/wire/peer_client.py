@@ -217,7 +217,7 @@ class GrpcPeerTransport:
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
         size = model.wire_bytes(self.chunk_bytes)
         reply = self._call(peer, lambda link: self._deliver(link, model, timeout), timeout, "Deliver", size)
-        self.counter.add_sent(codec.meta_of(model.header).kind, size)
+        self.counter.add_sent(codec.kind_of(model.header), size)
         return serde.from_proto(DeliverResult, reply)
 
     def _deliver(self, link: _Link, model: EncodedModel, timeout: float) -> Any:
