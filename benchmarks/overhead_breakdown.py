@@ -1,6 +1,7 @@
 """Where fl-sim's time goes on one job, next to the plain loop's: imports, rounds, compute, the end.
 
     .venv/bin/python benchmarks/overhead_breakdown.py [FEDERATION.toml] [--workers K]  # the quick start
+    .venv/bin/python benchmarks/overhead_breakdown.py --fedavg      # overhead.py's FedAvg job
 
 Runs ``fl-sim FEDERATION --quiet`` in this process with timers around its
 phases, then ``benchmarks/plain_loop.py`` in a child process with timers around
@@ -66,8 +67,15 @@ print(imported, time.perf_counter() - t, spent["train"], spent["evaluate"], spen
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("file", nargs="?", default=str(REPO / "examples/quickstart.toml"))
+    p.add_argument("--fedavg", action="store_true", help="overhead.py's FedAvg job instead of FILE")
     p.add_argument("--workers", type=int, help="fl-sim --workers (default: fl-sim's choice)")
     args = p.parse_args(argv)
+    if args.fedavg:
+        from overhead import FEDAVG_10
+
+        job = Path(tempfile.mkdtemp()) / "fedavg10.toml"
+        job.write_text(FEDAVG_10)
+        args.file = str(job)
 
     from flmesh.coordinator import sim as sim_mod
     from flmesh.coordinator import sim_worker
@@ -208,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plain loop: imports {imported:.2f} s, loop {loop:.2f} s ({1000 * loop / len(rows):.0f} ms per "
           f"round), of it training {train_s:.2f} s and evaluation {eval_s:.2f} s "
           f"({1000 * (train_s + eval_s) / len(rows):.0f} ms per round, {compute_cpu:.2f} s of thread CPU)")
+    if args.fedavg:
+        shutil.rmtree(Path(args.file).parent)
     return 0
 
 
