@@ -8,9 +8,9 @@ Prints, over N runs (default 5), the min and median wall time of
 (a 2-node federation on digits; the node binds 127.0.0.1:0 and announces the
 port in --ready-file; the health check is polled every 10 ms), alternated with
 its control: a fresh ``python -c "import torch"`` until torch is loaded,
-which a node cannot do without (the part of SERVING that is not flmesh's). Targets (issue 11):
---help under 0.5 s, SERVING within 2 s. And how long ``fl-sim``
-takes to exit after its last line of output (one round of the same
+which a node cannot do without (the part of SERVING that is not flmesh's).
+Targets (issue 11): --help under 0.5 s, SERVING within 2 s. And how long
+``fl-sim`` takes to exit after its last line of output (one round of the same
 federation): as installed (``exit_after``: no interpreter teardown), and, as
 the control, the same ``main`` ended by ``sys.exit`` (Python's ordinary exit).
 """
