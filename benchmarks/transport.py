@@ -17,16 +17,19 @@ is not timed.
 Two ways of Deliver, each measured: with the payload on the receiver's data
 lane (:mod:`flmesh.node.wire.data_lane`; what a node whose model is this large
 serves without TLS), and streamed over gRPC (``FLMESH_DATA_LANE=0``, TLS, and
-models under 4 MiB). The controls: grpcio by itself moving the same bytes as
-raw-bytes messages with no checks, and a plain TCP socket: a receiver thread
-``recv_into`` a preallocated buffer and answers one byte once it has
-everything; the sender times ``sendall`` up to that byte.
+models under 4 MiB). The lane keeps its connection from one delivery to the
+next, as a node's does; ``fresh`` is the lane with a new connection for every
+delivery instead, the control for keeping them. The controls for Deliver:
+grpcio by itself moving the same bytes as raw-bytes messages with no checks,
+and a plain TCP socket (one connection, kept): a receiver thread ``recv_into``
+a preallocated buffer and answers one byte once it has everything; the sender
+times ``sendall`` up to that byte.
 
-The four ways take turns: one warm-up transfer each, then ``--repeats`` rounds
+The five ways take turns: one warm-up transfer each, then ``--repeats`` rounds
 in which each moves the payload once, the order rotating, so that all are
 measured in the same phase of a machine whose speed drifts. Prints MiB/s and
 the process's CPU time (both ends) per transfer, the medians, the lane/socket
-ratio per round, and for scale the speed of each digest alone over the payload
+and fresh/socket ratios per round, and for scale the speed of each digest alone over the payload
 (the receiver hashes every byte; the raw socket does not). The last line is
 ``transport (<digest>): deliver <X> MiB/s (data lane), raw socket <Y> MiB/s,
 ratio <X/Y>; over gRPC ...``.
@@ -53,7 +56,7 @@ from flmesh.node.wire import codec
 from flmesh.node.wire.buffers import DIGESTS, new_digest
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.wire.compression import WireFormat
-from flmesh.node.wire.data_lane import LANE_MIN_BYTES, DataLane
+from flmesh.node.wire.data_lane import LANE_MIN_BYTES, DataLane, KeptLanes
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
 
@@ -130,15 +133,18 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
 
 
 @contextmanager
-def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool, wire: WireFormat
+def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool, wire: WireFormat, *, keep: bool = True
                 ) -> Iterator[tuple[int, Transfer]]:
     """flmesh's Deliver: the payload on the receiver's data lane (``lane``, as a node with a model
-    this large serves it) or streamed over gRPC, hashed with ``wire.digest``. Each transfer
-    encodes a fresh round first (not timed), so every delivery is accepted."""
+    this large serves it; on a new connection each time unless ``keep``) or streamed over gRPC,
+    hashed with ``wire.digest``. Each transfer encodes a fresh round first (not timed), so every
+    delivery is accepted."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     data_lane = DataLane("127.0.0.1") if lane else None
     server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0", lane=data_lane)
     client = GrpcPeerTransport({"b": address}, chunk_bytes=chunk_bytes)
+    if not keep:
+        client._kept = KeptLanes(per_lane=0)
     rounds = iter(range(1, 1 << 30))
     total = codec.encode(state).total_bytes
 
@@ -290,14 +296,18 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as stack:
         wire = WireFormat(digest=args.digest)
         nbytes, lane = stack.enter_context(deliver_way(model, chunk, lane=True, wire=wire))
+        _, fresh = stack.enter_context(deliver_way(model, chunk, lane=True, wire=wire, keep=False))
         _, streamed = stack.enter_context(deliver_way(model, chunk, lane=False, wire=wire))
-        ways = {"lane": lane, "grpc": streamed, "grpcio": stack.enter_context(grpcio_way(nbytes, chunk)),
+        ways = {"lane": lane, "fresh": fresh, "grpc": streamed,
+                "grpcio": stack.enter_context(grpcio_way(nbytes, chunk)),
                 "socket": stack.enter_context(socket_way(nbytes))}
         speeds, cpus = alternate(ways, nbytes, args.repeats)
     med = {name: statistics.median(v) for name, v in speeds.items()}
     cpu = {name: statistics.median(v) for name, v in cpus.items()}
     print(f"lane   median   {med['lane']:8.1f} MiB/s  ({nbytes / MiB:.1f} MiB: Deliver with the payload "
           f"on the data lane, a large model's default; digest {args.digest})")
+    print(f"fresh  median   {med['fresh']:8.1f} MiB/s  (the data lane on a new connection for each "
+          "delivery: the control for keeping connections)")
     print(f"grpc   median   {med['grpc']:8.1f} MiB/s  (Deliver streamed over gRPC in chunks of "
           f"{args.chunk_kib} KiB: FLMESH_DATA_LANE=0, TLS, or a model under 4 MiB)")
     print(f"grpcio median   {med['grpcio']:8.1f} MiB/s  (grpcio alone: raw bytes, no checks)")
@@ -308,8 +318,11 @@ def main(argv: list[str] | None = None) -> None:
               "Deliver hashes every byte with the sender's [wire] digest, the socket does not)")
     ratios = [a / b for a, b in zip(speeds["lane"], speeds["socket"], strict=True)]
     print(f"lane / socket per round: {' '.join(f'{r:.2f}' for r in ratios)}")
+    fresh = [a / b for a, b in zip(speeds["fresh"], speeds["socket"], strict=True)]
+    print(f"fresh / socket per round: {' '.join(f'{r:.2f}' for r in fresh)}")
     print(f"transport ({args.digest}): deliver {med['lane']:.1f} MiB/s (data lane), raw socket "
-          f"{med['socket']:.1f} MiB/s, ratio {med['lane'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} "
+          f"{med['socket']:.1f} MiB/s, ratio {med['lane'] / med['socket']:.2f}; a new connection each "
+          f"{med['fresh']:.1f} MiB/s, ratio {med['fresh'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} "
           f"MiB/s, ratio {med['grpc'] / med['socket']:.2f}; grpcio alone {med['grpcio']:.1f} MiB/s")
 
 

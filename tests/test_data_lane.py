@@ -186,6 +186,90 @@ def test_the_lane_closes_the_connections_no_call_claims(lanes):
         socket.create_connection(("127.0.0.1", lane.port), timeout=2).close()
 
 
+def test_a_lane_connection_carries_the_next_delivery_and_a_stale_one_is_not_reused(lanes, monkeypatch):
+    fed = parse_federation(tiny_raw(nodes=3, rounds=4), source="tiny.toml")
+    connects = []
+    real = socket.create_connection
+
+    def counted(*args, **kwargs):
+        connects.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_lane.socket, "create_connection", counted)
+    nodes = started_nodes(fed)
+    sender, lane = nodes[0], nodes[1]._lane
+    try:
+        for t in (1, 2):
+            assert sender.transport.deliver("node1", sender.encode(round=t), timeout=10).accepted
+        assert len(lanes) == 2 and len(connects) == 1, "round 2 came on round 1's connection"
+        got = nodes[1].inbox.get(InboxKey(2, "node0", "trained"))
+        assert all(torch.equal(got.state_dict[k], v) for k, v in sender.state_dict().items())
+        wait_until(lambda: len(lane._reading) == 1)  # kept, waiting for the next token
+        old = next(iter(lane._reading))
+        monkeypatch.setattr(data_lane, "REUSE_S", 0.0)  # the sender's kept one is too old now
+        assert sender.transport.deliver("node1", sender.encode(round=3), timeout=10).accepted
+        assert len(connects) == 2, "a new connection"
+        # the sender closed the old one, so the receiver keeps only the new one
+        wait_until(lambda: old not in lane._reading and len(lane._reading) == 1)
+    finally:
+        for n in nodes:
+            n.stop(grace=0)
+    wait_until(lambda: not lane._reading)  # a stopped node's lane closes the connections it kept
+
+
+def test_the_lane_keeps_a_connection_for_its_next_token_within_its_bounds():
+    def pair() -> tuple[socket.socket, socket.socket]:
+        mine, theirs = socket.socketpair()
+        mine.settimeout(10)
+        return mine, theirs
+
+    lane = DataLane("127.0.0.1", max_kept=1)
+    try:
+        mine, kept = pair()
+        lane.keep(kept)
+        other, over = pair()
+        lane.keep(over)  # one is kept already: closed at once
+        assert _closed_by_peer(other)
+        wait_until(lambda: kept in lane._reading)
+    finally:
+        lane.close()
+    assert _closed_by_peer(mine), "closing the lane closes what it keeps"
+    # two slots: the one a claimed connection held is given back by its admitting thread
+    lane = DataLane("127.0.0.1", max_kept=2, keep_s=0.3)
+    try:
+        mine, kept = pair()
+        lane.keep(kept)
+        token = os.urandom(TOKEN_BYTES)
+        mine.sendall(token)
+        assert lane.claim(token, 10) is kept, "the next token claims the kept connection"
+        lane.keep(kept)  # it carried its payload again; this time no token comes
+        wait_until(lambda: kept in lane._reading)
+        assert _closed_by_peer(mine), "closed after keep_s"
+        wait_until(lambda: not lane._reading)
+    finally:
+        lane.close()
+
+
+def test_a_sender_reuses_only_live_connections_and_keeps_few():
+    kept = data_lane.KeptLanes()
+    pairs = [socket.socketpair() for _ in range(data_lane.KEPT_PER_LANE + 1)]
+    for mine, _ in pairs:
+        kept.give("127.0.0.1", 9, mine)
+    assert pairs[-1][0].fileno() == -1, "one more than KEPT_PER_LANE is closed"
+    pairs[1][1].close()  # the receiver closed the newest kept one
+    assert kept.take("127.0.0.1", 9) is pairs[0][0], "the closed one is skipped"
+    assert pairs[1][0].fileno() == -1
+    assert kept.take("127.0.0.1", 9) is None and kept.take("127.0.0.1", 10) is None
+    mine, theirs = socket.socketpair()
+    theirs.sendall(b"?")  # a receiver never writes: the connection is not in a state to reuse
+    kept.give("127.0.0.1", 9, mine)
+    assert kept.take("127.0.0.1", 9) is None
+    mine, _ = pairs[0]
+    kept.give("127.0.0.1", 9, mine)
+    kept.close()
+    assert mine.fileno() == -1
+
+
 def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed, lanes, monkeypatch):
     monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1 << 40)
     nodes = started_nodes(fed)  # no node serves a lane

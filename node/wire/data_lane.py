@@ -17,13 +17,23 @@ header before any payload byte, the exact size, the digest, finite values, the
 sender and the round window. The gRPC call is the delivery: the stream guard
 admits it like a stream, and its status is the sender's answer.
 
+Connections are kept for the next delivery to the same lane (:class:`KeptLanes`
+on the sender, :meth:`DataLane.keep` on the receiver) once one has carried
+exactly its payload and its call succeeded: a new connection costs the connect
+and a slow start whose windows a kept one has already grown (``make bench``
+prints both). A sender writes nothing more on a connection until its
+call has answered, so bytes that follow a payload are refused; the next ones
+are the next delivery's token.
+
 With mTLS a node serves no lane and models stream over gRPC: Python's ssl
 reads one 16 KiB record per call, and a lane over it moved no more than gRPC's
 own TLS (measured ad hoc, both ends in one process or two).
 
-Bounds: at most ``max_pending`` connections wait for their call (more are
+Bounds: at most ``max_pending`` new connections wait for their call (more are
 closed at once); one that has not sent its token within ``admit_timeout_s`` or
-is not claimed by a call within that time is closed. ``FLMESH_DATA_LANE=0``
+is not claimed by a call within that time is closed. At most ``max_kept``
+connections are kept after a delivery, each for at most :data:`KEEP_S` until its
+next token; a sender reuses one only within :data:`REUSE_S`, well before that. ``FLMESH_DATA_LANE=0``
 turns lanes off (the benchmark's control).
 """
 
@@ -60,6 +70,13 @@ CONNECT_TIMEOUT_S = 2.0
 NO_CONNECTION = "no data-lane connection brought the call's token"
 #: A lane connection that moves no byte for this long is given up.
 STALL_S = 10.0
+#: How long a receiver keeps a connection after a delivery, waiting for the next token.
+KEEP_S = 60.0
+#: How long a sender reuses an idle connection: half the receiver's keep, so that a connection
+#: is not reused just as the receiver gives it up.
+REUSE_S = KEEP_S / 2
+#: Idle connections a sender keeps per lane (a node rarely delivers to one peer twice at once).
+KEPT_PER_LANE = 2
 
 
 def lane_enabled() -> bool:
@@ -88,14 +105,17 @@ class DataLane:
     """A node's lane listener on ``host`` (an ephemeral port: :attr:`port`). Thread-safe;
     :meth:`close` when the node stops."""
 
-    def __init__(self, host: str, *, max_pending: int = 32, admit_timeout_s: float = 10.0):
-        self.admit_timeout_s = admit_timeout_s
+    def __init__(self, host: str, *, max_pending: int = 32, max_kept: int = 16,
+                 admit_timeout_s: float = 10.0, keep_s: float = KEEP_S):
+        self.admit_timeout_s, self.keep_s = admit_timeout_s, keep_s
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family)
         self.port: int = self._listener.getsockname()[1]
         self._pending: dict[bytes, socket.socket] = {}
+        self._reading: set[socket.socket] = set()  # connections whose token is awaited
         self._cond = threading.Condition()
         self._slots = threading.BoundedSemaphore(max_pending)
+        self._kept = threading.BoundedSemaphore(max_kept)
         self._closed = False
         threading.Thread(target=self._accept, name="flmesh-lane", daemon=True).start()
 
@@ -108,19 +128,34 @@ class DataLane:
             if not self._slots.acquire(blocking=False):
                 conn.close()  # too many connections wait already: the sender falls back or retries
                 continue
-            HELPERS.run(functools.partial(self._admit, conn))
+            HELPERS.run(functools.partial(self._admit, conn, self._slots, self.admit_timeout_s))
 
-    def _admit(self, conn: socket.socket) -> None:
-        """Read one connection's token and keep it until a call claims it or the time is up."""
+    def keep(self, conn: socket.socket) -> None:
+        """Keep a connection that has carried exactly its payload, for the sender's next token
+        (up to ``keep_s``); closes it instead when the lane is closed or keeps ``max_kept``."""
+        if self._closed or not self._kept.acquire(blocking=False):
+            conn.close()
+            return
+        HELPERS.run(functools.partial(self._admit, conn, self._kept, self.keep_s))
+
+    def _admit(self, conn: socket.socket, slot: threading.BoundedSemaphore, token_s: float) -> None:
+        """Read one connection's token (within ``token_s``) and keep it until a call claims it
+        or ``admit_timeout_s`` is up; then give back its ``slot``. A connection given up is
+        closed after its slot is free, so a sender that sees the close may connect again."""
+        drop = True
         try:
-            deadline = time.monotonic() + self.admit_timeout_s
+            with self._cond:
+                if self._closed:
+                    return
+                self._reading.add(conn)
             try:
-                token = _recv_exactly(conn, TOKEN_BYTES, deadline)
+                token = _recv_exactly(conn, TOKEN_BYTES, time.monotonic() + token_s)
             except OSError:  # the connection broke, stalled or trickled
                 token = None
+            deadline = time.monotonic() + self.admit_timeout_s
             with self._cond:
+                self._reading.discard(conn)
                 if token is None or self._closed or token in self._pending:
-                    conn.close()
                     return
                 self._pending[token] = conn
                 self._cond.notify_all()
@@ -128,9 +163,12 @@ class DataLane:
                     self._cond.wait(left)
                 if self._pending.get(token) is conn:  # no call claimed it
                     del self._pending[token]
-                    conn.close()
+                else:
+                    drop = False  # a call owns it now (or close() has closed it)
         finally:
-            self._slots.release()
+            slot.release()
+            if drop:
+                conn.close()
 
     def claim(self, token: bytes, timeout: float) -> socket.socket:
         """The connection that brought ``token``, waiting up to ``timeout`` s for it; the caller
@@ -159,7 +197,10 @@ class DataLane:
             self._closed = True
             waiting = list(self._pending.values())
             self._pending.clear()
+            reading = list(self._reading)
             self._cond.notify_all()
+        for conn in reading:  # wakes its admitting thread, which closes it
+            _shutdown(conn)
         try:  # wakes the accepting thread: on Linux close() alone leaves a blocked accept() listening
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -197,7 +238,7 @@ class LaneReader(PayloadReader):
 
     def read_into(self, target: memoryview, filled: Callable[[int], None]) -> None:
         conn = self.lane.claim(self.token, min(self._left(), self.lane.admit_timeout_s))
-        total, pos = len(target), 0
+        total, pos, whole = len(target), 0, False
         try:
             # One timeout for every read (setting it again per read measured slower): a sender that
             # stalls is cut after STALL_S; one that trickles, at the call's deadline.
@@ -211,9 +252,11 @@ class LaneReader(PayloadReader):
                                      "the header announced")
                 pos += n
                 filled(pos)
-            if conn.recv(1):
+            after = _waiting(conn)
+            if after:  # a sender writes nothing more before the call's answer
                 raise CodecError("corrupt", f"the data lane carries more than the {total} bytes "
                                  "the header announced")
+            whole = after is None  # b"": the sender closed its end, so there is nothing to keep
         except TimeoutError:
             raise Refused("DEADLINE_EXCEEDED", f"the data lane stalled after {pos} of {total} bytes"
                           ) from None
@@ -221,34 +264,116 @@ class LaneReader(PayloadReader):
             raise CodecError("corrupt", f"the data lane failed after {pos} of {total} bytes: "
                              f"{exc.strerror or exc}") from None
         finally:
-            conn.close()
+            if whole:
+                self.lane.keep(conn)
+            else:
+                conn.close()
+
+
+def _waiting(conn: socket.socket) -> bytes | None:
+    """What is already waiting on ``conn`` without reading it: a byte, b"" when the other end
+    has closed or the connection broke, None when nothing; does not block."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+    finally:
+        conn.setblocking(True)
 
 
 def new_token() -> bytes:
     return secrets.token_bytes(TOKEN_BYTES)
 
 
+class KeptLanes:
+    """A sender's idle lane connections, at most ``per_lane`` per lane (host, port),
+    each reused for a delivery within :data:`REUSE_S` of its last one. Thread-safe; :meth:`close`
+    when done."""
+
+    def __init__(self, per_lane: int = KEPT_PER_LANE) -> None:
+        """``per_lane`` 0 keeps none: a connection per delivery (the benchmark's control)."""
+        self.per_lane = per_lane
+        self._idle: dict[tuple[str, int], list[tuple[float, socket.socket]]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, host: str, port: int) -> socket.socket | None:
+        """An idle connection to the lane that its receiver has not closed, or None."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                idle = self._idle.get((host, port))
+                if not idle:
+                    return None
+                since, sock = idle.pop()
+            if now - since < REUSE_S and _waiting(sock) is None:
+                return sock
+            sock.close()  # too old to be sure the receiver still keeps it, or it has closed
+
+    def give(self, host: str, port: int, sock: socket.socket) -> None:
+        """Keep ``sock``, which has carried exactly its payload and whose call succeeded; closes
+        the ones kept too long (of any lane: a peer that restarted serves a new one)."""
+        now = time.monotonic()
+        with self._lock:
+            old = [s for socks in self._idle.values() for since, s in socks if now - since >= REUSE_S]
+            self._idle = {lane: kept for lane, socks in self._idle.items()
+                          if (kept := [(t, s) for t, s in socks if now - t < REUSE_S])}
+            idle = self._idle.setdefault((host, port), [])
+            if len(idle) < self.per_lane:
+                idle.append((now, sock))
+            else:
+                old.append(sock)
+        for s in old:
+            s.close()
+
+    def close(self) -> None:
+        """Close every idle connection; idempotent."""
+        with self._lock:
+            idle = [sock for socks in self._idle.values() for _, sock in socks]
+            self._idle.clear()
+        for sock in idle:
+            sock.close()
+
+
 def send_payload(host: str, port: int, token: bytes, payload: memoryview, call: Callable[[], grpc.Future],
-                 timeout: float) -> Any:
-    """Deliver over a lane: connect to ``host:port`` (raises OSError when that fails: the caller
-    streams instead), write ``token``, start ``call`` (a gRPC future), write the payload and
-    return the call's result. Blocks until the call ends; ``timeout`` bounds the writes."""
-    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+                 timeout: float, kept: KeptLanes | None = None) -> Any:
+    """Deliver over a lane: take a kept connection to ``host:port`` or connect (raises OSError
+    when that fails: the caller streams instead), write ``token``, start ``call`` (a gRPC
+    future), write the payload and return the call's result. Blocks until the call ends;
+    ``timeout`` bounds the writes. The connection goes back to ``kept`` when the call succeeded
+    after the whole payload was written; it is closed otherwise."""
+    sock = kept.take(host, port) if kept is not None else None
+    if sock is None:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    reusable = False
     try:
         sock.settimeout(timeout)
         sock.sendall(token)
         future = call()
-        # A call that ends (refused) while the payload is still being written must not leave
-        # the writer blocked on a receiver that stopped reading.
-        future.add_done_callback(lambda _: _shutdown(sock))
+        written = threading.Event()
+
+        def stop_writing(_: object) -> None:
+            # A call that ends (refused) while the payload is still being written must not
+            # leave the writer blocked on a receiver that stopped reading.
+            if not written.is_set():
+                _shutdown(sock)
+
+        future.add_done_callback(stop_writing)
         try:
             sock.sendall(payload)
-            sock.shutdown(socket.SHUT_WR)
+            written.set()
         except OSError:
             pass  # the receiver stopped reading: the call's status says why
-        return future.result()
+        result = future.result()
+        reusable = written.is_set()  # a shutdown that raced the last write shows at the next take
+        return result
     finally:
-        sock.close()
+        if reusable and kept is not None:
+            kept.give(host, port, sock)
+        else:
+            sock.close()
 
 
 def _shutdown(sock: socket.socket) -> None:

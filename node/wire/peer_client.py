@@ -30,7 +30,7 @@ from flmesh.node.wire import codec, data_lane, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.data_lane import lane_enabled, new_token, send_payload
+from flmesh.node.wire.data_lane import KeptLanes, lane_enabled, new_token, send_payload
 from flmesh.node.wire.frames import parse_chunk
 from flmesh.node.wire.tls import Tls
 from flmesh.topology.checks import host_of
@@ -138,6 +138,7 @@ class GrpcPeerTransport:
         self.counter = counter or ByteCounter()
         self.one_message = one_message_enabled()
         self.lane = lane_enabled()
+        self._kept = KeptLanes()  # lane connections kept between deliveries
         self._addresses: dict[str, str] = dict(peers or {})
         self._links: dict[str, _Link] = {}
         self._lock = threading.Lock()
@@ -236,7 +237,8 @@ class GrpcPeerTransport:
             request = peer_pb2.LaneDelivery(header=model.header, token=token).SerializeToString()
             try:
                 return send_payload(host_of(link.address), link.lane_port, token, model.payload.numpy().data,
-                                    lambda: link.deliver_lane.future(request, timeout=timeout), timeout)
+                                    lambda: link.deliver_lane.future(request, timeout=timeout), timeout,
+                                    self._kept)
             except OSError:  # no connection to the lane (a firewall, another host's port)
                 link.lane_port = 0
             except grpc.RpcError as exc:
@@ -282,5 +284,6 @@ class GrpcPeerTransport:
         with self._lock:
             links = list(self._links.values())
             self._links.clear()
+        self._kept.close()
         for link in links:
             link.channel.close()

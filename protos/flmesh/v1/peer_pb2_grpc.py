@@ -133,7 +133,9 @@ class PeerServicer:
         port and writes `token` (32 random bytes) then the raw payload; this call
         carries the header and the token, and the reply comes when the payload
         has been read and checked like a stream's (size, digest, finite values).
-        The payload skips gRPC's per-message copies and HTTP/2 framing.
+        The payload skips gRPC's per-message copies and HTTP/2 framing. A caller
+        writes nothing after the payload before the answer; once a call has
+        succeeded, its connection may carry the caller's next token and payload.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
