@@ -29,10 +29,10 @@ The five ways take turns: one warm-up transfer each, then ``--repeats`` rounds
 in which each moves the payload once, the order rotating, so that all are
 measured in the same phase of a machine whose speed drifts. Prints MiB/s and
 the process's CPU time (both ends) per transfer, the medians, the lane/socket
-and fresh/socket ratios per round, and for scale the speed of each digest alone over the payload
-(the receiver hashes every byte; the raw socket does not). The last line is
-``transport (<digest>): deliver <X> MiB/s (data lane), raw socket <Y> MiB/s,
-ratio <X/Y>; over gRPC ...``.
+and fresh/socket ratios per round, and for scale the speed of each digest
+alone over the payload (the receiver hashes every byte; the raw socket does
+not). The last line is ``transport (<digest>): deliver <X> MiB/s (data lane),
+raw socket <Y> MiB/s, ratio <X/Y>; a new connection each ...; over gRPC ...``.
 """
 
 from __future__ import annotations
