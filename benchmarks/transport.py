@@ -56,7 +56,8 @@ from flmesh.node.wire import codec
 from flmesh.node.wire.buffers import DIGESTS, new_digest
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.wire.compression import WireFormat
-from flmesh.node.wire.data_lane import LANE_MIN_BYTES, DataLane, KeptLanes
+from flmesh.node.wire.data_lane import LANE_MIN_BYTES, DataLane
+from flmesh.node.wire.lane_sender import KeptLanes
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
 

@@ -14,7 +14,7 @@ import torch
 from flmesh.node.errors import Refused
 from flmesh.node.inbox import InboxKey
 from flmesh.node.node import Node
-from flmesh.node.wire import data_lane, peer_client
+from flmesh.node.wire import data_lane, lane_sender, peer_client
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.data_lane import TOKEN_BYTES, DataLane, open_lane
 from flmesh.topology import parse_federation
@@ -33,7 +33,7 @@ def lanes(monkeypatch):
     sent = []
 
     def counted(*args, **kwargs):
-        reply = data_lane.send_payload(*args, **kwargs)
+        reply = lane_sender.send_payload(*args, **kwargs)
         sent.append(reply)
         return reply
 
@@ -195,7 +195,7 @@ def test_a_lane_connection_carries_the_next_delivery_and_a_stale_one_is_not_reus
         connects.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(data_lane.socket, "create_connection", counted)
+    monkeypatch.setattr(lane_sender.socket, "create_connection", counted)
     nodes = started_nodes(fed)
     sender, lane = nodes[0], nodes[1]._lane
     try:
@@ -206,7 +206,7 @@ def test_a_lane_connection_carries_the_next_delivery_and_a_stale_one_is_not_reus
         assert all(torch.equal(got.state_dict[k], v) for k, v in sender.state_dict().items())
         wait_until(lambda: len(lane._reading) == 1)  # kept, waiting for the next token
         old = next(iter(lane._reading))
-        monkeypatch.setattr(data_lane, "REUSE_S", 0.0)  # the sender's kept one is too old now
+        monkeypatch.setattr(lane_sender, "REUSE_S", 0.0)  # the sender's kept one is too old now
         assert sender.transport.deliver("node1", sender.encode(round=3), timeout=10).accepted
         assert len(connects) == 2, "a new connection"
         # the sender closed the old one, so the receiver keeps only the new one
@@ -251,8 +251,8 @@ def test_the_lane_keeps_a_connection_for_its_next_token_within_its_bounds():
 
 
 def test_a_sender_reuses_only_live_connections_and_keeps_few():
-    kept = data_lane.KeptLanes()
-    pairs = [socket.socketpair() for _ in range(data_lane.KEPT_PER_LANE + 1)]
+    kept = lane_sender.KeptLanes()
+    pairs = [socket.socketpair() for _ in range(lane_sender.KEPT_PER_LANE + 1)]
     for mine, _ in pairs:
         kept.give("127.0.0.1", 9, mine)
     assert pairs[-1][0].fileno() == -1, "one more than KEPT_PER_LANE is closed"
@@ -268,6 +268,38 @@ def test_a_sender_reuses_only_live_connections_and_keeps_few():
     kept.give("127.0.0.1", 9, mine)
     kept.close()
     assert mine.fileno() == -1
+
+
+def test_a_sender_connects_anew_when_its_kept_connection_fails():
+    lane, kept = DataLane("127.0.0.1"), lane_sender.KeptLanes()
+    stale, theirs = socket.socketpair()
+    theirs.shutdown(socket.SHUT_RD)  # looks alive (nothing waiting on it), but takes no byte
+    kept.give("127.0.0.1", lane.port, stale)
+    token, payload = os.urandom(TOKEN_BYTES), os.urandom(1000)
+
+    class Call:  # stands for the DeliverLane future: reads the payload as the receiver would
+        def add_done_callback(self, fn):
+            pass
+
+        def result(self):
+            conn = lane.claim(token, 10)
+            conn.settimeout(10)
+            got = b""
+            while len(got) < len(payload):
+                got += conn.recv(len(payload) - len(got))
+            lane.keep(conn)
+            return got
+
+    try:
+        assert lane_sender.send_payload("127.0.0.1", lane.port, token, memoryview(payload), Call, 10,
+                                        kept) == payload
+        assert stale.fileno() == -1, "the failed one is closed"
+        reused = kept.take("127.0.0.1", lane.port)
+        assert reused is not None and reused is not stale, "the new one is kept in its place"
+        reused.close()
+    finally:
+        kept.close()
+        lane.close()
 
 
 def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed, lanes, monkeypatch):

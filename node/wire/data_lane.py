@@ -17,13 +17,11 @@ header before any payload byte, the exact size, the digest, finite values, the
 sender and the round window. The gRPC call is the delivery: the stream guard
 admits it like a stream, and its status is the sender's answer.
 
-Connections are kept for the next delivery to the same lane (:class:`KeptLanes`
-on the sender, :meth:`DataLane.keep` on the receiver) once one has carried
-exactly its payload and its call succeeded: a new connection costs the connect
-and a slow start whose windows a kept one has already grown (``make bench``
-prints both). A sender writes nothing more on a connection until its
-call has answered, so bytes that follow a payload are refused; the next ones
-are the next delivery's token.
+A connection that has carried exactly its payload is kept for the sender's
+next delivery (:meth:`DataLane.keep`; the sending end is
+:mod:`~flmesh.node.wire.lane_sender`). A sender writes nothing more on a
+connection until its call has answered, so bytes that follow a payload are
+refused; the next ones are the next delivery's token.
 
 With mTLS a node serves no lane and models stream over gRPC: Python's ssl
 reads one 16 KiB record per call, and a lane over it moved no more than gRPC's
@@ -32,9 +30,9 @@ own TLS (measured ad hoc, both ends in one process or two).
 Bounds: at most ``max_pending`` new connections wait for their call (more are
 closed at once); one that has not sent its token within ``admit_timeout_s`` or
 is not claimed by a call within that time is closed. At most ``max_kept``
-connections are kept after a delivery, each for at most :data:`KEEP_S` until its
-next token; a sender reuses one only within :data:`REUSE_S`, well before that. ``FLMESH_DATA_LANE=0``
-turns lanes off (the benchmark's control).
+connections are kept after a delivery, each for at most :data:`KEEP_S` until
+its next token; a sender reuses one only within half that.
+``FLMESH_DATA_LANE=0`` turns lanes off (the benchmark's control).
 """
 
 from __future__ import annotations
@@ -42,14 +40,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-import grpc
 
 from flmesh.node.errors import Refused
 from flmesh.node.wire.frames import PayloadReader
@@ -63,8 +57,6 @@ log = logging.getLogger("flmesh.wire")
 #: model is); below it one gRPC stream costs less than a second connection.
 LANE_MIN_BYTES = 4 << 20
 TOKEN_BYTES = 32
-#: How long a sender waits to connect to a lane before it streams over gRPC instead.
-CONNECT_TIMEOUT_S = 2.0
 #: The start of a call's refusal when its connection never reached the lane (the lane was full,
 #: or something between dropped it): the sender streams over gRPC instead.
 NO_CONNECTION = "no data-lane connection brought the call's token"
@@ -72,11 +64,6 @@ NO_CONNECTION = "no data-lane connection brought the call's token"
 STALL_S = 10.0
 #: How long a receiver keeps a connection after a delivery, waiting for the next token.
 KEEP_S = 60.0
-#: How long a sender reuses an idle connection: half the receiver's keep, so that a connection
-#: is not reused just as the receiver gives it up.
-REUSE_S = KEEP_S / 2
-#: Idle connections a sender keeps per lane (a node rarely delivers to one peer twice at once).
-KEPT_PER_LANE = 2
 
 
 def lane_enabled() -> bool:
@@ -200,7 +187,7 @@ class DataLane:
             reading = list(self._reading)
             self._cond.notify_all()
         for conn in reading:  # wakes its admitting thread, which closes it
-            _shutdown(conn)
+            shutdown(conn)
         try:  # wakes the accepting thread: on Linux close() alone leaves a blocked accept() listening
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -252,7 +239,7 @@ class LaneReader(PayloadReader):
                                      "the header announced")
                 pos += n
                 filled(pos)
-            after = _waiting(conn)
+            after = waiting(conn)
             if after:  # a sender writes nothing more before the call's answer
                 raise CodecError("corrupt", f"the data lane carries more than the {total} bytes "
                                  "the header announced")
@@ -270,7 +257,7 @@ class LaneReader(PayloadReader):
                 conn.close()
 
 
-def _waiting(conn: socket.socket) -> bytes | None:
+def waiting(conn: socket.socket) -> bytes | None:
     """What is already waiting on ``conn`` without reading it: a byte, b"" when the other end
     has closed or the connection broke, None when nothing; does not block."""
     conn.setblocking(False)
@@ -284,99 +271,8 @@ def _waiting(conn: socket.socket) -> bytes | None:
         conn.setblocking(True)
 
 
-def new_token() -> bytes:
-    return secrets.token_bytes(TOKEN_BYTES)
-
-
-class KeptLanes:
-    """A sender's idle lane connections, at most ``per_lane`` per lane (host, port),
-    each reused for a delivery within :data:`REUSE_S` of its last one. Thread-safe; :meth:`close`
-    when done."""
-
-    def __init__(self, per_lane: int = KEPT_PER_LANE) -> None:
-        """``per_lane`` 0 keeps none: a connection per delivery (the benchmark's control)."""
-        self.per_lane = per_lane
-        self._idle: dict[tuple[str, int], list[tuple[float, socket.socket]]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, host: str, port: int) -> socket.socket | None:
-        """An idle connection to the lane that its receiver has not closed, or None."""
-        now = time.monotonic()
-        while True:
-            with self._lock:
-                idle = self._idle.get((host, port))
-                if not idle:
-                    return None
-                since, sock = idle.pop()
-            if now - since < REUSE_S and _waiting(sock) is None:
-                return sock
-            sock.close()  # too old to be sure the receiver still keeps it, or it has closed
-
-    def give(self, host: str, port: int, sock: socket.socket) -> None:
-        """Keep ``sock``, which has carried exactly its payload and whose call succeeded; closes
-        the ones kept too long (of any lane: a peer that restarted serves a new one)."""
-        now = time.monotonic()
-        with self._lock:
-            old = [s for socks in self._idle.values() for since, s in socks if now - since >= REUSE_S]
-            self._idle = {lane: kept for lane, socks in self._idle.items()
-                          if (kept := [(t, s) for t, s in socks if now - t < REUSE_S])}
-            idle = self._idle.setdefault((host, port), [])
-            if len(idle) < self.per_lane:
-                idle.append((now, sock))
-            else:
-                old.append(sock)
-        for s in old:
-            s.close()
-
-    def close(self) -> None:
-        """Close every idle connection; idempotent."""
-        with self._lock:
-            idle = [sock for socks in self._idle.values() for _, sock in socks]
-            self._idle.clear()
-        for sock in idle:
-            sock.close()
-
-
-def send_payload(host: str, port: int, token: bytes, payload: memoryview, call: Callable[[], grpc.Future],
-                 timeout: float, kept: KeptLanes | None = None) -> Any:
-    """Deliver over a lane: take a kept connection to ``host:port`` or connect (raises OSError
-    when that fails: the caller streams instead), write ``token``, start ``call`` (a gRPC
-    future), write the payload and return the call's result. Blocks until the call ends;
-    ``timeout`` bounds the writes. The connection goes back to ``kept`` when the call succeeded
-    after the whole payload was written; it is closed otherwise."""
-    sock = kept.take(host, port) if kept is not None else None
-    if sock is None:
-        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    reusable = False
-    try:
-        sock.settimeout(timeout)
-        sock.sendall(token)
-        future = call()
-        written = threading.Event()
-
-        def stop_writing(_: object) -> None:
-            # A call that ends (refused) while the payload is still being written must not
-            # leave the writer blocked on a receiver that stopped reading.
-            if not written.is_set():
-                _shutdown(sock)
-
-        future.add_done_callback(stop_writing)
-        try:
-            sock.sendall(payload)
-            written.set()
-        except OSError:
-            pass  # the receiver stopped reading: the call's status says why
-        result = future.result()
-        reusable = written.is_set()  # a shutdown that raced the last write shows at the next take
-        return result
-    finally:
-        if reusable and kept is not None:
-            kept.give(host, port, sock)
-        else:
-            sock.close()
-
-
-def _shutdown(sock: socket.socket) -> None:
+def shutdown(sock: socket.socket) -> None:
+    """Shut both directions of ``sock`` (wakes a thread blocked on it); never raises."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

@@ -30,8 +30,9 @@ from flmesh.node.wire import codec, data_lane, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.data_lane import KeptLanes, lane_enabled, new_token, send_payload
+from flmesh.node.wire.data_lane import lane_enabled
 from flmesh.node.wire.frames import parse_chunk
+from flmesh.node.wire.lane_sender import KeptLanes, new_token, send_payload
 from flmesh.node.wire.tls import Tls
 from flmesh.topology.checks import host_of
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
