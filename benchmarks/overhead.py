@@ -9,10 +9,12 @@ clients every round, 1 epoch, 30 rounds; and the quick start
 evaluation every round). Each is run as a whole process, start-up included,
 by ``benchmarks/plain_loop.py`` (the same split, model, batches and
 evaluation in one loop: no gRPC, threads, files) and by ``fl-sim`` over real
-gRPC on 127.0.0.1, alternated. Prints wall seconds, CPU seconds (user +
-system, worker processes included) and peak memory of each with its workers
-(Pss, and the Rss sum; medians), the ratios, and both final accuracies (they
-must agree: the same computation).
+gRPC on 127.0.0.1, alternated. fl-sim draws its pictures, which the loop does
+not; the control row is ``fl-sim --no-pictures`` (no picture helper, no
+matplotlib), alternated with the other two. Prints wall seconds, CPU seconds
+(user + system, worker processes included) and peak memory of each with its
+workers (Pss, and the Rss sum; medians), the ratios, and both final
+accuracies (they must agree: the same computation).
 """
 
 from __future__ import annotations
@@ -115,13 +117,17 @@ def main(argv: list[str] | None = None) -> int:
                     REPO / "examples/quickstart.toml"}
         plain_loop = str(REPO / "benchmarks/plain_loop.py")
         for j, (name, file) in enumerate(jobs.items()):
-            runs: dict[str, list[tuple[float, float, float, float, str]]] = {"plain": [], "fl-sim": []}
+            runs: dict[str, list[tuple[float, float, float, float, str]]] = {
+                "plain": [], "fl-sim": [], "no pictures": []}
             for i in range(repeats):
                 runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
                 sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-run{i}")]
                 runs["fl-sim"].append(measure(sim, work))
+                bare = [*sim[:-1], str(work / f"job{j}-bare{i}"), "--no-pictures"]
+                runs["no pictures"].append(measure(bare, work))
                 print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, fl-sim "
-                      f"{runs['fl-sim'][-1][0]:.1f}s", file=sys.stderr, flush=True)
+                      f"{runs['fl-sim'][-1][0]:.1f}s, --no-pictures {runs['no pictures'][-1][0]:.1f}s",
+                      file=sys.stderr, flush=True)
             med = {k: [statistics.median(r[c] for r in v) for c in range(4)] for k, v in runs.items()}
             last = work / f"job{j}-run{repeats - 1}"
             accuracy = (final_accuracy(runs["plain"][-1][4]), summary_accuracy(last))
@@ -133,11 +139,12 @@ def main(argv: list[str] | None = None) -> int:
           "| ratio wall / CPU / memory | final accuracy: plain / fl-sim |")
     print("|---|---:|---:|---:|---:|")
     for name, med, acc_plain, acc_sim in rows:
-        (pw, pc, pm, pr), (sw, sc, sm, sr) = med["plain"], med["fl-sim"]
-        print(f"| {name} | {pw:.1f} / {pc:.1f} / {pm:.0f} ({pr:.0f}) "
-              f"| {sw:.1f} / {sc:.1f} / {sm:.0f} ({sr:.0f}) "
-              f"| {sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x ({sr / pr:.2f}x) "
-              f"| {acc_plain} / {acc_sim} |")
+        for label, way in ((name, "fl-sim"), (f"{name}; control: fl-sim --no-pictures", "no pictures")):
+            (pw, pc, pm, pr), (sw, sc, sm, sr) = med["plain"], med[way]
+            print(f"| {label} | {pw:.1f} / {pc:.1f} / {pm:.0f} ({pr:.0f}) "
+                  f"| {sw:.1f} / {sc:.1f} / {sm:.0f} ({sr:.0f}) "
+                  f"| {sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x ({sr / pr:.2f}x) "
+                  f"| {acc_plain} / {acc_sim} |")
     return 0
 
 

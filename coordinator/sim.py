@@ -183,6 +183,7 @@ class Simulation:
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
         # who draws the pictures: fl-sim's helper process (picture_helper.py); None: this process
         self.pictures: PictureHelper | None = None
+        self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
         self.driver: Driver
         from flmesh.coordinator.sim_pool import default_workers
 
@@ -243,7 +244,7 @@ class Simulation:
         rows: list[RoundRow] = []
         try:
             for row in self.driver.rows():
-                if not rows and self.pictures is None:  # load matplotlib beside the rounds, not after
+                if not rows and self.pictures is None and self.draw_pictures:  # beside the rounds
                     from flmesh.coordinator.pictures import load_in_background
 
                     load_in_background()
@@ -254,17 +255,22 @@ class Simulation:
         finally:
             summary = self.summary(rows, writer.rows, time.monotonic() - started)
             writer.write_summary(summary)
-            from flmesh.coordinator.pictures import PicturesError, draw
-
-            try:
-                drawn = (self.pictures.draw(writer.rows, self.out_dir) if self.pictures is not None
-                         else draw(writer.rows, self.out_dir))
-            except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
-                raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
-                                    f"{type(exc).__name__}: {exc}") from exc
-            summary.pictures = [str(p) for p in drawn]
-            writer.write_summary(summary)
+            if self.draw_pictures:
+                summary.pictures = self._draw(writer)
+                writer.write_summary(summary)
         return summary
+
+    def _draw(self, writer: RunWriter) -> list[str]:
+        """The run's pictures, drawn by the helper process or here; their paths."""
+        from flmesh.coordinator.pictures import PicturesError, draw
+
+        try:
+            drawn = (self.pictures.draw(writer.rows, self.out_dir) if self.pictures is not None
+                     else draw(writer.rows, self.out_dir))
+        except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
+            raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        return [str(p) for p in drawn]
 
     def summary(self, rows: list[RoundRow], raw: list[dict[str, Any]], wall_s: float) -> Summary:
         fed = self.federation

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
                              "on 127.0.0.1)")
     parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
+    parser.add_argument("--no-pictures", action="store_true",
+                        help="draw no pictures (fl-sim report DIR draws them later); matplotlib is "
+                             "then never loaded")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="node log level")
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -125,14 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from flmesh.coordinator.picture_helper import PictureHelper
 
-    pictures = PictureHelper.start()  # imports matplotlib beside this process's imports below
+    # imports matplotlib beside this process's imports below
+    pictures = None if args.no_pictures else PictureHelper.start()
     try:
         return _run(args, parser, pictures)
     finally:
-        pictures.close()
+        if pictures is not None:
+            pictures.close()
 
 
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: PictureHelper) -> int:
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: PictureHelper | None) -> int:
     """fl-sim after its flags are read; the exit code."""
     from rich.console import Console
     from rich.logging import RichHandler
@@ -187,7 +192,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
         started: Simulation | None = None
         try:
             sim = started = Simulation(federation, out, tls=args.tls, workers=args.workers)
-            sim.pictures = pictures
+            sim.pictures, sim.draw_pictures = pictures, not args.no_pictures
             sim.start()  # forks the workers: before any other thread (TensorBoard's writer) runs
             if args.tensorboard is not None:
                 from flmesh.node.observe import Board
@@ -282,7 +287,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
             table.add_row(_pct(final.fa), _pct(final.ff), _pct(final.pfa),
                           f"{_pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}")
         console.print(table)
-    console.print(f"results: {summary.out_dir}/summary.json, rounds.jsonl, accuracy.png")
+    written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
+    console.print(f"results: {summary.out_dir}/summary.json, {written}")
     return 130 if interrupted or summary.interrupted else 0
 
 

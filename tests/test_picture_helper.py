@@ -85,6 +85,26 @@ def test_fl_sim_draws_its_pictures_without_importing_matplotlib(tmp_path):
     assert all((out / n).stat().st_size > 0 for n in NAMES)
 
 
+def test_fl_sim_no_pictures_draws_none_and_starts_no_helper(tmp_path, monkeypatch, capsys):
+    """--no-pictures: no helper process, no picture, the summary lists none; fl-sim report draws
+    them from the rows later."""
+    from flmesh.coordinator.sim_cli import main
+
+    def no_helper():
+        raise AssertionError("a picture helper was started")
+
+    monkeypatch.setattr(PictureHelper, "start", no_helper)
+    fed = tmp_path / "fed.toml"
+    fed.write_text('[federation]\nname = "p"\nrounds = 2\n[topology]\nnodes = 3\n[model]\nhidden = [16]\n')
+    out = tmp_path / "run"
+    assert main([str(fed), "--out", str(out), "--quiet", "--workers", "1", "--no-pictures"]) == 0
+    assert not list(out.glob("*.png"))
+    assert json.loads((out / "summary.json").read_text())["pictures"] == []
+    assert "".join(capsys.readouterr().out.split()).endswith("summary.json,rounds.jsonl")  # rich wraps
+    assert main(["report", str(out)]) == 0
+    assert all((out / n).stat().st_size > 0 for n in NAMES)
+
+
 def test_fl_sim_with_matplotlib_loaded_draws_in_process():
     import matplotlib.figure  # noqa: F401  (what a test process or an embedder may have loaded)
 
