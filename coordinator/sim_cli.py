@@ -5,7 +5,8 @@
     fl-sim compare RUN_DIR... [--out PNG]
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
-percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures. Exit codes:
+percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures (none with
+--no-pictures). Exit codes:
 0 done, 1 a peer or the aggregator failed mid-run (or the pictures could not be drawn), 2 bad input (one
 line on stderr), 130 interrupted.
 """
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from flmesh.coordinator.picture_helper import PictureHelper
 
-    # imports matplotlib beside this process's imports below
+    # the helper imports matplotlib beside this process's imports below
     pictures = None if args.no_pictures else PictureHelper.start()
     try:
         return _run(args, parser, pictures)

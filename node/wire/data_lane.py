@@ -182,7 +182,7 @@ class DataLane:
         """Stop listening and close every waiting connection; idempotent."""
         with self._cond:
             self._closed = True
-            waiting = list(self._pending.values())
+            pending = list(self._pending.values())
             self._pending.clear()
             reading = list(self._reading)
             self._cond.notify_all()
@@ -193,7 +193,7 @@ class DataLane:
         except OSError:
             pass
         self._listener.close()
-        for conn in waiting:
+        for conn in pending:
             conn.close()
 
 
