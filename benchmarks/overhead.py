@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
                 sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-run{i}")]
                 runs["fl-sim"].append(measure(sim, work))
-                bare = [*sim[:-1], str(work / f"job{j}-bare{i}"), "--no-pictures"]
+                bare = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-bare{i}"),
+                        "--no-pictures"]
                 runs["no pictures"].append(measure(bare, work))
                 print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, fl-sim "
                       f"{runs['fl-sim'][-1][0]:.1f}s, --no-pictures {runs['no pictures'][-1][0]:.1f}s",

@@ -127,20 +127,21 @@ def _with_token(host: str, port: int, token: bytes, timeout: float, kept: KeptLa
     one when none is kept or the kept one fails (its receiver reset it). OSError when a new
     one cannot be made or written to."""
     sock = kept.take(host, port) if kept is not None else None
-    if sock is None:
-        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    else:
+    if sock is not None:
         try:
-            sock.settimeout(timeout)
-            sock.sendall(token)
+            _write_token(sock, token, timeout)
             return sock
         except OSError:
             sock.close()
-            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
     try:
-        sock.settimeout(timeout)
-        sock.sendall(token)
+        _write_token(sock, token, timeout)
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def _write_token(sock: socket.socket, token: bytes, timeout: float) -> None:
+    sock.settimeout(timeout)  # from here on, every write of the delivery
+    sock.sendall(token)
