@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The ``fl-node`` console command: :func:`main`, then a quick exit (``exit_after``)."""
-    from flmesh.node.cli_common import exit_after
+    from flmesh.node.cli_common import exit_after, one_blas_thread
 
+    one_blas_thread()
     exit_after(main)
 
 

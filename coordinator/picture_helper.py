@@ -6,8 +6,8 @@ in a timeline of the FedAvg job of ``benchmarks/overhead.py`` the three rounds i
 beside took ~0.3 s longer. :meth:`PictureHelper.start` launches a fresh interpreter
 (``python -m flmesh.coordinator.picture_helper``) as fl-sim starts; it imports matplotlib on
 the core that fl-sim's own import of torch leaves idle, then waits. At the end,
-:meth:`PictureHelper.draw` sends it the rows (one JSON line) and it answers with the
-pictures' paths (one JSON line): the pictures of
+:meth:`PictureHelper.draw` sends it the rows, or only the path of the rounds.jsonl that holds
+them (one JSON line), and it answers with the pictures' paths (one JSON line): the pictures of
 :func:`~flmesh.coordinator.pictures.draw`, the same files, drawn two at a time
 (:func:`draw_in_two`).
 
@@ -52,17 +52,23 @@ class PictureHelper:
     def launch(cls) -> PictureHelper:
         """Launch the helper whatever this process has loaded (returns at once)."""
         try:
+            # one BLAS thread: the helper's numpy multiplies no matrices worth threads, and
+            # OpenBLAS's start-up of one per core cost it 0.05-0.1 CPU-s (of ~0.5)
             proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.picture_helper"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                                    env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         except OSError:  # draw() draws here instead
             return cls(None)
         return cls(proc)
 
-    def draw(self, rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
+    def draw(self, rows: Sequence[Mapping[str, Any]], out_dir: Path,
+             rows_file: Path | None = None) -> list[Path]:
         """The pictures of ``rows`` in ``out_dir`` (see :func:`~flmesh.coordinator.pictures.draw`);
         drawn by the helper, or here when it cannot (or has not answered within
-        :data:`DRAW_TIMEOUT_S`). Blocks until they are written."""
+        :data:`DRAW_TIMEOUT_S`). ``rows_file``: a rounds.jsonl whose lines are ``rows``; the
+        helper then reads them there (this process need not encode them again: ~8 ms for the
+        quick start's 0.5 MB) and checks their count. Blocks until they are written."""
         from flmesh.coordinator.pictures import draw
 
         proc, self._proc = self._proc, None  # one drawing per helper
@@ -74,7 +80,9 @@ class PictureHelper:
         reply: dict[str, Any] = {}
         try:
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(json.dumps({"rows": list(rows), "out_dir": str(out_dir)}) + "\n")
+            request: dict[str, Any] = ({"rows_file": str(rows_file), "count": len(rows)} if rows_file
+                                       else {"rows": list(rows)})
+            proc.stdin.write(json.dumps({**request, "out_dir": str(out_dir)}) + "\n")
             proc.stdin.flush()
             answered, _, _ = select.select([proc.stdout], [], [], DRAW_TIMEOUT_S)
             reply = json.loads(proc.stdout.readline() or "{}") if answered else {}
@@ -141,6 +149,15 @@ def draw_in_two(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Path]:
     return drawn + [path for _, path in jobs[split:]]
 
 
+def read_rows(rows_file: Path, count: int) -> list[dict[str, Any]]:
+    """The ``count`` rows of a finished rounds.jsonl (one JSON object per line). Raises
+    ValueError when it holds another number of rows (it is not the run's: draw them there)."""
+    rows = [json.loads(line) for line in Path(rows_file).read_text(encoding="utf-8").splitlines() if line]
+    if len(rows) != count:
+        raise ValueError(f"{rows_file} holds {len(rows)} rows, not the run's {count}")
+    return rows
+
+
 def main() -> int:
     """The helper: import matplotlib, then draw each request (one JSON line in, one out)
     until stdin closes. A request it cannot draw gets ``{"error": ...}``."""
@@ -154,7 +171,9 @@ def main() -> int:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            paths = draw_in_two(request["rows"], Path(request["out_dir"]))
+            rows = (read_rows(Path(request["rows_file"]), int(request["count"])) if "rows_file" in request
+                    else request["rows"])
+            paths = draw_in_two(rows, Path(request["out_dir"]))
             reply: dict[str, Any] = {"pictures": [str(p) for p in paths]}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}

@@ -20,6 +20,11 @@ from typing import Any
 FIXED_MARGINS = {"left": 0.11, "right": 0.977, "bottom": 0.146, "top": 0.949}
 
 
+#: PNG at zlib level 1 instead of Pillow's 6: the pictures are ~20-30% larger (tens of KB) and
+#: written ~8 ms sooner each, which a run waits for at its end (matplotlib passes these to Pillow).
+PNG = {"pil_kwargs": {"compress_level": 1}}
+
+
 class PicturesError(Exception):
     """The pictures of a run could not be drawn (its rows and summary are written)."""
 
@@ -97,7 +102,7 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.subplots_adjust(**FIXED_MARGINS)
-    fig.savefig(path)
+    fig.savefig(path, **PNG)
     plt.close(fig)
     return path
 
@@ -117,7 +122,7 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_ylabel("class")
     fig.colorbar(image, ax=ax, label="accuracy (%)")
     fig.subplots_adjust(**FIXED_MARGINS)
-    fig.savefig(path)
+    fig.savefig(path, **PNG)
     plt.close(fig)
     return path
 
@@ -144,7 +149,7 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path) -> Path
         ax.set_yticks(range(len(nodes)), nodes)
     fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, **PNG)
     plt.close(fig)
     return path
 
@@ -170,6 +175,6 @@ def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize="small", ncol=2)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, **PNG)
     plt.close(fig)
     return path

@@ -265,8 +265,10 @@ class Simulation:
         from flmesh.coordinator.pictures import PicturesError, draw
 
         try:
-            drawn = (self.pictures.draw(writer.rows, self.out_dir) if self.pictures is not None
-                     else draw(writer.rows, self.out_dir))
+            if self.pictures is not None:  # the helper reads the rows from rounds.jsonl
+                drawn = self.pictures.draw(writer.rows, self.out_dir, writer.rounds_path)
+            else:
+                drawn = draw(writer.rows, self.out_dir)
         except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
             raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
                                 f"{type(exc).__name__}: {exc}") from exc

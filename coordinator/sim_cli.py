@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from flmesh.node.cli_common import OneLineParser, exit_after, skip_final_collection
+from flmesh.node.cli_common import OneLineParser, exit_after, one_blas_thread, skip_final_collection
 
 if TYPE_CHECKING:
     from flmesh.coordinator.picture_helper import PictureHelper
@@ -295,6 +295,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
 
 def entry() -> NoReturn:
     """The ``fl-sim`` console command: :func:`main`, then a quick exit (``exit_after``)."""
+    one_blas_thread()
     exit_after(main)
 
 

@@ -41,6 +41,15 @@ def skip_final_collection() -> None:
     atexit.register(gc.freeze)
 
 
+def one_blas_thread() -> None:
+    """Give numpy's OpenBLAS one thread unless the user chose (``OPENBLAS_NUM_THREADS``). flmesh
+    multiplies no numpy matrices (its arrays are metrics and rows; torch has its own threads),
+    and OpenBLAS starts a thread per core when numpy loads, which cost fl-sim 0.1 CPU-s of its
+    ~3 in the quick start (4 alternated pairs) for nothing. Call before numpy is imported: from
+    a console entry point."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def exit_after(main: Callable[[], int]) -> NoReturn:
     """Run a command's ``main`` and end the process with its exit code, without tearing the
     interpreter down. Why: with torch, gRPC and the rest imported, the teardown after

@@ -75,3 +75,19 @@ def test_fl_sim_and_fl_node_are_installed_with_the_quick_exit():
     assert scripts["fl-sim"] == "flmesh.coordinator.sim_cli:entry"
     assert scripts["fl-node"] == "flmesh.coordinator.node_entry:entry"
     assert (Path(sys.executable).parent / "fl-sim").read_text().count("entry") >= 2
+
+
+@pytest.mark.parametrize("module", ["flmesh.coordinator.sim_cli", "flmesh.coordinator.node_entry"])
+@pytest.mark.parametrize(("given", "seen"), [(None, "1"), ("3", "3")])
+def test_fl_sim_and_fl_node_give_numpy_one_blas_thread_unless_the_user_chose(module, given, seen):
+    """``cli_common.one_blas_thread``: set by the entry point, before main imports numpy."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    script = (f"import os, sys, {module} as m\n"
+              "m.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules) or 0\n"
+              "m.entry()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [seen, "False"]

@@ -35,6 +35,40 @@ def test_the_helper_draws_the_pictures_this_process_would_and_leaves(tmp_path):
         assert a.read_bytes() == b.read_bytes()
 
 
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_the_helper_reads_the_rows_from_rounds_jsonl_and_checks_their_count(tmp_path):
+    """fl-sim names its rounds.jsonl instead of sending the rows; a file that holds another
+    number of rows is not used (this process draws the rows it has)."""
+    rows = peer_rows()
+    for name, in_file in (("same", rows), ("other", rows[:2])):
+        (tmp_path / name).mkdir()
+        helper = PictureHelper.launch()
+        assert helper._proc is not None
+        if name == "other":
+            environ = Path(f"/proc/{helper._proc.pid}/environ").read_text().split("\0")
+            assert "OPENBLAS_NUM_THREADS=1" in environ  # one BLAS thread, whatever fl-sim has
+        drawn = helper.draw(rows, tmp_path / name, write_rows(tmp_path / f"{name}.jsonl", in_file))
+        assert [p.name for p in drawn] == NAMES
+    (tmp_path / "here").mkdir()
+    here = draw(rows, tmp_path / "here")
+    for name in ("same", "other"):
+        for a, b in zip((tmp_path / name / n for n in NAMES), here, strict=True):
+            assert a.read_bytes() == b.read_bytes()
+
+
+def test_read_rows_takes_a_finished_file_and_refuses_another_count(tmp_path):
+    from flmesh.coordinator.picture_helper import read_rows
+
+    path = write_rows(tmp_path / "rounds.jsonl", peer_rows(3))
+    assert read_rows(path, 3) == peer_rows(3)
+    with pytest.raises(ValueError, match="holds 3 rows, not the run's 4"):
+        read_rows(path, 4)
+
+
 def test_a_helper_that_died_leaves_the_pictures_to_this_process(tmp_path):
     helper = PictureHelper.launch()
     assert helper._proc is not None
