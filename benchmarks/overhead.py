@@ -11,7 +11,11 @@ by ``benchmarks/plain_loop.py`` (the same split, model, batches and
 evaluation in one loop: no gRPC, threads, files) and by ``fl-sim`` over real
 gRPC on 127.0.0.1, alternated. fl-sim draws its pictures, which the loop does
 not; the control row is ``fl-sim --no-pictures`` (no picture helper, no
-matplotlib), alternated with the other two. Prints wall seconds, CPU seconds
+matplotlib), alternated with the other two. The loop, as a user runs it, has
+torch's default of one thread per core, the second of which spins on CPU
+between operators without making the loop faster; the third row compares
+fl-sim with the loop on one torch thread (``OMP_NUM_THREADS=1``, also
+alternated), whose CPU is what the training itself needs. Prints wall seconds, CPU seconds
 (user + system, worker processes included) and peak memory of each with its
 workers (Pss, and the Rss sum; medians), the ratios, and both final
 accuracies (they must agree: the same computation).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -63,14 +68,17 @@ public_fraction = 0.0
 """
 
 
-def measure(argv: list[str], cwd: Path) -> tuple[float, float, float, float, str]:
+def measure(argv: list[str], cwd: Path,
+            env: dict[str, str] | None = None) -> tuple[float, float, float, float, str]:
     """(wall s, CPU s, peak Pss MiB, peak Rss MiB, stdout) of one process and its children:
     wall and CPU (theirs included) through /usr/bin/time, memory sampled every SAMPLE_S: Pss
     splits each shared page among its sharers, so forked workers, which share torch's pages
     with fl-sim, are not counted several times over; the Rss sum is the worst case. (Sampled
-    every 50 ms, smaps_rollup's page-table walks slowed the measured processes.)"""
+    every 50 ms, smaps_rollup's page-table walks slowed the measured processes.) ``env``: added
+    to this process's environment."""
     proc = subprocess.Popen(["/usr/bin/time", "-f", "@@ %e %U %S", *argv], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=None if env is None else {**os.environ, **env})
     peak = [0.0, 0.0]
 
     def sample() -> None:
@@ -118,21 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         plain_loop = str(REPO / "benchmarks/plain_loop.py")
         for j, (name, file) in enumerate(jobs.items()):
             runs: dict[str, list[tuple[float, float, float, float, str]]] = {
-                "plain": [], "fl-sim": [], "no pictures": []}
+                "plain": [], "fl-sim": [], "no pictures": [], "plain, one thread": []}
             for i in range(repeats):
                 runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
+                runs["plain, one thread"].append(measure([sys.executable, plain_loop, str(file)], work,
+                                                         {"OMP_NUM_THREADS": "1"}))
                 sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-run{i}")]
                 runs["fl-sim"].append(measure(sim, work))
                 bare = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-bare{i}"),
                         "--no-pictures"]
                 runs["no pictures"].append(measure(bare, work))
-                print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, fl-sim "
-                      f"{runs['fl-sim'][-1][0]:.1f}s, --no-pictures {runs['no pictures'][-1][0]:.1f}s",
+                print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, one thread "
+                      f"{runs['plain, one thread'][-1][0]:.1f}s, fl-sim {runs['fl-sim'][-1][0]:.1f}s, "
+                      f"--no-pictures {runs['no pictures'][-1][0]:.1f}s",
                       file=sys.stderr, flush=True)
             med = {k: [statistics.median(r[c] for r in v) for c in range(4)] for k, v in runs.items()}
             last = work / f"job{j}-run{repeats - 1}"
-            accuracy = (final_accuracy(runs["plain"][-1][4]), summary_accuracy(last))
-            rows.append((name, med, *accuracy))
+            accuracy = {"plain": final_accuracy(runs["plain"][-1][4]),
+                        "plain, one thread": final_accuracy(runs["plain, one thread"][-1][4])}
+            rows.append((name, med, accuracy, summary_accuracy(last)))
     print(f"\nMedians of {repeats} alternated run(s) per command, whole processes (start-up included)\n")
     print("Memory: peak of the process and its workers, Pss (shared pages split among their sharers) "
           "and, in brackets, Rss summed (shared pages counted in every process).\n")
@@ -140,12 +152,16 @@ def main(argv: list[str] | None = None) -> int:
           "| ratio wall / CPU / memory | final accuracy: plain / fl-sim |")
     print("|---|---:|---:|---:|---:|")
     for name, med, acc_plain, acc_sim in rows:
-        for label, way in ((name, "fl-sim"), (f"{name}; control: fl-sim --no-pictures", "no pictures")):
-            (pw, pc, pm, pr), (sw, sc, sm, sr) = med["plain"], med[way]
+        for label, base, way in (
+                (name, "plain", "fl-sim"),
+                (f"{name}; control: fl-sim --no-pictures", "plain", "no pictures"),
+                (f"{name}; control: the loop on one torch thread (OMP_NUM_THREADS=1)", "plain, one thread",
+                 "fl-sim")):
+            (pw, pc, pm, pr), (sw, sc, sm, sr) = med[base], med[way]
             print(f"| {label} | {pw:.1f} / {pc:.1f} / {pm:.0f} ({pr:.0f}) "
                   f"| {sw:.1f} / {sc:.1f} / {sm:.0f} ({sr:.0f}) "
                   f"| {sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x ({sr / pr:.2f}x) "
-                  f"| {acc_plain} / {acc_sim} |")
+                  f"| {acc_plain[base]} / {acc_sim} |")
     return 0
 
 
