@@ -7,7 +7,8 @@ Runs ``fl-sim FEDERATION --quiet`` in this process with timers around its
 phases, then ``benchmarks/plain_loop.py`` in a child process with timers around
 its training and evaluation calls, and prints both. fl-sim's phases: imports
 (everything up to the federation's start), start (data split, nodes, servers),
-rounds (first row to last row, per round), the end (summary, pictures, close),
+rounds (first row to last row, per round), the end (summary, pictures, close; the
+pictures alone: fl-sim's wait for its picture helper),
 and inside the rounds the time the compute gate (one node computes at a time:
 ``trainer.serialize_compute``) is held, i.e. training and evaluation, against
 the same computation in the plain loop. Wall seconds from time.perf_counter;
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         marks.setdefault(name, time.perf_counter() - START)
 
     start, write_round = sim_mod.Simulation.start, sim_mod.RunWriter.write_round
+    draw = sim_mod.Simulation._draw
+    drawing = [0.0]  # wall seconds fl-sim waited for its pictures (the helper's drawing)
 
     def timed_start(self: sim_mod.Simulation) -> None:
         mark("start")
@@ -104,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     def timed_write(self: sim_mod.RunWriter, row: sim_mod.RoundRow) -> None:
         write_round(self, row)
         rows.append(time.perf_counter() - START)
+
+    def timed_draw(self: sim_mod.Simulation, writer: sim_mod.RunWriter) -> list[str]:
+        t = time.perf_counter()
+        try:
+            return draw(self, writer)
+        finally:
+            drawing[0] += time.perf_counter() - t
 
     @contextlib.contextmanager
     def timed_gate() -> Iterator[None]:
@@ -174,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers.NodeHandlers.deliver = timed_deliver  # type: ignore[method-assign]
     sim_mod.Simulation.start = timed_start  # type: ignore[method-assign]
     sim_mod.RunWriter.write_round = timed_write  # type: ignore[method-assign]
+    sim_mod.Simulation._draw = timed_draw  # type: ignore[method-assign]
     trainer.compute = timed_gate
     sim_worker.serve = timed_serve
     flags = [] if args.workers is None else ["--workers", str(args.workers)]
@@ -201,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{marks['started'] - marks['start']:.2f} s")
     print(f"  rounds              {rows[-1] - rows[0]:6.2f} s   ({1000 * per_round:.0f} ms per round, "
           f"first row to last)")
-    print(f"  end (summary, pictures, close) {end - rows[-1]:.2f} s   whole run {end:.2f} s")
+    print(f"  end (summary, pictures, close) {end - rows[-1]:.2f} s (the pictures {1000 * drawing[0]:.0f} ms)"
+          f"   whole run {end:.2f} s")
     for i, w in enumerate(workers):
         print(f"  worker {i}: {w['wall']:.2f} s from fork to exit, {w['cpu']:.2f} CPU-s; the figures below "
               "add up every worker's")
