@@ -41,23 +41,26 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 
 def test_the_helper_reads_the_rows_from_rounds_jsonl_and_checks_their_count(tmp_path):
-    """fl-sim names its rounds.jsonl instead of sending the rows; a file that holds another
-    number of rows is not used (this process draws the rows it has)."""
+    """fl-sim names its rounds.jsonl instead of sending the rows, and the helper draws what the
+    file holds; a file that holds another number of rows is not used (this process draws the
+    rows it has)."""
     rows = peer_rows()
-    for name, in_file in (("same", rows), ("other", rows[:2])):
+    in_file = [{**row, "fa": row["fa"] / 2} for row in rows]  # the same count, other numbers
+    cases = {"file": (in_file, in_file), "other": (rows[:2], rows)}  # what the file holds, drawn
+    for name, (held, expected) in cases.items():
         (tmp_path / name).mkdir()
         helper = PictureHelper.launch()
         assert helper._proc is not None
         if name == "other":
             environ = Path(f"/proc/{helper._proc.pid}/environ").read_text().split("\0")
             assert "OPENBLAS_NUM_THREADS=1" in environ  # one BLAS thread, whatever fl-sim has
-        drawn = helper.draw(rows, tmp_path / name, write_rows(tmp_path / f"{name}.jsonl", in_file))
+        drawn = helper.draw(rows, tmp_path / name, write_rows(tmp_path / f"{name}.jsonl", held))
         assert [p.name for p in drawn] == NAMES
-    (tmp_path / "here").mkdir()
-    here = draw(rows, tmp_path / "here")
-    for name in ("same", "other"):
-        for a, b in zip((tmp_path / name / n for n in NAMES), here, strict=True):
+        (tmp_path / f"{name}-here").mkdir()
+        here = draw(expected, tmp_path / f"{name}-here")
+        for a, b in zip(drawn, here, strict=True):
             assert a.read_bytes() == b.read_bytes()
+    assert (tmp_path / "file" / NAMES[0]).read_bytes() != (tmp_path / "other" / NAMES[0]).read_bytes()
 
 
 def test_read_rows_takes_a_finished_file_and_refuses_another_count(tmp_path):
