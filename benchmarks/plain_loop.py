@@ -18,13 +18,40 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from torch import nn
 
 from flmesh.node.algorithms.fedavg import fedavg
-from flmesh.node.learning.data import SEED_MODEL, SEED_TRAIN, derive_seed, federation_data, load_dataset
+from flmesh.node.learning.data import (
+    SEED_MODEL,
+    SEED_TRAIN,
+    NodeData,
+    derive_seed,
+    federation_data,
+    load_dataset,
+)
 from flmesh.node.learning.metrics import federation_metrics
 from flmesh.node.learning.models import build_model
 from flmesh.node.learning.trainer import evaluate, train
-from flmesh.topology import load_federation
+from flmesh.topology import Federation, load_federation
+
+
+def cwt_round(fed: Federation, data: dict[str, NodeData], models: dict[str, nn.Module], t: int) -> np.ndarray:
+    """Round ``t`` of a peer federation in the loop: each node takes the model its source
+    trained in round t-1, every node trains, and every model is evaluated on every test split;
+    the N x N accuracy matrix."""
+    ids = fed.node_ids
+    plan = fed.schedule().plan(t)
+    if t > 1:  # take the model the source trained in round t-1
+        states = {n: {k: v.clone() for k, v in models[n].state_dict().items()} for n in ids}
+        for n in ids:
+            source = plan[n].source
+            if source is not None:
+                models[n].load_state_dict(states[source])
+    for n in ids:
+        node = fed.node(n)
+        seed = derive_seed(fed.seed, SEED_TRAIN, node.index, t, 0)
+        train(models[n], data[n].train, node.training, seed=seed)
+    return np.array([[evaluate(models[i], data[j].test).accuracy for j in ids] for i in ids])
 
 
 def main(argv: list[str]) -> int:
@@ -41,19 +68,8 @@ def main(argv: list[str]) -> int:
     cfg = {n: fed.node(n).training for n in ids}
     index = {n: fed.node(n).index for n in ids}
     if fed.aggregator is None:
-        schedule = fed.schedule()
         for t in range(1, fed.rounds + 1):
-            plan = schedule.plan(t)
-            if t > 1:  # take the model the source trained in round t-1
-                states = {n: {k: v.clone() for k, v in models[n].state_dict().items()} for n in ids}
-                for n in ids:
-                    source = plan[n].source
-                    if source is not None:
-                        models[n].load_state_dict(states[source])
-            for n in ids:
-                seed = derive_seed(fed.seed, SEED_TRAIN, index[n], t, 0)
-                train(models[n], data[n].train, cfg[n], seed=seed)
-            acc = np.array([[evaluate(models[i], data[j].test).accuracy for j in ids] for i in ids])
+            acc = cwt_round(fed, data, models, t)
         print(f"plain loop: FA {100 * federation_metrics(acc).fa:.2f}%")
         return 0
     global_model = fresh()

@@ -114,3 +114,11 @@ def test_startup_prints_help_serving_and_exit_times_with_the_control():
                                     "control: the same `main` under `sys.exit`"]
     assert all(float(r[1]) > 0 and r[1] == r[2] for r in rows)  # one run: min is the median
     assert [r[3] for r in rows] == ["0.5", "0.5", "0.5", "2.0", "-", "-", "-"]
+
+
+@pytest.mark.slow
+def test_round_cost_prints_each_way_and_they_agree():
+    rows = table(run("round_cost.py", "--rounds", "2", "--repeats", "1"), "| way |")
+    assert [r[0] for r in rows] == ["loop", "memory", "grpc"]
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
+    assert len({r[3] for r in rows}) == 1  # the same computation: the same final FA
