@@ -80,8 +80,8 @@ class PictureHelper:
         reply: dict[str, Any] = {}
         try:
             assert proc.stdin is not None and proc.stdout is not None
-            request: dict[str, Any] = ({"rows_file": str(rows_file), "count": len(rows)} if rows_file
-                                       else {"rows": list(rows)})
+            request: dict[str, Any] = ({"rows": list(rows)} if rows_file is None
+                                       else {"rows_file": str(rows_file), "count": len(rows)})
             proc.stdin.write(json.dumps({**request, "out_dir": str(out_dir)}) + "\n")
             proc.stdin.flush()
             answered, _, _ = select.select([proc.stdout], [], [], DRAW_TIMEOUT_S)
