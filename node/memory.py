@@ -36,6 +36,7 @@ from flmesh.node.transport import (
     ReplayStatus,
     ReplayTransport,
     SubmitResult,
+    poll_with_model,
 )
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
@@ -201,16 +202,26 @@ class MemoryAggregatorTransport:
         return _call(AGGREGATOR, lambda: self.network.aggregator(self.me).poll(self.me, node_id, round,
                                                                                wait_s))
 
-    def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
-              timeout: float) -> DecodedModel:
-        def call() -> DecodedModel:
-            message = self.network.aggregator(self.me).fetch(self.me, node_id, round)
-            return codec.decode(_as_received(message, self.network.chunk_bytes), expected, max_bytes,
-                                wire=self.wire)
+    def poll_with_model(self, node_id: str, round: int, *, wait_s: float, expected: ModelSpec,
+                        max_bytes: int) -> tuple[PollInfo, DecodedModel | None]:
+        def call() -> tuple[PollInfo, DecodedModel | None]:
+            info, message = poll_with_model(self.network.aggregator(self.me), self.me, node_id, round, wait_s)
+            if message is None:
+                return info, None
+            return info, self._decode_global(message, expected, max_bytes)
 
-        result = _call(AGGREGATOR, call)
+        return _call(AGGREGATOR, call)
+
+    def _decode_global(self, message: EncodedModel, expected: ModelSpec, max_bytes: int) -> DecodedModel:
+        result = codec.decode(_as_received(message, self.network.chunk_bytes), expected, max_bytes,
+                              wire=self.wire)
         self.counter.add_received("global", result.wire_bytes)
         return result
+
+    def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
+              timeout: float) -> DecodedModel:
+        return _call(AGGREGATOR, lambda: self._decode_global(
+            self.network.aggregator(self.me).fetch(self.me, node_id, round), expected, max_bytes))
 
     def submit(self, update: EncodedModel, *, timeout: float) -> SubmitResult:
         chunks = _as_received(update, self.network.chunk_bytes)

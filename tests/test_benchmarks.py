@@ -122,3 +122,16 @@ def test_round_cost_prints_each_way_and_they_agree():
     assert [r[0] for r in rows] == ["loop", "memory", "grpc"]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
     assert len({r[3] for r in rows}) == 1  # the same computation: the same final FA
+
+
+@pytest.mark.slow
+def test_poll_model_prints_both_ways_and_they_agree(tmp_path):
+    job = tmp_path / "star.toml"
+    job.write_text('[federation]\nname = "star"\nseed = 1\nrounds = 2\n[topology]\nnodes = 4\n'
+                   '[data]\ndataset = "digits"\n[model]\nname = "mlp"\nhidden = [16]\n'
+                   '[aggregator]\nstrategy = "fedavg"\nfraction = 1.0\n')
+    out = run("poll_model.py", str(job), "--pairs", "1")
+    rows = table(out, "| way |")
+    assert [r[0] for r in rows] == ["with the model", "control: poll, then fetch"]
+    assert rows[0][3] == rows[1][3] and rows[0][3].endswith("%")  # the same rounds: the same accuracy
+    assert "paired difference" in out

@@ -110,7 +110,8 @@ def _star_rows(star, chunk_bytes: int | None):
 
 
 class _FetchSpy:
-    """The aggregator stub with its FetchGlobalOne calls counted."""
+    """The aggregator stub with the global models it got in one message counted: from
+    FetchGlobalOne, or in a Poll's reply (tests/test_poll_with_model.py)."""
 
     def __init__(self, stub):
         self.stub, self.one = stub, 0
@@ -121,6 +122,11 @@ class _FetchSpy:
     def FetchGlobalOne(self, *args, **kwargs):  # gRPC's name
         self.one += 1
         return self.stub.FetchGlobalOne(*args, **kwargs)
+
+    def Poll(self, *args, **kwargs):  # gRPC's name
+        reply = self.stub.Poll(*args, **kwargs)
+        self.one += reply.HasField("global_model")
+        return reply
 
 
 def test_star_rounds_are_the_same_in_one_message_or_as_streams():

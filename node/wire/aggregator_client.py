@@ -79,19 +79,38 @@ class GrpcAggregatorTransport:
         reply = self._rpc("Poll", lambda: self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S))
         return serde.from_proto(PollInfo, reply)
 
+    def poll_with_model(self, node_id: str, round: int, *, wait_s: float, expected: ModelSpec,
+                        max_bytes: int) -> tuple[PollInfo, DecodedModel | None]:
+        """:meth:`poll`, asking for the global model along when the model ``expected`` fits one
+        message (as FetchGlobalOne sends it); an aggregator that does not know the request's
+        ``with_model`` field sends none, and the caller fetches as before."""
+        with_model = self._one and spec_bytes(expected) <= self.chunk_bytes
+        request = aggregator_pb2.PollRequest(node_id=node_id, round=round, wait_s=wait_s,
+                                             with_model=with_model)
+
+        def call() -> tuple[PollInfo, DecodedModel | None]:
+            reply = self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S)
+            info = PollInfo(reply.round, reply.selected, reply.done, reply.rounds_total)
+            if not reply.HasField("global_model"):
+                return info, None
+            return info, self._decode_global(iter(reply.global_model.chunks), expected, max_bytes)
+
+        return self._rpc("Poll", call)
+
     def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
               timeout: float) -> DecodedModel:
         """The global model (with strategy extras) of the open round, for a sampled node."""
         request = aggregator_pb2.FetchRequest(node_id=node_id, round=round)
+        return self._rpc("FetchGlobal", lambda: self._decode_global(
+            self._fetch_chunks(request, expected, timeout), expected, max_bytes), timeout)
 
-        def call() -> DecodedModel:
-            try:
-                return codec.decode(self._fetch_chunks(request, expected, timeout), expected, max_bytes,
-                                    wire=self.wire)
-            except codec.CodecError as exc:
-                raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
-
-        result = self._rpc("FetchGlobal", call, timeout)
+    def _decode_global(self, chunks: Iterable[pb.ModelChunk], expected: ModelSpec,
+                       max_bytes: int) -> DecodedModel:
+        """The global model from its chunks, checked against ``expected``; counted as received."""
+        try:
+            result = codec.decode(chunks, expected, max_bytes, wire=self.wire)
+        except codec.CodecError as exc:
+            raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
         self.counter.add_received("global", result.wire_bytes)
         return result
 
