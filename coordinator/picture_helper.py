@@ -3,9 +3,11 @@
 matplotlib's import is ~0.45 s of Python. fl-sim used to run it on a thread beside the
 rounds, where it held fl-sim's GIL and made the aggregator's and the workers' calls wait:
 in a timeline of the FedAvg job of ``benchmarks/overhead.py`` the three rounds it ran
-beside took ~0.3 s longer. :meth:`PictureHelper.start` launches a fresh interpreter
-(``python -m flmesh.coordinator.picture_helper``) as fl-sim starts; it imports matplotlib on
-the core that fl-sim's own import of torch leaves idle, then waits. At the end,
+beside took ~0.3 s longer. :meth:`PictureHelper.start` starts the helper as fl-sim starts:
+on Linux a fork of fl-sim taken before any thread, gRPC or torch (:meth:`PictureHelper.fork`:
+no interpreter start-up, numpy already loaded), elsewhere a fresh interpreter
+(``python -m flmesh.coordinator.picture_helper``, :meth:`PictureHelper.launch`). It imports
+matplotlib on the core that fl-sim's own import of torch leaves idle, then waits. At the end,
 :meth:`PictureHelper.draw` sends it the rows, or only the path of the rounds.jsonl that holds
 them (one JSON line), and it answers with the pictures' paths (one JSON line): the pictures of
 :func:`~flmesh.coordinator.pictures.draw`, the same files, drawn two at a time
@@ -21,32 +23,112 @@ fl-sim; :meth:`PictureHelper.close` ends it at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 #: How long (s) the helper may take to answer before fl-sim ends it and draws itself: far more
 #: than it needs (0.1-0.3 s for a run of 40 rounds), so only a helper that hangs meets it.
 DRAW_TIMEOUT_S = 300.0
 
+#: The forked helper's process name (``/proc/PID/comm``; at most 15 characters).
+FORK_NAME = "flmesh-pictures"
+
+
+class _Process(Protocol):
+    """What :class:`PictureHelper` uses of the helper's process: its pipes, kill and wait."""
+
+    @property
+    def stdin(self) -> IO[str] | None: ...
+
+    @property
+    def stdout(self) -> IO[str] | None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self) -> int | None: ...
+
+
+class _Fork:
+    """A forked helper, as the parts of ``subprocess.Popen`` that :class:`PictureHelper` uses."""
+
+    def __init__(self, pid: int, stdin: IO[str], stdout: IO[str]):
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self._status: int | None = None
+
+    def kill(self) -> None:
+        if self._status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int | None:
+        """Reap it (blocks until it has ended); its exit status."""
+        if self._status is None:
+            try:
+                self._status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            except ChildProcessError:  # reaped already
+                self._status = -1
+        return self._status
+
 
 class PictureHelper:
     """The parent's end of the helper. Use from one thread; :meth:`draw` blocks."""
 
-    def __init__(self, proc: subprocess.Popen[str] | None):
+    def __init__(self, proc: _Process | None):
         self._proc = proc
 
     @classmethod
     def start(cls) -> PictureHelper:
-        """Launch the helper (returns at once; it imports matplotlib in the background). When
-        matplotlib is loaded here already (a test or an embedder that ran a simulation before),
-        drawing here costs nothing more, and no helper is launched."""
-        return cls(None) if "matplotlib.figure" in sys.modules else cls.launch()
+        """Start the helper (returns at once; it imports matplotlib in the background): a fork
+        when :func:`may_fork`, else a fresh interpreter. When matplotlib is loaded here already
+        (a test or an embedder that ran a simulation before), drawing here costs nothing
+        more, and no helper is started."""
+        if "matplotlib.figure" in sys.modules:
+            return cls(None)
+        return cls.fork() if may_fork() else cls.launch()
+
+    @classmethod
+    def fork(cls) -> PictureHelper:
+        """Fork the helper from this process (returns at once). numpy is imported here first:
+        this process loads it anyway (torch does), and the fork starts with it, without an
+        interpreter's start-up: 0.27 CPU-s to matplotlib against 0.42-0.47 for :meth:`launch`
+        (docs/performance.md). Only where :func:`may_fork` holds."""
+        import numpy  # noqa: F401  (loaded once, for both processes)
+
+        requests, replies = os.pipe(), os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:  # no process to spare: draw() draws here
+            for fd in (*requests, *replies):
+                os.close(fd)
+            return cls(None)
+        if pid == 0:  # the helper: its own session, the pipes, nothing on the terminal
+            code = 1
+            try:
+                os.setsid()
+                with contextlib.suppress(OSError):  # its name in ps and top: not another fl-sim
+                    Path("/proc/self/comm").write_text(FORK_NAME)
+                os.close(requests[1])
+                os.close(replies[0])
+                quiet = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(quiet, fd)
+                with open(requests[0], encoding="utf-8") as inbox, \
+                        open(replies[1], "w", encoding="utf-8") as outbox:
+                    code = serve(inbox, outbox)
+            finally:
+                os._exit(code)  # nothing of fl-sim's exit: its handlers and buffers are fl-sim's
+        os.close(requests[0])
+        os.close(replies[1])
+        return cls(_Fork(pid, open(requests[1], "w", encoding="utf-8"), open(replies[0], encoding="utf-8")))
 
     @classmethod
     def launch(cls) -> PictureHelper:
@@ -102,7 +184,16 @@ class PictureHelper:
             _end(proc)
 
 
-def _end(proc: subprocess.Popen[str]) -> None:
+def may_fork() -> bool:
+    """Whether this process may fork the helper instead of launching an interpreter: on Linux
+    (where fl-sim forks its workers too), with no other thread running and neither gRPC nor
+    torch loaded (either may run threads that a fork copies half-way). fl-sim starts the
+    helper first thing, so it forks; a test or an embedder with gRPC loaded launches."""
+    return (sys.platform == "linux" and threading.active_count() == 1
+            and not any(name in sys.modules for name in ("grpc", "torch")))
+
+
+def _end(proc: _Process) -> None:
     """Kill and reap: the helper holds nothing worth a graceful exit."""
     proc.kill()
     proc.wait()
@@ -159,16 +250,22 @@ def read_rows(rows_file: Path, count: int) -> list[dict[str, Any]]:
 
 
 def main() -> int:
+    """The launched helper (``python -m flmesh.coordinator.picture_helper``): :func:`serve` on
+    stdin and stdout."""
+    return serve(sys.stdin, sys.stdout)
+
+
+def serve(requests: IO[str], replies: IO[str]) -> int:
     """The helper: import matplotlib, then draw each request (one JSON line in, one out)
-    until stdin closes. A request it cannot draw gets ``{"error": ...}``."""
+    until ``requests`` closes. A request it cannot draw gets ``{"error": ...}``."""
     from flmesh.coordinator.pictures import _pyplot
 
     try:
         _pyplot()
     except Exception as exc:  # the parent draws itself and reports what is wrong
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), file=replies, flush=True)
         return 1
-    for line in sys.stdin:
+    for line in requests:
         try:
             request = json.loads(line)
             rows = (read_rows(Path(request["rows_file"]), int(request["count"])) if "rows_file" in request
@@ -177,7 +274,7 @@ def main() -> int:
             reply: dict[str, Any] = {"pictures": [str(p) for p in paths]}
         except Exception as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(reply), flush=True)
+        print(json.dumps(reply), file=replies, flush=True)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,16 @@ def test_poll_model_prints_both_ways_and_they_agree(tmp_path):
     assert [r[0] for r in rows] == ["with the model", "control: poll, then fetch"]
     assert rows[0][3] == rows[1][3] and rows[0][3].endswith("%")  # the same rounds: the same accuracy
     assert "paired difference" in out
+
+
+@pytest.mark.slow
+def test_picture_cost_prints_the_forked_and_the_launched_helper(tmp_path):
+    job = tmp_path / "star.toml"
+    job.write_text('[federation]\nname = "star"\nseed = 1\nrounds = 2\n[topology]\nnodes = 3\n'
+                   '[model]\nname = "mlp"\nhidden = [16]\n[aggregator]\nfraction = 1.0\n')
+    done = subprocess.run([str(Path(sys.executable).parent / "fl-sim"), str(job), "--quiet", "--no-pictures",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = table(run("picture_cost.py", str(tmp_path / "run"), "--runs", "1"), "| helper |")
+    assert [r[0] for r in rows] == ["forked (fl-sim on Linux)", "launched interpreter (control)"]
+    assert all(float(r[1].split()[0]) > 0 and float(r[2].split()[0]) > 0 for r in rows)

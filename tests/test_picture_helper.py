@@ -232,3 +232,65 @@ def test_a_helper_that_never_answers_is_ended_and_the_pictures_drawn_here(tmp_pa
     helper = PictureHelper(mute)
     assert [p.name for p in helper.draw(peer_rows(), tmp_path)] == NAMES
     assert mute.poll() is not None  # ended, not left behind
+
+
+FORKED = """
+import json, os, sys, threading, time
+from pathlib import Path
+from flmesh.coordinator import picture_helper
+rows, out, what = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if what == "thread":  # another thread running: launch, never fork
+    stop = threading.Event()
+    threading.Thread(target=stop.wait).start()
+    print(picture_helper.may_fork()); stop.set(); sys.exit(0)
+helper = picture_helper.PictureHelper.start()
+proc = helper._proc
+deadline = time.monotonic() + 60  # the fork names itself as it starts: poll for it
+comm = Path(f"/proc/{proc.pid}/comm")
+while (name := comm.read_text().strip()) != "flmesh-pictures" and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(type(proc).__name__, "numpy" in sys.modules, "matplotlib" in sys.modules, name)
+if what == "draw":
+    paths = [str(p) for p in helper.draw(rows, out)]
+    try:
+        os.kill(proc.pid, 0)
+        print(json.dumps(paths), "matplotlib" in sys.modules, "still there")
+    except ProcessLookupError:
+        print(json.dumps(paths), "matplotlib" in sys.modules, "gone")
+else:  # what fl-sim's death does to the pipe: the fork reads its end and leaves
+    proc.stdin.close()
+    print(proc.wait())
+"""
+
+
+def forked(what: str, out: Path) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", FORKED, json.dumps(peer_rows()), str(out), what],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_fresh_process_forks_its_helper_which_draws_the_same_pictures(tmp_path):
+    (tmp_path / "fork").mkdir()
+    (tmp_path / "here").mkdir()
+    started, drawn = forked("draw", tmp_path / "fork")
+    # numpy loaded for both; matplotlib only in the fork, which says what it is in ps
+    assert started == "_Fork True False flmesh-pictures"
+    paths, loaded, status = drawn.rsplit(" ", 2)
+    assert loaded == "False", "the fork drew them, not this process"
+    assert status == "gone", "the fork ended, and was reaped, once it drew"
+    here = draw(peer_rows(), tmp_path / "here")
+    assert [Path(p).name for p in json.loads(paths)] == NAMES
+    for a, b in zip(json.loads(paths), here, strict=True):
+        assert Path(a).read_bytes() == b.read_bytes()
+
+
+def test_a_forked_helper_leaves_when_its_pipe_closes(tmp_path):
+    assert forked("leave", tmp_path) == ["_Fork True False flmesh-pictures", "0"]
+
+
+def test_a_process_with_threads_grpc_or_torch_launches_instead_of_forking(tmp_path):
+    from flmesh.coordinator.picture_helper import may_fork
+
+    assert not may_fork()  # this test process has torch and gRPC loaded
+    assert forked("thread", tmp_path) == ["False"]

@@ -94,10 +94,13 @@ def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path:
 
 
 def _children(pid: int, helper: bool = False) -> list[int]:
-    """fl-sim's worker processes (``helper``: its picture helper instead)."""
+    """fl-sim's worker processes (``helper``: its picture helper instead, forked or launched)."""
+    from flmesh.coordinator.picture_helper import FORK_NAME
+
     path = Path(f"/proc/{pid}/task/{pid}/children")
     found = [int(c) for c in path.read_text().split()] if path.exists() else []
-    return [c for c in found if helper == (b"picture_helper" in Path(f"/proc/{c}/cmdline").read_bytes())]
+    return [c for c in found if helper == (b"picture_helper" in Path(f"/proc/{c}/cmdline").read_bytes()
+                                           or Path(f"/proc/{c}/comm").read_text().strip() == FORK_NAME)]
 
 
 @pytest.mark.slow
