@@ -99,8 +99,9 @@ class PictureHelper:
     def fork(cls) -> PictureHelper:
         """Fork the helper from this process (returns at once). numpy is imported here first:
         this process loads it anyway (torch does), and the fork starts with it, without an
-        interpreter's start-up: 0.27 CPU-s to matplotlib against 0.42-0.47 for :meth:`launch`
-        (docs/performance.md). Only where :func:`may_fork` holds."""
+        interpreter's start-up: the FedAvg job's pictures cost the helper 0.45 CPU-s against
+        0.51-0.53 for :meth:`launch` (``benchmarks/picture_cost.py``, medians). Only where
+        :func:`may_fork` holds."""
         import numpy  # noqa: F401  (loaded once, for both processes)
 
         requests, replies = os.pipe(), os.pipe()
