@@ -162,13 +162,16 @@ class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
-                 eval_every: int | None = None, tls: bool = False, workers: int | None = None):
+                 eval_every: int | None = None, tls: bool = False, workers: int | None = None,
+                 pin: bool = True):
         """``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
         ``workers``: spread the nodes over that many processes (default:
         :func:`~flmesh.coordinator.sim_pool.default_workers`; continual and Joint runs run in
         one; a star federation's aggregator stays in this process).
+        ``pin``: keep each worker process on its own share of the CPUs (:mod:`~flmesh.coordinator.sim_cpus`;
+        False: where the OS puts it).
         ``tls``: every process gets a certificate from a throwaway CA and every call is mTLS
         with the same checks as a deployment (default: plaintext on 127.0.0.1)."""
         if eval_every is not None:
@@ -193,7 +196,7 @@ class Simulation:
         if self.kind == "star" and count > 1:
             from flmesh.coordinator.sim_star_procs import ProcessStarDriver
 
-            self.driver = ProcessStarDriver(federation, count, self.identities)
+            self.driver = ProcessStarDriver(federation, count, self.identities, pin)
         elif self.kind == "star":
             from flmesh.coordinator.sim_star import StarDriver
 
@@ -201,7 +204,7 @@ class Simulation:
         elif count > 1:
             from flmesh.coordinator.sim_procs import ProcessPeerDriver
 
-            self.driver = ProcessPeerDriver(federation, count, self.identities)
+            self.driver = ProcessPeerDriver(federation, count, self.identities, pin)
         else:
             from flmesh.coordinator.sim_peer import PeerDriver
 

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="spread the nodes over K processes, a star federation's aggregator staying "
                              "in fl-sim (default on Linux: forked, one per core with at least 5 nodes each; "
                              "elsewhere one per two cores from 32 nodes on, else 1)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the worker processes' CPUs to the OS (default: each keeps to its own "
+                             "share of the cores, e.g. one core each)")
     parser.add_argument("--tls", action="store_true",
                         help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
                              "on 127.0.0.1)")
@@ -192,7 +195,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
         started: Simulation | None = None
         try:
-            sim = started = Simulation(federation, out, tls=args.tls, workers=args.workers)
+            sim = started = Simulation(federation, out, tls=args.tls, workers=args.workers,
+                                       pin=not args.no_pin)
             sim.pictures, sim.draw_pictures = pictures, not args.no_pictures
             sim.start()  # forks the workers: before any other thread (TensorBoard's writer) runs
             if args.tensorboard is not None:

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from flmesh.coordinator.sim_cpus import allowed_cpus, worker_cpus
 from flmesh.coordinator.sim_fork import ForkedWorker, can_fork
 from flmesh.coordinator.sim_mesh import MeshPipes
 from flmesh.coordinator.sim_tls import SimIdentities
@@ -88,12 +89,16 @@ class WorkerError(RuntimeError):
 
 
 class WorkerPool:
-    def __init__(self, federation: Federation, workers: int, identities: SimIdentities):
+    def __init__(self, federation: Federation, workers: int, identities: SimIdentities, pin: bool = True):
+        """``pin``: keep each worker on its own share of this process's CPUs
+        (:mod:`~flmesh.coordinator.sim_cpus`); False leaves their placement to the OS."""
         if federation.raw is None or federation.base_dir is None:
             raise ValueError("a federation for worker processes must come from parse_federation")
         self.federation = federation
         self.workers = workers
         self.identities = identities
+        self.pin = pin
+        self.cpus: list[list[int] | None] = []  # the CPUs each worker says it may run on (connect)
         self.forked = False  # how launch() started them: forked, or fresh interpreters
         self.shares: list[list[str]] = []  # each worker's nodes (launch)
         self._procs: list[Worker] = []
@@ -122,6 +127,10 @@ class WorkerPool:
     def _start(self, shares: list[list[str]], tls: str | None, mesh: MeshPipes) -> Shared | None:
         fed = self.federation
         ids = fed.node_ids
+        allowed = allowed_cpus() if self.pin else None
+        cpus: list[list[int] | None] = [None] * len(shares)
+        if allowed:
+            cpus = [*worker_cpus(allowed, len(shares))]
         self.forked = can_fork()
         if self.forked:
             from flmesh.coordinator.sim_worker import forked
@@ -133,8 +142,8 @@ class WorkerPool:
             # its data arrives task by task, so the shares stay equal in count only)
             work = {n: len(shared[1][n].train) * fed.node(n).training.epochs for n in ids}
             shares = self.shares = balanced_shares(ids, work, self.workers)
-            self._procs = [ForkedWorker(functools.partial(forked, fed, share, tls, mesh.ends(i), shared),
-                                        close=mesh.others(i))
+            self._procs = [ForkedWorker(functools.partial(forked, fed, share, tls, mesh.ends(i), shared,
+                                                          cpus=cpus[i]), close=mesh.others(i))
                            for i, share in enumerate(shares)]
             return shared
         self.shares = shares
@@ -143,7 +152,7 @@ class WorkerPool:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=mesh.kept(i))
             self._procs.append(fresh)
             self.send(fresh, {"federation": fed.raw, "source": fed.source, "base_dir": fed.base_dir,
-                              "ids": share, "tls_dir": tls, "mesh": mesh.ends(i)})
+                              "ids": share, "tls_dir": tls, "mesh": mesh.ends(i), "cpus": cpus[i]})
         return None
 
     def connect(self, on_message: Callable[[dict[str, Any]], None], on_error: Callable[[Exception], None],
@@ -158,7 +167,9 @@ class WorkerPool:
                 self.send(proc, {"aggregator": aggregator})
         addresses: dict[str, str] = {}
         for proc in self._procs:
-            addresses.update(self._read(proc)["addresses"])
+            hello = self._read(proc)
+            addresses.update(hello["addresses"])
+            self.cpus.append(hello.get("cpus"))
         for proc in self._procs:
             self.send(proc, {"peers": addresses})
         self._following = len(self._procs)
@@ -245,4 +256,4 @@ class WorkerPool:
     def config(self) -> dict[str, Any]:
         """What a summary says about the workers."""
         return {"workers": self.workers, "workers_started": "fork" if self.forked else "interpreter",
-                "worker_nodes": self.shares}
+                "worker_nodes": self.shares, "worker_cpus": self.cpus}

@@ -32,9 +32,9 @@ from flmesh.topology import Federation
 
 
 class ProcessPeerDriver:
-    def __init__(self, federation: Federation, workers: int, identities: SimIdentities):
+    def __init__(self, federation: Federation, workers: int, identities: SimIdentities, pin: bool = True):
         self.federation = federation
-        self.pool = WorkerPool(federation, workers, identities)
+        self.pool = WorkerPool(federation, workers, identities, pin)
         self.ids = federation.node_ids
         self._lock = threading.Lock()
         self._finished: dict[int, dict[str, tuple[RoundReport, Evals]]] = {}

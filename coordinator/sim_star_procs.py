@@ -43,9 +43,9 @@ from flmesh.topology import Federation
 
 
 class ProcessStarDriver(StarDriver):
-    def __init__(self, federation: Federation, workers: int, identities: SimIdentities):
+    def __init__(self, federation: Federation, workers: int, identities: SimIdentities, pin: bool = True):
         super().__init__(federation, identities)
-        self.pool = WorkerPool(federation, workers, self.identities)
+        self.pool = WorkerPool(federation, workers, self.identities, pin)
         self._workers_done = threading.Event()
         self._update_evals: dict[int, dict[str, dict[str, EvalResult]]] = {}  # round -> node -> split
         self._evals_in = threading.Condition()

@@ -38,6 +38,7 @@ import threading
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from flmesh.coordinator.sim_cpus import pin
 from flmesh.coordinator.sim_mesh import Mesh
 from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
@@ -112,26 +113,29 @@ def main() -> int:
     skip_final_collection()
     order = json.loads(sys.stdin.readline())
     fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
-    return serve(fed, order["ids"], order.get("tls_dir"), order["mesh"], sys.stdin, sys.stdout)
+    return serve(fed, order["ids"], order.get("tls_dir"), order["mesh"], sys.stdin, sys.stdout,
+                 cpus=order.get("cpus"))
 
 
 def forked(fed: Federation, ids: list[str], tls_dir: str | None, mesh: dict[str, Any], data: Shared,
-           inbox: IO[str], outbox: IO[str]) -> int:
+           inbox: IO[str], outbox: IO[str], cpus: list[int] | None = None) -> int:
     """A worker forked from fl-sim: the parent's parsed federation and data, its pipes."""
     leave_signals_to_the_parent()
     try:
-        return serve(fed, ids, tls_dir, mesh, inbox, outbox, data)
+        return serve(fed, ids, tls_dir, mesh, inbox, outbox, data, cpus)
     except Exception as exc:  # before the rounds: bad input reaches the parent as one line
         _say({"error": f"{type(exc).__name__}: {exc}"}, outbox, threading.Lock())
         return 1
 
 
 def serve(fed: Federation, ids: list[str], tls_dir: str | None, mesh: dict[str, Any], inbox: IO[str],
-          outbox: IO[str], data: Shared | None = None) -> int:
+          outbox: IO[str], data: Shared | None = None, cpus: list[int] | None = None) -> int:
     """Run ``ids``'s nodes until the parent says stop. Blocks. ``mesh``: this worker's ends of
     the lock-step's pipes (:meth:`~flmesh.coordinator.sim_mesh.MeshPipes.ends`). ``data``: the
     data set and every node's split, when the parent has them already (fork); else this
-    process loads them."""
+    process loads them. ``cpus``: keep this process on them (:func:`~flmesh.coordinator.sim_cpus.pin`,
+    before any thread starts); None: where the OS puts it."""
+    placed = pin(cpus)
     import torch
 
     from flmesh.node.learning import trainer
@@ -145,7 +149,7 @@ def serve(fed: Federation, ids: list[str], tls_dir: str | None, mesh: dict[str, 
     aggregator = json.loads(inbox.readline())["aggregator"] if fed.aggregator is not None else None
     worker = Worker(fed, outbox, aggregator, Mesh(mesh, len(ids)))
     nodes = worker.build(ids, tls_dir, *data)
-    worker.say({"addresses": {n.node_id: n.start() for n in nodes}})
+    worker.say({"addresses": {n.node_id: n.start() for n in nodes}, "cpus": placed})
     peers = json.loads(inbox.readline())["peers"]
     for n in nodes:
         n.connect(peers)

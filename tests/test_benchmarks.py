@@ -149,3 +149,17 @@ def test_picture_cost_prints_the_forked_and_the_launched_helper(tmp_path):
     rows = table(run("picture_cost.py", str(tmp_path / "run"), "--runs", "1"), "| helper |")
     assert [r[0] for r in rows] == ["forked (fl-sim on Linux)", "launched interpreter (control)"]
     assert all(float(r[1].split()[0]) > 0 and float(r[2].split()[0]) > 0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="CPU affinity is Linux's")
+def test_pinning_prints_the_steps_and_both_ways_of_each_job_and_they_agree():
+    out = run("pinning.py", "--pairs", "1", "--rounds", "2")
+    steps = table(out, "| way | every CPU |")
+    assert [r[0] for r in steps] == ["one thread", "node threads"]
+    assert all(float(v) > 0 for r in steps for v in r[1:])
+    for job in ("quickstart.toml", "fedavg10.toml"):
+        ways = table(out[out.index(f"2. {job}"):], "| way | wall s")
+        assert [r[0] for r in ways] == ["pinned (default)", "control: --no-pin"]
+        assert ways[0][3] == ways[1][3] and ways[0][3].endswith("%")  # pinning changes no number
+    assert out.count("paired difference") == 2

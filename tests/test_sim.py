@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flmesh.coordinator.sim_cli import main
+from flmesh.coordinator.sim_cpus import worker_cpus
 
 from conftest import wait_until
 
@@ -364,6 +365,8 @@ def test_a_star_federation_in_worker_processes_gives_the_numbers_of_one_process(
                      "--quiet"]) == 0
         rows[workers], summary = read_run(out)
         assert summary["config"].get("workers_started") == (None if workers == 1 else "interpreter")
+        if workers == 2 and hasattr(os, "sched_getaffinity"):  # a fresh interpreter keeps to its CPU too
+            assert summary["config"]["worker_cpus"] == worker_cpus(sorted(os.sched_getaffinity(0)), 2)
     same = ("round", "accuracy", "fa", "ff", "pfa", "accuracy_matrix", "selected", "received")
     assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
     own = ("accuracy", "start_accuracy", "train_loss", "train_steps")

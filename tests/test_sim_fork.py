@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import IO
 
 import pytest
 
+from flmesh.coordinator.sim_cpus import worker_cpus
 from flmesh.coordinator.sim_fork import ForkedWorker, can_fork
 from flmesh.node.wire.channels import grpc_started, make_channel
 
@@ -73,22 +75,29 @@ def test_a_fresh_process_can_fork():
 @pytest.mark.parametrize("kind", ["peer", "star"])
 def test_fl_sim_forks_its_workers_and_gives_the_numbers_of_one_process(tmp_path: Path, kind: str):
     """A fresh fl-sim forks its two workers (TLS on, rewinds between them; with an aggregator
-    in fl-sim for the star) and its rows are those of the single-process run."""
+    in fl-sim for the star) and its rows are those of the single-process run. The peer run's
+    workers keep to a CPU each (as ``worker_cpus`` shares them out); the star run's, with
+    ``--no-pin``, may run on every CPU: the rows do not depend on it."""
     from test_sim import STAR, TINY
 
     file = tmp_path / "federation.toml"
     file.write_text(TINY if kind == "peer" else STAR)
+    allowed = sorted(os.sched_getaffinity(0))
     rows = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
         fl_sim = str(Path(sys.executable).parent / "fl-sim")
         done = subprocess.run([fl_sim, str(file), "--workers", str(workers), "--tls", "--rounds", "3",
-                               "--out", str(out), "--quiet", "--set", 'rewind.mode="previous"'],
+                               "--out", str(out), "--quiet", "--set", 'rewind.mode="previous"',
+                               *(["--no-pin"] if kind == "star" else [])],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
         rows[workers] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
         config = json.loads((out / "summary.json").read_text())["config"]
         assert config.get("workers_started") == (None if workers == 1 else "fork")
+        if workers == 2:
+            pinned = worker_cpus(allowed, 2) if kind == "peer" else [allowed, allowed]
+            assert config["worker_cpus"] == pinned
     same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "accuracy", "selected")
     assert [[r.get(k) for k in same] for r in rows[1]] == [[r.get(k) for k in same] for r in rows[2]]
 
