@@ -1,6 +1,6 @@
 """Scale on one machine: CWT on digits with 10, 50, 100 and 200 nodes in one fl-sim.
 
-    python benchmarks/scale.py [--sizes 10 50 100 200] [--workers K] [--rounds R]
+    python benchmarks/scale.py [--sizes 10 50 100 200] [--workers K] [--rounds R] [--no-pin]
 
 Each size runs as one fl-sim process of 1 + R rounds with a row (and the exact
 N x N cross-evaluation) every second round (``--eval-every 2``); seconds per
@@ -51,13 +51,15 @@ hidden = [64]
 """
 
 
-def run(file: Path, out: Path, rounds: int, workers: int | None) -> tuple[float, float]:
+def run(file: Path, out: Path, rounds: int, workers: int | None, pin: bool = True) -> tuple[float, float]:
     """(wall seconds, peak RSS MiB of the process tree) of one fl-sim run, results in ``out``."""
     # rows (and FA) every second round: each row carries its round's wall time
     argv = [str(BIN / "fl-sim"), str(file), "--rounds", str(rounds), "--eval-every", "2", "--quiet",
             "--out", str(out)]
     if workers is not None:
         argv += ["--workers", str(workers)]
+    if not pin:
+        argv.append("--no-pin")
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = [0.0]
@@ -82,21 +84,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 50, 100, 200])
     p.add_argument("--rounds", type=int, default=8, help="rounds beyond the first (default 8)")
     p.add_argument("--workers", type=int, help="fl-sim --workers (default: fl-sim's choice)")
+    p.add_argument("--no-pin", action="store_true",
+                   help="fl-sim --no-pin: the OS places the workers (the control for pinning them)")
     args = p.parse_args(argv)
+    if args.rounds < 3:  # rows every second round, the last one left out: one row needs 1 + 3 rounds
+        p.error("--rounds must be at least 3")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             file = Path(tmp) / f"scale{n}.toml"
             file.write_text(FEDERATION.format(nodes=n))
             out = Path(tmp) / f"r{n}"
-            more, peak = run(file, out, 1 + args.rounds, args.workers)
+            more, peak = run(file, out, 1 + args.rounds, args.workers, pin=not args.no_pin)
             walls = [row["wall_s"] for row in read_rows(out / "rounds.jsonl")][:-1]
             per_round = statistics.median(walls)
             results.append((n, per_round, peak, more))
             print(f"# {n} nodes: {per_round:.2f} s/round, peak {peak:.0f} MiB", file=sys.stderr, flush=True)
     base_n, _, base_rss, _ = results[0]
     print(f"\nCWT on digits, ring graph, 0.5 epoch per round; {args.rounds + 1} rounds, a row every 2; "
-          f"workers: {args.workers or 'fl-sim default'}\n")
+          f"workers: {args.workers or 'fl-sim default'}{', --no-pin' if args.no_pin else ', pinned'}\n")
     print("| nodes | s / round | per node per round | peak RSS (MiB) | RSS per extra node (MiB) "
           "| whole run (s) |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -163,3 +163,15 @@ def test_pinning_prints_the_steps_and_both_ways_of_each_job_and_they_agree():
         assert [r[0] for r in ways] == ["pinned (default)", "control: --no-pin"]
         assert ways[0][3] == ways[1][3] and ways[0][3].endswith("%")  # pinning changes no number
     assert out.count("paired difference") == 2
+
+
+@pytest.mark.slow
+def test_scale_prints_each_size_and_its_placement():
+    for flags, placement in (((), "pinned"), (("--no-pin",), "--no-pin")):
+        out = run("scale.py", "--sizes", "4", "6", "--rounds", "3", *flags)
+        assert f"workers: fl-sim default, {placement}\n" in out
+        rows = table(out, "| nodes |")
+        assert [r[0] for r in rows] == ["4", "6"]
+        assert rows[0][4] == "-"
+        float(rows[1][4])  # RSS per extra node: a number (of either sign at these sizes)
+        assert all(float(r[1]) >= 0 and r[2].endswith(" ms") and float(r[3]) > 0 for r in rows)
