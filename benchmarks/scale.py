@@ -9,13 +9,15 @@ rounds.jsonl: the slowest node's round, which the evaluation after it does not
 enter), the last row left out, so start-up and evaluation are not counted.
 Peak RSS is sampled every 0.1 s over fl-sim and its worker processes together
 (from /proc). Prints, per size: seconds per round,
-peak RSS, and RSS per extra node over the smallest size. Targets (issue 11):
+peak RSS, RSS per extra node over the smallest size, and the CPUs each worker
+process was kept to (the summary's ``config.worker_cpus``; ``--no-pin``: every CPU). Targets (issue 11):
 200 nodes run, at most 30 MiB per extra node, time per round linear in nodes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -98,18 +100,20 @@ def main(argv: list[str] | None = None) -> int:
             more, peak = run(file, out, 1 + args.rounds, args.workers, pin=not args.no_pin)
             walls = [row["wall_s"] for row in read_rows(out / "rounds.jsonl")][:-1]
             per_round = statistics.median(walls)
-            results.append((n, per_round, peak, more))
+            placed = json.loads((out / "summary.json").read_text())["config"].get("worker_cpus") or []
+            cpus = " / ".join(",".join(map(str, c)) if c else "OS" for c in placed) or "-"
+            results.append((n, per_round, peak, more, cpus))
             print(f"# {n} nodes: {per_round:.2f} s/round, peak {peak:.0f} MiB", file=sys.stderr, flush=True)
-    base_n, _, base_rss, _ = results[0]
+    base_n, _, base_rss, _, _ = results[0]
     print(f"\nCWT on digits, ring graph, 0.5 epoch per round; {args.rounds + 1} rounds, a row every 2; "
           f"workers: {args.workers or 'fl-sim default'}{', --no-pin' if args.no_pin else ', pinned'}\n")
     print("| nodes | s / round | per node per round | peak RSS (MiB) | RSS per extra node (MiB) "
-          "| whole run (s) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, per_round, peak, total in results:
+          "| whole run (s) | each worker's CPUs |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for n, per_round, peak, total, cpus in results:
         extra = f"{(peak - base_rss) / (n - base_n):.1f}" if n > base_n else "-"
         per_node = per_round / n * 1000
-        print(f"| {n} | {per_round:.2f} | {per_node:.1f} ms | {peak:.0f} | {extra} | {total:.1f} |")
+        print(f"| {n} | {per_round:.2f} | {per_node:.1f} ms | {peak:.0f} | {extra} | {total:.1f} | {cpus} |")
     return 0
 
 

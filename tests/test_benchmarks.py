@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,12 +167,20 @@ def test_pinning_prints_the_steps_and_both_ways_of_each_job_and_they_agree():
 
 
 @pytest.mark.slow
-def test_scale_prints_each_size_and_its_placement():
-    for flags, placement in (((), "pinned"), (("--no-pin",), "--no-pin")):
-        out = run("scale.py", "--sizes", "4", "6", "--rounds", "3", *flags)
-        assert f"workers: fl-sim default, {placement}\n" in out
+def test_scale_prints_each_size_and_where_its_workers_ran():
+    cpus = sorted(os.sched_getaffinity(0))
+    for flags in ((), ("--no-pin",)):
+        out = run("scale.py", "--sizes", "10", "12", "--rounds", "3", *flags)
+        assert f"workers: fl-sim default, {'--no-pin' if flags else 'pinned'}\n" in out
         rows = table(out, "| nodes |")
-        assert [r[0] for r in rows] == ["4", "6"]
+        assert [r[0] for r in rows] == ["10", "12"]
         assert rows[0][4] == "-"
         float(rows[1][4])  # RSS per extra node: a number (of either sign at these sizes)
         assert all(float(r[1]) >= 0 and r[2].endswith(" ms") and float(r[3]) > 0 for r in rows)
+        for r in rows:  # two workers on two or more CPUs (fl-sim's default: five nodes or more each)
+            placed = [[int(c) for c in worker.split(",")] for worker in r[6].split(" / ")]
+            if flags:
+                assert all(worker == cpus for worker in placed), r[6]
+            elif len(cpus) >= len(placed) > 1:
+                assert all(len(worker) == 1 for worker in placed), r[6]
+                assert len({worker[0] for worker in placed}) == len(placed), r[6]  # each its own
