@@ -117,10 +117,6 @@ def writable_folder(out: Path, label: str) -> bool:
     return made
 
 
-def _pct(x: float | None) -> str:
-    return f"{'-':>6}" if x is None else f"{100 * x:6.2f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
@@ -146,8 +142,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     from rich.console import Console
     from rich.logging import RichHandler
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
+    from flmesh.coordinator import sim_console
     from flmesh.coordinator.pictures import PicturesError
     from flmesh.coordinator.sim import Simulation, default_out_dir
     from flmesh.coordinator.sim_pool import WorkerError
@@ -221,35 +217,16 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     signal.signal(signal.SIGTERM, lambda *_: sim.stop())
     fed = federation
     if not args.quiet:
-        agg = fed.aggregator
-        how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
-               if agg is not None else f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
-        console.print(f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.dataset} "
-                      f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {fed.model.name}, "
-                      f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {sim.out_dir}")
-        header = (f"{'round':>5}  {'acc %':>6}  {'F_t %':>6}  {'F_k %':>6}  {'updates':>7}  {'s':>6}" if star
-                  else f"{'round':>5}  {'FA %':>6}  {'FF %':>6}  {'PFA %':>6}  {'missing':>7}  {'s':>6}")
-        if fed.tasks is not None:
-            header += "  task  per-task acc %"
-        console.print(header, style="bold")
+        console.print(sim_console.title(fed, sim.out_dir))
+        console.print(sim_console.header(fed), style="bold")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                         transient=True, disable=args.quiet)
     task = progress.add_task("rounds", total=fed.rounds)
 
     def on_round(row: RoundRow) -> None:
-        tasks = ""
-        if row.task is not None:
-            tasks = f"  {row.task:>4}  " + " ".join(_pct(a).strip() for a in row.task_accuracy or [])
-        if not args.quiet and star:
-            updates = f"{len(row.received or [])}/{len(row.selected or [])}"
-            progress.console.print(
-                f"{row.round:>5}  {_pct(row.accuracy)}  {_pct(row.global_forgetting)}  "
-                f"{_pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{tasks}")
-        elif not args.quiet:
-            missing = sum(e.missing is not None for e in row.nodes.values())
-            progress.console.print(f"{row.round:>5}  {_pct(row.fa)}  {_pct(row.ff)}  "
-                                   f"{_pct(row.pfa)}  {missing:>7}  {row.wall_s:6.2f}{tasks}")
+        if not args.quiet:
+            progress.console.print(sim_console.round_line(row, star))
         progress.update(task, completed=row.round)
         if board is not None:
             board.scalars(row.round, row_scalars(row))
@@ -277,20 +254,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
         signal.signal(signal.SIGTERM, previous)
     if summary is None:
         return 130
-    final = summary.final
-    if final is not None and not args.quiet:
-        table = Table(title=f"{fed.name}: after round {summary.rounds}")
-        if star:
-            for col in ("accuracy %", "FA %", "FF %", "PFA %", "mean F_t %", "wall s"):
-                table.add_column(col, justify="right")
-            table.add_row(_pct(final.accuracy), _pct(final.fa), _pct(final.ff), _pct(final.pfa),
-                          _pct(summary.mean_global_forgetting), f"{summary.wall_s:.1f}")
-        else:
-            best = summary.best_fa or {}
-            for col in ("FA %", "FF %", "PFA %", "best FA %", "wall s"):
-                table.add_column(col, justify="right")
-            table.add_row(_pct(final.fa), _pct(final.ff), _pct(final.pfa),
-                          f"{_pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}")
+    if not args.quiet and (table := sim_console.final_table(fed, summary, star)) is not None:
         console.print(table)
     written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
     console.print(f"results: {summary.out_dir}/summary.json, {written}")

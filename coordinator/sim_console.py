@@ -1,0 +1,72 @@
+"""What ``fl-sim`` prints on the terminal: the run's title, a line per round, the final table.
+
+Pure formatting of a federation, its round rows and its summary; the CLI
+(:mod:`~flmesh.coordinator.sim_cli`) decides when and where to print. Imported
+once the flags are read (it loads rich), so ``fl-sim --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from flmesh.node.results import RoundRow, Summary
+from flmesh.topology import Federation
+
+
+def pct(x: float | None) -> str:
+    """A fraction as a percentage 6 characters wide; ``-`` when there is none."""
+    return f"{'-':>6}" if x is None else f"{100 * x:6.2f}"
+
+
+def title(fed: Federation, out_dir: object) -> str:
+    """The run's first line (rich markup): the federation and where its results go."""
+    agg = fed.aggregator
+    how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
+           if agg is not None else f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
+    return (f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.dataset} "
+            f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {fed.model.name}, "
+            f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {out_dir}")
+
+
+def header(fed: Federation) -> str:
+    """The column names of :func:`round_line`."""
+    if fed.aggregator is not None:
+        line = f"{'round':>5}  {'acc %':>6}  {'F_t %':>6}  {'F_k %':>6}  {'updates':>7}  {'s':>6}"
+    else:
+        line = f"{'round':>5}  {'FA %':>6}  {'FF %':>6}  {'PFA %':>6}  {'missing':>7}  {'s':>6}"
+    return line + ("  task  per-task acc %" if fed.tasks is not None else "")
+
+
+def round_line(row: RoundRow, star: bool) -> str:
+    """One round's line under :func:`header`: a star run's accuracy, forgetting and updates, or
+    a peer run's FA, FF, PFA and missing models; then the task's accuracies, if any."""
+    tasks = ""
+    if row.task is not None:
+        tasks = f"  {row.task:>4}  " + " ".join(pct(a).strip() for a in row.task_accuracy or [])
+    if star:
+        updates = f"{len(row.received or [])}/{len(row.selected or [])}"
+        return (f"{row.round:>5}  {pct(row.accuracy)}  {pct(row.global_forgetting)}  "
+                f"{pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{tasks}")
+    missing = sum(e.missing is not None for e in row.nodes.values())
+    return (f"{row.round:>5}  {pct(row.fa)}  {pct(row.ff)}  {pct(row.pfa)}  {missing:>7}  "
+            f"{row.wall_s:6.2f}{tasks}")
+
+
+def final_table(fed: Federation, summary: Summary, star: bool) -> Table | None:
+    """The table after the last round; None when no round finished."""
+    final = summary.final
+    if final is None:
+        return None
+    table = Table(title=f"{fed.name}: after round {summary.rounds}")
+    if star:
+        for col in ("accuracy %", "FA %", "FF %", "PFA %", "mean F_t %", "wall s"):
+            table.add_column(col, justify="right")
+        table.add_row(pct(final.accuracy), pct(final.fa), pct(final.ff), pct(final.pfa),
+                      pct(summary.mean_global_forgetting), f"{summary.wall_s:.1f}")
+    else:
+        best = summary.best_fa or {}
+        for col in ("FA %", "FF %", "PFA %", "best FA %", "wall s"):
+            table.add_column(col, justify="right")
+        table.add_row(pct(final.fa), pct(final.ff), pct(final.pfa),
+                      f"{pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}")
+    return table

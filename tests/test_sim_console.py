@@ -1,0 +1,59 @@
+"""What fl-sim prints: a line per round under its header, and the final table, for both kinds."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from flmesh.coordinator.sim_console import final_table, header, pct, round_line, title
+from flmesh.node.results import Final, NodeRound, RoundRow, Summary
+from flmesh.topology import parse_federation
+
+from conftest import tiny_raw
+
+
+def _peer():
+    return parse_federation(tiny_raw(), source="tiny.toml")
+
+
+def _star():
+    raw = tiny_raw(aggregator={"strategy": "fedavg", "fraction": 0.67, "deadline_s": 60})
+    return parse_federation(raw, source="star.toml")
+
+
+def test_a_round_line_sits_under_its_header_in_both_kinds():
+    peer = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=None, wall_s=1.234,
+                    nodes={"a": NodeRound("a", 1, missing="b"), "b": NodeRound("b", 1)})
+    assert header(_peer()) == "round    FA %    FF %   PFA %  missing       s"
+    assert round_line(peer, star=False) == "    1   50.00   25.00       -        1    1.23"
+    star = RoundRow(2, "star", "fl-sim", accuracy=0.875, global_forgetting=0.0, selected=["a", "b"],
+                    received=["a"], wall_s=0.5, task=1, task_accuracy=[0.5, None])
+    assert header(_star()) == "round   acc %   F_t %   F_k %  updates       s"
+    assert round_line(star, star=True) == "    2   87.50    0.00       -      1/2    0.50     1  50.00 -"
+    assert len(header(_peer())) == len(round_line(peer, star=False))  # the columns line up
+
+
+def test_the_title_names_the_kind_and_the_results_folder():
+    line = title(_peer(), "runs/x")
+    assert "3 nodes, schedule cwt, graph complete" in line and line.endswith("  ->  runs/x")
+    assert "aggregator fedavg (C=0.67)" in title(_star(), "runs/y")
+    assert pct(None) == "     -" and pct(0.1234) == " 12.34"
+
+
+def _rendered(table) -> str:
+    out = io.StringIO()
+    Console(file=out, width=120).print(table)
+    return out.getvalue()
+
+
+def test_the_final_table_has_each_kinds_columns_and_none_without_a_round():
+    summary = Summary("peer", "fl-sim", "tiny", "tiny.toml", 1, 0, 2, False)
+    assert final_table(_peer(), summary, star=False) is None
+    summary.rounds, summary.final = 2, Final(2, fa=0.5, ff=0.1, pfa=0.6)
+    summary.best_fa = {"round": 1, "fa": 0.55}
+    text = _rendered(final_table(_peer(), summary, star=False))
+    assert "after round 2" in text and "best FA %" in text and "55.00 (r1)" in text
+    summary.final, summary.mean_global_forgetting = Final(2, accuracy=0.9), 0.02
+    text = _rendered(final_table(_star(), summary, star=True))
+    assert "accuracy %" in text and "mean F_t %" in text and "90.00" in text and "2.00" in text
