@@ -13,6 +13,8 @@ import pytest
 from flmesh.coordinator.picture_helper import PictureHelper
 from flmesh.coordinator.pictures import draw
 
+from conftest import wait_until
+
 NAMES = ["accuracy.png", "per_class.png"]
 
 
@@ -52,7 +54,11 @@ def test_the_helper_reads_the_rows_from_rounds_jsonl_and_checks_their_count(tmp_
         helper = PictureHelper.launch()
         assert helper._proc is not None
         if name == "other":
-            environ = Path(f"/proc/{helper._proc.pid}/environ").read_text().split("\0")
+            # The kernel fills /proc/<pid>/environ a moment after Popen returns (the exec has
+            # closed Popen's pipe but not yet set the new stack's environment): wait for it.
+            environ_file = Path(f"/proc/{helper._proc.pid}/environ")
+            wait_until(lambda f=environ_file: f.read_bytes() != b"")
+            environ = environ_file.read_text().split("\0")
             assert "OPENBLAS_NUM_THREADS=1" in environ  # one BLAS thread, whatever fl-sim has
         drawn = helper.draw(rows, tmp_path / name, write_rows(tmp_path / f"{name}.jsonl", held))
         assert [p.name for p in drawn] == NAMES
