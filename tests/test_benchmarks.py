@@ -107,6 +107,26 @@ def test_transport_prints_every_way_and_the_ratios():
         assert f"\n{digest:8s} alone " in out
 
 
+
+@pytest.mark.slow
+def test_lane_timeline_prints_every_mark_in_the_order_a_delivery_passes_them():
+    """Each mark of a delivery comes after the one before it, so their medians are in order too;
+    a timer that wrapped the wrong function (or none) would break the order or leave a mark out."""
+    out = run("lane_timeline.py", "--mib", "5", "--deliveries", "3")
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("data-lane Deliver of "))
+    marks = [line.split() for line in lines[start + 1:lines.index("steps (median ms):")]]
+    assert [m[0] for m in marks] == ["call", "servicer", "read", "first", "last", "digested", "checked",
+                                     "decoded", "answered"]
+    medians = [float(m[1]) for m in marks]
+    assert medians[0] == 0 and medians == sorted(medians) and medians[-1] > 0
+    assert "the raw socket, the same bytes, whole transfer: " in out
+    assert "not yet hashed and checked when the last byte came: " in out
+    assert "before the first read, timed alone (median of 200): header checks " in out
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lane_timeline.py"), "--mib", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--mib at least 4" in proc.stderr.splitlines()[-1]
+
 @pytest.mark.slow
 def test_startup_prints_help_serving_and_exit_times_with_the_control():
     rows = table(run("startup.py", "--runs", "1"), "| what |")
