@@ -107,7 +107,6 @@ def test_transport_prints_every_way_and_the_ratios():
         assert f"\n{digest:8s} alone " in out
 
 
-
 @pytest.mark.slow
 def test_lane_timeline_prints_every_mark_in_the_order_a_delivery_passes_them():
     """Each mark of a delivery comes after the one before it, so their medians are in order too;
@@ -126,6 +125,7 @@ def test_lane_timeline_prints_every_mark_in_the_order_a_delivery_passes_them():
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lane_timeline.py"), "--mib", "1"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--mib at least 4" in proc.stderr.splitlines()[-1]
+
 
 @pytest.mark.slow
 def test_startup_prints_help_serving_and_exit_times_with_the_control():
