@@ -302,6 +302,68 @@ def test_a_sender_connects_anew_when_its_kept_connection_fails():
         lane.close()
 
 
+
+class _EndedCall:
+    """Stands for a DeliverLane future that has ended by the time its callback is added: OK
+    (``error`` None) or refused with ``error``. Its callback runs at once, before the sender
+    writes a byte: the extreme of an answer that comes while the sender is still in its last
+    write. ``result`` reads the payload as a receiver does when the call succeeds."""
+
+    def __init__(self, lane: DataLane, token: bytes, size: int, error: Exception | None = None):
+        self.lane, self.token, self.size, self.error = lane, token, size, error
+
+    def __call__(self) -> _EndedCall:  # send_payload's ``call``
+        return self
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+    def exception(self):
+        return self.error
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        conn = self.lane.claim(self.token, 10)
+        conn.settimeout(10)
+        got = b""
+        while len(got) < self.size and (part := conn.recv(self.size - len(got))):
+            got += part
+        if len(got) == self.size:
+            self.lane.keep(conn)
+        else:
+            conn.close()
+        return got
+
+
+def test_a_sender_cuts_its_write_only_when_the_call_failed():
+    """A call that succeeded has had every byte read, so its connection is kept at both ends
+    even when the answer came before the sender was back from its write (it was shut down, and
+    a test of kept connections failed now and then on a loaded machine); a call that failed
+    still cuts a write that nobody reads (64 MiB: more than the sockets' buffers hold)."""
+    # Connections no call claims are dropped after 30 s, long after the refused write is cut.
+    lane, kept = DataLane("127.0.0.1", admit_timeout_s=30), lane_sender.KeptLanes()
+    try:
+        token, payload = os.urandom(TOKEN_BYTES), os.urandom(1000)
+        call = _EndedCall(lane, token, len(payload))
+        assert lane_sender.send_payload("127.0.0.1", lane.port, token, memoryview(payload), call, 10,
+                                        kept) == payload
+        wait_until(lambda: len(lane._reading) == 1)  # the receiver keeps it for the next token
+        reused = kept.take("127.0.0.1", lane.port)
+        assert reused is not None, "the sender keeps it too"
+        reused.close()
+        wait_until(lambda: not lane._reading)  # the receiver sees it closed and lets go of it
+        token, big = os.urandom(TOKEN_BYTES), memoryview(bytearray(64 << 20))
+        refused = _EndedCall(lane, token, len(big), error=RuntimeError("refused"))
+        with pytest.raises(RuntimeError, match="refused"):
+            lane_sender.send_payload("127.0.0.1", lane.port, token, big, refused, 600, kept)
+        assert kept.take("127.0.0.1", lane.port) is None, "a cut connection is not kept"
+        # The sender cut it, not the lane: the receiver still holds it, unclaimed.
+        wait_until(lambda: token in lane._pending)
+    finally:
+        kept.close()
+        lane.close()
+
 def test_a_sender_streams_when_the_peer_has_no_lane_or_it_cannot_be_reached(fed, lanes, monkeypatch):
     monkeypatch.setattr(data_lane, "LANE_MIN_BYTES", 1 << 40)
     nodes = started_nodes(fed)  # no node serves a lane

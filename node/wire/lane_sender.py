@@ -99,10 +99,13 @@ def send_payload(host: str, port: int, token: bytes, payload: memoryview, call: 
         future = call()
         written = threading.Event()
 
-        def stop_writing(_: object) -> None:
-            # A call that ends (refused) while the payload is still being written must not
-            # leave the writer blocked on a receiver that stopped reading.
-            if not written.is_set():
+        def stop_writing(done: grpc.Future) -> None:
+            # A call that ends refused while the payload is still being written must not leave
+            # the writer blocked on a receiver that stopped reading. One that succeeded is left
+            # alone: its receiver has read every byte (it answers OK only after the whole
+            # payload), and its answer can come before this thread is back from its last
+            # write; a shutdown then threw away a connection the receiver had kept.
+            if not written.is_set() and not _succeeded(done):
                 shutdown(sock)
 
         future.add_done_callback(stop_writing)
@@ -119,6 +122,14 @@ def send_payload(host: str, port: int, token: bytes, payload: memoryview, call: 
             kept.give(host, port, sock)
         else:
             sock.close()
+
+
+def _succeeded(done: grpc.Future) -> bool:
+    """Whether the ended call ``done`` ended OK (not refused, failed or cancelled)."""
+    try:
+        return done.exception() is None
+    except grpc.FutureCancelledError:
+        return False
 
 
 def _with_token(host: str, port: int, token: bytes, timeout: float, kept: KeptLanes | None
