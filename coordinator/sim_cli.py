@@ -186,7 +186,6 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     board: Board | None = None
     try:
         federation = load_federation(args.file, overrides)
-        star = federation.aggregator is not None
         out = args.out if args.out is not None else default_out_dir(federation)
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
         started: Simulation | None = None
@@ -226,7 +225,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
 
     def on_round(row: RoundRow) -> None:
         if not args.quiet:
-            progress.console.print(sim_console.round_line(row, star))
+            progress.console.print(sim_console.round_line(row))
         progress.update(task, completed=row.round)
         if board is not None:
             board.scalars(row.round, row_scalars(row))
@@ -254,7 +253,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
         signal.signal(signal.SIGTERM, previous)
     if summary is None:
         return 130
-    if not args.quiet and (table := sim_console.final_table(fed, summary, star)) is not None:
+    if not args.quiet and (table := sim_console.final_table(fed, summary)) is not None:
         console.print(table)
     written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
     console.print(f"results: {summary.out_dir}/summary.json, {written}")

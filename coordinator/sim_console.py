@@ -7,6 +7,8 @@ once the flags are read (it loads rich), so ``fl-sim --help`` stays quick.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.table import Table
 
 from flmesh.node.results import RoundRow, Summary
@@ -18,7 +20,7 @@ def pct(x: float | None) -> str:
     return f"{'-':>6}" if x is None else f"{100 * x:6.2f}"
 
 
-def title(fed: Federation, out_dir: object) -> str:
+def title(fed: Federation, out_dir: Path | str) -> str:
     """The run's first line (rich markup): the federation and where its results go."""
     agg = fed.aggregator
     how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
@@ -37,13 +39,13 @@ def header(fed: Federation) -> str:
     return line + ("  task  per-task acc %" if fed.tasks is not None else "")
 
 
-def round_line(row: RoundRow, star: bool) -> str:
-    """One round's line under :func:`header`: a star run's accuracy, forgetting and updates, or
-    a peer run's FA, FF, PFA and missing models; then the task's accuracies, if any."""
+def round_line(row: RoundRow) -> str:
+    """One round's line under :func:`header`: a star row's accuracy, forgetting and updates, or
+    a peer row's FA, FF, PFA and missing models; then the task's accuracies, if any."""
     tasks = ""
     if row.task is not None:
         tasks = f"  {row.task:>4}  " + " ".join(pct(a).strip() for a in row.task_accuracy or [])
-    if star:
+    if row.kind == "star":
         updates = f"{len(row.received or [])}/{len(row.selected or [])}"
         return (f"{row.round:>5}  {pct(row.accuracy)}  {pct(row.global_forgetting)}  "
                 f"{pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{tasks}")
@@ -52,13 +54,14 @@ def round_line(row: RoundRow, star: bool) -> str:
             f"{row.wall_s:6.2f}{tasks}")
 
 
-def final_table(fed: Federation, summary: Summary, star: bool) -> Table | None:
-    """The table after the last round; None when no round finished."""
+def final_table(fed: Federation, summary: Summary) -> Table | None:
+    """The table after the last round (its columns are the summary's kind's); None when no
+    round finished."""
     final = summary.final
     if final is None:
         return None
     table = Table(title=f"{fed.name}: after round {summary.rounds}")
-    if star:
+    if summary.kind == "star":
         for col in ("accuracy %", "FA %", "FF %", "PFA %", "mean F_t %", "wall s"):
             table.add_column(col, justify="right")
         table.add_row(pct(final.accuracy), pct(final.fa), pct(final.ff), pct(final.pfa),

@@ -26,12 +26,12 @@ def test_a_round_line_sits_under_its_header_in_both_kinds():
     peer = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=None, wall_s=1.234,
                     nodes={"a": NodeRound("a", 1, missing="b"), "b": NodeRound("b", 1)})
     assert header(_peer()) == "round    FA %    FF %   PFA %  missing       s"
-    assert round_line(peer, star=False) == "    1   50.00   25.00       -        1    1.23"
+    assert round_line(peer) == "    1   50.00   25.00       -        1    1.23"
     star = RoundRow(2, "star", "fl-sim", accuracy=0.875, global_forgetting=0.0, selected=["a", "b"],
                     received=["a"], wall_s=0.5, task=1, task_accuracy=[0.5, None])
     assert header(_star()) == "round   acc %   F_t %   F_k %  updates       s"
-    assert round_line(star, star=True) == "    2   87.50    0.00       -      1/2    0.50     1  50.00 -"
-    assert len(header(_peer())) == len(round_line(peer, star=False))  # the columns line up
+    assert round_line(star) == "    2   87.50    0.00       -      1/2    0.50     1  50.00 -"
+    assert len(header(_peer())) == len(round_line(peer))  # the columns line up
 
 
 def test_the_title_names_the_kind_and_the_results_folder():
@@ -49,11 +49,11 @@ def _rendered(table) -> str:
 
 def test_the_final_table_has_each_kinds_columns_and_none_without_a_round():
     summary = Summary("peer", "fl-sim", "tiny", "tiny.toml", 1, 0, 2, False)
-    assert final_table(_peer(), summary, star=False) is None
+    assert final_table(_peer(), summary) is None
     summary.rounds, summary.final = 2, Final(2, fa=0.5, ff=0.1, pfa=0.6)
     summary.best_fa = {"round": 1, "fa": 0.55}
-    text = _rendered(final_table(_peer(), summary, star=False))
+    text = _rendered(final_table(_peer(), summary))
     assert "after round 2" in text and "best FA %" in text and "55.00 (r1)" in text
-    summary.final, summary.mean_global_forgetting = Final(2, accuracy=0.9), 0.02
-    text = _rendered(final_table(_star(), summary, star=True))
+    summary.kind, summary.final, summary.mean_global_forgetting = "star", Final(2, accuracy=0.9), 0.02
+    text = _rendered(final_table(_star(), summary))
     assert "accuracy %" in text and "mean F_t %" in text and "90.00" in text and "2.00" in text
