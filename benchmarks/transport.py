@@ -19,20 +19,23 @@ lane (:mod:`flmesh.node.wire.data_lane`; what a node whose model is this large
 serves without TLS), and streamed over gRPC (``FLMESH_DATA_LANE=0``, TLS, and
 models under 4 MiB). The lane keeps its connection from one delivery to the
 next, as a node's does; ``fresh`` is the lane with a new connection for every
-delivery instead, the control for keeping them. The controls for Deliver:
+delivery instead, the control for keeping them; ``nofin`` is the lane with the
+receiver's check for NaN and infinity off, the control for that check (a node
+always makes it; it reads every byte once more). The controls for Deliver:
 grpcio by itself moving the same bytes as raw-bytes messages with no checks,
 and a plain TCP socket (one connection, kept): a receiver thread ``recv_into``
 a preallocated buffer and answers one byte once it has everything; the sender
 times ``sendall`` up to that byte.
 
-The five ways take turns: one warm-up transfer each, then ``--repeats`` rounds
+The six ways take turns: one warm-up transfer each, then ``--repeats`` rounds
 in which each moves the payload once, the order rotating, so that all are
 measured in the same phase of a machine whose speed drifts. Prints MiB/s and
-the process's CPU time (both ends) per transfer, the medians, the lane/socket
-and fresh/socket ratios per round, and for scale the speed of each digest
+the process's CPU time (both ends) per transfer, the medians, the lane/socket,
+fresh/socket and nofin/socket ratios per round, and for scale the speed of each digest
 alone over the payload (the receiver hashes every byte; the raw socket does
 not). The last line is ``transport (<digest>): deliver <X> MiB/s (data lane),
-raw socket <Y> MiB/s, ratio <X/Y>; a new connection each ...; over gRPC ...``.
+raw socket <Y> MiB/s, ratio <X/Y>; a new connection each ...; without the
+finite check ...; over gRPC ...``.
 """
 
 from __future__ import annotations
@@ -94,12 +97,12 @@ class Sink:
 
     node_id = "b"
 
-    def __init__(self, spec: ModelSpec):
-        self.spec = spec
+    def __init__(self, spec: ModelSpec, check_finite: bool = True):
+        self.spec, self.check_finite = spec, check_finite
 
     def deliver(self, caller: str | None, chunks: Chunks) -> DeliverResult:
         try:
-            model = codec.decode(chunks, self.spec, 2**31)
+            model = codec.decode(chunks, self.spec, 2**31, check_finite=self.check_finite)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"b: {exc}") from None
         return DeliverResult(True, False, model.total_bytes)
@@ -134,15 +137,17 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
 
 
 @contextmanager
-def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool, wire: WireFormat, *, keep: bool = True
-                ) -> Iterator[tuple[int, Transfer]]:
+def deliver_way(model: nn.Module, chunk_bytes: int, lane: bool, wire: WireFormat, *, keep: bool = True,
+                check_finite: bool = True) -> Iterator[tuple[int, Transfer]]:
     """flmesh's Deliver: the payload on the receiver's data lane (``lane``, as a node with a model
     this large serves it; on a new connection each time unless ``keep``) or streamed over gRPC,
-    hashed with ``wire.digest``. Each transfer encodes a fresh round first (not timed), so every
-    delivery is accepted."""
+    hashed with ``wire.digest``; the receiver checks for NaN and infinity unless not
+    ``check_finite`` (a control: a node always checks). Each transfer encodes a fresh round first
+    (not timed), so every delivery is accepted."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     data_lane = DataLane("127.0.0.1") if lane else None
-    server, _, address = serve_peer(Sink(codec.model_spec(state)), "127.0.0.1:0", lane=data_lane)
+    server, _, address = serve_peer(Sink(codec.model_spec(state), check_finite), "127.0.0.1:0",
+                                    lane=data_lane)
     client = GrpcPeerTransport({"b": address}, chunk_bytes=chunk_bytes)
     if not keep:
         client._kept = KeptLanes(per_lane=0)
@@ -299,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
         nbytes, lane = stack.enter_context(deliver_way(model, chunk, lane=True, wire=wire))
         _, fresh = stack.enter_context(deliver_way(model, chunk, lane=True, wire=wire, keep=False))
         _, streamed = stack.enter_context(deliver_way(model, chunk, lane=False, wire=wire))
-        ways = {"lane": lane, "fresh": fresh, "grpc": streamed,
+        _, nofin = stack.enter_context(deliver_way(model, chunk, lane=True, wire=wire, check_finite=False))
+        ways = {"lane": lane, "fresh": fresh, "nofin": nofin, "grpc": streamed,
                 "grpcio": stack.enter_context(grpcio_way(nbytes, chunk)),
                 "socket": stack.enter_context(socket_way(nbytes))}
         speeds, cpus = alternate(ways, nbytes, args.repeats)
@@ -309,6 +315,8 @@ def main(argv: list[str] | None = None) -> None:
           f"on the data lane, a large model's default; digest {args.digest})")
     print(f"fresh  median   {med['fresh']:8.1f} MiB/s  (the data lane on a new connection for each "
           "delivery: the control for keeping connections)")
+    print(f"nofin  median   {med['nofin']:8.1f} MiB/s  (the data lane with the receiver's NaN and "
+          "infinity check off: the control for that check, which a node always makes)")
     print(f"grpc   median   {med['grpc']:8.1f} MiB/s  (Deliver streamed over gRPC in chunks of "
           f"{args.chunk_kib} KiB: FLMESH_DATA_LANE=0, TLS, or a model under 4 MiB)")
     print(f"grpcio median   {med['grpcio']:8.1f} MiB/s  (grpcio alone: raw bytes, no checks)")
@@ -321,9 +329,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"lane / socket per round: {' '.join(f'{r:.2f}' for r in ratios)}")
     fresh = [a / b for a, b in zip(speeds["fresh"], speeds["socket"], strict=True)]
     print(f"fresh / socket per round: {' '.join(f'{r:.2f}' for r in fresh)}")
+    nofin_ratios = [a / b for a, b in zip(speeds["nofin"], speeds["socket"], strict=True)]
+    print(f"nofin / socket per round: {' '.join(f'{r:.2f}' for r in nofin_ratios)}")
     print(f"transport ({args.digest}): deliver {med['lane']:.1f} MiB/s (data lane), raw socket "
           f"{med['socket']:.1f} MiB/s, ratio {med['lane'] / med['socket']:.2f}; a new connection each "
-          f"{med['fresh']:.1f} MiB/s, ratio {med['fresh'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} "
+          f"{med['fresh']:.1f} MiB/s, ratio {med['fresh'] / med['socket']:.2f}; without the finite check "
+          f"{med['nofin']:.1f} MiB/s, ratio {med['nofin'] / med['socket']:.2f}; over gRPC {med['grpc']:.1f} "
           f"MiB/s, ratio {med['grpc'] / med['socket']:.2f}; grpcio alone {med['grpcio']:.1f} MiB/s")
 
 

@@ -98,11 +98,12 @@ def test_wsm_prints_client_forgetting_over_c():
 
 def test_transport_prints_every_way_and_the_ratios():
     out = run("transport.py", "--mib", "5", "--repeats", "2")
-    for way in ("lane", "fresh", "grpc", "grpcio", "socket"):
+    for way in ("lane", "fresh", "nofin", "grpc", "grpcio", "socket"):
         assert f"\n{way:6s} median " in out
     assert "CPU per transfer, both ends (median): lane " in out
     assert "transport (xxh3_128): deliver " in out and "(data lane), raw socket " in out
     assert "; a new connection each " in out and "fresh / socket per round: " in out
+    assert "; without the finite check " in out and "nofin / socket per round: " in out
     for digest in ("xxh3_128", "blake3", "sha256"):
         assert f"\n{digest:8s} alone " in out
 
