@@ -46,8 +46,8 @@ def skip_final_collection() -> None:
 def collections_paused() -> Iterator[None]:
     """No automatic garbage collection inside the block: a command's start-up, its heavy
     imports and set-up. Why: ``import torch`` alone sets off ~400 collections, the last of them
-    walking its ~180,000 objects (~0.09 s each here), and none frees more than a few thousand
-    objects (docs/performance.md, Start-up: launch to SERVING 0.3-0.45 s sooner).
+    walking its ~180,000 objects (~0.09 s each here), and together they free a few thousand
+    objects (docs/performance.md, Start-up: launch to SERVING 0.23-0.29 s sooner).
 
     On the way out the collector is on again if it was on before. When the block imported
     modules (a process's first start-up, not a later ``main`` in the same process), every object
