@@ -52,8 +52,9 @@ def collections_paused() -> Iterator[None]:
     On the way out the collector is on again if it was on before. When the block imported
     modules (a process's first start-up, not a later ``main`` in the same process), every object
     alive is first moved to the permanent generation (``gc.freeze``): later collections skip the
-    modules, functions and tables made at start-up, and a forked worker does not copy their
-    pages by marking them. Garbage in reference cycles made inside the block is kept (a few
+    modules, functions and tables made at start-up, and a worker forked later does not write to
+    their pages when it collects (what Python's ``gc`` documentation advises before a fork; not
+    measured on its own here). Garbage in reference cycles made inside the block is kept (a few
     thousand objects); everything else is still freed by its reference count. The collector is
     process-wide: other threads' objects are not collected during the block either."""
     enabled = gc.isenabled()
