@@ -101,8 +101,7 @@ class Aggregator:
         self._health: Any = None
         self._pool = ThreadPoolExecutor(max_workers=EVAL_WORKERS, thread_name_prefix="flmesh-eval")
         self.evaluate: Evaluator = evaluator or self.evaluate_remote
-        # FA/FF/PFA's evaluations; fl-sim's workers may hand in their own (sim_star_procs.py)
-        self.evaluate_updates: UpdateEvaluator = self._evaluate_each_update
+        self.evaluate_updates: UpdateEvaluator = self._evaluate_each_update  # FA/FF/PFA's evaluations
         self._start_eval: dict[str, EvalResult] | None = None
         self.replay: ReplayBufferCore | None = None  # the replay buffer, when this aggregator hosts it
         self._round_start = 0.0

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,25 +49,6 @@ def plans(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[tuple[Plot, 
     if any(r.get("task_accuracy") for r in rows):
         pictures.append((plot_tasks, out_dir / "tasks.png"))
     return pictures
-
-
-def load_in_background() -> None:
-    """Start importing matplotlib (about 0.5 s of Python) on a daemon thread and return at once.
-
-    :meth:`~flmesh.coordinator.sim.Simulation.run` calls it once the rounds run when it has
-    no picture helper (an embedder's simulation; ``fl-sim`` draws in
-    :mod:`~flmesh.coordinator.picture_helper`, whose import does not hold this process's GIL
-    beside the rounds), so the import does not add to the end of the run; :func:`draw` then
-    finds it loaded (or waits on the import lock for the rest). An import that fails here is
-    left for :func:`draw` to raise."""
-
-    def load() -> None:
-        try:
-            _pyplot()
-        except Exception:  # draw() imports again and reports it where the run can say so
-            return
-
-    threading.Thread(target=load, name="pictures-import", daemon=True).start()
 
 
 def _pyplot() -> Any:

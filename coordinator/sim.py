@@ -1,13 +1,19 @@
-"""Simulate a whole federation on localhost, over real gRPC: the one runner.
+"""Simulate a whole federation in one process: the one runner.
 
 :class:`Simulation` owns what both kinds of federation share: set-up and
 teardown, Ctrl-C, writing rounds.jsonl and summary.json (the schema of
 :mod:`flmesh.node.results`) and the pictures. A *driver* runs the federation:
 :class:`~flmesh.coordinator.sim_peer.PeerDriver` (every node a
-:class:`~flmesh.node.node.Node` on 127.0.0.1:0 running its own
-:meth:`~flmesh.node.node.Node.run`, cross-evaluated through ``Evaluate``) or
-:class:`~flmesh.coordinator.sim_star.StarDriver` (the same nodes around an
-:class:`~flmesh.coordinator.aggregator.Aggregator`).
+:class:`~flmesh.node.node.Node` running its own :meth:`~flmesh.node.node.Node.run`
+on a thread) or :class:`~flmesh.coordinator.sim_star.StarDriver` (the same
+nodes around an :class:`~flmesh.coordinator.aggregator.Aggregator`).
+
+The nodes talk over a *transport*: ``"memory"`` (the default,
+:mod:`flmesh.node.memory`: handlers called directly, models still encoded and
+checked as on the wire) or ``"grpc"`` (every process a real gRPC server on
+127.0.0.1:0, optionally with mTLS: a rehearsal of a deployment). The round
+engine, codec checks and results are the same code on both, and so are the
+numbers.
 
 Blocking; use from one thread. ``stop()`` may be called from another thread
 (or a signal handler) to end the run after the round in progress.
@@ -23,13 +29,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal, Protocol
 
 from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes
 from flmesh.topology import Federation
 
-if TYPE_CHECKING:
-    from flmesh.coordinator.picture_helper import PictureHelper
+Transport = Literal["memory", "grpc"]
+TRANSPORTS: tuple[Transport, ...] = ("memory", "grpc")
 
 #: How often the runner's thread wakes while it waits for a row (Ctrl-C is noticed then).
 WAKE_S = 0.2
@@ -162,53 +168,38 @@ class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
-                 eval_every: int | None = None, tls: bool = False, workers: int | None = None,
-                 pin: bool = True):
+                 eval_every: int | None = None, transport: Transport = "memory", tls: bool = False):
         """``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
-        ``workers``: spread the nodes over that many processes (default:
-        :func:`~flmesh.coordinator.sim_pool.default_workers`; continual and Joint runs run in
-        one; a star federation's aggregator stays in this process).
-        ``pin``: keep each worker process on its own share of the CPUs (:mod:`~flmesh.coordinator.sim_cpus`;
-        False: where the OS puts it).
-        ``tls``: every process gets a certificate from a throwaway CA and every call is mTLS
-        with the same checks as a deployment (default: plaintext on 127.0.0.1)."""
+        ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
+        127.0.0.1:0). ``tls`` (gRPC only): every process gets a certificate from a throwaway
+        CA and every call is mTLS with the same checks as a deployment."""
         if eval_every is not None:
             if eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {eval_every}")
             federation = replace(federation, eval_every=eval_every)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        if tls and transport != "grpc":
+            raise ValueError("tls needs the grpc transport (the in-memory transport has no wire to encrypt)")
         from flmesh.coordinator.sim_tls import SimIdentities
 
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
+        self.transport = transport
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
-        # who draws the pictures: fl-sim's helper process (picture_helper.py); None: this process
-        self.pictures: PictureHelper | None = None
         self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
         self.driver: Driver
-        from flmesh.coordinator.sim_pool import default_workers
-
-        count = min(workers or default_workers(federation), len(federation.nodes))
-        if federation.tasks is not None or federation.baseline == "joint":
-            count = 1  # continual and Joint runs run in one process
-        if self.kind == "star" and count > 1:
-            from flmesh.coordinator.sim_star_procs import ProcessStarDriver
-
-            self.driver = ProcessStarDriver(federation, count, self.identities, pin)
-        elif self.kind == "star":
+        if self.kind == "star":
             from flmesh.coordinator.sim_star import StarDriver
 
-            self.driver = StarDriver(federation, self.identities)
-        elif count > 1:
-            from flmesh.coordinator.sim_procs import ProcessPeerDriver
-
-            self.driver = ProcessPeerDriver(federation, count, self.identities, pin)
+            self.driver = StarDriver(federation, transport, self.identities)
         else:
             from flmesh.coordinator.sim_peer import PeerDriver
 
-            self.driver = PeerDriver(federation, self.identities)
+            self.driver = PeerDriver(federation, transport, self.identities)
 
     def start(self) -> None:
         """Split the data, build every process and start its server."""
@@ -247,10 +238,6 @@ class Simulation:
         rows: list[RoundRow] = []
         try:
             for row in self.driver.rows():
-                if not rows and self.pictures is None and self.draw_pictures:  # beside the rounds
-                    from flmesh.coordinator.pictures import load_in_background
-
-                    load_in_background()
                 rows.append(row)
                 writer.write_round(row)
                 if on_round is not None:
@@ -264,14 +251,11 @@ class Simulation:
         return summary
 
     def _draw(self, writer: RunWriter) -> list[str]:
-        """The run's pictures, drawn by the helper process or here; their paths."""
+        """The run's pictures, drawn after the last round; their paths."""
         from flmesh.coordinator.pictures import PicturesError, draw
 
         try:
-            if self.pictures is not None:  # the helper reads the rows from rounds.jsonl
-                drawn = self.pictures.draw(writer.rows, self.out_dir, writer.rounds_path)
-            else:
-                drawn = draw(writer.rows, self.out_dir)
+            drawn = draw(writer.rows, self.out_dir)
         except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
             raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
                                 f"{type(exc).__name__}: {exc}") from exc
@@ -314,3 +298,8 @@ def base_config(federation: Federation) -> dict[str, Any]:
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
             "epochs": fed.training.epochs}
+
+
+def sim_config(federation: Federation, transport: str, tls: bool) -> dict[str, Any]:
+    """The set-up every summary records, with the transport the run used."""
+    return {**base_config(federation), "transport": transport, "tls": tls}

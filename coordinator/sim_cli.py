@@ -1,6 +1,7 @@
 """``fl-sim``: run a whole federation on localhost from one federation file.
 
-    fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--tensorboard DIR] [--log-format F]
+    fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--transport memory|grpc [--tls]]
+               [--tensorboard DIR] [--log-format F]
     fl-sim report RUN_DIR
     fl-sim compare RUN_DIR... [--out PNG]
 
@@ -22,26 +23,19 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from flmesh.node.cli_common import (
-    OneLineParser,
-    collections_paused,
-    exit_after,
-    one_blas_thread,
-    skip_final_collection,
-)
+from flmesh.node.cli_common import OneLineParser, one_blas_thread
 
 if TYPE_CHECKING:
-    from flmesh.coordinator.picture_helper import PictureHelper
     from flmesh.node.observe import Board
     from flmesh.node.results import RoundRow
 
 # Everything heavy (torch, grpc, networkx, rich) is imported after the flags are read, so
-# ``fl-sim --help`` and a bad flag answer at once (benchmarks/startup.py).
+# ``fl-sim --help`` and a bad flag answer at once.
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="fl-sim", description="Simulate a federation on localhost over real gRPC.")
+        prog="fl-sim", description="Simulate a whole federation in one process.")
     parser.add_argument("file", type=Path, help="federation file (TOML)")
     parser.add_argument("--rounds", type=int, help="override [federation] rounds")
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<timestamp>)")
@@ -55,16 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "from the seed, not all N (default [federation] eval_sample, 0: all)")
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
-    parser.add_argument("--workers", type=int, metavar="K",
-                        help="spread the nodes over K processes, a star federation's aggregator staying "
-                             "in fl-sim (default on Linux: forked, one per core with at least 5 nodes each; "
-                             "elsewhere one per two cores from 32 nodes on, else 1)")
-    parser.add_argument("--no-pin", action="store_true",
-                        help="leave the worker processes' CPUs to the OS (default: each keeps to its own "
-                             "share of the cores, e.g. one core each)")
+    parser.add_argument("--transport", choices=["memory", "grpc"], default="memory",
+                        help="how the nodes talk: memory (default: handlers called directly, models "
+                             "still encoded and checked) or grpc (every node a gRPC server on 127.0.0.1, "
+                             "to rehearse a deployment)")
     parser.add_argument("--tls", action="store_true",
-                        help="mTLS on every call, with certificates from a throwaway CA (default: plaintext "
-                             "on 127.0.0.1)")
+                        help="with --transport grpc: mTLS on every call, with certificates from a "
+                             "throwaway CA (default: plaintext on 127.0.0.1)")
     parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
     parser.add_argument("--no-pictures", action="store_true",
                         help="draw no pictures (fl-sim report DIR draws them later); matplotlib is "
@@ -85,8 +76,8 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     """The first flag out of its bounds, as one line naming the flag and the bound; None if all fit."""
     from flmesh.topology.checks import MAX_NODES, MAX_ROUNDS
 
-    if args.workers is not None and not 1 <= args.workers <= 64:
-        return f"--workers: expected an integer from 1 to 64, got {args.workers}"
+    if args.tls and args.transport != "grpc":
+        return "--tls: needs --transport grpc (the in-memory transport has no wire to encrypt)"
     if args.eval_sample is not None and not (args.eval_sample == 0 or 2 <= args.eval_sample <= MAX_NODES):
         return (f"--eval-sample: expected 0 (every test split) or an integer from 2 to {MAX_NODES}, "
                 f"got {args.eval_sample}")
@@ -127,45 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
 
-    skip_final_collection()
     if run_tools.is_tool(argv):
         return run_tools.main(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from flmesh.coordinator.picture_helper import PictureHelper
-
-    # the helper imports matplotlib beside this process's imports below
-    pictures = None if args.no_pictures else PictureHelper.start()
-    try:
-        return _run(args, parser, pictures)
-    finally:
-        if pictures is not None:
-            pictures.close()
+    return _run(build_parser().parse_args(argv))
 
 
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: PictureHelper | None) -> int:
+def _run(args: argparse.Namespace) -> int:
     """fl-sim after its flags are read; the exit code."""
-    with collections_paused():  # before the workers fork, which then share what it froze
-        from rich.console import Console
-        from rich.logging import RichHandler
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from flmesh.coordinator import sim_console
-        from flmesh.coordinator.pictures import PicturesError
-        from flmesh.coordinator.sim import Simulation, default_out_dir
-        from flmesh.coordinator.sim_pool import WorkerError
-        from flmesh.node.errors import PeerError, UnknownPeerError
-        from flmesh.node.node_run import input_errors
-        from flmesh.node.observe import row_scalars
-        from flmesh.node.wire.data_lane import lane_enabled
-        from flmesh.node.wire.peer_client import one_message_enabled
-        from flmesh.topology import FederationError, load_federation
+    from flmesh.coordinator import sim_console
+    from flmesh.coordinator.pictures import PicturesError
+    from flmesh.coordinator.sim import Simulation, default_out_dir
+    from flmesh.node.errors import PeerError, UnknownPeerError
+    from flmesh.node.node_run import input_errors
+    from flmesh.node.observe import row_scalars
+    from flmesh.topology import FederationError, load_federation
 
-    try:
-        one_message_enabled()  # read by every node: a bad value is a usage error, before any work
-        lane_enabled()
-    except ValueError as exc:
-        parser.error(str(exc))
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False)
     if args.log_format == "json":
@@ -189,7 +160,6 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     if args.eval_sample is not None:
         overrides.append(f"federation.eval_sample={args.eval_sample}")
     bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors(), OSError)
-    no_run: tuple[type[Exception], ...] = (*bad_input, WorkerError)
     board: Board | None = None
     try:
         federation = load_federation(args.file, overrides)
@@ -197,16 +167,15 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
         started: Simulation | None = None
         try:
-            sim = started = Simulation(federation, out, tls=args.tls, workers=args.workers,
-                                       pin=not args.no_pin)
-            sim.pictures, sim.draw_pictures = pictures, not args.no_pictures
-            sim.start()  # forks the workers: before any other thread (TensorBoard's writer) runs
+            sim = started = Simulation(federation, out, transport=args.transport, tls=args.tls)
+            sim.draw_pictures = not args.no_pictures
+            sim.start()
             if args.tensorboard is not None:
                 from flmesh.node.observe import Board
 
                 board = Board(args.tensorboard)
-        except no_run:
-            if started is not None:  # the workers and servers started so far
+        except bad_input:
+            if started is not None:  # the servers started so far
                 started.close()
             if made:  # no run, no empty results folder left behind
                 with contextlib.suppress(OSError):
@@ -215,9 +184,6 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
     except bad_input as exc:
         err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
         return 2
-    except WorkerError as exc:  # a worker process failed before the rounds
-        err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
-        return 1
 
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sim.stop())
@@ -246,7 +212,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
         err.print("fl-sim: interrupted; stopping all nodes")
         sim.stop()
         summary = None
-    except (PeerError, UnknownPeerError, WorkerError) as exc:  # e.g. the aggregator stopped answering
+    except (PeerError, UnknownPeerError) as exc:  # e.g. the aggregator stopped answering
         err.print(f"fl-sim: error: {exc}; results so far in {sim.out_dir}", markup=False, soft_wrap=True)
         sim.stop()
         return 1
@@ -268,9 +234,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
 
 
 def entry() -> NoReturn:
-    """The ``fl-sim`` console command: :func:`main`, then a quick exit (``exit_after``)."""
+    """The ``fl-sim`` console command."""
     one_blas_thread()
-    exit_after(main)
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """fl-sim's peer driver: a decentralized federation (CWT, RWT, rewind, baselines) on localhost.
 
-Every node is a real :class:`~flmesh.node.node.Node` serving on 127.0.0.1:0
-in this process and running its own :meth:`~flmesh.node.node.Node.run` on a
-thread, as ``fl-node`` would. After each evaluated round a node's callback
+Every node is a real :class:`~flmesh.node.node.Node` in this process, on the
+in-memory transport or serving gRPC on 127.0.0.1:0
+(:class:`~flmesh.coordinator.sim_processes.SimProcesses`), running its own
+:meth:`~flmesh.node.node.Node.run` on a thread, as ``fl-node`` would. After
+each evaluated round a node's callback
 evaluates its freshly trained model on every node's test split, the numbers the
 ``Evaluate`` RPC gives (one row of the N x N matrix), or with ``[federation]
 eval_sample = K`` on its own split and K-1 others drawn from (seed, round, node)
@@ -27,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from flmesh.coordinator.sim import Lockstep, RowQueue, base_config, join_threads, run_threads
+from flmesh.coordinator.sim import Lockstep, RowQueue, join_threads, run_threads, sim_config
+from flmesh.coordinator.sim_processes import SimProcesses
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset
@@ -36,8 +39,7 @@ from flmesh.node.learning.trainer import evaluate
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport, StarReport
 from flmesh.node.results import Matrix, NodeRound, RoundRow
-from flmesh.node.wire.limits import StreamLimits
-from flmesh.node.wire.peer_client import GrpcPeerTransport
+from flmesh.node.transport import PeerTransport
 from flmesh.topology import Federation, NodeConfig
 from flmesh.topology.sampling import eval_sampled, eval_splits
 from flmesh.topology.tasks import present
@@ -61,7 +63,7 @@ def joint_federation(federation: Federation, node_id: str = JOINT_ID) -> Federat
     return replace(federation, nodes=nodes, baseline="standalone", aggregator=None)
 
 
-def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
+def joint_node(federation: Federation, data: dict[str, NodeData], transport: PeerTransport) -> Node:
     """The Joint baseline's single node: every node's training split on one machine.
 
     It trains the same E epochs per round (over N times the data) from the same
@@ -74,10 +76,8 @@ def joint_node(federation: Federation, data: dict[str, NodeData]) -> Node:
                         torch.cat([d.train.y for d in data.values()]), first.train.num_classes),
         test=first.test,
     )
-    node = Node(joint_federation(federation, JOINT_ID), JOINT_ID, data=union, transport=GrpcPeerTransport(),
+    return Node(joint_federation(federation, JOINT_ID), JOINT_ID, data=union, transport=transport,
                 members=federation.node_ids)
-    node.listen = "127.0.0.1:0"
-    return node
 
 
 def reported_own(report: Report, same_split: bool) -> EvalResult | None:
@@ -94,12 +94,15 @@ def reported_own(report: Report, same_split: bool) -> EvalResult | None:
 
 
 class PeerDriver:
-    def __init__(self, federation: Federation, identities: SimIdentities | None = None):
-        """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext.
-        Rows are written every ``[federation] eval_every`` rounds and after the last."""
+    def __init__(self, federation: Federation, transport: str = "memory",
+                 identities: SimIdentities | None = None):
+        """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
+        process (gRPC with ``fl-sim --tls``); None: plaintext. Rows are written every
+        ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
         self.eval_every = federation.eval_every
         self.identities = identities or SimIdentities((), enabled=False)
+        self.processes = SimProcesses(federation, transport, self.identities)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()
@@ -115,7 +118,8 @@ class PeerDriver:
 
     def config(self) -> dict[str, Any]:
         fed = self.federation
-        return {**base_config(fed), "schedule": fed.topology.schedule, "baseline": fed.baseline,
+        return {**sim_config(fed, self.processes.transport, self.identities.enabled),
+                "schedule": fed.topology.schedule, "baseline": fed.baseline,
                 "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
                 "eval_every": self.eval_every, "eval_sample": fed.eval_sample}
 
@@ -127,19 +131,9 @@ class PeerDriver:
         fed = self.federation
         dataset = load_dataset(fed.data)
         data = federation_data(fed, dataset)
-        self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
-                                           tls=self.identities.for_id(nid))
-                      for nid in fed.node_ids]
-        limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
-        for node in self.nodes:
-            node.stream_limits = limits
-        addresses = {node.node_id: node.start() for node in self.nodes}
-        for node in self.nodes:
-            node.connect(addresses)
-        if fed.baseline == "joint":
-            joint = joint_node(fed, data)
-            joint.start()
-            self.trainers = [joint]
+        self.nodes = self.processes.nodes(data, dataset)
+        if fed.baseline == "joint":  # it only evaluates in this process: it serves nothing
+            self.trainers = [joint_node(fed, data, self.processes.peer_transport(JOINT_ID))]
         else:
             self.trainers = list(self.nodes)
 

@@ -1,8 +1,9 @@
 """fl-sim's star driver: a federation with an aggregator, on localhost.
 
 The aggregator (:meth:`~flmesh.coordinator.aggregator.Aggregator.from_federation`,
-exactly as ``fl-node --role aggregator`` builds it) and every node are real
-gRPC servers on 127.0.0.1:0 in this process. Each node runs its own
+exactly as ``fl-node --role aggregator`` builds it) and every node live in this
+process, on the in-memory transport or as gRPC servers on 127.0.0.1:0
+(:class:`~flmesh.coordinator.sim_processes.SimProcesses`). Each node runs its own
 :meth:`~flmesh.node.node.Node.run` (join, poll, and when sampled fetch, train,
 submit; rewinds go node to node), and the aggregator runs its own loop. It
 evaluates in-process on the nodes' test splits, which it can reach here; an
@@ -19,23 +20,26 @@ from collections.abc import Iterator
 from typing import Any
 
 from flmesh.coordinator.aggregator import Aggregator
-from flmesh.coordinator.sim import RowQueue, base_config, join_threads, run_threads
+from flmesh.coordinator.sim import RowQueue, join_threads, run_threads, sim_config
+from flmesh.coordinator.sim_processes import SimProcesses
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.node.learning.data import federation_data, load_dataset
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import StarReport
 from flmesh.node.results import NodeRound, RoundRow
-from flmesh.node.wire.limits import StreamLimits
 from flmesh.topology import Federation
 
 
 class StarDriver:
-    def __init__(self, federation: Federation, identities: SimIdentities | None = None):
-        """``identities``: mTLS identities for every process (``fl-sim --tls``); None: plaintext."""
+    def __init__(self, federation: Federation, transport: str = "memory",
+                 identities: SimIdentities | None = None):
+        """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
+        process (gRPC with ``fl-sim --tls``); None: plaintext."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
         self.identities = identities or SimIdentities((), enabled=False)
+        self.processes = SimProcesses(federation, transport, self.identities)
         self.nodes: list[Node] = []
         self.aggregator: Aggregator | None = None
         self._lock = threading.Lock()
@@ -50,7 +54,8 @@ class StarDriver:
     def config(self) -> dict[str, Any]:
         agg = self.federation.aggregator
         assert agg is not None
-        return {**base_config(self.federation), "strategy": agg.strategy, "fraction": agg.fraction,
+        return {**sim_config(self.federation, self.processes.transport, self.identities.enabled),
+                "strategy": agg.strategy, "fraction": agg.fraction,
                 "deadline_s": agg.deadline_s, "min_updates": agg.min_updates,
                 "eval_every": self.federation.eval_every}
 
@@ -62,19 +67,9 @@ class StarDriver:
         fed = self.federation
         dataset = load_dataset(fed.data)
         data = federation_data(fed, dataset)
-        self.aggregator = Aggregator.from_federation(
-            fed, dataset=dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes},
-            tls=self.identities.for_id("aggregator"))
-        address = self.aggregator.serve("127.0.0.1:0")
-        self.nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
-                                           aggregator=address, tls=self.identities.for_id(nid))
-                      for nid in fed.node_ids]
-        limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
-        for n in self.nodes:
-            n.stream_limits = limits
-        addresses = {n.node_id: n.start() for n in self.nodes}
-        for n in self.nodes:
-            n.connect(addresses)  # rewinds go node to node
+        self.aggregator = self.processes.aggregator(
+            dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes})
+        self.nodes = self.processes.nodes(data, dataset)  # rewinds go node to node
 
     def stop(self) -> None:
         self._stopped.set()

@@ -10,14 +10,30 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
+
+
+def flmesh_version() -> str:
+    """The installed flmesh's version (the package metadata's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flmesh")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
 
 #: The longest wait any flag may ask for (a day): more is a typo, and gRPC deadlines overflow.
 MAX_WAIT_S = 86400.0
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (no usage block above it), still exit 2."""
+    """argparse, but a bad flag is one line (no usage block above it), still exit 2; and a
+    ``--version`` flag that prints the installed flmesh's version."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"%(prog)s {flmesh_version()}")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

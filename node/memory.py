@@ -1,5 +1,8 @@
-"""The in-memory transport: the seam's second implementation, for tests.
+"""The in-memory transport: the seam's second implementation, and fl-sim's default engine.
 
+Every process of a simulated federation lives in one Python process:
+``fl-sim`` (``--transport memory``, the default), :class:`~flmesh.coordinator.sim.Simulation`
+and the tests build their nodes on it (:func:`~flmesh.node.memory_node.memory_node`).
 A :class:`MemoryNetwork` is a registry of handlers by node id (and one
 aggregator). :class:`MemoryPeerTransport` and :class:`MemoryAggregatorTransport`
 call those handlers directly, on the caller's thread, with the caller's id as

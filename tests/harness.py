@@ -10,21 +10,12 @@ from __future__ import annotations
 
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.node.clock import REAL_CLOCK, Clock, ManualClock
-from flmesh.node.continual import empty_share
 from flmesh.node.learning.data import federation_data, load_dataset
-from flmesh.node.learning.tasks import TaskSource
-from flmesh.node.memory import (
-    AGGREGATOR,
-    MemoryAggregatorTransport,
-    MemoryNetwork,
-    MemoryPeerTransport,
-    MemoryReplayTransport,
-)
+from flmesh.node.memory import AGGREGATOR, MemoryNetwork, MemoryPeerTransport
+from flmesh.node.memory_node import memory_node
 from flmesh.node.node import Node
-from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import RoundReport, StarReport
 from flmesh.node.results import RoundRow
-from flmesh.node.transport import ByteCounter
 from flmesh.topology import Federation
 from flmesh.topology.tasks import task_of
 
@@ -50,22 +41,8 @@ class Cluster:
                 net.register_aggregator(self.aggregator.core)
                 if self.aggregator.replay is not None:
                     net.register_replay(self.aggregator.replay)
-            self.nodes = []
-            for nid in federation.node_ids:
-                counter = ByteCounter()
-                tasks = TaskSource.for_node(federation, nid, dataset) if federation.tasks else None
-                node = Node(federation, nid, data=empty_share(tasks) if tasks else data[nid],
-                            transport=MemoryPeerTransport(net, nid, counter),
-                            aggregator=MemoryAggregatorTransport(net, nid, counter) if star else None,
-                            clock=clock, tasks=tasks)
-                if federation.replay is not None:
-                    node.replay.target = MemoryReplayTransport(net, nid, counter)
-                    if not star and (federation.replay.host or federation.node_ids[0]) == nid:
-                        node.replay_host = ReplayBufferCore(federation, node.data.train.input_shape,
-                                                            node.data.train.num_classes, clock=clock)
-                        net.register_replay(node.replay_host)
-                net.register(nid, node.handlers)
-                self.nodes.append(node)
+            self.nodes = [memory_node(federation, nid, net, data=data[nid], dataset=dataset, clock=clock)
+                          for nid in federation.node_ids]
         else:
             self.clock = REAL_CLOCK
             address = None

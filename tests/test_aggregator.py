@@ -211,7 +211,7 @@ def test_fl_sim_evaluates_a_round_while_the_next_one_runs_and_writes_the_same_ro
     fed = parse_federation(tiny_raw(nodes=4, rounds=3, aggregator={"strategy": "fedavg", "fraction": 0.5}))
     rows, opened = {}, {}
     for overlap in (True, False):
-        sim = Simulation(fed, tmp_path / f"overlap-{overlap}", workers=1)
+        sim = Simulation(fed, tmp_path / f"overlap-{overlap}")
         try:
             sim.start()
             agg = sim.driver.aggregator  # type: ignore[attr-defined]

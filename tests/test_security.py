@@ -65,7 +65,7 @@ def test_a_federation_runs_over_mtls_with_the_same_numbers_as_plaintext(tmp_path
         fed = parse_federation(tiny_raw(nodes=3, rounds=2, **extra), source="t.toml")
         finals = []
         for tls in (False, True):
-            with Simulation(fed, tmp_path / f"{tls}-{len(extra)}", tls=tls) as sim:
+            with Simulation(fed, tmp_path / f"{tls}-{len(extra)}", transport="grpc", tls=tls) as sim:
                 summary = sim.run()
             assert summary.final is not None and not summary.missing_peers
             finals.append((summary.final.fa, summary.final.pfa, summary.final.accuracy))

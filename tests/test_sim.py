@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from flmesh.coordinator.sim_cli import main
-from flmesh.coordinator.sim_cpus import worker_cpus
 
 from conftest import wait_until
 
@@ -122,9 +121,8 @@ def test_missing_file_from_the_console_script(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
-    """Ctrl-C in a terminal reaches fl-sim's whole process group (its workers too): the run
-    ends with the finished rounds, their summary and their pictures (drawn by the picture
-    helper, which is in a session of its own)."""
+    """Ctrl-C in a terminal reaches fl-sim's process group: the run ends with the finished
+    rounds, their summary and their pictures."""
     out = tmp_path / "int"
     proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tiny_file),
                              "--out", str(out), "--rounds", "500", "--quiet"],
@@ -219,59 +217,6 @@ def test_no_model_is_cross_evaluated_before_every_node_finished_the_round(tiny_f
     assert all(len(rounds) == 1 and rounds != {-1} for rounds in seen), seen
 
 
-def test_a_worker_that_does_not_exit_is_killed_and_named(tiny_file, caplog):
-    """fl-sim --workers waits a round timeout for each worker to exit after the stop, then kills
-    it with a warning naming it (a silent wait had hidden where a slow shutdown went)."""
-    import subprocess
-    import sys
-    import tomllib
-
-    from flmesh.coordinator.sim_procs import ProcessPeerDriver
-    from flmesh.coordinator.sim_tls import SimIdentities
-    from flmesh.topology import parse_federation
-
-    raw = tiny_file.read_text().replace("round_timeout_s = 30", "round_timeout_s = 0.5")
-    assert "round_timeout_s = 0.5" in raw
-    fed = parse_federation(tomllib.loads(raw), source=str(tiny_file), base_dir=tiny_file.parent)
-    driver = ProcessPeerDriver(fed, 1, SimIdentities((), enabled=False))
-    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
-                             stdin=subprocess.PIPE, text=True)
-    driver.pool._procs.append(stuck)
-    with caplog.at_level("WARNING", logger="flmesh.sim"):
-        driver.close()
-    assert stuck.returncode is not None and stuck.returncode < 0, "killed"
-    said = f"worker 0 (pid {stuck.pid}) did not exit within 0.5s of being told to stop; killed it"
-    assert said in caplog.text
-
-
-def test_a_worker_that_fails_before_the_rounds_is_one_line(tiny_file):
-    """A worker that cannot build its nodes (here: a node's TLS key is gone) fails the start
-    with one line naming it; the workers started are stopped."""
-    import tomllib
-
-    from flmesh.coordinator.sim_pool import WorkerError
-    from flmesh.coordinator.sim_procs import ProcessPeerDriver
-    from flmesh.coordinator.sim_tls import SimIdentities
-    from flmesh.topology import parse_federation
-
-    fed = parse_federation(tomllib.loads(tiny_file.read_text()), source=str(tiny_file),
-                           base_dir=tiny_file.parent)
-    identities = SimIdentities(fed.node_ids, enabled=True)
-    folder = identities.folder()
-    assert folder is not None
-    (Path(folder) / "node1.key").unlink()
-    driver = ProcessPeerDriver(fed, 2, identities)
-    try:
-        with pytest.raises(WorkerError, match=r"^worker: .*node1\.key") as failed:
-            driver.start()
-        assert "\n" not in str(failed.value)
-    finally:
-        driver.close()
-        identities.close()
-    assert all(proc.returncode is not None for proc in driver.pool._procs), "no worker left running"
-
-
 def test_eval_every_writes_the_evaluated_rounds_and_the_last(tiny_file, tmp_path):
     out = tmp_path / "e"
     assert main([str(tiny_file), "--out", str(out), "--rounds", "5", "--eval-every", "2", "--quiet"]) == 0
@@ -324,70 +269,62 @@ def test_star_run_through_the_cli_is_reproducible(tmp_path, capsys):
 
 def test_tls_flag_runs_every_call_over_mtls(tiny_file, tmp_path):
     out = tmp_path / "run"
-    assert main([str(tiny_file), "--tls", "--rounds", "1", "--out", str(out), "--quiet"]) == 0
+    assert main([str(tiny_file), "--transport", "grpc", "--tls", "--rounds", "1", "--out", str(out),
+                 "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 1 and not summary["missing_peers"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("eval_sample", [0, 2])
-def test_worker_processes_give_the_same_numbers(tiny_file, tmp_path, eval_sample):
-    """--workers 2 runs the nodes in two processes (each a real gRPC server, peers over
-    loopback, TLS on): the rows are those of the single-process run, with sampled
-    cross-evaluation (2 of the 3 test splits per model) too: the same splits drawn."""
+def test_both_transports_give_the_same_numbers_between_peers(tiny_file, tmp_path, eval_sample):
+    """The in-memory transport (the default) and gRPC servers with mTLS run the same round
+    engine: the rows are the same, sampled cross-evaluation (2 of 3 test splits per model)
+    included, and the summary says which transport ran."""
     rows = {}
-    for workers in (1, 2):
-        out = tmp_path / f"w{workers}"
-        assert main([str(tiny_file), "--workers", str(workers), "--tls", "--rounds", "3", "--out", str(out),
+    for transport in ("memory", "grpc"):
+        out = tmp_path / transport
+        tls = ["--tls"] if transport == "grpc" else []
+        assert main([str(tiny_file), "--transport", transport, *tls, "--rounds", "3", "--out", str(out),
                      "--quiet", "--set", 'rewind.mode="previous"',
                      "--set", f"federation.eval_sample={eval_sample}"]) == 0
-        rows[workers] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["config"].get("workers", 1) == workers
-    same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "eval_sample")
-    assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
+        rows[transport], summary = read_run(out)
+        assert summary["config"]["transport"] == transport and summary["config"]["tls"] == bool(tls)
+    same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "eval_sample", "bytes_by_kind")
+    assert [[r[k] for k in same] for r in rows["memory"]] == [[r[k] for k in same] for r in rows["grpc"]]
     if eval_sample:
         assert all(sum(v is not None for v in values) == 2
-                   for r in rows[2] for values in r["accuracy_matrix"]["values"])
+                   for r in rows["grpc"] for values in r["accuracy_matrix"]["values"])
 
 
 @pytest.mark.slow
-def test_a_star_federation_in_worker_processes_gives_the_numbers_of_one_process(tmp_path):
-    """--workers 2 with an aggregator: the aggregator stays in fl-sim, the nodes run in two
-    worker processes (fresh interpreters here: this test process already ran gRPC), and the
-    rows (the aggregator's, with each node's own report merged in) are those of one process."""
+def test_both_transports_give_the_same_numbers_around_an_aggregator(tmp_path):
+    """A star federation on the in-memory transport and over gRPC: the aggregator's rows and
+    each node's own report are the same."""
     star = tmp_path / "star.toml"
     star.write_text(STAR)
     rows = {}
-    for workers in (1, 2):
-        out = tmp_path / f"w{workers}"
-        assert main([str(star), "--workers", str(workers), "--rounds", "3", "--out", str(out),
-                     "--quiet"]) == 0
-        rows[workers], summary = read_run(out)
-        assert summary["config"].get("workers_started") == (None if workers == 1 else "interpreter")
-        if workers == 2 and hasattr(os, "sched_getaffinity"):  # a fresh interpreter keeps to its CPU too
-            assert summary["config"]["worker_cpus"] == worker_cpus(sorted(os.sched_getaffinity(0)), 2)
+    for transport in ("memory", "grpc"):
+        out = tmp_path / transport
+        assert main([str(star), "--transport", transport, "--rounds", "3", "--out", str(out), "--quiet"]) == 0
+        rows[transport], summary = read_run(out)
+        assert summary["config"]["transport"] == transport
     same = ("round", "accuracy", "fa", "ff", "pfa", "accuracy_matrix", "selected", "received")
-    assert [[r[k] for k in same] for r in rows[1]] == [[r[k] for k in same] for r in rows[2]]
+    assert [[r[k] for k in same] for r in rows["memory"]] == [[r[k] for k in same] for r in rows["grpc"]]
     own = ("accuracy", "start_accuracy", "train_loss", "train_steps")
-    assert [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows[1]] == \
-        [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows[2]]
+    assert [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows["memory"]] == \
+        [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows["grpc"]]
 
 
-def test_worker_reports_survive_the_json_lines_exactly():
-    """What a worker sends fl-sim (sim_worker.report_json) reads back as the same report and
-    evaluations: a peer round's, a sampled star node's and one the aggregator passed over."""
-    import json
+def test_tls_without_grpc_is_refused_in_one_line(tiny_file, capsys):
+    assert main([str(tiny_file), "--tls"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fl-sim: error: --tls: needs --transport grpc "
+                   "(the in-memory transport has no wire to encrypt)")
 
-    from flmesh.coordinator.sim_worker import report_from_json, report_json
-    from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
-    ev = EvalResult(18, 36, 1.25, (1, 2, 3), (4, 5, 6), (), ())
-    peer = RoundReport("node1", 3, "node0", "node2", True, None, True, 144, TrainStats(0.5, 5, 80, 0), ev,
-                       0.02, notes=("late",), received_accuracy=0.25, task=None)
-    sampled = StarReport("node1", 2, True, True, False, TrainStats(0.1, 1, 2, 0), ev, ev, "node0", 0.1,
-                         ("x",))
-    passed_over = StarReport("node2", 2, False)
-    for report, evals in ((peer, [ev, None, ev]), (sampled, []), (passed_over, [])):
-        back = report_from_json(json.loads(json.dumps(report_json(report, evals))))
-        assert back == (report, evals)
+def test_version_flag(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("fl-sim ")
