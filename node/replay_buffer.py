@@ -94,7 +94,9 @@ class ReplayBufferCore:
         self.input_shape, self.num_classes, self.clock = input_shape, num_classes, clock
         self.spec = contribution_spec(num_classes, input_shape)
         self.ledger = PrivacyLedger(state_dir / "privacy_ledger.json" if state_dir is not None else None)
-        self._means: dict[int, list[tuple[int, torch.Tensor]]] = {}  # class -> [(task, mean)]
+        # class -> [(task, sender's place in the federation, mean)]: the buffer orders them by the
+        # first two, so it does not depend on the order in which concurrent releases arrived
+        self._means: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
         self._reported: set[tuple[int, str]] = set()  # (task, client) that contributed or withheld
         self._version = 0
         self._cond = threading.Condition()
@@ -126,8 +128,9 @@ class ReplayBufferCore:
                                        f"another release of {self.cfg.epsilon:g} is refused")
                 self.ledger.record(sender, task, self.cfg.epsilon)  # written before the means are used
                 spent += self.cfg.epsilon
+                place = self.federation.node_ids.index(sender)
                 for c in released:
-                    self._means.setdefault(c, []).append((task, means[c].detach().clone()))
+                    self._means.setdefault(c, []).append((task, place, means[c].detach().clone()))
                 self._version += 1
             self._reported.add((task, sender))
             self._cond.notify_all()
@@ -200,7 +203,8 @@ class ReplayBufferCore:
         x = torch.zeros((self.num_classes, n, *self.input_shape), dtype=torch.float32)
         filled = torch.zeros(self.num_classes, dtype=torch.long)
         with self._cond:
-            contributed = {c: [m for t, m in rows if t < task] for c, rows in self._means.items()}
+            contributed = {c: [m for t, _, m in sorted(rows, key=lambda r: r[:2]) if t < task]
+                           for c, rows in self._means.items()}
         for c, means in contributed.items():
             groups = regroup(means, n, derive_seed(self.federation.seed, SEED_REGROUP, c, task))
             for i, mean in enumerate(groups):

@@ -147,6 +147,24 @@ def test_each_bad_contribution_is_refused_and_the_buffer_is_unchanged(case):
     assert core.ledger.releases == []
 
 
+def test_the_buffer_does_not_depend_on_the_order_releases_arrive_in():
+    """Clients release concurrently at a task change: the global buffer is the same whichever
+    release the host got first (the seeded regrouping sees them in federation order)."""
+    releases = []
+    for i, sender in enumerate(("node0", "node1")):
+        means = torch.zeros((10, *SHAPE))
+        means[0] = 0.25 * (i + 1)
+        releases.append(_release(sender, 0, means=means))
+    buffers = []
+    for order in (releases, releases[::-1]):
+        core = ReplayBufferCore(_fed(global_means=2), SHAPE, 10)
+        for release in order:
+            core.contribute(None, release.chunks())
+        buffers.append(core.buffer(1))
+    assert torch.equal(buffers[0][0], buffers[1][0]) and torch.equal(buffers[0][1], buffers[1][1])
+    assert buffers[0][1][0] == 2 and not torch.equal(buffers[0][0][0, 0], buffers[0][0][0, 1])
+
+
 def test_the_ledger_sums_epsilon_enforces_the_budget_and_survives_a_restart(tmp_path):
     fed = _fed(budget=20.0)
     core = ReplayBufferCore(fed, SHAPE, 10, state_dir=tmp_path)
