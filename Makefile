@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml $(MODULES)
 	touch $(STAMP)
 
 # Byte-compile flmesh as pip does for a wheel: with PYTHONDONTWRITEBYTECODE set (as on
-# CI), every start would otherwise compile ~100 modules again (0.1-0.2 s of fl-node's
-# launch to SERVING; benchmarks/startup.py). A stale .pyc is only ignored, never wrong.
+# CI), every start would otherwise compile every module again, which delays fl-node's
+# launch to SERVING (benchmarks/startup.py). A stale .pyc is only ignored, never wrong.
 PYC := $(VENV)/.compiled
 $(PYC): $(STAMP) $(shell find protos topology node coordinator -name '*.py')
 	$(PY) -m compileall -q build/__editable__.*

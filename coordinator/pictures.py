@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 #: Fixed margins for the pictures whose labels are fixed (axis titles, tick labels of at most
-#: three digits): what ``tight_layout`` computes for them, without its extra drawing pass, a
-#: quarter of the drawing time (0.17-0.19 s for both pictures with it, 0.13 s without). The
+#: three digits): what ``tight_layout`` computes for them, without its extra drawing pass, which
+#: is a large share of the drawing time. The
 #: node-forgetting and task pictures, whose labels are node names or vary, keep tight_layout.
 FIXED_MARGINS = {"left": 0.11, "right": 0.977, "bottom": 0.146, "top": 0.949}
 
 
-#: PNG at zlib level 1 instead of Pillow's 6: the pictures are ~20-30% larger (tens of KB) and
-#: written ~8 ms sooner each, which a run waits for at its end (matplotlib passes these to Pillow).
+#: PNG at zlib level 1 instead of Pillow's 6: the pictures are somewhat larger (still tens of KB)
+#: and written sooner, which a run waits for at its end (matplotlib passes these to Pillow).
 PNG = {"pil_kwargs": {"compress_level": 1}}
 
 

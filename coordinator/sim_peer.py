@@ -162,8 +162,8 @@ class PeerDriver:
 
         The waits keep the rounds in lock-step, as a federation on one host wants: the
         N x N evaluation of round t competes neither with round t+1's training for the
-        cores (measured: 15-20% faster on 2 cores) nor with other nodes' round t, whose
-        ``wall_s`` it would inflate (at 50 nodes it had doubled an evaluated round's).
+        cores nor with other nodes' round t, whose ``wall_s`` it would inflate (more so the more
+        nodes there are).
         The numbers do not depend on them; a stop ends the waits."""
         if self._stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out

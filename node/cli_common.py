@@ -88,9 +88,8 @@ def collections_paused() -> Iterator[None]:
 def one_blas_thread() -> None:
     """Give numpy's OpenBLAS one thread unless the user chose (``OPENBLAS_NUM_THREADS``). flmesh
     multiplies no numpy matrices (its arrays are metrics and rows; torch has its own threads),
-    and OpenBLAS starts a thread per core when numpy loads, which cost fl-sim up to ~0.1 CPU-s
-    of its ~3 in the quick start for nothing (docs/performance.md). Call before numpy is
-    imported: from a console entry point."""
+    and OpenBLAS starts a thread per core when numpy loads, which costs CPU for nothing. Call
+    before numpy is imported: from a console entry point."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

@@ -2,7 +2,7 @@
 
 Plaintext is allowed on loopback only, or with an explicit ``--insecure`` that
 the log repeats at start; a process that listens anywhere else without
-certificates refuses to start (DESIGN.md, "Identity"). Certificate problems
+certificates refuses to start (identity is the certificate). Certificate problems
 are one line naming the file (:class:`~flmesh.node.wire.certs.CertError`).
 """
 

@@ -2,8 +2,8 @@
 
 Receiving (:func:`wait_for_source`): the model of round t-1 comes from the
 round's source, or, when the source is down, from the source's own source,
-which falls back to its next live successor (DESIGN.md, "Rounds without a
-coordinator"). The wait is progress-based: after ``round_timeout_s`` the node
+which falls back to its next live successor (there is no coordinator to
+reroute it). The wait is progress-based: after ``round_timeout_s`` the node
 asks the peers it waits for (``Status``) and keeps waiting, in steps, while
 one of them is alive and still working on that round (it was itself held up
 upstream); it stops at once when none answers, and at ``MAX_WAIT_FACTOR``
@@ -19,8 +19,7 @@ instead of handing the model to its successor. Without that wait, a node that
 is steadily slower than the rest of a CWT ring (one of N nodes can fall up to
 N-1 rounds behind its source) had its source's models go to its successor
 round after round, and waited a round timeout each time for a model that had
-gone elsewhere (``fl-sim --workers 2`` on the quick start once took 591 s
-instead of 8).
+gone elsewhere, so a run slowed to a round timeout per round.
 """
 
 from __future__ import annotations

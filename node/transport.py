@@ -3,7 +3,8 @@
 Round logic (:mod:`flmesh.node.rounds`) and the aggregator call these
 protocols; they never build a gRPC object. Two implementations exist:
 :mod:`flmesh.node.wire.peer_client` / :mod:`flmesh.node.wire.aggregator_client`
-(gRPC, production) and :mod:`flmesh.node.memory` (in-memory, tests). The
+(gRPC: fl-node, ``fl-sim --transport grpc``) and :mod:`flmesh.node.memory` (in-memory:
+fl-sim's default, and the round tests). The
 other side of each call is a *handlers* object (:class:`PeerHandlers`,
 :class:`AggregatorHandlers`): transport-free logic that a thin gRPC servicer
 or the in-memory transport calls with the caller's identity.

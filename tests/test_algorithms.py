@@ -1,4 +1,4 @@
-"""Issue 4 algorithms as pure functions, against numbers computed by hand.
+"""The algorithms as pure functions, against numbers computed by hand.
 
 FedAvg, Flashback (alpha, pi/gamma bookkeeping, dKD losses, distillation),
 WSM, FedCurv (Fisher diagonal, penalty, u/v aggregates) and the forgetting and

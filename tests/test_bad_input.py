@@ -1,4 +1,4 @@
-"""Bad input, enumerated (issue 10): every bad federation value and fl-sim flag gets one line.
+"""Bad input, enumerated: every bad federation value and fl-sim flag gets one line.
 
 FILE_CASES and SIM_CASES are the rows of the "Bad input" table in docs/reliability.md (by id);
 test_reliability_table_quotes_the_tests holds the table to them, so what the page quotes is

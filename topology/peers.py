@@ -91,8 +91,8 @@ def star_rewind_target(federation: Federation, node_id: str, round: int) -> str 
     return previous_sampled(list(reversed(order)), node_id, sampled)
 
 
-#: How many nodes past an unreachable destination a model may go (DESIGN.md: "then the
-#: next live successor in the graph"): the destination, then up to this many successors.
+#: How many nodes past an unreachable destination a model may go (its next live successor
+#: in the graph): the destination, then up to this many successors.
 FALLBACK_HOPS = 1
 
 

@@ -4,7 +4,7 @@ A schedule is a pure function of the graph, the federation seed and the round:
 ``plan(t) -> {node: Hop(source, destination)}``. Every node computes the same
 plan locally, so no message is needed to agree on it.
 
-Round semantics (DESIGN.md, FedRewind Sec. 3): in round ``t`` node ``j``
+Round semantics (FedRewind Sec. 3): in round ``t`` node ``j``
 receives the model its ``source`` trained in round ``t-1``, trains it, and sends
 it to its ``destination``, which trains it in round ``t+1``. Round 1 has no
 source (``None``): every node starts from the initial model. Hence for every
@@ -124,7 +124,7 @@ class CyclicSchedule:
         nxt = {v: self.cycle[(i + 1) % len(self.cycle)] for i, v in enumerate(self.cycle)}
         prev = {v: self.cycle[i - 1] for i, v in enumerate(self.cycle)}
         # Built once: every node asks for the plan several times a round, and building it is
-        # O(N) (quadratic per round in fl-sim's one process; measured at 200 nodes).
+        # O(N) (quadratic per round in fl-sim's one process).
         self._first: Plan = MappingProxyType({v: Hop(None, nxt[v]) for v in self.cycle})
         self._later: Plan = MappingProxyType({v: Hop(prev[v], nxt[v]) for v in self.cycle})
 
@@ -157,7 +157,7 @@ def random_cycle_cover(graph: nx.Graph, rng: np.random.Generator) -> dict[str, s
         for u in _successors(graph, v):
             if u != v:
                 cost[index[v], index[u]] = rng.random()
-    from scipy.optimize import linear_sum_assignment  # 0.5 s to import: only RWT needs it
+    from scipy.optimize import linear_sum_assignment  # slow to import: only RWT needs it
 
     rows, cols = linear_sum_assignment(cost)
     if n < 2 or any(cost[r, c] > 1 for r, c in zip(rows, cols, strict=True)):

@@ -32,8 +32,8 @@ def serialize_compute(enabled: bool = True) -> None:
 
     For processes that host many nodes (fl-sim): torch releases the GIL around every
     operator, so ten node threads training small models at once hand the GIL back and
-    forth thousands of times a second (measured: ~2.4 million futex calls and 5 s of
-    system time in the quick start), while each operator can use every core by itself.
+    forth thousands of times a second (system time spent in futex calls), while each
+    operator can use every core by itself.
     With the gate, the steps of different nodes interleave instead of contending, as a
     plain loop runs them; the numbers do not change (each node's steps keep their order
     and seeds). Per step, not per call, so a Rewind a peer waits for gets its turn within
@@ -47,8 +47,8 @@ def serialize_compute(enabled: bool = True) -> None:
 def host_nodes(count: int) -> None:
     """Set up this process's compute for ``count`` nodes: with more than one, the gate of
     :func:`serialize_compute` and one torch thread, which leaves the other cores to gRPC and
-    the hand-offs (quick start on 2 cores: 9.1-9.3 s with one thread, 10-12 s with torch's
-    default of one per core); with one, torch keeps every core. Call before the threads start."""
+    the hand-offs (torch's default of a thread per core only adds contention when the
+    nodes' steps take turns anyway); with one, torch keeps every core. Call before the threads start."""
     if count > 1:
         serialize_compute()
         torch.set_num_threads(1)

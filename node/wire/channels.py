@@ -66,7 +66,7 @@ class _ModelStreamReader(grpc.ServerInterceptor):
 
     Same wire bytes, same handlers: only the deserializer changes, so data
     chunks reach the codec as views of the received bytes instead of being
-    parsed and copied twice more (about 10% of Deliver's time for a big model).
+    parsed and copied twice more (a visible share of Deliver's time for a big model).
     """
 
     def intercept_service(
