@@ -328,3 +328,16 @@ def test_version_flag(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("fl-sim ")
+
+
+def test_pictures_that_cannot_be_drawn_are_one_line_and_exit_1(tiny_file, tmp_path, capsys):
+    """The rows and the summary are written first; a picture that cannot be written (here a
+    folder where accuracy.png should go) is then one line and exit 1, not a traceback."""
+    out = tmp_path / "run"
+    (out / "accuracy.png").mkdir(parents=True)
+    assert main([str(tiny_file), "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fl-sim: error: cannot draw the pictures in {out}: IsADirectoryError")
+    assert "\n" not in err and "Traceback" not in err
+    rows, summary = read_run(out)
+    assert len(rows) == 2 and summary["rounds"] == 2
