@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -225,7 +225,7 @@ def pm(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
 
 
-def table(title: str, first: str, columns: Sequence[str], rows: dict[str, Sequence[str]]) -> str:
+def table(title: str, first: str, columns: Sequence[str], rows: Mapping[str, Sequence[str]]) -> str:
     """A markdown table under a bold ``title``: column ``first`` holds the row names."""
     lines = [f"**{title}**", "", f"| {first} | " + " | ".join(columns) + " |",
              "|---|" + "---:|" * len(columns)]

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             for s, (name, (dtype, compression)) in enumerate(SETTINGS.items()):
                 moved, accuracy = run(file, dtype, compression, Path(tmp) / f"{f}-{s}", rounds)
                 base = base or (moved, accuracy)
+                if not base[0]:
+                    raise SystemExit(f"{file}: the native run moved no model bytes; give it more rounds")
                 rows.append({"file": file.name, "wire": name, "bytes_per_round": moved,
                              "vs_native": moved / base[0], "final_fa": accuracy,
                              "change_points": 100 * (accuracy - base[1])})

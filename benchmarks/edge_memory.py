@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import add_json_flag, write_json
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if rounds < 1:
         p.error("--rounds must be at least 1")
     bins = args.bin or [Path(sys.executable).parent]
-    rows = []
+    rows: list[dict[str, Any]] = []
     print("| torch build | import torch alone (MiB) | fl-node a (MiB) | fl-node b (MiB) | exit codes |")
     print("|---|---:|---:|---:|---|")
     for bin_dir in bins:

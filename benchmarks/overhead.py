@@ -76,13 +76,12 @@ def run_job(name: str, file: Path, repeats: int, work: Path) -> dict[str, Any]:
             accuracy[way] = final_accuracy(way, done, out)
             print(f"# {name}, run {i + 1}, {way}: {done.wall_s:.1f} s wall, {done.cpu_s:.1f} s CPU, "
                   f"{done.peak_pss_mib:.0f} MiB", file=sys.stderr, flush=True)
-    ways = {w: {"wall_s": statistics.median(r.wall_s for r in rs),
-                "cpu_s": statistics.median(r.cpu_s for r in rs),
-                "peak_pss_mib": statistics.median(r.peak_pss_mib for r in rs),
-                "final_accuracy": accuracy[w],
+    med = {w: {k: statistics.median(getattr(r, k) for r in rs) for k in ("wall_s", "cpu_s", "peak_pss_mib")}
+           for w, rs in runs.items()}
+    ways = {w: {**med[w], "final_accuracy": accuracy[w],
                 "runs": [{"wall_s": r.wall_s, "cpu_s": r.cpu_s, "peak_pss_mib": r.peak_pss_mib} for r in rs]}
             for w, rs in runs.items()}
-    sim, plain, one = ways["fl-sim"], ways["plain"], ways["plain, 1 thread"]
+    sim, plain, one = med["fl-sim"], med["plain"], med["plain, 1 thread"]
     ratios = {"wall_vs_plain": sim["wall_s"] / plain["wall_s"],
               "cpu_vs_plain_1_thread": sim["cpu_s"] / one["cpu_s"],
               "pss_vs_plain": sim["peak_pss_mib"] / plain["peak_pss_mib"]}

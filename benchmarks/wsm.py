@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             cells = [pm([r[k] for r in rs]) for k in ("first", "last", "fk", "ft")]
             print(f"| {c:g} | {method} | " + " | ".join(cells) + " |")
     print(f"\nwall time: {progress.elapsed():.0f} s")
-    cells = [{"fraction": c, "method": method,
+    found = [{"fraction": c, "method": method,
               **{k: stats([r[k] for r in rs]) for k in ("first", "last", "fk", "ft")}}
              for (c, method), rs in results.items()]
     write_json(args.json, "wsm", {"nodes": args.nodes, "rounds": args.rounds, "first_rounds": first,
-                                  "last_rounds": last, "cells": cells, "wall_s": progress.elapsed()}, seeds)
+                                  "last_rounds": last, "cells": found, "wall_s": progress.elapsed()}, seeds)
     return 0
 
 
