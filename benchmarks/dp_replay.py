@@ -25,16 +25,13 @@ so runs with the same seed differ in the noise.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from flmesh.coordinator.sim import Simulation
-from flmesh.topology import parse_federation
+from _common import Progress, add_json_flag, run, stats, write_json
 
 SCENARIOS = {"Novel Inputs": "novel_inputs", "Novel Inputs & Targets": "novel_targets"}
 PARTICIPATION = {  # level -> (exponential beta, uniform p)
@@ -62,11 +59,9 @@ def federation(scenario: str, participation: dict[str, Any], replay: dict[str, A
 
 
 def run_one(raw: dict[str, Any], out: Path) -> tuple[float, list[float | None]]:
-    fed = parse_federation(raw, source=raw["federation"]["name"])
-    with Simulation(fed, out) as sim:
-        summary = sim.run()
-    assert summary.final is not None and summary.final.accuracy is not None
-    return summary.final.accuracy, list(summary.task_accuracy or [])
+    """(final global accuracy, each task's accuracy) of one run."""
+    done = run(raw, out)
+    return done.final.accuracy, list(done.summary.task_accuracy or [])
 
 
 def fmt(values: list[float]) -> str:
@@ -80,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 seed, 3 rounds per task (same table shape)")
     parser.add_argument("--seeds", type=int, help="how many seeds (default 3, --quick 1)")
     parser.add_argument("--rounds-per-task", type=int, help="rounds of each task (default 8, --quick 3)")
-    parser.add_argument("--tasks", type=int, default=5, help="tasks in the stream (default 5; tests use 2)")
+    parser.add_argument("--tasks", type=int, default=5, help="tasks in the stream (default 5)")
+    add_json_flag(parser, "dp_replay")
     args = parser.parse_args(argv)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
     rpt = args.rounds_per_task or (3 if args.quick else 8)
     if rpt < 1 or not seeds or not 2 <= args.tasks <= 5:
         parser.error("--seeds and --rounds-per-task must be >= 1, --tasks 2..5 (digits: 2 classes a task)")
-    logging.getLogger("flmesh").setLevel(logging.ERROR)
-    started = time.monotonic()
+    progress = Progress()
     print(f"# DP replay on digits: {len(seeds)} seed(s), {args.tasks} tasks x {rpt} rounds x E=2, "
           f"{2 * args.tasks} clients (2 + 2 per task), FedAvg; gain in accuracy points over local buffers "
           "only (N = 10)\n", flush=True)
@@ -116,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                                 if eps == 10.0 and seed == seeds[0]:
                                     key = (scen_name, f"{level}, {model_name}", f"{mode_name}, eps 10")
                                     finals[key] = tasks
-                        print(f"[{time.monotonic() - started:7.1f}s] {scen_name}, {level}, {model_name}, "
-                              f"seed {seed}: baseline {100 * base:.2f}%", file=sys.stderr, flush=True)
+                        progress(f"{scen_name}, {level}, {model_name}, seed {seed}: "
+                                 f"baseline {100 * base:.2f}%")
     print("| scenario | participation | epsilon | Exponential: Client Training | Exponential: Aggregator "
           "Training | Uniform: Client Training | Uniform: Aggregator Training |")
     print("|---|---|---|---|---|---|---|")
@@ -134,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     for (scen_name, part_name, method), tasks in finals.items():
         cells = ["-" if t is None else f"{100 * t:.1f}" for t in tasks]
         print(f"| {scen_name} | {part_name} | {method} | " + " | ".join(cells) + " |")
-    print(f"\nwall time: {time.monotonic() - started:.0f} s")
+    print(f"\nwall time: {progress.elapsed():.0f} s")
+    results = {
+        "tasks": args.tasks, "rounds_per_task": rpt, "wall_s": progress.elapsed(),
+        "gains": [{"scenario": s, "participation": level, "epsilon": eps, "model": m, "mode": mode,
+                   "gain": stats(values)} for (s, level, eps, m, mode), values in gains.items()],
+        "task_accuracy": [{"scenario": s, "participation": part, "method": method, "tasks": tasks}
+                          for (s, part, method), tasks in finals.items()]}
+    write_json(args.json, "dp_replay", results, seeds)
     return 0
 
 

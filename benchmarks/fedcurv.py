@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import Progress, merge, pm, run
+from _common import Progress, add_json_flag, merge, pm, run, stats, write_json
 
 from flmesh.node.learning.forgetting import rounds_to_target, target_accuracy
 
@@ -64,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--epochs", type=float, nargs="+", help="E values (default 10 50; --quick 10)")
     p.add_argument("--lambdas", type=float, nargs="+", default=[1.0, 10.0])
+    add_json_flag(p, "fedcurv")
     args = p.parse_args(argv)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
     epochs_list = args.epochs or ([10.0] if args.quick else [10.0, 50.0])
     rows = methods(args.lambdas)
     progress = Progress()
     tables = []
+    found = []
     with tempfile.TemporaryDirectory() as tmp:
         for epochs in epochs_list:
             curves: dict[str, list[list[float]]] = {}
@@ -96,10 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"| {name} | " + " | ".join(cells)
                              + f" | {pm(best[name])} | {pm(finals[name])} |")
             tables.append("\n".join(lines))
+            found.append({"epochs": epochs, "best_of_any_row": top, "rows": [
+                {"method": name, "rounds_to": {f"{x:g}": reach[name][x] for x in FRACTIONS},
+                 "best": stats(best[name]), "final": stats(finals[name])} for name in rows]})
     print(f"\nDigits, {args.nodes} nodes with 2 label shards each, C = 1, {args.rounds} rounds, MLP(64), "
           f"SGD lr 0.05 batch 16, {len(seeds)} seed(s) (mean ± std)\n")
     print("\n\n".join(tables))
     print(f"\nwall time: {progress.elapsed():.0f} s")
+    write_json(args.json, "fedcurv", {"nodes": args.nodes, "rounds": args.rounds, "tables": found,
+                                      "wall_s": progress.elapsed()}, seeds)
     return 0
 
 

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import Progress, merge, pm, run, table
+from _common import Progress, add_json_flag, merge, pm, run, stats, table, write_json
 
 STAR = {"strategy": "fedavg", "fraction": 1.0, "deadline_s": 300}
 METHODS: dict[str, dict[str, dict[str, Any]]] = {
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="rounds for each E value (one value: the same for all)")
     p.add_argument("--sizes", type=int, nargs="+", help="node counts (default 10 50; --quick 10)")
     p.add_argument("--lam", type=float, default=0.1, help="rewind lambda")
+    add_json_flag(p, "fedrewind")
     args = p.parse_args(argv)
     if len(args.rounds) == 1:
         args.rounds = args.rounds * len(args.epochs)
@@ -123,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.rounds[0]} rounds", "method",
                 [f"alpha = {a:g}" for a in alphas], sweep))
     print(f"\nwall time: {progress.elapsed():.0f} s")
+    cells = [{"method": m, "nodes": n, "alpha": a, "epochs": e, "rounds": rounds_for[e],
+              **{k: stats([r[k] for r in rs]) for k in ("fa", "ff", "pfa", "steps")}}
+             for (m, n, a, e), rs in results.items()]
+    write_json(args.json, "fedrewind", {"lambda": args.lam, "cells": cells, "wall_s": progress.elapsed()},
+               seeds)
     return 0
 
 

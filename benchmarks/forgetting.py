@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import Progress, merge, pm, run
+from _common import Progress, add_json_flag, merge, pm, run, stats, write_json
 
 from flmesh.node.learning.forgetting import rounds_to_target, target_accuracy
 
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fraction", type=float, default=0.2, help="C, nodes sampled per round")
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--epochs", type=float, default=1.0)
+    add_json_flag(p, "forgetting")
     args = p.parse_args(argv)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
     scenarios = dict(list(SCENARIOS.items())[:1]) if args.quick else SCENARIOS
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# forgetting on digits: {args.nodes} nodes, C = {args.fraction:g}, {args.rounds} rounds x "
           f"E = {args.epochs:g}, MLP(64), SGD lr 0.05, {len(seeds)} seed(s)", file=sys.stderr)
     tables = []
+    found = []
     with tempfile.TemporaryDirectory() as tmp:
         for s, (scenario, data) in enumerate(scenarios.items()):
             curves: dict[str, list[list[float]]] = {}
@@ -116,10 +118,17 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"| {name} | " + " | ".join(cells) + f" | {pm(finals[name])} | "
                              f"{pm(forgetting[name])} |")
             tables.append("\n".join(lines))
+            found.append({"scenario": scenario, "target": target, "rows": [
+                {"method": name, "rounds_to": {f"{x:g}": reach[name][x] for x in (0.75, 0.9, 1.0)},
+                 "final": stats(finals[name]), "mean_global_forgetting": stats(forgetting[name])}
+                for name in rows]})
     print(f"\nDigits, {args.nodes} nodes, C = {args.fraction:g}, {args.rounds} rounds x E = {args.epochs:g}, "
           f"{len(seeds)} seed(s); Flashback gamma = 0.1, E_s = 1 (FT: 1 epoch), rewind lambda = 0.1\n")
     print("\n\n".join(tables))
     print(f"\nwall time: {progress.elapsed():.0f} s")
+    results = {"nodes": args.nodes, "fraction": args.fraction, "rounds": args.rounds, "epochs": args.epochs,
+               "tables": found, "wall_s": progress.elapsed()}
+    write_json(args.json, "forgetting", results, seeds)
     return 0
 
 

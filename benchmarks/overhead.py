@@ -1,167 +1,124 @@
-"""What the runtime costs over the training itself: fl-sim vs a plain loop, same jobs.
+"""What the runtime costs over the training itself: fl-sim vs a plain PyTorch loop, same jobs.
 
     python benchmarks/overhead.py            # 3 alternated runs of each command per job (medians)
-    python benchmarks/overhead.py --quick    # 1 run each
+    python benchmarks/overhead.py --quick    # 1 run each, 2 rounds per job
 
-Two jobs (issue 11): FedAvg with 10 clients on digits, an MLP 64-128-10, all
-clients every round, 1 epoch, 30 rounds; and the quick start
-(examples/quickstart.toml: 10 nodes, CWT, 40 rounds x 0.5 epoch, N x N
-evaluation every round). Each is run as a whole process, start-up included,
-by ``benchmarks/plain_loop.py`` (the same split, model, batches and
-evaluation in one loop: no gRPC, threads, files) and by ``fl-sim`` over real
-gRPC on 127.0.0.1, alternated. fl-sim draws its pictures, which the loop does
-not; the control row is ``fl-sim --no-pictures`` (no picture helper, no
-matplotlib), alternated with the other two. The loop, as a user runs it, has
-torch's default of one thread per core, the second of which spins on CPU
-between operators without making the loop faster; the third row compares
-fl-sim with the loop on one torch thread (``OMP_NUM_THREADS=1``, also
-alternated), whose CPU is what the training itself needs. Prints wall seconds, CPU seconds
-(user + system, worker processes included) and peak memory of each with its
-workers (Pss, and the Rss sum; medians), the ratios, and both final
-accuracies (they must agree: the same computation).
+Two jobs: the FedAvg example (examples/fedavg.toml) and the quick start
+(examples/quickstart.toml). Each is run as a whole process, start-up included, three
+ways, alternated so that all three see the same phases of the machine:
+
+- ``plain``: ``benchmarks/plain_loop.py FILE`` (the same split, model, seeds, batches and
+  evaluations in one loop), with torch's default threads, as a user would run it;
+- ``plain, 1 thread``: the same with ``OMP_NUM_THREADS=1``. Its CPU time is what the
+  training itself needs (the default's extra threads spin between operators): the honest
+  baseline for fl-sim's CPU;
+- ``fl-sim``: ``fl-sim FILE --out DIR --quiet``, as shipped (pictures included).
+
+Reports medians of wall seconds, CPU seconds (user + system) and peak memory (Pss summed
+over the process and its descendants, from /proc/PID/smaps_rollup every 0.25 s), and the
+ratios: fl-sim's wall over the plain loop's, fl-sim's CPU over the one-thread loop's, fl-sim's
+peak Pss over the plain loop's; and each way's final accuracy (the same computation: they
+should agree).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
+from typing import Any
 
-from proctree import tree_kib
+from _common import BIN, REPO, Measured, add_json_flag, measure, write_json
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE_S = 0.25
-BIN = Path(sys.executable).parent
-
-FEDAVG_10 = """
-[federation]
-name = "fedavg10"
-seed = 1
-rounds = 30
-round_timeout_s = 60
-[topology]
-nodes = 10
-graph = "complete"
-[training]
-epochs = 1
-batch_size = 16
-lr = 0.05
-[data]
-dataset = "digits"
-partition = "dirichlet"
-alpha = 0.5
-[model]
-name = "mlp"
-hidden = [64, 128]
-[aggregator]
-strategy = "fedavg"
-fraction = 1.0
-public_fraction = 0.0
-"""
+JOBS = {"fedavg": REPO / "examples/fedavg.toml", "quickstart": REPO / "examples/quickstart.toml"}
+WAYS = ("plain", "plain, 1 thread", "fl-sim")
+PSS_EVERY_S = 0.25  # smaps_rollup walks page tables: sampled more often, it slows what it measures
 
 
-def measure(argv: list[str], cwd: Path,
-            env: dict[str, str] | None = None) -> tuple[float, float, float, float, str]:
-    """(wall s, CPU s, peak Pss MiB, peak Rss MiB, stdout) of one process and its children:
-    wall and CPU (theirs included) through /usr/bin/time, memory sampled every SAMPLE_S: Pss
-    splits each shared page among its sharers, so forked workers, which share torch's pages
-    with fl-sim, are not counted several times over; the Rss sum is the worst case. (Sampled
-    every 50 ms, smaps_rollup's page-table walks slowed the measured processes.) ``env``: added
-    to this process's environment."""
-    proc = subprocess.Popen(["/usr/bin/time", "-f", "@@ %e %U %S", *argv], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=None if env is None else {**os.environ, **env})
-    peak = [0.0, 0.0]
-
-    def sample() -> None:
-        while proc.poll() is None:
-            pss, rss = tree_kib(proc.pid, "smaps_rollup", ["Pss:", "Rss:"])
-            peak[:] = max(peak[0], pss / 1024), max(peak[1], rss / 1024)
-            time.sleep(SAMPLE_S)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    out, err = proc.communicate(timeout=1800)
-    sampler.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {err[-2000:]}")
-    wall, user, sys_s = err.rsplit("@@ ", 1)[1].split()
-    return float(wall), float(user) + float(sys_s), peak[0], peak[1], out
+def final_accuracy(way: str, done: Measured, out: Path) -> float | None:
+    """The job's final global accuracy (star) or FA (peer) as ``way`` reported it."""
+    if way == "fl-sim":
+        final = json.loads((out / "summary.json").read_text()).get("final") or {}
+    else:
+        final = json.loads(done.stdout.strip().splitlines()[-1])
+    value = final.get("accuracy") if final.get("accuracy") is not None else final.get("fa")
+    return None if value is None else float(value)
 
 
-def final_accuracy(text: str) -> str:
-    found = re.findall(r"(FA|global accuracy|accuracy) (\d+\.\d+)%", text)
-    return f"{found[-1][1]}%" if found else "?"
+def job_file(name: str, rounds: int | None, work: Path) -> Path:
+    """The job's federation file, with ``rounds`` rounds when given (a copy in ``work``)."""
+    if rounds is None:
+        return JOBS[name]
+    text, found = re.subn(r"(?m)^rounds = \d+", f"rounds = {rounds}", JOBS[name].read_text())
+    if found != 1:
+        raise SystemExit(f"{JOBS[name]}: no single 'rounds = N' line to shorten")
+    (work / f"{name}.toml").write_text(text)
+    return work / f"{name}.toml"
 
 
-def summary_accuracy(run_dir: Path) -> str:
-    """fl-sim's final FA (peer runs) or global accuracy (star runs), from its summary.json."""
-    final = json.loads((run_dir / "summary.json").read_text()).get("final") or {}
-    value = final.get("fa") if final.get("fa") is not None else final.get("accuracy")
-    return f"{100 * value:.2f}%" if value is not None else "?"
+def run_job(name: str, file: Path, repeats: int, work: Path) -> dict[str, Any]:
+    runs: dict[str, list[Measured]] = {w: [] for w in WAYS}
+    accuracy: dict[str, float | None] = {}
+    for i in range(repeats):
+        for way in WAYS:
+            out = work / f"{name}-{i}"
+            if way == "fl-sim":
+                argv = [str(BIN / "fl-sim"), str(file), "--out", str(out), "--quiet"]
+            else:
+                argv = [sys.executable, str(REPO / "benchmarks/plain_loop.py"), str(file)]
+            env = {"OMP_NUM_THREADS": "1"} if way == "plain, 1 thread" else None
+            done = measure(argv, env=env, pss_every_s=PSS_EVERY_S, cwd=work)
+            runs[way].append(done)
+            accuracy[way] = final_accuracy(way, done, out)
+            print(f"# {name}, run {i + 1}, {way}: {done.wall_s:.1f} s wall, {done.cpu_s:.1f} s CPU, "
+                  f"{done.peak_pss_mib:.0f} MiB", file=sys.stderr, flush=True)
+    med = {w: {k: statistics.median(getattr(r, k) for r in rs) for k in ("wall_s", "cpu_s", "peak_pss_mib")}
+           for w, rs in runs.items()}
+    ways = {w: {**med[w], "final_accuracy": accuracy[w],
+                "runs": [{"wall_s": r.wall_s, "cpu_s": r.cpu_s, "peak_pss_mib": r.peak_pss_mib} for r in rs]}
+            for w, rs in runs.items()}
+    sim, plain, one = med["fl-sim"], med["plain"], med["plain, 1 thread"]
+    ratios = {"wall_vs_plain": sim["wall_s"] / plain["wall_s"],
+              "cpu_vs_plain_1_thread": sim["cpu_s"] / one["cpu_s"],
+              "pss_vs_plain": sim["peak_pss_mib"] / plain["peak_pss_mib"]}
+    return {"file": str(JOBS[name].relative_to(REPO)), "ways": ways, "ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one run of each command per job")
-    p.add_argument("--repeats", type=int, help="runs of each command per job (default 3; --quick 1)")
+    p.add_argument("--quick", action="store_true", help="one run of each way, 2 rounds per job")
+    p.add_argument("--repeats", type=int, help="runs of each way per job (default 3; --quick 1)")
+    p.add_argument("--rounds", type=int, help="shorten each job to this many rounds (--quick: 2)")
+    add_json_flag(p, "overhead")
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
-    rows = []
+    rounds = args.rounds or (2 if args.quick else None)
+    if repeats < 1 or (rounds is not None and rounds < 1):
+        p.error("--repeats and --rounds must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        fedavg = work / "fedavg10.toml"
-        fedavg.write_text(FEDAVG_10)
-        jobs = {"FedAvg, 10 clients, MLP 64-128-10, 30 rounds": fedavg,
-                "quick start: 10 nodes CWT, 40 rounds x 0.5 epoch, N x N eval":
-                    REPO / "examples/quickstart.toml"}
-        plain_loop = str(REPO / "benchmarks/plain_loop.py")
-        for j, (name, file) in enumerate(jobs.items()):
-            runs: dict[str, list[tuple[float, float, float, float, str]]] = {
-                "plain": [], "fl-sim": [], "no pictures": [], "plain, one thread": []}
-            for i in range(repeats):
-                runs["plain"].append(measure([sys.executable, plain_loop, str(file)], work))
-                runs["plain, one thread"].append(measure([sys.executable, plain_loop, str(file)], work,
-                                                         {"OMP_NUM_THREADS": "1"}))
-                sim = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-run{i}")]
-                runs["fl-sim"].append(measure(sim, work))
-                bare = [str(BIN / "fl-sim"), str(file), "--out", str(work / f"job{j}-bare{i}"),
-                        "--no-pictures"]
-                runs["no pictures"].append(measure(bare, work))
-                print(f"# {name}, run {i + 1}: plain {runs['plain'][-1][0]:.1f}s, one thread "
-                      f"{runs['plain, one thread'][-1][0]:.1f}s, fl-sim {runs['fl-sim'][-1][0]:.1f}s, "
-                      f"--no-pictures {runs['no pictures'][-1][0]:.1f}s",
-                      file=sys.stderr, flush=True)
-            med = {k: [statistics.median(r[c] for r in v) for c in range(4)] for k, v in runs.items()}
-            last = work / f"job{j}-run{repeats - 1}"
-            accuracy = {"plain": final_accuracy(runs["plain"][-1][4]),
-                        "plain, one thread": final_accuracy(runs["plain, one thread"][-1][4])}
-            rows.append((name, med, accuracy, summary_accuracy(last)))
-    print(f"\nMedians of {repeats} alternated run(s) per command, whole processes (start-up included)\n")
-    print("Memory: peak of the process and its workers, Pss (shared pages split among their sharers) "
-          "and, in brackets, Rss summed (shared pages counted in every process).\n")
-    print("| job | plain loop: wall s / CPU s / peak MiB | fl-sim: wall s / CPU s / peak MiB "
-          "| ratio wall / CPU / memory | final accuracy: plain / fl-sim |")
-    print("|---|---:|---:|---:|---:|")
-    for name, med, acc_plain, acc_sim in rows:
-        for label, base, way in (
-                (name, "plain", "fl-sim"),
-                (f"{name}; control: fl-sim --no-pictures", "plain", "no pictures"),
-                (f"{name}; control: the loop on one torch thread (OMP_NUM_THREADS=1)", "plain, one thread",
-                 "fl-sim")):
-            (pw, pc, pm, pr), (sw, sc, sm, sr) = med[base], med[way]
-            print(f"| {label} | {pw:.1f} / {pc:.1f} / {pm:.0f} ({pr:.0f}) "
-                  f"| {sw:.1f} / {sc:.1f} / {sm:.0f} ({sr:.0f}) "
-                  f"| {sw / pw:.2f}x / {sc / pc:.2f}x / {sm / pm:.2f}x ({sr / pr:.2f}x) "
-                  f"| {acc_plain[base]} / {acc_sim} |")
+        jobs = {name: run_job(name, job_file(name, rounds, Path(tmp)), repeats, Path(tmp)) for name in JOBS}
+    print(f"\nMedians of {repeats} alternated run(s) per way; whole processes, start-up included; "
+          "memory: peak Pss of the process tree\n")
+    print("| job | way | wall s | CPU s | peak MiB | final accuracy (%) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, job in jobs.items():
+        for way, m in job["ways"].items():
+            acc = "-" if m["final_accuracy"] is None else f"{100 * m['final_accuracy']:.2f}"
+            print(f"| {name} | {way} | {m['wall_s']:.1f} | {m['cpu_s']:.1f} | {m['peak_pss_mib']:.0f} "
+                  f"| {acc} |")
+    print("\n| job | wall: fl-sim / plain | CPU: fl-sim / plain on 1 thread | peak Pss: fl-sim / plain |")
+    print("|---|---:|---:|---:|")
+    for name, job in jobs.items():
+        r = job["ratios"]
+        print(f"| {name} | {r['wall_vs_plain']:.2f}x | {r['cpu_vs_plain_1_thread']:.2f}x "
+              f"| {r['pss_vs_plain']:.2f}x |")
+    seeds = sorted({int(m) for f in JOBS.values()
+                    for m in re.findall(r"(?m)^seed = (\d+)", f.read_text())})
+    write_json(args.json, "overhead", {"repeats": repeats, "rounds": rounds, "jobs": jobs}, seeds)
     return 0
 
 

@@ -1,42 +1,40 @@
-"""Scale on one machine: CWT on digits with 10, 50, 100 and 200 nodes in one fl-sim.
+"""Scale on one machine: one fl-sim on 2 cores with 10, 100 and 1000 nodes (CWT on digits).
 
-    python benchmarks/scale.py [--sizes 10 50 100 200] [--workers K] [--rounds R] [--no-pin]
+    python benchmarks/scale.py [--nodes 10 100 1000] [--rounds R] [--cores C] [--eval-sample K]
+    python benchmarks/scale.py --quick    # 10 and 20 nodes, 3 rounds
 
-Each size runs as one fl-sim process of 1 + R rounds with a row (and the exact
-N x N cross-evaluation) every second round (``--eval-every 2``); seconds per
-round is the median of those rounds' own wall times (``wall_s`` in
-rounds.jsonl: the slowest node's round, which the evaluation after it does not
-enter), the last row left out, so start-up and evaluation are not counted.
-Peak RSS is sampled every 0.1 s over fl-sim and its worker processes together
-(from /proc). Prints, per size: seconds per round,
-peak RSS, RSS per extra node over the smallest size, and the CPUs each worker
-process was kept to (the summary's ``config.worker_cpus``; ``--no-pin``: every CPU). Targets (issue 11):
-200 nodes run, at most 30 MiB per extra node, time per round linear in nodes.
+Each size runs as one ``fl-sim FILE --out DIR --quiet --no-pictures`` process, kept to
+``--cores`` CPUs (default 2), of 1 + R rounds (default R = 5) on a ring with a CWT
+schedule, 0.5 epoch per round on an iid split of digits (1,797 samples: at 1000 nodes a
+node holds one or two). Above 100 nodes each model is evaluated on its own test split and
+K - 1 others drawn from the seed (``[federation] eval_sample``, default K = 10), not on all
+N. Seconds per round is the median of the rounds' own wall times (``wall_s`` in
+rounds.jsonl: the slowest node's round, not the evaluation after it), the first and the
+last round left out (start-up, the end). Peak RSS is the kernel's ``ru_maxrss`` of the
+fl-sim process. Prints, per size: seconds per round, milliseconds per node and round, peak
+RSS, and RSS per extra node over the smallest size.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
+from typing import Any
 
-from proctree import tree_kib
+from _common import BIN, add_json_flag, measure, write_json
 
-from flmesh.node.results import read_rows
-
-BIN = Path(sys.executable).parent
+SEED = 5
 FEDERATION = """
 [federation]
 name = "scale"
-seed = 5
-rounds = 1
+seed = {seed}
+rounds = {rounds}
 round_timeout_s = 600
+eval_sample = {eval_sample}
 [topology]
 nodes = {nodes}
 graph = "ring"
@@ -47,73 +45,63 @@ batch_size = 16
 [data]
 partition = "iid"
 test_fraction = 0.2
-min_samples = 2
 [model]
 hidden = [64]
 """
 
 
-def run(file: Path, out: Path, rounds: int, workers: int | None, pin: bool = True) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB of the process tree) of one fl-sim run, results in ``out``."""
-    # rows (and FA) every second round: each row carries its round's wall time
-    argv = [str(BIN / "fl-sim"), str(file), "--rounds", str(rounds), "--eval-every", "2", "--quiet",
-            "--out", str(out)]
-    if workers is not None:
-        argv += ["--workers", str(workers)]
-    if not pin:
-        argv.append("--no-pin")
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak = [0.0]
+def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Path) -> dict[str, Any]:
+    from flmesh.node.results import read_rows
 
-    def sample() -> None:
-        while proc.poll() is None:
-            peak[0] = max(peak[0], tree_kib(proc.pid, "status", ["VmRSS:"])[0] / 1024)
-            time.sleep(0.1)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _, err = proc.communicate(timeout=3600)
-    wall = time.perf_counter() - start
-    sampler.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"fl-sim failed at {file}: {err[-2000:]}")
-    return wall, peak[0]
+    file = work / f"scale{nodes}.toml"
+    file.write_text(FEDERATION.format(seed=SEED, rounds=rounds, nodes=nodes, eval_sample=eval_sample))
+    out = work / f"run{nodes}"
+    done = measure([str(BIN / "fl-sim"), str(file), "--out", str(out), "--quiet", "--no-pictures"], cpus=cpus)
+    walls = [float(row["wall_s"]) for row in read_rows(out / "rounds.jsonl")][1:-1]
+    per_round = statistics.median(walls)
+    return {"nodes": nodes, "eval_sample": eval_sample, "s_per_round": per_round,
+            "ms_per_node_round": 1000 * per_round / nodes, "peak_rss_mib": done.max_rss_mib,
+            "whole_run_s": done.wall_s, "cpu_s": done.cpu_s, "round_walls_s": walls}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[10, 50, 100, 200])
-    p.add_argument("--rounds", type=int, default=8, help="rounds beyond the first (default 8)")
-    p.add_argument("--workers", type=int, help="fl-sim --workers (default: fl-sim's choice)")
-    p.add_argument("--no-pin", action="store_true",
-                   help="fl-sim --no-pin: the OS places the workers (the control for pinning them)")
+    p.add_argument("--quick", action="store_true", help="10 and 20 nodes, 3 rounds")
+    p.add_argument("--nodes", type=int, nargs="+",
+                   help="federation sizes (default 10 100 1000; --quick 10 20)")
+    p.add_argument("--rounds", type=int, help="rounds beyond the first (default 5; --quick 2)")
+    p.add_argument("--cores", type=int, default=2, help="CPUs fl-sim is kept to (default 2)")
+    p.add_argument("--eval-sample", type=int, default=10, metavar="K",
+                   help="above 100 nodes, test splits each model is evaluated on (default 10)")
+    add_json_flag(p, "scale")
     args = p.parse_args(argv)
-    if args.rounds < 3:  # rows every second round, the last one left out: one row needs 1 + 3 rounds
-        p.error("--rounds must be at least 3")
+    sizes = sorted(args.nodes or ([10, 20] if args.quick else [10, 100, 1000]))
+    rounds = 1 + (args.rounds or (2 if args.quick else 5))
+    usable = sorted(os.sched_getaffinity(0))
+    if rounds < 3 or sizes[0] < 2 or not 1 <= args.cores <= len(usable) or args.eval_sample < 2:
+        p.error(f"--rounds must be at least 2, --nodes at least 2, --cores 1 to {len(usable)}, "
+                "--eval-sample at least 2")
+    cpus = set(usable[:args.cores])
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in args.sizes:
-            file = Path(tmp) / f"scale{n}.toml"
-            file.write_text(FEDERATION.format(nodes=n))
-            out = Path(tmp) / f"r{n}"
-            more, peak = run(file, out, 1 + args.rounds, args.workers, pin=not args.no_pin)
-            walls = [row["wall_s"] for row in read_rows(out / "rounds.jsonl")][:-1]
-            per_round = statistics.median(walls)
-            placed = json.loads((out / "summary.json").read_text())["config"].get("worker_cpus") or []
-            cpus = " / ".join(",".join(map(str, c)) if c else "OS" for c in placed) or "-"
-            results.append((n, per_round, peak, more, cpus))
-            print(f"# {n} nodes: {per_round:.2f} s/round, peak {peak:.0f} MiB", file=sys.stderr, flush=True)
-    base_n, _, base_rss, _, _ = results[0]
-    print(f"\nCWT on digits, ring graph, 0.5 epoch per round; {args.rounds + 1} rounds, a row every 2; "
-          f"workers: {args.workers or 'fl-sim default'}{', --no-pin' if args.no_pin else ', pinned'}\n")
-    print("| nodes | s / round | per node per round | peak RSS (MiB) | RSS per extra node (MiB) "
-          "| whole run (s) | each worker's CPUs |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
-    for n, per_round, peak, total, cpus in results:
-        extra = f"{(peak - base_rss) / (n - base_n):.1f}" if n > base_n else "-"
-        per_node = per_round / n * 1000
-        print(f"| {n} | {per_round:.2f} | {per_node:.1f} ms | {peak:.0f} | {extra} | {total:.1f} | {cpus} |")
+        for n in sizes:
+            results.append(run_size(n, rounds, args.eval_sample if n > 100 else 0, cpus, Path(tmp)))
+            print(f"# {n} nodes: {results[-1]['s_per_round']:.2f} s/round, "
+                  f"peak {results[-1]['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    base = results[0]
+    for r in results:
+        extra = r["nodes"] - base["nodes"]
+        r["rss_per_extra_node_mib"] = (r["peak_rss_mib"] - base["peak_rss_mib"]) / extra if extra else None
+    print(f"\nCWT on digits, ring, 0.5 epoch per round, {rounds} rounds; one fl-sim on CPUs "
+          f"{sorted(cpus)}\n")
+    print("| nodes | s / round | ms per node and round | peak RSS (MiB) | RSS per extra node (MiB) "
+          "| whole run (s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        extra = "-" if r["rss_per_extra_node_mib"] is None else f"{r['rss_per_extra_node_mib']:.2f}"
+        print(f"| {r['nodes']} | {r['s_per_round']:.2f} | {r['ms_per_node_round']:.1f} | "
+              f"{r['peak_rss_mib']:.0f} | {extra} | {r['whole_run_s']:.1f} |")
+    write_json(args.json, "scale", {"rounds": rounds, "cpus": sorted(cpus), "sizes": results}, [SEED])
     return 0
 
 

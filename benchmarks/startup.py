@@ -1,6 +1,7 @@
 """Start-up: how long the commands take to answer --help, and a node to serve.
 
     python benchmarks/startup.py [--runs N]
+    python benchmarks/startup.py --quick    # one run of each
 
 Prints, over N runs (default 5), the min and median wall time of
 ``fl-sim --help``, ``fl-node --help`` and ``fl-certs --help``, and of an
@@ -9,10 +10,7 @@ Prints, over N runs (default 5), the min and median wall time of
 port in --ready-file; the health check is polled every 10 ms), alternated with
 its control: a fresh ``python -c "import torch"`` until torch is loaded,
 which a node cannot do without (the part of SERVING that is not flmesh's).
-Targets (issue 11): --help under 0.5 s, SERVING within 2 s. And how long
-``fl-sim`` takes to exit after its last line of output (one round of the same
-federation): as installed (``exit_after``: no interpreter teardown), and, as
-the control, the same ``main`` ended by ``sys.exit`` (Python's ordinary exit).
+Targets: --help under 0.5 s, SERVING within 2 s.
 """
 
 from __future__ import annotations
@@ -27,23 +25,25 @@ import time
 from pathlib import Path
 
 import grpc
+from _common import BIN, add_json_flag, write_json
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-BIN = Path(sys.executable).parent
-FEDERATION = """
+HELP_TARGET_S = 0.5
+SERVING_TARGET_S = 2.0
+SEED = 1
+# Round 2 waits for node1, which never comes, so the node serves until it is killed (with one
+# round it could finish and exit before the probe's first answer).
+FEDERATION = f"""
 [federation]
 name = "startup"
-rounds = 1
+seed = {SEED}
+rounds = 2
+round_timeout_s = 300
 [topology]
 nodes = 2
 [model]
 hidden = [64]
 """
-
-
-#: The launched node's: round 2 waits for node1, which never comes, so the node serves until it is
-#: killed (with one round it could finish and exit before the probe's first answer).
-SERVING_FEDERATION = FEDERATION.replace("rounds = 1", "rounds = 2\nround_timeout_s = 300")
 RUN = itertools.count()  # each launch gets its own ready file and results folder
 
 
@@ -70,7 +70,7 @@ def torch_loaded() -> float:
 def serving(work: Path) -> float:
     """Seconds from launching fl-node until its health service says SERVING."""
     fed = work / "serving.toml"
-    fed.write_text(SERVING_FEDERATION)
+    fed.write_text(FEDERATION)
     runs = next(RUN)
     ready = work / f"node0-{runs}.addr"
     out = work / f"out-{runs}"  # a fresh results folder each run (fl-node never starts over old results)
@@ -107,51 +107,35 @@ def serving(work: Path) -> float:
         proc.wait()
 
 
-def exit_after_last_line(work: Path, ordinary: bool) -> float:
-    """Seconds from fl-sim's last line on stdout to its exit (one round); ``ordinary``: its
-    ``main`` under ``sys.exit`` instead of the installed command."""
-    fed = work / "fed.toml"
-    fed.write_text(FEDERATION)
-    out = work / f"sim-{next(RUN)}"
-    ordinary_exit = "import sys; from flmesh.coordinator.sim_cli import main; sys.exit(main())"
-    command = [sys.executable, "-c", ordinary_exit] if ordinary else [str(BIN / "fl-sim")]
-    proc = subprocess.Popen([*command, str(fed), "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    last = time.perf_counter()
-    for _ in proc.stdout:
-        last = time.perf_counter()
-    if proc.wait(timeout=300) != 0:
-        raise SystemExit(f"fl-sim failed (exit {proc.returncode}): {' '.join(command)}")
-    return time.perf_counter() - last
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--runs", type=int, help="runs of each command (default 5; --quick 1)")
+    p.add_argument("--quick", action="store_true", help="one run of each command")
+    add_json_flag(p, "startup")
     args = p.parse_args(argv)
-    rows = {}
+    runs = args.runs or (1 if args.quick else 5)
+    if runs < 1:
+        p.error("--runs must be at least 1")
+    rows: dict[str, tuple[list[float], float | None]] = {}
     for name in ("fl-sim", "fl-node", "fl-certs"):
-        rows[f"`{name} --help`"] = [timed([str(BIN / name), "--help"]) for _ in range(args.runs)]
+        rows[f"{name} --help"] = [timed([str(BIN / name), "--help"]) for _ in range(runs)], HELP_TARGET_S
     with tempfile.TemporaryDirectory() as tmp:
         launches: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(args.runs):  # alternated with the control, as the exits below
+        for _ in range(runs):  # alternated with the control: both see the same phases of the machine
             launches[False].append(serving(Path(tmp)))
             launches[True].append(torch_loaded())
-        rows["`fl-node` launch to health SERVING"] = launches[False]
-        rows["control: `python -c \"import torch\"`"] = launches[True]
-        exits: dict[bool, list[float]] = {True: [], False: []}
-        for _ in range(args.runs):  # alternated, so both see the same phase of the machine
-            for ordinary in (False, True):
-                exits[ordinary].append(exit_after_last_line(Path(tmp), ordinary))
-        rows["`fl-sim` last line to exit"] = exits[False]
-        rows["control: the same `main` under `sys.exit`"] = exits[True]
-    print(f"\n{args.runs} runs each, seconds\n")
+    rows["fl-node launch to health SERVING"] = launches[False], SERVING_TARGET_S
+    rows["control: python -c 'import torch'"] = launches[True], None
+    print(f"\n{runs} runs each, seconds\n")
     print("| what | min | median | target |")
     print("|---|---:|---:|---:|")
-    for name, values in rows.items():
-        target = "2.0" if "SERVING" in name else "0.5" if "--help" in name else "-"
-        print(f"| {name} | {min(values):.2f} | {statistics.median(values):.2f} | {target} |")
+    for name, (values, target) in rows.items():
+        print(f"| {name} | {min(values):.2f} | {statistics.median(values):.2f} | "
+              f"{'-' if target is None else f'{target:.1f}'} |")
+    results = {"runs": runs, "rows": [{"what": name, "min_s": min(v), "median_s": statistics.median(v),
+                                        "target_s": target, "values_s": v}
+                                       for name, (v, target) in rows.items()]}
+    write_json(args.json, "startup", results, [SEED])
     return 0
 
 

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import Progress, merge, pm, run
+from _common import Progress, add_json_flag, merge, pm, run, stats, write_json
 
 METHODS = {"FedAvg": {}, "FedAvg + WSM": {"training": {"objective": "wsm"}}}
 
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=0.1, help="Dirichlet alpha (the thesis' base case: 0.1)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--fractions", type=float, nargs="+", help="C values (default 0.1 0.2 0.5 1)")
+    add_json_flag(p, "wsm")
     args = p.parse_args(argv)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
     fractions = args.fractions or ([0.1, 0.5] if args.quick else [0.1, 0.2, 0.5, 1.0])
@@ -87,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             cells = [pm([r[k] for r in rs]) for k in ("first", "last", "fk", "ft")]
             print(f"| {c:g} | {method} | " + " | ".join(cells) + " |")
     print(f"\nwall time: {progress.elapsed():.0f} s")
+    found = [{"fraction": c, "method": method,
+              **{k: stats([r[k] for r in rs]) for k in ("first", "last", "fk", "ft")}}
+             for (c, method), rs in results.items()]
+    write_json(args.json, "wsm", {"nodes": args.nodes, "rounds": args.rounds, "first_rounds": first,
+                                  "last_rounds": last, "cells": found, "wall_s": progress.elapsed()}, seeds)
     return 0
 
 

@@ -1,233 +1,168 @@
-"""Every benchmark still runs, on a tiny setting, and prints the table shape docs/results.md quotes."""
+"""Every kept benchmark runs in its --quick mode and writes the JSON result its README promises:
+the figures it prints, the command line, the seeds and the host."""
 
 from __future__ import annotations
 
-import os
+import json
+import math
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow
 
-def run(script: str, *args: str) -> str:
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], capture_output=True,
-                          text=True, timeout=900)
+
+def run(tmp_path: Any, script: str, *args: str) -> dict[str, Any]:
+    """The ``results`` of ``benchmarks/SCRIPT --quick ARGS``, after checking the envelope."""
+    path = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick", *args,
+                           "--json", str(path)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == script.removesuffix(".py")
+    assert doc["command"][1:] == [str(REPO / "benchmarks" / script), "--quick", *args, "--json", str(path)]
+    assert doc["seeds"] and all(isinstance(s, int) for s in doc["seeds"])
+    host = doc["host"]
+    assert host["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert isinstance(host["torch"], str) and isinstance(host["cpu_count"], int) and host["cpu_count"] >= 1
+    return doc["results"]
 
 
-def table(text: str, header: str) -> list[list[str]]:
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows
+def number(value: Any, low: float = -math.inf) -> bool:
+    """A finite int or float (not a bool) of at least ``low``."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+        and value >= low
 
 
-def titled(text: str, title: str) -> list[list[str]]:
-    """The body rows of the table under the bold line that starts with ``title``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"**{title}"))
-    return table("\n".join(lines[start + 2:]), "|")
+def share(value: Any) -> bool:
+    return number(value) and 0 <= value <= 1
 
 
-@pytest.mark.slow
-def test_dp_replay_prints_table_1(tmp_path):
-    out = run("dp_replay.py", "--quick", "--tasks", "2", "--rounds-per-task", "1")
-    rows = table(out, "| scenario | participation | epsilon |")
-    assert len(rows) == 2 * 2 * 3 and all(len(r) == 7 for r in rows)
-    assert {r[0] for r in rows} == {"Novel Inputs", "Novel Inputs & Targets"}
-    assert [r[2] for r in rows[:3]] == ["1", "10", "100"]
-    assert all(cell.count("±") == 1 for r in rows for cell in r[3:])
-    per_task = table(out, "| scenario | participation | method |")
-    assert len(per_task) == 2 * 4 * 3 and all(len(r) == 3 + 2 for r in per_task)
+def one_seed(cell: dict[str, Any], check: Any = share) -> bool:
+    """A mean ± std cell over one seed: the mean is its only value, no std."""
+    return cell["std"] is None and len(cell["values"]) == 1 and cell["values"][0] == cell["mean"] \
+        and check(cell["mean"])
 
 
-@pytest.mark.slow
-def test_fedrewind_prints_tables_1_to_4_steps_and_the_alpha_sweep():
-    out = run("fedrewind.py", "--quick", "--rounds", "2", "--epochs", "1", "2")  # both E: 2 rounds
-    methods = ["Standalone", "Joint", "CWT", "CWT + Rewind", "CWT + RandRewind", "RWT", "RWT + Rewind",
-               "RWT + RandRewind", "FedAvg (C = 1)", "FedAvg + Rewind (C = 1)",
-               "FedAvg + Rewind, chain scope (C = 1)"]
-    for title in ("Table 1", "Table 2", "Table 3", "Optimizer steps"):
-        rows = titled(out, title)
-        assert [r[0] for r in rows] == methods, title
-        assert all(len(r) == 3 for r in rows)
-    steps = {r[0]: r[1:] for r in titled(out, "Optimizer steps")}
-    # every federated row trains the same steps per node per round; Joint holds all the data
-    assert len({tuple(cells) for name, cells in steps.items() if name != "Joint"}) == 1
-    sweep = titled(out, "Fig. 2")
-    assert [r[0] for r in sweep] == ["CWT", "CWT + Rewind"] and all(len(r) == 4 for r in sweep)
+def test_overhead(tmp_path):
+    results = run(tmp_path, "overhead.py", "--rounds", "1")
+    assert results["repeats"] == 1 and results["rounds"] == 1
+    assert set(results["jobs"]) == {"fedavg", "quickstart"}
+    for job in results["jobs"].values():
+        ways = job["ways"]
+        assert set(ways) == {"plain", "plain, 1 thread", "fl-sim"}
+        for way in ways.values():
+            assert number(way["wall_s"], 0) and number(way["cpu_s"], 0) and number(way["peak_pss_mib"], 1)
+            assert share(way["final_accuracy"]) and len(way["runs"]) == 1
+        # the same computation: the same final accuracy
+        assert len({round(w["final_accuracy"], 6) for w in ways.values()}) == 1
+        ratios = job["ratios"]
+        assert ratios["wall_vs_plain"] == ways["fl-sim"]["wall_s"] / ways["plain"]["wall_s"]
+        assert ratios["cpu_vs_plain_1_thread"] == ways["fl-sim"]["cpu_s"] / ways["plain, 1 thread"]["cpu_s"]
+        assert ratios["pss_vs_plain"] == ways["fl-sim"]["peak_pss_mib"] / ways["plain"]["peak_pss_mib"]
 
 
-@pytest.mark.slow
-def test_forgetting_prints_flashback_table_1_with_its_controls():
-    out = run("forgetting.py", "--quick", "--rounds", "2", "--nodes", "10")
-    rows = table(out, "| method | rounds to A_0.75 |")
-    assert [r[0] for r in rows] == [
+def test_scale(tmp_path):
+    results = run(tmp_path, "scale.py", "--nodes", "4", "6", "--cores", "1")
+    assert results["rounds"] == 3 and len(results["cpus"]) == 1
+    small, big = results["sizes"]
+    assert (small["nodes"], big["nodes"]) == (4, 6)
+    assert small["rss_per_extra_node_mib"] is None and number(big["rss_per_extra_node_mib"])
+    for size in results["sizes"]:
+        assert size["eval_sample"] == 0  # all test splits up to 100 nodes
+        assert len(size["round_walls_s"]) == 1 and size["s_per_round"] == size["round_walls_s"][0] > 0
+        assert size["ms_per_node_round"] == pytest.approx(1000 * size["s_per_round"] / size["nodes"])
+        assert number(size["peak_rss_mib"], 1) and number(size["whole_run_s"], 0)
+
+
+def test_startup(tmp_path):
+    rows = run(tmp_path, "startup.py")["rows"]
+    assert [r["what"] for r in rows] == [
+        "fl-sim --help", "fl-node --help", "fl-certs --help", "fl-node launch to health SERVING",
+        "control: python -c 'import torch'"]
+    assert [r["target_s"] for r in rows] == [0.5, 0.5, 0.5, 2.0, None]
+    assert all(r["values_s"] == [r["min_s"]] and r["min_s"] == r["median_s"] > 0 for r in rows)
+
+
+def test_compression(tmp_path):
+    results = run(tmp_path, "compression.py")
+    rows = results["rows"]
+    assert results["rounds"] == 2
+    assert [r["wire"] for r in rows] == ["native", "float16", "bfloat16", "zstd", "float16 + zstd"]
+    assert {r["file"] for r in rows} == {"quickstart.toml"}
+    assert rows[0]["vs_native"] == 1 and rows[0]["change_points"] == 0
+    assert all(number(r["bytes_per_round"], 1) and share(r["final_fa"]) for r in rows)
+    assert rows[1]["vs_native"] < 0.6  # half the bytes of each float, plus the headers
+    assert rows[3]["final_fa"] == rows[0]["final_fa"]  # zstd is lossless
+
+
+def test_edge_memory(tmp_path):
+    (build,) = run(tmp_path, "edge_memory.py")["builds"]
+    assert build["torch"].split()[-1] in ("cpu", "cuda")
+    assert number(build["import_torch_mib"], 1)
+    assert set(build["nodes"]) == {"a", "b"}
+    assert all(n["exit_code"] == 0 and number(n["peak_rss_mib"], 1) for n in build["nodes"].values())
+
+
+def test_fedrewind(tmp_path):
+    results = run(tmp_path, "fedrewind.py", "--rounds", "2", "--epochs", "1", "2")
+    cells = results["cells"]
+    methods = {c["method"] for c in cells}
+    assert len(methods) == 11 and {"CWT", "CWT + Rewind", "FedAvg (C = 1)", "Joint"} <= methods
+    main = [c for c in cells if c["alpha"] == 0.25]
+    assert len(main) == 11 * 2 and {(c["epochs"], c["rounds"]) for c in main} == {(1.0, 2), (2.0, 2)}
+    sweep = [c for c in cells if c["alpha"] != 0.25]
+    assert sorted((c["method"], c["alpha"]) for c in sweep) == [
+        ("CWT", 0.1), ("CWT", 0.5), ("CWT + Rewind", 0.1), ("CWT + Rewind", 0.5)]
+    assert all(one_seed(c[k]) for c in cells for k in ("fa", "ff", "pfa"))
+    assert all(one_seed(c["steps"], lambda v: number(v, 1)) for c in cells)
+    # every federated row trains the same steps per node per round
+    assert len({(c["epochs"], c["steps"]["mean"]) for c in main if c["method"] != "Joint"}) == 2
+
+
+def test_fedcurv(tmp_path):
+    (table,) = run(tmp_path, "fedcurv.py", "--rounds", "2", "--epochs", "2", "--nodes", "6")["tables"]
+    assert table["epochs"] == 2 and share(table["best_of_any_row"])
+    assert [r["method"] for r in table["rows"]] == [
+        "FedAvg", "FedCurv, lambda = 0 (control: plain mean, no penalty)", "FedCurv, lambda = 1",
+        "FedCurv, lambda = 10"]
+    for row in table["rows"]:
+        assert set(row["rounds_to"]) == {"0.85", "0.9", "0.95"}
+        assert all(r is None or r in (1, 2) for r in row["rounds_to"].values())
+        assert one_seed(row["best"]) and one_seed(row["final"])
+
+
+def test_forgetting(tmp_path):
+    (table,) = run(tmp_path, "forgetting.py", "--rounds", "2", "--nodes", "10")["tables"]
+    assert table["scenario"] == "Dirichlet alpha = 0.1" and share(table["target"])
+    assert [r["method"] for r in table["rows"]] == [
         "FedAvg (2.5% held out, unused)", "FedAvg + FT on 2.5% (control)", "Flashback, 2.5% public",
         "FedAvg (10% held out, unused)", "FedAvg + FT on 10% (control)", "Flashback, 10% public",
         "FedAvg + Rewind (10% held out)", "FedAvg + Rewind, chain scope"]
-    assert all(len(r) == 6 for r in rows)
+    for row in table["rows"]:
+        assert set(row["rounds_to"]) == {"0.75", "0.9", "1"}
+        assert one_seed(row["final"]) and one_seed(row["mean_global_forgetting"], lambda v: number(v, -1))
 
 
-@pytest.mark.slow
-def test_fedcurv_prints_rounds_to_a_share_of_the_best():
-    out = run("fedcurv.py", "--quick", "--rounds", "2", "--epochs", "2", "--nodes", "6")
-    rows = table(out, "| method | rounds to 85% of best |")
-    assert [r[0] for r in rows] == ["FedAvg", "FedCurv, lambda = 0 (control: plain mean, no penalty)",
-                                    "FedCurv, lambda = 1", "FedCurv, lambda = 10"]
-    assert all(len(r) == 6 for r in rows)
-    assert any(cell != "-" for r in rows for cell in r[1:4]), "the best row reaches 95% of itself"
+def test_wsm(tmp_path):
+    results = run(tmp_path, "wsm.py", "--rounds", "2", "--nodes", "20")  # C = 0.1: 2 participants
+    assert [(c["fraction"], c["method"]) for c in results["cells"]] == [
+        (0.1, "FedAvg"), (0.1, "FedAvg + WSM"), (0.5, "FedAvg"), (0.5, "FedAvg + WSM")]
+    for cell in results["cells"]:
+        assert one_seed(cell["first"]) and one_seed(cell["last"])
+        assert one_seed(cell["fk"], lambda v: number(v, -1)) and one_seed(cell["ft"], lambda v: number(v, -1))
 
 
-@pytest.mark.slow
-def test_wsm_prints_client_forgetting_over_c():
-    out = run("wsm.py", "--quick", "--rounds", "2", "--nodes", "20")  # C = 0.1: 2 participants
-    rows = table(out, "| C | method |")
-    assert [(r[0], r[1]) for r in rows] == [("0.1", "FedAvg"), ("0.1", "FedAvg + WSM"), ("0.5", "FedAvg"),
-                                            ("0.5", "FedAvg + WSM")]
-    assert all(len(r) == 6 and r[4] != "nan" for r in rows)
-
-
-def test_transport_prints_every_way_and_the_ratios():
-    out = run("transport.py", "--mib", "5", "--repeats", "2")
-    for way in ("lane", "fresh", "nofin", "grpc", "grpcio", "socket"):
-        assert f"\n{way:6s} median " in out
-    assert "CPU per transfer, both ends (median): lane " in out
-    assert "transport (xxh3_128): deliver " in out and "(data lane), raw socket " in out
-    assert "; a new connection each " in out and "fresh / socket per round: " in out
-    assert "; without the finite check " in out and "nofin / socket per round: " in out
-    for digest in ("xxh3_128", "blake3", "sha256"):
-        assert f"\n{digest:8s} alone " in out
-
-
-def test_the_nofin_control_takes_what_a_node_refuses_and_the_lane_row_does_not():
-    """make bench's ``nofin`` row is the lane without the receiver's finite check, and only that:
-    its receiver takes a model with NaN and infinity, the ``lane`` row's refuses it."""
-    import importlib.util
-    from collections.abc import Iterator
-
-    import torch
-
-    from flmesh.node.errors import Refused
-    from flmesh.node.wire import codec
-
-    spec = importlib.util.spec_from_file_location("bench_transport", REPO / "benchmarks" / "transport.py")
-    assert spec is not None and spec.loader is not None
-    transport = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(transport)
-    state = {"w": torch.tensor([1.0, float("nan"), float("inf")]), "b": torch.zeros(2)}
-
-    def stream() -> Iterator[object]:
-        return iter(codec.encode(state, codec.ModelMeta(round=1, sender="a")).chunks())
-
-    unchecked = transport.Sink(codec.model_spec(state), check_finite=False).deliver(None, stream())
-    assert unchecked.accepted and unchecked.bytes_received == codec.encode(state).total_bytes
-    with pytest.raises(Refused, match="tensor 'w' holds 2 NaN or infinite values"):
-        transport.Sink(codec.model_spec(state)).deliver(None, stream())
-
-
-@pytest.mark.slow
-def test_lane_timeline_prints_every_mark_in_the_order_a_delivery_passes_them():
-    """Each mark of a delivery comes after the one before it, so their medians are in order too;
-    a timer that wrapped the wrong function (or none) would break the order or leave a mark out."""
-    out = run("lane_timeline.py", "--mib", "5", "--deliveries", "3")
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("data-lane Deliver of "))
-    marks = [line.split() for line in lines[start + 1:lines.index("steps (median ms):")]]
-    assert [m[0] for m in marks] == ["call", "servicer", "read", "first", "last", "digested", "checked",
-                                     "decoded", "answered"]
-    medians = [float(m[1]) for m in marks]
-    assert medians[0] == 0 and medians == sorted(medians) and medians[-1] > 0
-    assert "the raw socket, the same bytes, whole transfer: " in out
-    assert "not yet hashed and checked when the last byte came: " in out
-    assert "before the first read, timed alone (median of 200): header checks " in out
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "lane_timeline.py"), "--mib", "1"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "--mib at least 4" in proc.stderr.splitlines()[-1]
-
-
-@pytest.mark.slow
-def test_startup_prints_help_serving_and_exit_times_with_the_control():
-    rows = table(run("startup.py", "--runs", "1"), "| what |")
-    assert [r[0] for r in rows] == ["`fl-sim --help`", "`fl-node --help`", "`fl-certs --help`",
-                                    "`fl-node` launch to health SERVING",
-                                    'control: `python -c "import torch"`', "`fl-sim` last line to exit",
-                                    "control: the same `main` under `sys.exit`"]
-    assert all(float(r[1]) > 0 and r[1] == r[2] for r in rows)  # one run: min is the median
-    assert [r[3] for r in rows] == ["0.5", "0.5", "0.5", "2.0", "-", "-", "-"]
-
-
-@pytest.mark.slow
-def test_round_cost_prints_each_way_and_they_agree():
-    rows = table(run("round_cost.py", "--rounds", "2", "--repeats", "1"), "| way |")
-    assert [r[0] for r in rows] == ["loop", "memory", "grpc"]
-    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
-    assert len({r[3] for r in rows}) == 1  # the same computation: the same final FA
-
-
-@pytest.mark.slow
-def test_poll_model_prints_both_ways_and_they_agree(tmp_path):
-    job = tmp_path / "star.toml"
-    job.write_text('[federation]\nname = "star"\nseed = 1\nrounds = 2\n[topology]\nnodes = 4\n'
-                   '[data]\ndataset = "digits"\n[model]\nname = "mlp"\nhidden = [16]\n'
-                   '[aggregator]\nstrategy = "fedavg"\nfraction = 1.0\n')
-    out = run("poll_model.py", str(job), "--pairs", "1")
-    rows = table(out, "| way |")
-    assert [r[0] for r in rows] == ["with the model", "control: poll, then fetch"]
-    assert rows[0][3] == rows[1][3] and rows[0][3].endswith("%")  # the same rounds: the same accuracy
-    assert "paired difference" in out
-
-
-@pytest.mark.slow
-def test_picture_cost_prints_the_forked_and_the_launched_helper(tmp_path):
-    job = tmp_path / "star.toml"
-    job.write_text('[federation]\nname = "star"\nseed = 1\nrounds = 2\n[topology]\nnodes = 3\n'
-                   '[model]\nname = "mlp"\nhidden = [16]\n[aggregator]\nfraction = 1.0\n')
-    done = subprocess.run([str(Path(sys.executable).parent / "fl-sim"), str(job), "--quiet", "--no-pictures",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    rows = table(run("picture_cost.py", str(tmp_path / "run"), "--runs", "1"), "| helper |")
-    assert [r[0] for r in rows] == ["forked (fl-sim on Linux)", "launched interpreter (control)"]
-    assert all(float(r[1].split()[0]) > 0 and float(r[2].split()[0]) > 0 for r in rows)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="CPU affinity is Linux's")
-def test_pinning_prints_the_steps_and_both_ways_of_each_job_and_they_agree():
-    out = run("pinning.py", "--pairs", "1", "--rounds", "2")
-    steps = table(out, "| way | every CPU |")
-    assert [r[0] for r in steps] == ["one thread", "node threads"]
-    assert all(float(v) > 0 for r in steps for v in r[1:])
-    for job in ("quickstart.toml", "fedavg10.toml"):
-        ways = table(out[out.index(f"2. {job}"):], "| way | wall s")
-        assert [r[0] for r in ways] == ["pinned (default)", "control: --no-pin"]
-        assert ways[0][3] == ways[1][3] and ways[0][3].endswith("%")  # pinning changes no number
-    assert out.count("paired difference") == 2
-
-
-@pytest.mark.slow
-def test_scale_prints_each_size_and_where_its_workers_ran():
-    cpus = sorted(os.sched_getaffinity(0))
-    for flags in ((), ("--no-pin",)):
-        out = run("scale.py", "--sizes", "10", "12", "--rounds", "3", *flags)
-        assert f"workers: fl-sim default, {'--no-pin' if flags else 'pinned'}\n" in out
-        rows = table(out, "| nodes |")
-        assert [r[0] for r in rows] == ["10", "12"]
-        assert rows[0][4] == "-"
-        float(rows[1][4])  # RSS per extra node: a number (of either sign at these sizes)
-        assert all(float(r[1]) >= 0 and r[2].endswith(" ms") and float(r[3]) > 0 for r in rows)
-        for r in rows:  # two workers on two or more CPUs (fl-sim's default: five nodes or more each)
-            placed = [[int(c) for c in worker.split(",")] for worker in r[6].split(" / ")]
-            if flags:
-                assert all(worker == cpus for worker in placed), r[6]
-            elif len(cpus) >= len(placed) > 1:
-                assert all(len(worker) == 1 for worker in placed), r[6]
-                assert len({worker[0] for worker in placed}) == len(placed), r[6]  # each its own
+def test_dp_replay(tmp_path):
+    results = run(tmp_path, "dp_replay.py", "--tasks", "2", "--rounds-per-task", "1")
+    assert results["tasks"] == 2 and results["rounds_per_task"] == 1
+    gains = results["gains"]
+    assert len(gains) == 2 * 2 * 3 * 2 * 2  # scenario, participation, epsilon, model, mode
+    assert {g["epsilon"] for g in gains} == {1.0, 10.0, 100.0}
+    assert all(one_seed(g["gain"], lambda v: number(v, -1) and v <= 1) for g in gains)
+    finals = results["task_accuracy"]
+    assert len(finals) == 2 * 4 * 3 and all(len(f["tasks"]) == 2 for f in finals)
