@@ -22,13 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from flmesh.node.cli_common import (
-    OneLineParser,
-    collections_paused,
-    exit_after,
-    one_blas_thread,
-    skip_final_collection,
-)
+from flmesh.node.cli_common import OneLineParser, one_blas_thread
 
 if TYPE_CHECKING:
     from flmesh.coordinator.picture_helper import PictureHelper
@@ -127,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
 
-    skip_final_collection()
     if run_tools.is_tool(argv):
         return run_tools.main(argv)
     parser = build_parser()
@@ -145,27 +138,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: PictureHelper | None) -> int:
     """fl-sim after its flags are read; the exit code."""
-    with collections_paused():  # before the workers fork, which then share what it froze
-        from rich.console import Console
-        from rich.logging import RichHandler
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.console import Console
+    from rich.logging import RichHandler
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from flmesh.coordinator import sim_console
-        from flmesh.coordinator.pictures import PicturesError
-        from flmesh.coordinator.sim import Simulation, default_out_dir
-        from flmesh.coordinator.sim_pool import WorkerError
-        from flmesh.node.errors import PeerError, UnknownPeerError
-        from flmesh.node.node_run import input_errors
-        from flmesh.node.observe import row_scalars
-        from flmesh.node.wire.data_lane import lane_enabled
-        from flmesh.node.wire.peer_client import one_message_enabled
-        from flmesh.topology import FederationError, load_federation
+    from flmesh.coordinator import sim_console
+    from flmesh.coordinator.pictures import PicturesError
+    from flmesh.coordinator.sim import Simulation, default_out_dir
+    from flmesh.coordinator.sim_pool import WorkerError
+    from flmesh.node.errors import PeerError, UnknownPeerError
+    from flmesh.node.node_run import input_errors
+    from flmesh.node.observe import row_scalars
+    from flmesh.topology import FederationError, load_federation
 
-    try:
-        one_message_enabled()  # read by every node: a bad value is a usage error, before any work
-        lane_enabled()
-    except ValueError as exc:
-        parser.error(str(exc))
     console = Console(stderr=False, highlight=False)
     err = Console(stderr=True, highlight=False)
     if args.log_format == "json":
@@ -268,9 +253,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, pictures: Pi
 
 
 def entry() -> NoReturn:
-    """The ``fl-sim`` console command: :func:`main`, then a quick exit (``exit_after``)."""
+    """The ``fl-sim`` console command: :func:`main`, and its exit code."""
     one_blas_thread()
-    exit_after(main)
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -106,11 +106,9 @@ def leave_signals_to_the_parent() -> None:
 
 def main() -> int:
     """A worker started as a fresh interpreter: the order on stdin, messages on stdout."""
-    from flmesh.node.cli_common import skip_final_collection
     from flmesh.topology import parse_federation
 
     leave_signals_to_the_parent()
-    skip_final_collection()
     order = json.loads(sys.stdin.readline())
     fed = parse_federation(order["federation"], source=order["source"], base_dir=Path(order["base_dir"]))
     return serve(fed, order["ids"], order.get("tls_dir"), order["mesh"], sys.stdin, sys.stdout,

@@ -103,34 +103,3 @@ def test_a_plaintext_fl_node_starts_without_cryptography(tmp_path):
                          check=True)
     status, crypto = json.loads(out.stdout.strip().splitlines()[-1])
     assert status == 0 and crypto == []
-
-
-def test_a_command_exits_without_walking_every_object_again():
-    """fl-sim's and fl-node's main freeze the heap as the first exit handler, so the
-    interpreter's last collections skip torch's objects (0.4 s of each exit); handlers
-    registered before still run after it, and twice is once."""
-    code = """
-import atexit, gc
-atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
-from flmesh.node.cli_common import skip_final_collection
-skip_final_collection()
-skip_final_collection()
-print("frozen before:", gc.get_freeze_count() > 0)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         check=True)
-    assert out.stdout.splitlines() == ["frozen before: False", "frozen at exit: True"]
-
-
-@pytest.mark.parametrize("command", ["fl-sim", "fl-node"])
-def test_the_commands_skip_the_final_collection(command, monkeypatch):
-    from flmesh.coordinator import node_entry, sim_cli
-    from flmesh.node import cli_common
-
-    called = []
-    monkeypatch.setattr(cli_common, "skip_final_collection", lambda: called.append(command))
-    monkeypatch.setattr(sim_cli, "skip_final_collection", lambda: called.append(command))
-    main = sim_cli.main if command == "fl-sim" else node_entry.main
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    assert called == [command]
