@@ -11,6 +11,7 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import blake3
 import torch
@@ -26,7 +27,15 @@ DIGEST_BYTES = {"xxh3_128": 16, "blake3": 32, "sha256": 32}
 DIGESTS = tuple(DIGEST_BYTES)
 
 
-def new_digest(name: str) -> xxhash.xxh3_128 | blake3.blake3 | hashlib._Hash:
+class Digest(Protocol):
+    """What flmesh uses of a hash object (hashlib's, xxhash's and blake3's alike)."""
+
+    def update(self, data: memoryview, /) -> object: ...
+
+    def digest(self) -> bytes: ...
+
+
+def new_digest(name: str) -> Digest:
     """A fresh hash object of the digest ``name`` (one of :data:`DIGESTS`)."""
     if name not in DIGEST_BYTES:
         raise ValueError(f"unknown digest {name!r} (expected one of {', '.join(DIGESTS)})")
