@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flmesh.node.cli import UsageError, check_address
-from flmesh.node.cli_common import OneLineParser, check_seconds, collections_paused
+from flmesh.node.cli_common import OneLineParser, check_seconds
 from flmesh.node.cli_ops import Ops, add_ops_options, start_ops
 from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 
@@ -58,15 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # heavy imports after the flags are read (``--help`` and bad flags answer at once)
-    with collections_paused():
-        from flmesh.coordinator.aggregator import Aggregator
-        from flmesh.coordinator.aggregator_checkpoint import restore
-        from flmesh.coordinator.pictures import draw
-        from flmesh.node.checkpoint import CHECKPOINT
-        from flmesh.node.node_run import input_errors
-        from flmesh.node.observe import row_scalars, setup_logging
-        from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
-        from flmesh.topology import FederationError, load_federation
+    from flmesh.coordinator.aggregator import Aggregator
+    from flmesh.coordinator.aggregator_checkpoint import restore
+    from flmesh.coordinator.pictures import draw
+    from flmesh.node.checkpoint import CHECKPOINT
+    from flmesh.node.node_run import input_errors
+    from flmesh.node.observe import row_scalars, setup_logging
+    from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
+    from flmesh.topology import FederationError, load_federation
 
     prog = "fl-node aggregator"
     setup_logging("aggregator", args.log_level, args.log_format, prog)

@@ -133,10 +133,8 @@ class AggregatorCore:
             return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
                             self._done, self.federation.rounds)
 
-    def fetch(self, caller: str | None, node_id: str, round: int, one_message: bool = False) -> EncodedModel:
-        """The open round's global model for a sampled node. ``one_message``: for FetchGlobalOne,
-        which refuses (OUT_OF_RANGE, nothing counted as sent) a model whose data does not fit
-        one message."""
+    def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
+        """The open round's global model for a sampled node."""
         self._member(node_id, caller)
         with self._cond:
             if round != self._open or self._message is None:
@@ -146,9 +144,6 @@ class AggregatorCore:
                 raise Refused("FAILED_PRECONDITION",
                               f"aggregator: {node_id} was not sampled for round {round}")
             message = self._message
-        if one_message and not message.fits_one_message():
-            raise Refused("OUT_OF_RANGE", f"aggregator: the global model's {message.total_bytes} bytes "
-                          "do not fit one message; fetch it with FetchGlobal")
         self.counter.add_sent("global", message.wire_bytes())
         if self.metrics is not None:
             self.metrics.bytes.labels(self.metrics.node, node_id, "sent").inc(message.wire_bytes())

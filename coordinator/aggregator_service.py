@@ -13,9 +13,8 @@ from collections.abc import Iterator
 import grpc
 from grpc_health.v1 import health
 
-from flmesh.node.transport import AggregatorHandlers, PollInfo, ReplayHandlers, poll_with_model
+from flmesh.node.transport import AggregatorHandlers, ReplayHandlers
 from flmesh.node.wire import serde
-from flmesh.node.wire.codec import EncodedModel
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_service import handle
 from flmesh.node.wire.replay_service import add_replay
@@ -40,16 +39,9 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServicer):
 
     def Poll(self, request: aggregator_pb2.PollRequest,
              context: grpc.ServicerContext) -> aggregator_pb2.PollReply:
-        def answer(caller: str | None) -> tuple[PollInfo, EncodedModel | None]:
-            if request.with_model:
-                return poll_with_model(self.handlers, caller, request.node_id, request.round, request.wait_s)
-            return self.handlers.poll(caller, request.node_id, request.round, request.wait_s), None
-
-        info, model = handle(context, answer)
-        reply = serde.to_proto(aggregator_pb2.PollReply, info)
-        if model is not None:  # it fits one message: poll_with_model checked
-            reply.global_model.ParseFromString(model.one_message() or b"")
-        return reply
+        info = handle(context, lambda caller: self.handlers.poll(caller, request.node_id, request.round,
+                                                                 request.wait_s))
+        return serde.to_proto(aggregator_pb2.PollReply, info)
 
     def FetchGlobal(self, request: aggregator_pb2.FetchRequest,
                     context: grpc.ServicerContext) -> Iterator[pb.ModelChunk]:
@@ -60,17 +52,6 @@ class AggregatorServicer(aggregator_pb2_grpc.AggregatorServicer):
     def SubmitUpdate(self, request_iterator: Iterator[pb.ModelChunk],
                      context: grpc.ServicerContext) -> aggregator_pb2.SubmitReply:
         result = handle(context, lambda caller: self.handlers.submit(caller, request_iterator))
-        return serde.to_proto(aggregator_pb2.SubmitReply, result)
-
-    def FetchGlobalOne(self, request: aggregator_pb2.FetchRequest,
-                       context: grpc.ServicerContext) -> pb.ModelMessage:
-        message = handle(context, lambda caller: self.handlers.fetch(caller, request.node_id,
-                                                              request.round, one_message=True))
-        return pb.ModelMessage.FromString(message.one_message() or b"")  # it fits: fetch checked
-
-    def SubmitUpdateOne(self, request: pb.ModelMessage,
-                        context: grpc.ServicerContext) -> aggregator_pb2.SubmitReply:
-        result = handle(context, lambda caller: self.handlers.submit(caller, iter(request.chunks)))
         return serde.to_proto(aggregator_pb2.SubmitReply, result)
 
     def AggregatorStatus(self, request: aggregator_pb2.AggregatorStatusRequest,

@@ -12,9 +12,6 @@ from typing import NoReturn
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flmesh.node.cli_common import skip_final_collection
-
-    skip_final_collection()
     args = list(sys.argv[1:] if argv is None else argv)
     role = "node"
     for i, arg in enumerate(args):
@@ -39,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> NoReturn:
-    """The ``fl-node`` console command: :func:`main`, then a quick exit (``exit_after``)."""
-    from flmesh.node.cli_common import exit_after, one_blas_thread
+    """The ``fl-node`` console command: :func:`main`, and its exit code."""
+    from flmesh.node.cli_common import one_blas_thread
 
     one_blas_thread()
-    exit_after(main)
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def entry() -> NoReturn:
-    """The ``fl-sim`` console command."""
+    """The ``fl-sim`` console command: :func:`main`, and its exit code."""
     one_blas_thread()
     sys.exit(main())
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flmesh.node.cli_common import OneLineParser, check_seconds, collections_paused
+from flmesh.node.cli_common import OneLineParser, check_seconds
 from flmesh.node.cli_ops import add_ops_options, show_progress, start_ops
 from flmesh.node.cli_tls import TlsUsageError, add_tls_options, tls_from_args
 from flmesh.node.errors import PeerError, UnknownPeerError
@@ -179,19 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = f"fl-node {args.id}"
     setup_logging(args.id, args.log_level, args.log_format, prog)
-    with collections_paused():  # the start-up: imports (torch), the model, the server
-        from flmesh.node.node_run import input_errors
-        from flmesh.topology import FederationError
+    from flmesh.node.node_run import input_errors
+    from flmesh.topology import FederationError
 
-        bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError,
-                                                  FederationError, OSError, ValueError)
-        try:
-            run = prepare(args)
-            run.ops = start_ops(args, args.id, run.listen)
-            run.start()
-        except bad_input as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            return 2
+    bad_input: tuple[type[Exception], ...] = (*input_errors(), UsageError, TlsUsageError,
+                                              FederationError, OSError, ValueError)
+    try:
+        run = prepare(args)
+        run.ops = start_ops(args, args.id, run.listen)
+        run.start()
+    except bad_input as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     show_progress(run.ops, run.node.status, run.federation.rounds, args.log_format == "text",
                   run.node.activity)
     if args.peers_file is not None:

@@ -39,7 +39,6 @@ from flmesh.node.transport import (
     ReplayStatus,
     ReplayTransport,
     SubmitResult,
-    poll_with_model,
 )
 from flmesh.node.wire import codec
 from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
@@ -204,16 +203,6 @@ class MemoryAggregatorTransport:
     def poll(self, node_id: str, round: int, *, wait_s: float) -> PollInfo:
         return _call(AGGREGATOR, lambda: self.network.aggregator(self.me).poll(self.me, node_id, round,
                                                                                wait_s))
-
-    def poll_with_model(self, node_id: str, round: int, *, wait_s: float, expected: ModelSpec,
-                        max_bytes: int) -> tuple[PollInfo, DecodedModel | None]:
-        def call() -> tuple[PollInfo, DecodedModel | None]:
-            info, message = poll_with_model(self.network.aggregator(self.me), self.me, node_id, round, wait_s)
-            if message is None:
-                return info, None
-            return info, self._decode_global(message, expected, max_bytes)
-
-        return _call(AGGREGATOR, call)
 
     def _decode_global(self, message: EncodedModel, expected: ModelSpec, max_bytes: int) -> DecodedModel:
         result = codec.decode(_as_received(message, self.network.chunk_bytes), expected, max_bytes,

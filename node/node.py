@@ -136,7 +136,6 @@ class Node:
         self._last_accuracy = 0.0
         self._lock = threading.Lock()
         self._server: Any = None
-        self._lane: Any = None  # the data lane (flmesh.node.wire.data_lane) of a large model
         self._health: Any = None
         self.replay = ReplayLink(self.counter)  # to the replay-buffer host (continual federations)
         self.replay_host: ReplayBufferCore | None = None  # when this node hosts the buffer
@@ -184,27 +183,12 @@ class Node:
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
         """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking."""
-        from flmesh.node.wire.data_lane import open_lane
         from flmesh.node.wire.server import serve_peer
-        from flmesh.node.wire.specs import spec_bytes
 
-        self._lane = open_lane(self.listen, spec_bytes(self.spec), self.tls)
-        try:
-            self._server, self._health, self.address = serve_peer(
-                self.handlers, self.listen, self.replay_host, tls=self.tls, limits=self.stream_limits,
-                lane=self._lane)
-        except BaseException:
-            if self._lane is not None:
-                self._lane.close()
-                self._lane = None
-            raise
+        self._server, self._health, self.address = serve_peer(
+            self.handlers, self.listen, self.replay_host, tls=self.tls, limits=self.stream_limits)
         self.set_state("idle")
         return self.address
-
-    @property
-    def data_lane_port(self) -> int | None:
-        """The port of this node's data lane (large models, no TLS), None when it serves none."""
-        return self._lane.port if self._lane is not None else None
 
     def set_metrics(self, metrics: Metrics) -> None:
         """Keep Prometheus metrics of this node's rounds, calls and retries in ``metrics``."""
@@ -239,9 +223,6 @@ class Node:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
-        if self._lane is not None:
-            self._lane.close()
-            self._lane = None
         self.transport.close()
         self.replay.close()
         if self.aggregator is not None:

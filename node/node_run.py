@@ -93,9 +93,6 @@ class NodeRun:
         if self.ops.metrics_address is not None:
             print(f"fl-node {self.node_id}: metrics on http://{self.ops.metrics_address}/metrics", flush=True)
         print(f"fl-node {self.node_id}: listening on {self.node.address}", flush=True)
-        if self.node.data_lane_port is not None:  # peers must reach it too (docs/operations.md)
-            print(f"fl-node {self.node_id}: data lane on port {self.node.data_lane_port} of the same host",
-                  flush=True)
         if ready_file is not None:
             write_atomic(ready_file, f"{self.node.address}\n")
 

@@ -183,20 +183,17 @@ def reconnect_window(node: Node) -> float:
     return node.round_timeout_s + (agg.deadline_s if agg is not None else 0.0)
 
 
-def _poll_until_open(node: Node, round: int) -> tuple[PollInfo, DecodedModel | None]:
-    """Poll the aggregator until ``round`` (or a later one) is open: where it is, and the global
-    model when it came along (a sampled node's small model: one call fewer than Poll then
-    FetchGlobal). An unreachable aggregator is polled again until :func:`reconnect_window`
-    passes. Raises PeerError when it does not open (or come back) in time."""
+def _poll_until_open(node: Node, round: int) -> PollInfo:
+    """Poll the aggregator until ``round`` (or a later one) is open: where it is. An unreachable
+    aggregator is polled again until :func:`reconnect_window` passes. Raises PeerError when it
+    does not open (or come back) in time."""
     assert node.aggregator is not None
     deadline = node.clock.now() + reconnect_window(node)
     lost: PeerError | None = None
     while True:
         remaining = deadline - node.clock.now()
         try:
-            info, model = node.aggregator.poll_with_model(
-                node.node_id, round, wait_s=max(0.0, min(POLL_WAIT_S, remaining)), expected=node.global_spec,
-                max_bytes=node.max_model_bytes)
+            info = node.aggregator.poll(node.node_id, round, wait_s=max(0.0, min(POLL_WAIT_S, remaining)))
         except PeerError as exc:
             if not exc.retryable or remaining <= 0 or node.stop_event.is_set():
                 raise
@@ -212,7 +209,7 @@ def _poll_until_open(node: Node, round: int) -> tuple[PollInfo, DecodedModel | N
                           extra={"round": round, "peer": "aggregator"})
             lost = None
         if info.round >= round or info.done:
-            return info, model
+            return info
         if remaining <= 0 or node.stop_event.is_set():
             raise PeerError("aggregator", "", "UNAVAILABLE",
                             f"round {round} did not open within {reconnect_window(node):g}s "
@@ -233,7 +230,7 @@ def run_star_round(node: Node, round: int) -> StarReport:
     notes = node.continual.advance(node, round) if node.continual is not None else []
     task = node.continual.task if node.continual is not None else None
     node.set_state("waiting", "aggregator")
-    info, fetched = _poll_until_open(node, round)
+    info = _poll_until_open(node, round)
     open_round, done = info.round, info.done
     if open_round != round or done or not info.selected:
         node.set_state("idle")
@@ -245,11 +242,10 @@ def run_star_round(node: Node, round: int) -> StarReport:
                           bytes_sent=sum(sent.values()), bytes_received=sum(got.values()),
                           privacy_spent=_privacy_spent(node), task=task)
     agg = node.aggregator
-    if fetched is None:  # too big to come with the poll (or an aggregator that does not send it)
-        fetched = with_retry(lambda: agg.fetch(node.node_id, round, expected=node.global_spec,
-                                               max_bytes=node.max_model_bytes, timeout=node.round_timeout_s),
-                             reconnect_window(node), clock=node.clock, stop=node.stop_event,
-                             on_retry=_lost_aggregator(node, round, "fetching the global model"))
+    fetched = with_retry(lambda: agg.fetch(node.node_id, round, expected=node.global_spec,
+                                           max_bytes=node.max_model_bytes, timeout=node.round_timeout_s),
+                         reconnect_window(node), clock=node.clock, stop=node.stop_event,
+                         on_retry=_lost_aggregator(node, round, "fetching the global model"))
     start_state: Tensors = {k: fetched.state_dict[k] for k in node.spec}
     published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in node.spec}
     node.load_state(start_state)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from flmesh.node.clock import REAL_CLOCK, Clock
-from flmesh.node.errors import PeerError, Refused
+from flmesh.node.errors import PeerError
 from flmesh.node.reports import EvalResult
 from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import WireFormat
@@ -30,7 +30,7 @@ from flmesh.node.wire.frames import StreamItem
 
 T = TypeVar("T")
 
-#: A model stream as a handler reads it: the header chunk, then data chunks (or a lane's payload).
+#: A model stream as a handler reads it: the header chunk, then data chunks.
 Chunks = Iterable[StreamItem]
 
 
@@ -189,13 +189,6 @@ class AggregatorTransport(Protocol):
         """Block up to about ``wait_s`` until ``round`` opens (the server bounds one wait)."""
         ...
 
-    def poll_with_model(self, node_id: str, round: int, *, wait_s: float, expected: ModelSpec,
-                        max_bytes: int) -> tuple[PollInfo, DecodedModel | None]:
-        """:meth:`poll`, with the global model of ``round`` (checked against ``expected``, as
-        :meth:`fetch` checks it) when this node is sampled in it and the model is small enough
-        to come along (one message); else None, and the caller fetches it."""
-        ...
-
     def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
               timeout: float) -> DecodedModel: ...
 
@@ -239,8 +232,7 @@ class AggregatorHandlers(Protocol):
 
     def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo: ...
 
-    def fetch(self, caller: str | None, node_id: str, round: int,
-              one_message: bool = False) -> EncodedModel: ...
+    def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel: ...
 
     def submit(self, caller: str | None, chunks: Chunks) -> SubmitResult: ...
 
@@ -271,22 +263,6 @@ class ReplayHandlers(Protocol):
     def fetch(self, caller: str | None, node_id: str, task: int, wait_s: float) -> EncodedModel: ...
 
     def status(self, caller: str | None) -> ReplayStatus: ...
-
-
-def poll_with_model(handlers: AggregatorHandlers, caller: str | None, node_id: str, round: int,
-                    wait_s: float) -> tuple[PollInfo, EncodedModel | None]:
-    """The aggregator's answer to a Poll that asks for the model: the poll, and the global
-    model of ``round`` when ``node_id`` is sampled in it and the model fits one message
-    (``fetch(one_message=True)``: the same checks, counted as sent). A model too big for one
-    message, or a round that closed in between, leaves it out: the caller fetches it, and
-    hears why there. Blocks as ``poll`` does."""
-    info = handlers.poll(caller, node_id, round, wait_s)
-    if info.round != round or info.done or not info.selected:
-        return info, None
-    try:
-        return info, handlers.fetch(caller, node_id, round, one_message=True)
-    except Refused:
-        return info, None
 
 
 def with_retry(fn: Callable[[], T], deadline_s: float, *, clock: Clock = REAL_CLOCK,

@@ -150,6 +150,28 @@ def test_late_update_over_grpc_is_answered_late():
         server.stop(0)
 
 
+def test_over_grpc_a_sampled_node_polls_then_fetches_and_every_model_is_a_stream():
+    """Poll says only where the aggregator is; the global model comes with FetchGlobal, and an
+    update goes as a stream whether its data is one chunk or several."""
+    core, _ = _core()
+    server, _, address = serve(core, "127.0.0.1:0")
+    one, several = GrpcAggregatorTransport(address), GrpcAggregatorTransport(address, chunk_bytes=3)
+    try:
+        core.open_round(1)
+        for client, node in ((one, "a"), (several, "b")):
+            info = client.poll(node, 1, wait_s=0)
+            assert info.round == 1 and info.selected
+            got = client.fetch(node, 1, expected=model_spec({"w": torch.zeros(2)}), max_bytes=1 << 20,
+                               timeout=10)
+            assert got.meta.round == 1 and torch.equal(got.state_dict["w"], torch.zeros(2))
+            assert client.submit(_update(node, 1, 2.0), timeout=10).accepted
+            assert client.submit(_update(node, 1, 2.0), timeout=10).duplicate
+    finally:
+        one.close()
+        several.close()
+        server.stop(0)
+
+
 @pytest.mark.parametrize("strategy", ["fedavg", "flashback", "fedcurv"])
 def test_aggregator_federation_over_grpc(tmp_path, strategy):
     raw = tiny_raw(nodes=4, rounds=3, aggregator={"strategy": strategy, "fraction": 0.5, "deadline_s": 60},

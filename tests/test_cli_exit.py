@@ -1,5 +1,5 @@
-"""fl-sim's and fl-node's quick exit (``cli_common.exit_after``): the exit code, and nothing a
-normal exit writes is lost."""
+"""fl-sim's and fl-node's console entry points: the exit code is ``main``'s, through
+``sys.exit``, and nothing an exit writes is lost."""
 
 from __future__ import annotations
 
@@ -13,64 +13,46 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-CHILD = """
-import atexit, logging, sys
-from pathlib import Path
-from flmesh.node.cli_common import exit_after
 
-folder = Path(sys.argv[1])
-atexit.register(lambda: (folder / "atexit").write_text("ran"))
-log = logging.getLogger("child")
-log.addHandler(logging.FileHandler(folder / "child.log", delay=False))
-log.setLevel(logging.INFO)
+def entry(module: str, env: dict[str, str], stderr: int) -> subprocess.Popen[str]:
+    """``module``'s console entry point in a child, its ``main`` replaced by :data:`EXITING`'s."""
+    script = (f"import atexit, os, sys, {module} as m\n{EXITING}\n"
+              "m.main = main\nm.entry()\nprint('never here')\n")
+    return subprocess.Popen([sys.executable, "-c", script], text=True, env=env, stdout=subprocess.PIPE,
+                            stderr=stderr)
 
+
+MODULES = ["flmesh.coordinator.sim_cli", "flmesh.coordinator.node_entry"]
+
+EXITING = """
 def main():
-    log.info("logged before the exit")
-    sys.stdout.write("buffered, no newline")  # a pipe: block-buffered, flushed by nobody else
-    sys.stderr.write("stderr too")
-    if sys.argv[2] == "raise":
-        raise RuntimeError("a bug in main")
-    return int(sys.argv[2])
-
-exit_after(main)
-print("never here")
+    atexit.register(lambda: sys.stderr.write("exit handler ran"))
+    sys.stdout.write("buffered, no newline")
+    return int(os.environ["CODE"])
 """
 
 
-def child(tmp_path: Path, outcome: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), outcome], capture_output=True,
-                          text=True, timeout=120)
-
-
+@pytest.mark.parametrize("module", MODULES)
 @pytest.mark.parametrize("code", [0, 1, 2, 130])
-def test_a_quick_exit_keeps_the_code_the_exit_handlers_the_log_and_the_buffered_output(tmp_path, code):
-    out = child(tmp_path, str(code))
-    assert out.returncode == code
-    assert out.stdout == "buffered, no newline" and out.stderr == "stderr too"
-    assert (tmp_path / "atexit").read_text() == "ran"
-    assert (tmp_path / "child.log").read_text() == "logged before the exit\n"
+def test_an_entry_point_exits_with_mains_code_after_the_exit_handlers_and_buffered_output(module, code):
+    proc = entry(module, {**os.environ, "CODE": str(code)}, subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code
+    assert out == "buffered, no newline" and err.endswith("exit handler ran")
 
 
-def test_an_exception_from_main_takes_the_ordinary_way_out(tmp_path):
-    out = child(tmp_path, "raise")
-    assert out.returncode == 1
-    assert "RuntimeError: a bug in main" in out.stderr and "never here" not in out.stdout
-    assert (tmp_path / "atexit").read_text() == "ran"
-
-
-def test_output_that_no_pipe_takes_is_exit_120_not_0(tmp_path):
+@pytest.mark.parametrize("module", MODULES)
+def test_output_that_no_pipe_takes_is_exit_120_not_0(module):
     """The reader is gone before the child writes, and its stdout is buffered (no
-    PYTHONUNBUFFERED), so the exit's flush is what fails: Python's own exit would say 120."""
+    PYTHONUNBUFFERED): the interpreter's own exit says 120."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env)
+    proc = entry(module, {**env, "CODE": "0"}, subprocess.DEVNULL)
     assert proc.stdout is not None
     proc.stdout.close()
     assert proc.wait(timeout=120) == 120
-    assert (tmp_path / "atexit").read_text() == "ran"
 
 
-def test_fl_sim_and_fl_node_are_installed_with_the_quick_exit():
+def test_fl_sim_and_fl_node_are_installed_as_their_entry_points():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["fl-sim"] == "flmesh.coordinator.sim_cli:entry"
     assert scripts["fl-node"] == "flmesh.coordinator.node_entry:entry"

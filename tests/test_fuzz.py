@@ -9,7 +9,6 @@ the end. The number of cases per method is bounded so the suite stays fast.
 from __future__ import annotations
 
 import logging
-import socket
 
 import grpc
 import pytest
@@ -21,15 +20,14 @@ from hypothesis import strategies as st
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.node.learning.data import federation_data, load_dataset
 from flmesh.node.node import Node
-from flmesh.node.wire import codec, data_lane
+from flmesh.node.wire import codec
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import ModelMeta
-from flmesh.node.wire.frames import MESSAGE_CHUNKS_FIELD, tag, varint
 from flmesh.topology import parse_federation
 from flmesh.v1 import aggregator_pb2, peer_pb2, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
-from conftest import tiny_raw, wait_until
+from conftest import tiny_raw
 
 CASES = settings(max_examples=100, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -83,13 +81,8 @@ def _raw(channel, method, streaming):
 
 
 def _send_model(channel, method: str, frames: list[bytes]) -> None:
-    """``frames`` (serialised ModelChunks, or junk) as a stream, or to a ``*One`` method as one
-    ModelMessage whose chunks they are."""
-    if method.endswith("One"):
-        message = b"".join(tag(MESSAGE_CHUNKS_FIELD) + varint(len(f)) + f for f in frames)
-        _raw(channel, method, False)(message, timeout=5)
-    else:
-        _raw(channel, method, True)(iter(frames), timeout=5)
+    """``frames`` (serialised ModelChunks, or junk) as a stream."""
+    _raw(channel, method, True)(iter(frames), timeout=5)
 
 
 texts = st.text(max_size=80)
@@ -141,7 +134,7 @@ def test_peer_unary_methods(peer, caplog, method, node_id, federation, architect
 
 
 @CASES
-@given(method=st.sampled_from(["Deliver", "Evaluate", "DeliverOne", "EvaluateOne"]), mutate=header_mutations,
+@given(method=st.sampled_from(["Deliver", "Evaluate"]), mutate=header_mutations,
        data=st.lists(junk, max_size=3), garbage=st.lists(junk, max_size=3), use_garbage=st.booleans())
 def test_peer_model_streams(peer, caplog, method, mutate, data, garbage, use_garbage):
     node, channel = peer
@@ -150,46 +143,6 @@ def test_peer_model_streams(peer, caplog, method, mutate, data, garbage, use_gar
     _call(lambda: _send_model(channel, f"/flmesh.v1.Peer/{method}", frames))
     assert len(node.inbox) == 0, "nothing a fuzzer sends is taken"
     assert all(torch.equal(before[k], v) for k, v in node.state_dict().items())
-    _no_crash_logged(caplog)
-
-
-@pytest.fixture(scope="module")
-def lane_peer():
-    """node1 with a data lane (its tiny model counts as large here), which waits 0.2 s for a
-    call's connection."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(data_lane, "LANE_MIN_BYTES", 1)
-        fed = parse_federation(tiny_raw(nodes=3, rounds=4), source="f")
-        node = Node.from_federation(fed, "node1", data=federation_data(fed)["node1"], listen="127.0.0.1:0")
-        node.start()
-    node._lane.admit_timeout_s = 0.2
-    channel = make_channel(node.address or "")
-    yield node, channel
-    channel.close()
-    node.stop(grace=0)
-
-
-@settings(CASES, max_examples=50)
-@given(mutate=header_mutations, token=st.one_of(st.binary(min_size=32, max_size=32), junk),
-       data=st.lists(junk, max_size=3), connect=st.booleans(), garbage=st.one_of(st.none(), junk))
-def test_peer_deliver_lane(lane_peer, caplog, mutate, token, data, connect, garbage):
-    node, channel = lane_peer
-    header = pb.ModelChunk.FromString(_model_stream(node, mutate, [])[0]).header
-    request = peer_pb2.LaneDelivery(header=header, token=token).SerializeToString()
-    sock = socket.create_connection(("127.0.0.1", node._lane.port)) if connect else None
-    try:
-        if sock is not None:
-            sock.settimeout(5)
-            try:
-                sock.sendall(token + b"".join(data))
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass  # the lane closed it (too many waiting)
-        _call(lambda: _raw(channel, "/flmesh.v1.Peer/DeliverLane", False)(garbage or request, timeout=5))
-    finally:
-        if sock is not None:
-            sock.close()
-    assert len(node.inbox) == 0, "nothing a fuzzer sends is taken"
     _no_crash_logged(caplog)
 
 
@@ -210,7 +163,7 @@ def test_peer_rewind(peer, caplog, epochs, steps, round, sender, mutate, garbage
 
 
 @CASES
-@given(method=st.sampled_from(["Join", "Poll", "FetchGlobal", "FetchGlobalOne", "AggregatorStatus"]),
+@given(method=st.sampled_from(["Join", "Poll", "FetchGlobal", "AggregatorStatus"]),
        node_id=texts,
        number=ints, wait=floats, counts=st.lists(ints, max_size=12), address=texts,
        garbage=st.one_of(st.none(), junk))
@@ -225,7 +178,6 @@ def test_aggregator_unary_methods(aggregator, caplog, method, node_id, number, w
         "Poll": lambda: aggregator_pb2.PollRequest(node_id=node_id, round=number & 0xFFFFFFFF,
                                                    wait_s=wait if wait == wait else 0.0),
         "FetchGlobal": lambda: aggregator_pb2.FetchRequest(node_id=node_id, round=number & 0xFFFFFFFF),
-        "FetchGlobalOne": lambda: aggregator_pb2.FetchRequest(node_id=node_id, round=number & 0xFFFFFFFF),
         "AggregatorStatus": aggregator_pb2.AggregatorStatusRequest,
     }
     request = garbage or requests[method]().SerializeToString()
@@ -245,8 +197,7 @@ def test_aggregator_unary_methods(aggregator, caplog, method, node_id, number, w
 @CASES
 @given(mutate=header_mutations, data=st.lists(junk, max_size=3), garbage=st.lists(junk, max_size=3),
        use_garbage=st.booleans(),
-       method=st.sampled_from(["Aggregator/SubmitUpdate", "Aggregator/SubmitUpdateOne",
-                               "ReplayBuffer/Contribute"]))
+       method=st.sampled_from(["Aggregator/SubmitUpdate", "ReplayBuffer/Contribute"]))
 def test_aggregator_and_buffer_streams(peer, aggregator, caplog, mutate, data, garbage, use_garbage, method):
     node, _ = peer
     agg, channel = aggregator
@@ -275,9 +226,7 @@ def test_buffer_unary_methods(aggregator, caplog, method, node_id, task, wait, g
     _no_crash_logged(caplog)
 
 
-def test_still_healthy_after_the_fuzzing(peer, aggregator, lane_peer):
-    for _, channel in (peer, aggregator, lane_peer):
+def test_still_healthy_after_the_fuzzing(peer, aggregator):
+    for _, channel in (peer, aggregator):
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
-    lane = lane_peer[0]._lane
-    wait_until(lambda: not lane._pending)  # every connection the fuzzer left was closed

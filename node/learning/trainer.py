@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from flmesh.node.learning.data import ArrayData
-from flmesh.node.learning.lean_torch import plain_step, skip_dynamo_import
 from flmesh.node.learning.objectives import Objective, Regularizer, cross_entropy
 from flmesh.node.reports import EvalResult, TrainStats
 from flmesh.topology import TrainingConfig
@@ -79,7 +78,6 @@ def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
-    skip_dynamo_import()  # ~70 MiB and ~1 s that a process which never compiles does not need
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                weight_decay=cfg.weight_decay)
@@ -143,7 +141,7 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
                 for regularizer in regularizers:
                     loss = loss + regularizer(model, xb, logits)
                 loss.backward()
-                plain_step(optimizer)
+                optimizer.step()
                 total_loss += float(loss.detach()) * len(idx)
             seen += len(idx)
             done += 1

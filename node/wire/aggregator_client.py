@@ -1,18 +1,14 @@
 """The gRPC :class:`~flmesh.node.transport.AggregatorTransport`, used by ordinary nodes (wire wing).
 
 Methods block until the call ends or its timeout (seconds) and raise
-:class:`~flmesh.node.errors.PeerError` naming the aggregator on failure. A
-model whose data fits one chunk travels in one message (``FetchGlobalOne``,
-``SubmitUpdateOne``), unless the aggregator does not serve those methods.
-Thread-safe; close when done.
+:class:`~flmesh.node.errors.PeerError` naming the aggregator on failure.
+Models travel as streams. Thread-safe; close when done.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
-
-import grpc
 
 from flmesh.node.errors import PeerError
 from flmesh.node.transport import AggregatorStatus, ByteCounter, JoinInfo, PollInfo, SubmitResult
@@ -20,11 +16,9 @@ from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.peer_client import counted_rpc, one_message_enabled, status_of, unimplemented
-from flmesh.node.wire.specs import spec_bytes
+from flmesh.node.wire.peer_client import counted_rpc
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc
-from flmesh.v1 import model_pb2 as pb
 
 if TYPE_CHECKING:
     from flmesh.node.metrics import Metrics
@@ -52,13 +46,7 @@ class GrpcAggregatorTransport:
         # Updates go out pre-serialised (EncodedModel.frames), like Deliver in peer_client.py.
         self._submit = self._channel.stream_unary(
             "/flmesh.v1.Aggregator/SubmitUpdate", request_serializer=None,
-            response_deserializer=aggregator_pb2.SubmitReply.FromString,
-            _registered_method=True)  # type: ignore[call-arg]
-        self._submit_one = self._channel.unary_unary(
-            "/flmesh.v1.Aggregator/SubmitUpdateOne", request_serializer=None,
-            response_deserializer=aggregator_pb2.SubmitReply.FromString,
-            _registered_method=True)  # type: ignore[call-arg]
-        self._one = one_message_enabled()  # send the *One methods (False: off, or not served)
+            response_deserializer=aggregator_pb2.SubmitReply.FromString)
 
     def close(self) -> None:
         self._channel.close()
@@ -79,70 +67,27 @@ class GrpcAggregatorTransport:
         reply = self._rpc("Poll", lambda: self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S))
         return serde.from_proto(PollInfo, reply)
 
-    def poll_with_model(self, node_id: str, round: int, *, wait_s: float, expected: ModelSpec,
-                        max_bytes: int) -> tuple[PollInfo, DecodedModel | None]:
-        """:meth:`poll`, asking for the global model along when the model ``expected`` fits one
-        message (as FetchGlobalOne sends it); an aggregator that does not know the request's
-        ``with_model`` field sends none, and the caller fetches as before."""
-        with_model = self._one and spec_bytes(expected) <= self.chunk_bytes
-        request = aggregator_pb2.PollRequest(node_id=node_id, round=round, wait_s=wait_s,
-                                             with_model=with_model)
-
-        def call() -> tuple[PollInfo, DecodedModel | None]:
-            reply = self._stub.Poll(request, timeout=wait_s + POLL_SLACK_S)
-            info = PollInfo(reply.round, reply.selected, reply.done, reply.rounds_total)
-            if not reply.HasField("global_model"):
-                return info, None
-            return info, self._decode_global(iter(reply.global_model.chunks), expected, max_bytes)
-
-        return self._rpc("Poll", call)
-
     def fetch(self, node_id: str, round: int, *, expected: ModelSpec, max_bytes: int,
               timeout: float) -> DecodedModel:
         """The global model (with strategy extras) of the open round, for a sampled node."""
         request = aggregator_pb2.FetchRequest(node_id=node_id, round=round)
-        return self._rpc("FetchGlobal", lambda: self._decode_global(
-            self._fetch_chunks(request, expected, timeout), expected, max_bytes), timeout)
 
-    def _decode_global(self, chunks: Iterable[pb.ModelChunk], expected: ModelSpec,
-                       max_bytes: int) -> DecodedModel:
-        """The global model from its chunks, checked against ``expected``; counted as received."""
-        try:
-            result = codec.decode(chunks, expected, max_bytes, wire=self.wire)
-        except codec.CodecError as exc:
-            raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
-        self.counter.add_received("global", result.wire_bytes)
-        return result
-
-    def _fetch_chunks(self, request: aggregator_pb2.FetchRequest, expected: ModelSpec,
-                      timeout: float) -> Iterable[pb.ModelChunk]:
-        """The global model's chunks: in one message (FetchGlobalOne) when the model expected
-        fits one chunk and the aggregator serves that method, else as a stream."""
-        if self._one and spec_bytes(expected) <= self.chunk_bytes:
+        def call() -> DecodedModel:
             try:
-                return iter(self._stub.FetchGlobalOne(request, timeout=timeout).chunks)
-            except grpc.RpcError as exc:
-                if unimplemented(exc):
-                    self._one = False
-                elif status_of(exc) != grpc.StatusCode.OUT_OF_RANGE:
-                    raise  # OUT_OF_RANGE: bigger than this node expects (extras); stream it
-        return self._stub.FetchGlobal(request, timeout=timeout)
+                result = codec.decode(self._stub.FetchGlobal(request, timeout=timeout), expected, max_bytes,
+                                      wire=self.wire)
+            except codec.CodecError as exc:
+                raise PeerError(NAME, self.address, exc.code, f"its global model: {exc}") from None
+            self.counter.add_received("global", result.wire_bytes)
+            return result
 
-    def _submit_update(self, update: EncodedModel, timeout: float) -> aggregator_pb2.SubmitReply:
-        # fresh frames on each try: a retry resends the whole update
-        message = update.one_message(self.chunk_bytes) if self._one else None
-        if message is not None:
-            try:
-                return self._submit_one(message, timeout=timeout)
-            except grpc.RpcError as exc:
-                if not unimplemented(exc):
-                    raise
-                self._one = False
-        return self._submit(update.frames(self.chunk_bytes), timeout=timeout)
+        return self._rpc("FetchGlobal", call, timeout)
 
     def submit(self, update: EncodedModel, *, timeout: float) -> SubmitResult:
         size = update.wire_bytes(self.chunk_bytes)
-        reply = self._rpc("SubmitUpdate", lambda: self._submit_update(update, timeout), timeout, size)
+        # fresh frames on each try: a retry resends the whole update
+        reply = self._rpc("SubmitUpdate", lambda: self._submit(update.frames(self.chunk_bytes),
+                                                               timeout=timeout), timeout, size)
         self.counter.add_sent("update", size)
         return serde.from_proto(SubmitResult, reply)
 

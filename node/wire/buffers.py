@@ -1,18 +1,17 @@
-"""Receive buffers and the streaming digest (XXH3-128, BLAKE3 or SHA-256) of a model payload (wire wing).
+"""The streaming digest (XXH3-128, BLAKE3 or SHA-256) and finite check of a model payload (wire wing).
 
-Both exist for speed (benchmarks/transport.py): hashing on a helper thread
-while chunks arrive, and recycling receive buffers, because page faults on
-fresh memory cost as much as the copy.
+Both run on a helper thread while chunks arrive, so that little is left to do
+after the last byte.
 """
 
 from __future__ import annotations
 
 import hashlib
-import mmap
 import queue
 import sys
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import blake3
 import torch
@@ -21,15 +20,22 @@ import xxhash
 from flmesh.node.wire.helpers import HELPERS
 
 #: The payload digests a model header may carry, each in the ``ModelHeader`` field of its name,
-#: and their sizes in bytes. XXH3-128 is the default: it detects corruption at 12-23 GiB/s on one
-#: core, where a cryptographic hash was over half of what a lane transfer cost beyond the socket's copy
-#: (BLAKE3 ~4, SHA-256 ~1.7 GiB/s here; ``make bench`` prints all three);
-#: forgery is not the digest's to stop, since the sender writes both header and payload.
+#: and their sizes in bytes. XXH3-128 is the default: it detects corruption several times faster
+#: than a cryptographic hash (``make bench`` prints all three); forgery is not the digest's to
+#: stop, since the sender writes both header and payload.
 DIGEST_BYTES = {"xxh3_128": 16, "blake3": 32, "sha256": 32}
 DIGESTS = tuple(DIGEST_BYTES)
 
 
-def new_digest(name: str) -> xxhash.xxh3_128 | blake3.blake3 | hashlib._Hash:
+class Digest(Protocol):
+    """What flmesh uses of a hash object (hashlib's, xxhash's and blake3's alike)."""
+
+    def update(self, data: memoryview, /) -> object: ...
+
+    def digest(self) -> bytes: ...
+
+
+def new_digest(name: str) -> Digest:
     """A fresh hash object of the digest ``name`` (one of :data:`DIGESTS`)."""
     if name not in DIGEST_BYTES:
         raise ValueError(f"unknown digest {name!r} (expected one of {', '.join(DIGESTS)})")
@@ -155,47 +161,3 @@ def all_finite(flat: torch.Tensor) -> bool:
     first: ~40 ms, measured in benchmarks/transport.py); only a sum that overflowed is checked
     element by element."""
     return bool(torch.isfinite(flat.sum())) or bool(torch.isfinite(flat).all())
-
-
-class PayloadPool:
-    """Receive buffers recycled once nothing references them any more.
-
-    Writing a model into fresh memory costs a page fault every 4 KiB, which on
-    a VM takes about as long as hashing those bytes. A node receives models of
-    one size round after round and drops each after loading it, so a buffer
-    is reused as soon as no tensor, array or view of it is left: the decoded
-    tensors are ``torch.frombuffer`` views, which hold a reference to it.
-    Buffers are anonymous mmaps (page aligned, pages faulted in lazily).
-    Tracks at most ``slots`` buffers of ``min_bytes`` to ``max_bytes``, so an
-    idle process keeps at most that much; relies on CPython's exact
-    reference counts (disabled elsewhere).
-    """
-
-    def __init__(self, slots: int, min_bytes: int, max_bytes: int):
-        self.slots, self.min_bytes, self.max_bytes = slots, min_bytes, max_bytes
-        self._buffers: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-        gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-        self.enabled = sys.implementation.name == "cpython" and gil
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A uint8 tensor of ``nbytes`` with undefined contents, reused when possible."""
-        if not self.enabled or not self.min_bytes <= nbytes <= self.max_bytes:
-            return torch.empty(nbytes, dtype=torch.uint8)
-        with self._lock:
-            buffers = self._buffers
-            # A free buffer's only references are the list's and getrefcount's argument.
-            free = [i for i in range(len(buffers)) if sys.getrefcount(buffers[i]) == 2]
-            match = next((i for i in free if len(buffers[i]) == nbytes), None)
-            if match is not None:
-                buffer = buffers.pop(match)
-            else:
-                buffer = mmap.mmap(-1, nbytes)
-                if len(buffers) >= self.slots:
-                    buffers.pop(free[0] if free else 0)  # a busy one is just no longer tracked
-            buffers.append(buffer)
-        return torch.frombuffer(buffer, dtype=torch.uint8)
-
-
-# Three: the model a node trains on, the next one already delivered, one arriving.
-POOL = PayloadPool(slots=3, min_bytes=1 << 20, max_bytes=512 << 20)

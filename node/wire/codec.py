@@ -6,9 +6,7 @@ dtype, shape, byte offset and length; the payload is the tensors' raw
 little-endian bytes at those offsets (each start aligned to 64 bytes so the
 receiver can view them without copying), hashed with XXH3-128, BLAKE3 or SHA-256 (the
 sender's ``[wire] digest``; the header carries one). Typed metadata
-(:class:`ModelMeta.metadata`) travels in the header. A data lane's payload
-(:class:`~flmesh.node.wire.frames.PayloadReader`) stands where the data chunks
-would and is read straight into the receive buffer.
+(:class:`ModelMeta.metadata`) travels in the header.
 
 Receiving is strict. Before any byte is accepted the header is checked for
 consistency, its kind, against the size limit and against the tensor names,
@@ -19,8 +17,9 @@ whose message names the tensor or the limit.
 
 Speed (benchmarks/transport.py): senders stream pre-serialised frames
 (:meth:`EncodedModel.frames`, :mod:`~flmesh.node.wire.frames`); receivers read
-data chunks as views, hash and check floats on a helper thread while chunks
-arrive, and write into recycled buffers (:mod:`~flmesh.node.wire.buffers`).
+data chunks as views and hash and check floats on a helper thread while
+chunks arrive (:mod:`~flmesh.node.wire.buffers`). Every received model gets a
+fresh buffer, which its decoded tensors own.
 """
 
 from __future__ import annotations
@@ -33,9 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flmesh.node.wire.buffers import POOL, THREADED_HASH_BYTES, FiniteCheck, Hasher, all_finite
+from flmesh.node.wire.buffers import THREADED_HASH_BYTES, FiniteCheck, Hasher, all_finite
 from flmesh.node.wire.compression import RAW, WireFormat, ZstdInto, compress, to_wire
-from flmesh.node.wire.frames import DATA_TAG, MESSAGE_CHUNKS_FIELD, PayloadReader, StreamItem, tag, varint
+from flmesh.node.wire.frames import DATA_TAG, StreamItem, tag, varint
 from flmesh.node.wire.specs import (
     ALIGN,
     FROM_WIRE,
@@ -145,16 +144,6 @@ class EncodedModel:
         view, size = self._sent()
         for start in range(0, size, chunk_bytes):
             yield pb.ModelChunk(data=bytes(view[start:start + chunk_bytes]))
-
-    def fits_one_message(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> bool:
-        return self._sent()[1] <= chunk_bytes
-
-    def one_message(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> bytes | None:
-        """The stream of :meth:`frames` as one serialised ``ModelMessage`` (for the ``*One``
-        methods) when the data fits one chunk; None when it does not (it goes as a stream)."""
-        if not self.fits_one_message(chunk_bytes):
-            return None
-        return b"".join(self.frames(chunk_bytes, field=MESSAGE_CHUNKS_FIELD))
 
     def frames(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, field: int | None = None) -> Iterator[bytes]:
         """The stream of :meth:`chunks`, already serialised: one ``bytes`` per ModelChunk.
@@ -272,7 +261,9 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
     meta = meta_of(header)
     check_header(header, expected, max_bytes, wire.dtype)
     total = int(header.total_bytes)
-    payload = POOL.take(total)
+    # A fresh buffer per model: the decoded tensors are views of it and keep it alive as long
+    # as any of them is used, so nothing else may ever write into it.
+    payload = torch.empty(total, dtype=torch.uint8)
     target = payload.numpy()
     if header.compression not in (pb.COMPRESSION_NONE, pb.COMPRESSION_ZSTD):
         raise CodecError("invalid", f"unknown compression #{header.compression}")
@@ -294,13 +285,6 @@ def decode(chunks: Iterable[StreamItem], expected: ModelSpec | None = None,
         for chunk in it:
             if chunk.WhichOneof("payload") != "data":
                 raise CodecError("corrupt", "a second header arrived inside one model stream")
-            if isinstance(chunk, PayloadReader):  # the data lane: the bytes land in place, unframed
-                if pos or zstd is not None:
-                    raise CodecError("invalid", "a data-lane payload comes whole and uncompressed")
-                chunk.read_into(target.data, hasher.filled)
-                pos = total
-                moved += total
-                continue
             data = chunk.data
             moved += len(DATA_TAG) + len(varint(len(data))) + len(data)
             if zstd is not None:

@@ -9,8 +9,6 @@ else through protobuf, so malformed input gets protobuf's exact behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from flmesh.v1 import model_pb2 as pb
 
 
@@ -28,8 +26,6 @@ def tag(field: int) -> bytes:
 
 
 DATA_TAG = tag(pb.ModelChunk.DESCRIPTOR.fields_by_name["data"].number)
-#: ``ModelMessage.chunks``: a one-message model is its stream's frames, each wrapped in this field.
-MESSAGE_CHUNKS_FIELD = pb.ModelMessage.DESCRIPTOR.fields_by_name["chunks"].number
 
 
 def _readvarint(raw: bytes, pos: int) -> tuple[int, int]:
@@ -69,30 +65,6 @@ class DataChunk:
         return pb.ModelHeader()
 
 
-class PayloadReader:
-    """A stream's whole payload from one source that writes it straight into the receive buffer
-    (the data lane's connection, :mod:`~flmesh.node.wire.data_lane`), standing where the data
-    chunks would: :func:`flmesh.node.wire.codec.decode` calls :meth:`read_into` once, and every
-    check after the bytes (digest, finite values) is the stream's."""
-
-    __slots__ = ()
-
-    def WhichOneof(self, oneof_group: str) -> str | None:  # protobuf's name, as for DataChunk
-        if oneof_group != "payload":
-            raise ValueError(f"ModelChunk has no oneof {oneof_group!r}")
-        return "data"
-
-    @property
-    def header(self) -> pb.ModelHeader:  # protobuf's answer for a chunk that is not the header
-        return pb.ModelHeader()
-
-    def read_into(self, target: memoryview, filled: Callable[[int], None]) -> None:
-        """Fill all of ``target`` and make sure nothing follows, calling ``filled(n)`` as the
-        first ``n`` bytes are in place; blocks while reading. Raises
-        :class:`~flmesh.node.wire.specs.CodecError` when the source has fewer or more bytes."""
-        raise NotImplementedError
-
-
 def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
     """Deserialise one ModelChunk: data messages as :class:`DataChunk`, anything else with protobuf.
 
@@ -107,6 +79,6 @@ def parse_chunk(raw: bytes) -> pb.ModelChunk | DataChunk:
     return pb.ModelChunk.FromString(raw)
 
 
-#: One element of a model stream as receivers read it: a protobuf ModelChunk (the header), a data
-#: chunk read without protobuf, or a data lane's whole payload.
-StreamItem = pb.ModelChunk | DataChunk | PayloadReader
+#: One element of a model stream as receivers read it: a protobuf ModelChunk (the header) or a
+#: data chunk read without protobuf.
+StreamItem = pb.ModelChunk | DataChunk

@@ -2,14 +2,12 @@
 
 gRPC's Python server gives every RPC a worker thread for its whole life, and a
 model stream lives as long as its sender keeps it open. The guard, a server
-interceptor on every flmesh server, admits a streaming RPC, or a call that
-carries a whole model in one message (:data:`MODEL_MESSAGE_METHODS`), only
-while fewer than ``StreamLimits.total`` of them run (and fewer than
-``per_peer`` from the same caller), refusing the rest at once with
-RESOURCE_EXHAUSTED (callers retry), and cancels a stream that outlives
-``deadline_s`` (a one-message call has all its bytes when it starts). The
-thread pool has ``reserve`` workers beyond the admitted calls, so the other
-unary calls (health, ``Status``, ``Hello``, ``Poll``) are always answered.
+interceptor on every flmesh server, admits a streaming RPC only while fewer
+than ``StreamLimits.total`` of them run (and fewer than ``per_peer`` from the
+same caller), refusing the rest at once with RESOURCE_EXHAUSTED (callers
+retry), and cancels a stream that outlives ``deadline_s``. The thread pool
+has ``reserve`` workers beyond the admitted streams, so the unary calls
+(health, ``Status``, ``Hello``, ``Poll``) are always answered.
 
 A stream that ends because its caller went away or its deadline passed ends
 quietly (one log line, no traceback): nothing is left to answer.
@@ -31,14 +29,6 @@ from flmesh.node.wire.tls import auth_values
 __all__ = ["StreamGuard", "StreamLimits", "peer_key"]
 
 log = logging.getLogger("flmesh.wire")
-
-#: Unary calls that carry a model (its data fits one chunk) one way or the other, or whose
-#: model comes on the data lane while they run: admitted like model streams.
-MODEL_MESSAGE_METHODS = frozenset({"/flmesh.v1.Peer/DeliverOne", "/flmesh.v1.Peer/EvaluateOne",
-                                   "/flmesh.v1.Peer/DeliverLane",
-                                   "/flmesh.v1.Aggregator/SubmitUpdateOne",
-                                   "/flmesh.v1.Aggregator/FetchGlobalOne"})
-
 
 def peer_key(context: grpc.ServicerContext) -> str:
     """Who a stream comes from, for the per-caller limit: the certificate's common name under
@@ -88,11 +78,6 @@ class StreamGuard(grpc.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        if handler.unary_unary is not None and method in MODEL_MESSAGE_METHODS:
-            return grpc.unary_unary_rpc_method_handler(
-                self._admitted(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
         if not (handler.request_streaming or handler.response_streaming):
             return handler
         if handler.stream_unary is not None:
@@ -129,19 +114,6 @@ class StreamGuard(grpc.ServerInterceptor):
         out that gRPC neither answers nor logs as a crash."""
         log.info("%s from %s ended: the call was cancelled", method, peer)
         context.abort(grpc.StatusCode.CANCELLED, "the call was cancelled")
-
-    def _admitted(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
-        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-            peer = peer_key(context)
-            refused = self._admit(peer)
-            if refused is not None:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
-            try:
-                return behavior(request, context)
-            finally:
-                self._release(peer)
-
-        return guarded
 
     def _unary_reply(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         def guarded(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:

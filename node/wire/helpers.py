@@ -12,11 +12,11 @@ log = logging.getLogger("flmesh.wire")
 
 
 class Helpers:
-    """Daemon threads kept between jobs: starting a thread per received payload (its hashing,
-    a data-lane connection's admission) made the receiver wait up to a few ms for the new
-    thread to get the GIL. A job goes to an idle thread, or to a new one when none is idle,
-    so jobs never wait for each other. Daemon threads, unlike an executor's, never hold up
-    the interpreter's exit. Thread-safe; a forked child starts with none."""
+    """Daemon threads kept between jobs: starting a thread per received payload (its hashing)
+    made the receiver wait up to a few ms for the new thread to get the GIL. A job goes to an
+    idle thread, or to a new one when none is idle, so jobs never wait for each other. Daemon
+    threads, unlike an executor's, never hold up the interpreter's exit. Thread-safe; a forked
+    child starts with none."""
 
     def __init__(self, name: str = "flmesh-helper") -> None:
         self.name = name

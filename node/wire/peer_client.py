@@ -3,18 +3,14 @@
 One channel per peer, opened on first use and kept. Model streams go out
 pre-serialised (:meth:`~flmesh.node.wire.codec.EncodedModel.frames`) and
 come back through :func:`~flmesh.node.wire.frames.parse_chunk`: the stub's
-bytes on the wire, fewer copies. A model whose data fits one chunk goes in
-one message instead (``DeliverOne``, ``EvaluateOne``), unless the peer does
-not serve those methods; a large uncompressed model is delivered on the
-peer's data lane when its Hello announced one
-(:mod:`~flmesh.node.wire.data_lane`, ``DeliverLane``). Every failure is a
+bytes on the wire, fewer copies. Every model, small or large, plaintext or
+TLS, goes as a stream. Every failure is a
 :class:`~flmesh.node.errors.PeerError` naming the peer, its address and the
 status. Thread-safe; ``close`` when done.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,15 +22,12 @@ import grpc
 from flmesh.node.errors import PeerError
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import ByteCounter, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.wire import codec, data_lane, serde
+from flmesh.node.wire import codec, serde
 from flmesh.node.wire.channels import make_channel
 from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.data_lane import lane_enabled
 from flmesh.node.wire.frames import parse_chunk
-from flmesh.node.wire.lane_sender import KeptLanes, new_token, send_payload
 from flmesh.node.wire.tls import Tls
-from flmesh.topology.checks import host_of
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
 if TYPE_CHECKING:
@@ -85,31 +78,16 @@ def counted_rpc(metrics: Metrics | None, peer: str, address: str, method: str, f
     return result
 
 
-def one_message_enabled() -> bool:
-    """Whether models that fit one chunk go in one message (``FLMESH_ONE_MESSAGE``: 1, the
-    default, or 0 for streams only, the benchmarks' control). Another value is an error."""
-    value = os.environ.get("FLMESH_ONE_MESSAGE", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"FLMESH_ONE_MESSAGE must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
 def status_of(exc: grpc.RpcError) -> grpc.StatusCode:
     """A failed call's status (UNKNOWN for an error that carries none)."""
     code = exc.code() if hasattr(exc, "code") else None
     return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 
-def unimplemented(exc: grpc.RpcError) -> bool:
-    """Whether a call failed because the server does not serve its method (a peer from before
-    the ``*One`` methods: the caller falls back to the stream)."""
-    return status_of(exc) == grpc.StatusCode.UNIMPLEMENTED
-
-
 def _bytes_out(channel: grpc.Channel, kind: str, method: str, reply: Callable[[bytes], Any]) -> Any:
-    """A Peer method whose requests go out already serialised (model frames, one-message bytes)."""
+    """A Peer method whose requests go out already serialised (model frames)."""
     return getattr(channel, kind)(f"/flmesh.v1.Peer/{method}", request_serializer=None,
-                                  response_deserializer=reply, _registered_method=True)
+                                  response_deserializer=reply)
 
 
 @dataclass
@@ -120,11 +98,6 @@ class _Link:
     deliver: Any
     evaluate: Any
     rewind: Any
-    deliver_one: Any
-    evaluate_one: Any
-    deliver_lane: Any
-    one: bool = True  # send DeliverOne and EvaluateOne (False: off, or the peer said it does not serve them)
-    lane_port: int | None = None  # its data lane, from its Hello (None: not asked; 0: none, off, failed)
 
 
 class GrpcPeerTransport:
@@ -137,9 +110,6 @@ class GrpcPeerTransport:
         self.wire = RAW  # how rewound models come back (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
-        self.one_message = one_message_enabled()
-        self.lane = lane_enabled()
-        self._kept = KeptLanes()  # lane connections kept between deliveries
         self._addresses: dict[str, str] = dict(peers or {})
         self._links: dict[str, _Link] = {}
         self._lock = threading.Lock()
@@ -179,10 +149,6 @@ class GrpcPeerTransport:
                 _bytes_out(channel, "stream_unary", "Deliver", deliver),
                 _bytes_out(channel, "stream_unary", "Evaluate", evaluate),
                 _bytes_out(channel, "stream_stream", "Rewind", parse_chunk),
-                _bytes_out(channel, "unary_unary", "DeliverOne", deliver),
-                _bytes_out(channel, "unary_unary", "EvaluateOne", evaluate),
-                _bytes_out(channel, "unary_unary", "DeliverLane", deliver),
-                self.one_message,
             )
             self._links[peer] = link
             return link
@@ -192,63 +158,19 @@ class GrpcPeerTransport:
         link = self._link(peer)
         return counted_rpc(self.metrics, peer, link.address, method, lambda: fn(link), busy_wait_s, sent)
 
-    def _send(self, link: _Link, model: EncodedModel, one: Any, stream: Any, timeout: float) -> Any:
-        """``model`` in one message (``one``) when its data fits one chunk and the peer serves
-        the ``*One`` methods, else as a stream (``stream``); the reply."""
-        message = model.one_message(self.chunk_bytes) if link.one else None
-        if message is not None:
-            try:
-                return one(message, timeout=timeout)
-            except grpc.RpcError as exc:
-                if not unimplemented(exc):
-                    raise
-                link.one = False
-        return stream(model.frames(self.chunk_bytes), timeout=timeout)
-
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
         request = peer_pb2.HelloRequest(node_id=me, federation=federation, architecture=architecture)
 
-        def call(link: _Link) -> peer_pb2.HelloReply:
-            reply = link.stub.Hello(request, timeout=timeout)
-            link.lane_port = reply.data_port if self.lane else 0
-            return reply
-
-        return serde.from_proto(HelloInfo, self._call(peer, call, method="Hello"))
+        reply = self._call(peer, lambda link: link.stub.Hello(request, timeout=timeout), method="Hello")
+        return serde.from_proto(HelloInfo, reply)
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
         size = model.wire_bytes(self.chunk_bytes)
-        reply = self._call(peer, lambda link: self._deliver(link, model, timeout), timeout, "Deliver", size)
+        reply = self._call(peer, lambda link: link.deliver(model.frames(self.chunk_bytes), timeout=timeout),
+                           timeout, "Deliver", size)
         self.counter.add_sent(codec.kind_of(model.header), size)
         return serde.from_proto(DeliverResult, reply)
-
-    def _deliver(self, link: _Link, model: EncodedModel, timeout: float) -> Any:
-        """On the peer's data lane when it has one and the model is large and uncompressed, else
-        over gRPC (:meth:`_send`). A lane that cannot be reached or whose connection never got
-        to the call, or a peer that says it serves none, gets gRPC from then on."""
-        large = self.lane and model.compressed is None and model.total_bytes >= data_lane.LANE_MIN_BYTES
-        if large and link.lane_port is None:  # no Hello yet (fl-sim's nodes say none): ask once
-            try:
-                hello = peer_pb2.HelloRequest(node_id=model.header.sender)
-                link.lane_port = link.stub.Hello(hello, timeout=min(timeout, 10.0)).data_port
-            except grpc.RpcError:
-                link.lane_port = 0
-        if large and link.lane_port:
-            token = new_token()
-            request = peer_pb2.LaneDelivery(header=model.header, token=token).SerializeToString()
-            try:
-                return send_payload(host_of(link.address), link.lane_port, token, model.payload.numpy().data,
-                                    lambda: link.deliver_lane.future(request, timeout=timeout), timeout,
-                                    self._kept)
-            except OSError:  # no connection to the lane (a firewall, another host's port)
-                link.lane_port = 0
-            except grpc.RpcError as exc:
-                lane_failed = status_of(exc) == grpc.StatusCode.FAILED_PRECONDITION and (
-                    data_lane.NO_CONNECTION in (exc.details() or ""))  # e.g. its lane was full
-                if not (unimplemented(exc) or lane_failed):
-                    raise
-                link.lane_port = 0
-        return self._send(link, model, link.deliver_one, link.deliver, timeout)
 
     def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
                expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
@@ -271,8 +193,8 @@ class GrpcPeerTransport:
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult:
         size = model.wire_bytes(self.chunk_bytes)
-        reply = self._call(peer, lambda link: self._send(link, model, link.evaluate_one, link.evaluate,
-                                                         timeout), timeout, "Evaluate", size)
+        reply = self._call(peer, lambda link: link.evaluate(model.frames(self.chunk_bytes), timeout=timeout),
+                           timeout, "Evaluate", size)
         self.counter.add_sent("eval", size)
         return serde.eval_result(reply)
 
@@ -285,6 +207,5 @@ class GrpcPeerTransport:
         with self._lock:
             links = list(self._links.values())
             self._links.clear()
-        self._kept.close()
         for link in links:
             link.channel.close()

@@ -9,7 +9,6 @@ training, no decisions.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn, TypeVar
 
@@ -18,7 +17,6 @@ import grpc
 from flmesh.node.errors import Refused
 from flmesh.node.transport import PeerHandlers
 from flmesh.node.wire import serde
-from flmesh.node.wire.data_lane import TOKEN_BYTES, DataLane, LaneReader
 from flmesh.node.wire.tls import caller_of
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
@@ -41,16 +39,13 @@ def handle(context: grpc.ServicerContext, fn: Callable[[str | None], T]) -> T:
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
-    def __init__(self, handlers: PeerHandlers, lane: DataLane | None = None):
+    def __init__(self, handlers: PeerHandlers):
         self.handlers = handlers
-        self.lane = lane  # the node's data lane (large models, no TLS), announced in Hello
 
     def Hello(self, request: peer_pb2.HelloRequest, context: grpc.ServicerContext) -> peer_pb2.HelloReply:
         info = handle(context, lambda caller: self.handlers.hello(caller, request.node_id,
                                                            request.federation, request.architecture))
-        reply = serde.to_proto(peer_pb2.HelloReply, info)
-        reply.data_port = self.lane.port if self.lane is not None else 0
-        return reply
+        return serde.to_proto(peer_pb2.HelloReply, info)
 
     def Deliver(self, request_iterator: Iterator[pb.ModelChunk],
                 context: grpc.ServicerContext) -> peer_pb2.DeliverReply:
@@ -60,32 +55,6 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def Evaluate(self, request_iterator: Iterator[pb.ModelChunk],
                  context: grpc.ServicerContext) -> peer_pb2.EvaluateReply:
         result = handle(context, lambda caller: self.handlers.evaluate(caller, request_iterator))
-        return serde.evaluate_reply(self.handlers.node_id, result)
-
-    def DeliverOne(self, request: pb.ModelMessage, context: grpc.ServicerContext) -> peer_pb2.DeliverReply:
-        result = handle(context, lambda caller: self.handlers.deliver(caller, iter(request.chunks)))
-        return serde.to_proto(peer_pb2.DeliverReply, result)
-
-    def DeliverLane(self, request: peer_pb2.LaneDelivery,
-                    context: grpc.ServicerContext) -> peer_pb2.DeliverReply:
-        lane = self.lane
-        if lane is None:
-            abort(context, Refused("UNIMPLEMENTED", f"{self.handlers.node_id}: serves no data lane"))
-        if len(request.token) != TOKEN_BYTES:
-            abort(context, Refused("INVALID_ARGUMENT", f"{self.handlers.node_id}: a data-lane token is "
-                                   f"{TOKEN_BYTES} bytes, not {len(request.token)}"))
-        left = context.time_remaining()
-        deadline = time.monotonic() + (left if left is not None else 3600.0)
-        reader = LaneReader(lane, request.token, deadline)
-        try:
-            result = handle(context, lambda caller: self.handlers.deliver(
-                caller, iter((pb.ModelChunk(header=request.header), reader))))
-        finally:
-            lane.discard(request.token)  # a call refused before the payload: free its connection
-        return serde.to_proto(peer_pb2.DeliverReply, result)
-
-    def EvaluateOne(self, request: pb.ModelMessage, context: grpc.ServicerContext) -> peer_pb2.EvaluateReply:
-        result = handle(context, lambda caller: self.handlers.evaluate(caller, iter(request.chunks)))
         return serde.evaluate_reply(self.handlers.node_id, result)
 
     def Rewind(self, request_iterator: Iterator[peer_pb2.RewindRequest],

@@ -32,8 +32,7 @@ class GrpcReplayTransport:
         self._stub = replay_pb2_grpc.ReplayBufferStub(self._channel)
         self._contribute = self._channel.stream_unary(
             "/flmesh.v1.ReplayBuffer/Contribute", request_serializer=None,
-            response_deserializer=replay_pb2.ContributeReply.FromString,
-            _registered_method=True)  # type: ignore[call-arg]
+            response_deserializer=replay_pb2.ContributeReply.FromString)
 
     def close(self) -> None:
         self._channel.close()

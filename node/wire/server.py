@@ -9,7 +9,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from flmesh.node.transport import PeerHandlers, ReplayHandlers
 from flmesh.node.wire.channels import bind, make_server
-from flmesh.node.wire.data_lane import DataLane
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_service import PeerServicer
 from flmesh.node.wire.replay_service import add_replay
@@ -37,12 +36,12 @@ def serve(add: Callable[[grpc.Server], None], service: str, listen: str, *, tls:
 
 
 def serve_peer(handlers: PeerHandlers, listen: str, replay: ReplayHandlers | None = None, *,
-               tls: Tls | None = None, limits: StreamLimits | None = None, lane: DataLane | None = None,
+               tls: Tls | None = None, limits: StreamLimits | None = None,
                ) -> tuple[grpc.Server, health.HealthServicer, str]:
     """A node's Peer service on ``listen`` (see :func:`serve`), and the ReplayBuffer service
-    when the node hosts it; ``lane``: the node's data lane (its owner closes it)."""
+    when the node hosts it."""
     def add(server: grpc.Server) -> None:
-        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(handlers, lane), server)
+        peer_pb2_grpc.add_PeerServicer_to_server(PeerServicer(handlers), server)
         if replay is not None:
             add_replay(server, replay)
 

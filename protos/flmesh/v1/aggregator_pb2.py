@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from flmesh.v1 import model_pb2 as flmesh_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66lmesh/v1/aggregator.proto\x12\tflmesh.v1\x1a\x15\x66lmesh/v1/model.proto\"Z\n\x0bJoinRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x04\x12\x14\n\x0clabel_counts\x18\x03 \x03(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"P\n\tJoinReply\x12\x12\n\nfederation\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\x12\x0e\n\x06rounds\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\r\"Q\n\x0bPollRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\x12\x12\n\nwith_model\x18\x04 \x01(\x08\"\x7f\n\tPollReply\x12\r\n\x05round\x18\x01 \x01(\r\x12\x10\n\x08selected\x18\x02 \x01(\x08\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x14\n\x0crounds_total\x18\x04 \x01(\r\x12-\n\x0cglobal_model\x18\x05 \x01(\x0b\x32\x17.flmesh.v1.ModelMessage\".\n\x0c\x46\x65tchRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\"O\n\x0bSubmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0c\n\x04late\x18\x03 \x01(\x08\x12\r\n\x05round\x18\x04 \x01(\r\"\x19\n\x17\x41ggregatorStatusRequest\"\x84\x01\n\x15\x41ggregatorStatusReply\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x14\n\x0crounds_total\x18\x03 \x01(\r\x12\x0e\n\x06joined\x18\x04 \x03(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x15\n\rlast_accuracy\x18\x06 \x01(\x01\x32\xdc\x03\n\nAggregator\x12\x34\n\x04Join\x12\x16.flmesh.v1.JoinRequest\x1a\x14.flmesh.v1.JoinReply\x12\x34\n\x04Poll\x12\x16.flmesh.v1.PollRequest\x1a\x14.flmesh.v1.PollReply\x12?\n\x0b\x46\x65tchGlobal\x12\x17.flmesh.v1.FetchRequest\x1a\x15.flmesh.v1.ModelChunk0\x01\x12?\n\x0cSubmitUpdate\x12\x15.flmesh.v1.ModelChunk\x1a\x16.flmesh.v1.SubmitReply(\x01\x12\x42\n\x0e\x46\x65tchGlobalOne\x12\x17.flmesh.v1.FetchRequest\x1a\x17.flmesh.v1.ModelMessage\x12\x42\n\x0fSubmitUpdateOne\x12\x17.flmesh.v1.ModelMessage\x1a\x16.flmesh.v1.SubmitReply\x12X\n\x10\x41ggregatorStatus\x12\".flmesh.v1.AggregatorStatusRequest\x1a .flmesh.v1.AggregatorStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66lmesh/v1/aggregator.proto\x12\tflmesh.v1\x1a\x15\x66lmesh/v1/model.proto\"Z\n\x0bJoinRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x04\x12\x14\n\x0clabel_counts\x18\x03 \x03(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"P\n\tJoinReply\x12\x12\n\nfederation\x18\x01 \x01(\t\x12\x10\n\x08strategy\x18\x02 \x01(\t\x12\x0e\n\x06rounds\x18\x03 \x01(\r\x12\r\n\x05round\x18\x04 \x01(\r\"O\n\x0bPollRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01J\x04\x08\x04\x10\x05R\nwith_model\"d\n\tPollReply\x12\r\n\x05round\x18\x01 \x01(\r\x12\x10\n\x08selected\x18\x02 \x01(\x08\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x14\n\x0crounds_total\x18\x04 \x01(\rJ\x04\x08\x05\x10\x06R\x0cglobal_model\".\n\x0c\x46\x65tchRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\"O\n\x0bSubmitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x0c\n\x04late\x18\x03 \x01(\x08\x12\r\n\x05round\x18\x04 \x01(\r\"\x19\n\x17\x41ggregatorStatusRequest\"\x84\x01\n\x15\x41ggregatorStatusReply\x12\x10\n\x08strategy\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x14\n\x0crounds_total\x18\x03 \x01(\r\x12\x0e\n\x06joined\x18\x04 \x03(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x15\n\rlast_accuracy\x18\x06 \x01(\x01\x32\xd4\x02\n\nAggregator\x12\x34\n\x04Join\x12\x16.flmesh.v1.JoinRequest\x1a\x14.flmesh.v1.JoinReply\x12\x34\n\x04Poll\x12\x16.flmesh.v1.PollRequest\x1a\x14.flmesh.v1.PollReply\x12?\n\x0b\x46\x65tchGlobal\x12\x17.flmesh.v1.FetchRequest\x1a\x15.flmesh.v1.ModelChunk0\x01\x12?\n\x0cSubmitUpdate\x12\x15.flmesh.v1.ModelChunk\x1a\x16.flmesh.v1.SubmitReply(\x01\x12X\n\x10\x41ggregatorStatus\x12\".flmesh.v1.AggregatorStatusRequest\x1a .flmesh.v1.AggregatorStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,17 +37,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINREPLY']._serialized_start=156
   _globals['_JOINREPLY']._serialized_end=236
   _globals['_POLLREQUEST']._serialized_start=238
-  _globals['_POLLREQUEST']._serialized_end=319
-  _globals['_POLLREPLY']._serialized_start=321
-  _globals['_POLLREPLY']._serialized_end=448
-  _globals['_FETCHREQUEST']._serialized_start=450
-  _globals['_FETCHREQUEST']._serialized_end=496
-  _globals['_SUBMITREPLY']._serialized_start=498
-  _globals['_SUBMITREPLY']._serialized_end=577
-  _globals['_AGGREGATORSTATUSREQUEST']._serialized_start=579
-  _globals['_AGGREGATORSTATUSREQUEST']._serialized_end=604
-  _globals['_AGGREGATORSTATUSREPLY']._serialized_start=607
-  _globals['_AGGREGATORSTATUSREPLY']._serialized_end=739
-  _globals['_AGGREGATOR']._serialized_start=742
-  _globals['_AGGREGATOR']._serialized_end=1218
+  _globals['_POLLREQUEST']._serialized_end=317
+  _globals['_POLLREPLY']._serialized_start=319
+  _globals['_POLLREPLY']._serialized_end=419
+  _globals['_FETCHREQUEST']._serialized_start=421
+  _globals['_FETCHREQUEST']._serialized_end=467
+  _globals['_SUBMITREPLY']._serialized_start=469
+  _globals['_SUBMITREPLY']._serialized_end=548
+  _globals['_AGGREGATORSTATUSREQUEST']._serialized_start=550
+  _globals['_AGGREGATORSTATUSREQUEST']._serialized_end=575
+  _globals['_AGGREGATORSTATUSREPLY']._serialized_start=578
+  _globals['_AGGREGATORSTATUSREPLY']._serialized_end=710
+  _globals['_AGGREGATOR']._serialized_start=713
+  _globals['_AGGREGATOR']._serialized_end=1053
 # @@protoc_insertion_point(module_scope)

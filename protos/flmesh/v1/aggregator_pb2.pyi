@@ -2,8 +2,8 @@ from flmesh.v1 import model_pb2 as _model_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -32,30 +32,26 @@ class JoinReply(_message.Message):
     def __init__(self, federation: _Optional[str] = ..., strategy: _Optional[str] = ..., rounds: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class PollRequest(_message.Message):
-    __slots__ = ("node_id", "round", "wait_s", "with_model")
+    __slots__ = ("node_id", "round", "wait_s")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
-    WITH_MODEL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     round: int
     wait_s: float
-    with_model: bool
-    def __init__(self, node_id: _Optional[str] = ..., round: _Optional[int] = ..., wait_s: _Optional[float] = ..., with_model: _Optional[bool] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class PollReply(_message.Message):
-    __slots__ = ("round", "selected", "done", "rounds_total", "global_model")
+    __slots__ = ("round", "selected", "done", "rounds_total")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SELECTED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
-    GLOBAL_MODEL_FIELD_NUMBER: _ClassVar[int]
     round: int
     selected: bool
     done: bool
     rounds_total: int
-    global_model: _model_pb2.ModelMessage
-    def __init__(self, round: _Optional[int] = ..., selected: _Optional[bool] = ..., done: _Optional[bool] = ..., rounds_total: _Optional[int] = ..., global_model: _Optional[_Union[_model_pb2.ModelMessage, _Mapping]] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., selected: _Optional[bool] = ..., done: _Optional[bool] = ..., rounds_total: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("node_id", "round")

@@ -55,16 +55,6 @@ class AggregatorStub:
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString,
                 _registered_method=True)
-        self.FetchGlobalOne = channel.unary_unary(
-                '/flmesh.v1.Aggregator/FetchGlobalOne',
-                request_serializer=flmesh_dot_v1_dot_aggregator__pb2.FetchRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
-                _registered_method=True)
-        self.SubmitUpdateOne = channel.unary_unary(
-                '/flmesh.v1.Aggregator/SubmitUpdateOne',
-                request_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString,
-                _registered_method=True)
         self.AggregatorStatus = channel.unary_unary(
                 '/flmesh.v1.Aggregator/AggregatorStatus',
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.AggregatorStatusRequest.SerializeToString,
@@ -112,22 +102,6 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def FetchGlobalOne(self, request, context):
-        """FetchGlobal and SubmitUpdate for a model whose data fits one chunk: the
-        same chunks in one message (ModelMessage), the same checks and replies.
-        A global model too big for one message is refused with OUT_OF_RANGE
-        (fetch it with FetchGlobal).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def SubmitUpdateOne(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def AggregatorStatus(self, request, context):
         """Where the aggregator is in its run.
         """
@@ -156,16 +130,6 @@ def add_AggregatorServicer_to_server(servicer, server):
             'SubmitUpdate': grpc.stream_unary_rpc_method_handler(
                     servicer.SubmitUpdate,
                     request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-                    response_serializer=flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.SerializeToString,
-            ),
-            'FetchGlobalOne': grpc.unary_unary_rpc_method_handler(
-                    servicer.FetchGlobalOne,
-                    request_deserializer=flmesh_dot_v1_dot_aggregator__pb2.FetchRequest.FromString,
-                    response_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
-            ),
-            'SubmitUpdateOne': grpc.unary_unary_rpc_method_handler(
-                    servicer.SubmitUpdateOne,
-                    request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
                     response_serializer=flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.SerializeToString,
             ),
             'AggregatorStatus': grpc.unary_unary_rpc_method_handler(
@@ -281,60 +245,6 @@ class Aggregator:
             target,
             '/flmesh.v1.Aggregator/SubmitUpdate',
             flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-            flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def FetchGlobalOne(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Aggregator/FetchGlobalOne',
-            flmesh_dot_v1_dot_aggregator__pb2.FetchRequest.SerializeToString,
-            flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SubmitUpdateOne(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Aggregator/SubmitUpdateOne',
-            flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
             flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString,
             options,
             channel_credentials,

@@ -132,9 +132,3 @@ class ModelChunk(_message.Message):
     header: ModelHeader
     data: bytes
     def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
-
-class ModelMessage(_message.Message):
-    __slots__ = ("chunks",)
-    CHUNKS_FIELD_NUMBER: _ClassVar[int]
-    chunks: _containers.RepeatedCompositeFieldContainer[ModelChunk]
-    def __init__(self, chunks: _Optional[_Iterable[_Union[ModelChunk, _Mapping]]] = ...) -> None: ...

@@ -18,28 +18,18 @@ class HelloRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("node_id", "federation", "architecture", "version", "round", "data_port")
+    __slots__ = ("node_id", "federation", "architecture", "version", "round")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
-    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     federation: str
     architecture: str
     version: str
     round: int
-    data_port: int
-    def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ..., version: _Optional[str] = ..., round: _Optional[int] = ..., data_port: _Optional[int] = ...) -> None: ...
-
-class LaneDelivery(_message.Message):
-    __slots__ = ("header", "token")
-    HEADER_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FIELD_NUMBER: _ClassVar[int]
-    header: _model_pb2.ModelHeader
-    token: bytes
-    def __init__(self, header: _Optional[_Union[_model_pb2.ModelHeader, _Mapping]] = ..., token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ..., version: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class DeliverReply(_message.Message):
     __slots__ = ("accepted", "duplicate", "bytes_received")

@@ -55,21 +55,6 @@ class PeerStub:
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
                 _registered_method=True)
-        self.DeliverOne = channel.unary_unary(
-                '/flmesh.v1.Peer/DeliverOne',
-                request_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
-                _registered_method=True)
-        self.EvaluateOne = channel.unary_unary(
-                '/flmesh.v1.Peer/EvaluateOne',
-                request_serializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
-                _registered_method=True)
-        self.DeliverLane = channel.unary_unary(
-                '/flmesh.v1.Peer/DeliverLane',
-                request_serializer=flmesh_dot_v1_dot_peer__pb2.LaneDelivery.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
-                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/flmesh.v1.Peer/Status',
                 request_serializer=flmesh_dot_v1_dot_peer__pb2.StatusRequest.SerializeToString,
@@ -111,36 +96,6 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DeliverOne(self, request, context):
-        """Deliver and Evaluate for a model whose data fits one chunk: the same
-        chunks in one message (ModelMessage), the same checks and replies. One
-        call instead of a stream saves a stream's per-message hand-offs, which
-        cost more than the bytes of a small model.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def EvaluateOne(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeliverLane(self, request, context):
-        """Deliver for a large model whose payload travels on this node's data lane
-        (HelloReply.data_port): the caller first opens a TCP connection to that
-        port and writes `token` (32 random bytes) then the raw payload; this call
-        carries the header and the token, and the reply comes when the payload
-        has been read and checked like a stream's (size, digest, finite values).
-        The payload skips gRPC's per-message copies and HTTP/2 framing. A caller
-        writes nothing after the payload before the answer; once a call has
-        succeeded, its connection may carry the caller's next token and payload.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def Status(self, request, context):
         """Where this node is in its run.
         """
@@ -170,21 +125,6 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Evaluate,
                     request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
                     response_serializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.SerializeToString,
-            ),
-            'DeliverOne': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeliverOne,
-                    request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
-                    response_serializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.SerializeToString,
-            ),
-            'EvaluateOne': grpc.unary_unary_rpc_method_handler(
-                    servicer.EvaluateOne,
-                    request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelMessage.FromString,
-                    response_serializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.SerializeToString,
-            ),
-            'DeliverLane': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeliverLane,
-                    request_deserializer=flmesh_dot_v1_dot_peer__pb2.LaneDelivery.FromString,
-                    response_serializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -300,87 +240,6 @@ class Peer:
             '/flmesh.v1.Peer/Evaluate',
             flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
             flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeliverOne(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Peer/DeliverOne',
-            flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def EvaluateOne(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Peer/EvaluateOne',
-            flmesh_dot_v1_dot_model__pb2.ModelMessage.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeliverLane(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Peer/DeliverLane',
-            flmesh_dot_v1_dot_peer__pb2.LaneDelivery.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
             options,
             channel_credentials,
             insecure,
