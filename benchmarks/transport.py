@@ -53,12 +53,12 @@ import torch
 from torch import nn
 
 from flmesh.node.errors import Refused
+from flmesh.node.format import codec
+from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
+from flmesh.node.format.compression import WireFormat
+from flmesh.node.format.digests import DIGESTS, new_digest
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.wire import codec
-from flmesh.node.wire.buffers import DIGESTS, new_digest
-from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
-from flmesh.node.wire.compression import WireFormat
 from flmesh.node.wire.data_lane import LANE_MIN_BYTES, DataLane
 from flmesh.node.wire.lane_sender import KeptLanes
 from flmesh.node.wire.peer_client import GrpcPeerTransport

@@ -29,6 +29,7 @@ from flmesh.node import algorithms
 from flmesh.node.algorithms.base import RefinedServer, ServerContext, Tensors, trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import PeerError
+from flmesh.node.format.codec import ModelMeta, encode, model_spec
 from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed, load_dataset, public_data
 from flmesh.node.learning.device import select_device
 from flmesh.node.learning.models import ModelPool, build_model
@@ -37,7 +38,6 @@ from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
 from flmesh.node.transport import ByteCounter, PeerTransport
-from flmesh.node.wire.codec import ModelMeta, encode, model_spec
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:

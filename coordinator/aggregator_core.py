@@ -27,10 +27,10 @@ from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
 from flmesh.node.algorithms.robust import clip_updates
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import Refused
+from flmesh.node.format import codec
+from flmesh.node.format.codec import EncodedModel, ModelMeta, ModelSpec
+from flmesh.node.format.compression import WireFormat
 from flmesh.node.transport import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
-from flmesh.node.wire import codec
-from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
-from flmesh.node.wire.compression import WireFormat
 from flmesh.topology import Federation
 from flmesh.topology.sampling import selected
 

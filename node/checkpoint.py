@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flmesh.node.algorithms.base import split
+from flmesh.node.format.codec import DecodedModel, ModelMeta
 from flmesh.node.inbox import InboxKey
 from flmesh.node.state_file import StateFileError, read_state, write_state
-from flmesh.node.wire.codec import DecodedModel, ModelMeta
 
 if TYPE_CHECKING:
     from flmesh.node.node import Node

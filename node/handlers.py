@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from flmesh.node.errors import Refused
+from flmesh.node.format import codec
+from flmesh.node.format.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.inbox import ROUND_WINDOW, InboxKey
 from flmesh.node.learning.trainer import (
     TrainingStopped,
@@ -35,8 +37,6 @@ from flmesh.node.learning.trainer import (
 from flmesh.node.local_training import rewind_training
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.wire import codec
-from flmesh.node.wire.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.topology import TrainingConfig
 from flmesh.topology.peers import may_deliver, may_rewind
 from flmesh.v1 import model_pb2 as pb

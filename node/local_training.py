@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from flmesh.node.format.codec import MetaValue, ModelMeta, encode
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.learning.trainer import (
     load_optimizer_state,
@@ -34,7 +35,6 @@ from flmesh.node.learning.trainer import (
     train,
 )
 from flmesh.node.reports import TrainStats
-from flmesh.node.wire.codec import MetaValue, ModelMeta, encode
 from flmesh.topology import TrainingConfig
 
 if TYPE_CHECKING:

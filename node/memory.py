@@ -23,6 +23,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 from flmesh.node.errors import PeerError, Refused
+from flmesh.node.format import codec
+from flmesh.node.format.codec import DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.format.compression import RAW
+from flmesh.node.format.frames import DataChunk, parse_chunk
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import (
     AggregatorHandlers,
@@ -40,10 +44,6 @@ from flmesh.node.transport import (
     ReplayTransport,
     SubmitResult,
 )
-from flmesh.node.wire import codec
-from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
-from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.frames import DataChunk, parse_chunk
 from flmesh.v1 import model_pb2 as pb
 
 T = TypeVar("T")

@@ -32,6 +32,15 @@ from flmesh.node.algorithms.base import trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.continual import ContinualState
 from flmesh.node.errors import PeerError
+from flmesh.node.format.codec import (
+    DEFAULT_CHUNK_BYTES,
+    EncodedModel,
+    ModelMeta,
+    encode,
+    model_spec,
+)
+from flmesh.node.format.compression import WireFormat
+from flmesh.node.format.specs import fingerprint
 from flmesh.node.handlers import NodeHandlers
 from flmesh.node.inbox import Inbox
 from flmesh.node.learning.data import (
@@ -56,15 +65,6 @@ from flmesh.node.transport import (
     PeerTransport,
     with_retry,
 )
-from flmesh.node.wire.codec import (
-    DEFAULT_CHUNK_BYTES,
-    EncodedModel,
-    ModelMeta,
-    encode,
-    model_spec,
-)
-from flmesh.node.wire.compression import WireFormat
-from flmesh.node.wire.specs import fingerprint
 from flmesh.topology import Federation, FederationError
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from flmesh.node.errors import PeerError
+from flmesh.node.format.codec import DecodedModel, EncodedModel
 from flmesh.node.inbox import ROUND_WINDOW, InboxKey
 from flmesh.node.transport import DeliverResult
-from flmesh.node.wire.codec import DecodedModel, EncodedModel
 from flmesh.topology.peers import FALLBACK_HOPS, successors
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ from torch import nn
 
 from flmesh.node import algorithms
 from flmesh.node.algorithms.base import ClientContext, ClientHalf, ServerContext, ServerHalf, trainable_spec
+from flmesh.node.format.specs import ModelSpec
 from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.objectives import Objective, cross_entropy
 from flmesh.node.transport import ReplayTransport
-from flmesh.node.wire.specs import ModelSpec
 from flmesh.topology import Federation, TrainingConfig
 
 

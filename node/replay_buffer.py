@@ -33,12 +33,12 @@ import torch
 
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import Refused, StatusName
+from flmesh.node.format import codec
+from flmesh.node.format.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.replay import regroup
 from flmesh.node.results import write_atomic
 from flmesh.node.transport import Chunks, ContributeResult, ReplayStatus
-from flmesh.node.wire import codec
-from flmesh.node.wire.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.topology import Federation
 from flmesh.topology.tasks import joined_task, present, task_classes
 

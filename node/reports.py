@@ -1,46 +1,18 @@
-"""What a node's work produced: training, evaluation and round reports.
+"""What a node's rounds produced: :class:`RoundReport` (a decentralized round) and
+:class:`StarReport` (a round with an aggregator), with the learning wing's
+:class:`~flmesh.node.learning.stats.TrainStats` and
+:class:`~flmesh.node.learning.stats.EvalResult` inside.
 
-Pure dataclasses (no torch, no grpc), so every wing can carry them: the
-trainer fills :class:`TrainStats`, evaluation :class:`EvalResult`, the round
-engine :class:`RoundReport` (a decentralized round) and :class:`StarReport`
-(a round with an aggregator). Accuracies are fractions in [0, 1]; times are
-seconds; byte counts are model-stream bytes (headers and chunk framing
-included).
+Pure dataclasses (no torch, no grpc), so every wing can carry them.
+Accuracies are fractions in [0, 1]; times are seconds; byte counts are
+model-stream bytes (headers and chunk framing included).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class TrainStats:
-    """What local training did: mean loss over its steps, optimizer steps, samples seen.
-
-    ``steps`` counts every step of the round's model, including the ``remote_steps``
-    that a rewind node trained on its data (loss and samples are this node's only)."""
-
-    loss: float
-    steps: int
-    samples: int
-    remote_steps: int = 0
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """Accuracy of one model on one labelled set, with per-class counts."""
-
-    correct: int
-    total: int
-    loss: float
-    per_class_correct: tuple[int, ...]
-    per_class_total: tuple[int, ...]
-    per_task_correct: tuple[int, ...] = ()  # continual federations: by task, from 0
-    per_task_total: tuple[int, ...] = ()
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.total if self.total else 0.0
+from flmesh.node.learning.stats import EvalResult, TrainStats
 
 
 @dataclass(frozen=True)
@@ -95,3 +67,6 @@ class StarReport:
     bytes_received: int = 0
     privacy_spent: float | None = None  # epsilon released so far (DP replay)
     task: int | None = None  # continual federations: the task the round belongs to
+
+
+__all__ = ["EvalResult", "RoundReport", "StarReport", "TrainStats"]

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from flmesh.node.algorithms.base import Tensors, Update
 from flmesh.node.errors import PeerError, UnknownPeerError
+from flmesh.node.format.codec import DecodedModel, ModelMeta, encode
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.local_training import train_round
 from flmesh.node.peer_exchange import deliver_onward, wait_for_source
 from flmesh.node.reports import RoundReport, StarReport, TrainStats
 from flmesh.node.transport import PollInfo, with_retry
-from flmesh.node.wire.codec import DecodedModel, ModelMeta, encode
 from flmesh.topology.peers import round_peers, star_rewind_target
 from flmesh.topology.schedules import rewind_target
 

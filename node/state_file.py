@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from flmesh.node.wire import codec
-from flmesh.node.wire.codec import CodecError, ModelMeta
+from flmesh.node.format import codec
+from flmesh.node.format.codec import CodecError, ModelMeta
 from flmesh.v1 import model_pb2 as pb
 
 MAGIC = b"FLMESH-STATE\n"

@@ -23,10 +23,10 @@ from typing import Protocol, TypeVar
 
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import PeerError
-from flmesh.node.reports import EvalResult
-from flmesh.node.wire.codec import DecodedModel, EncodedModel, ModelSpec
-from flmesh.node.wire.compression import WireFormat
-from flmesh.node.wire.frames import StreamItem
+from flmesh.node.format.codec import DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.format.compression import WireFormat
+from flmesh.node.format.frames import StreamItem
+from flmesh.node.learning.stats import EvalResult
 
 T = TypeVar("T")
 

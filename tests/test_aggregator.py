@@ -11,10 +11,10 @@ from flmesh.coordinator.sim import Simulation
 from flmesh.node.algorithms.fedavg import FedAvgServer
 from flmesh.node.clock import ManualClock
 from flmesh.node.errors import PeerError, Refused
+from flmesh.node.format.codec import ModelMeta, encode, model_spec
 from flmesh.node.learning.data import ArrayData, federation_data, load_digits, public_data
 from flmesh.node.results import read_rows
 from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
-from flmesh.node.wire.codec import ModelMeta, encode, model_spec
 from flmesh.topology import FederationError, parse_federation
 from flmesh.topology.sampling import sample_clients
 

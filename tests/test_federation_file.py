@@ -73,7 +73,7 @@ def test_overrides(tmp_path):
 
 
 def test_a_federation_file_takes_every_digest_a_node_can_check(tmp_path):
-    from flmesh.node.wire.buffers import DIGESTS
+    from flmesh.node.format.digests import DIGESTS
 
     assert load_federation(write(tmp_path, VALID)).wire.digest == DIGESTS[0] == "xxh3_128"
     for digest in DIGESTS:

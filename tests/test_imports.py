@@ -51,9 +51,31 @@ def test_the_learning_wing_loads_no_grpc_and_no_wire():
     assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.rounds", "flmesh.node.node")
 
 
+def test_the_model_format_loads_no_grpc_and_no_transport():
+    mods = loaded("flmesh.node.format", walk=True)
+    assert "flmesh.node.format.codec" in mods
+    assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.learning", "flmesh.node.algorithms",
+                     "flmesh.node.rounds", "flmesh.node.node", "flmesh.coordinator")
+
+
+def test_algorithms_and_the_transport_seam_speak_only_the_format():
+    mods = loaded("flmesh.node.algorithms", "flmesh.node.transport", walk=True)
+    assert "flmesh.node.algorithms.fedcurv" in mods and "flmesh.node.format.codec" in mods
+    assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.rounds", "flmesh.node.node",
+                     "flmesh.coordinator")
+
+
+def test_the_trainer_imports_nothing_from_the_engine():
+    mods = loaded("flmesh.node.learning.trainer")
+    allowed = ("flmesh.node.learning", "flmesh.node.format", "flmesh.node.errors")
+    engine = sorted(m for m in mods if m.startswith("flmesh.node.") and not m.startswith(allowed))
+    assert engine == []
+
+
 def test_the_wire_wing_imports_no_training_code():
     mods = loaded("flmesh.node.wire", walk=True)
     assert "flmesh.node.wire.peer_client" in mods and "grpc" in mods
+    mods -= {"flmesh.node.learning", "flmesh.node.learning.stats"}  # the reports' dataclasses, no torch
     assert not heavy(mods, "flmesh.node.learning", "flmesh.node.algorithms", "flmesh.node.rounds",
                      "flmesh.node.local_training", "flmesh.coordinator")
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flmesh.node.errors import Refused
+from flmesh.node.format.codec import ModelMeta, encode
 from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.replay import (
     class_means,
@@ -17,7 +18,6 @@ from flmesh.node.learning.replay import (
     shard_means,
 )
 from flmesh.node.replay_buffer import ReplayBufferCore
-from flmesh.node.wire.codec import ModelMeta, encode
 from flmesh.topology import parse_federation
 
 from conftest import tiny_raw

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from flmesh.node.errors import UnknownPeerError
+from flmesh.node.format.codec import ModelMeta, decode, encode
+from flmesh.node.format.digests import DIGEST_BYTES, DIGESTS
 from flmesh.node.inbox import InboxKey
 from flmesh.node.learning.data import federation_data
 from flmesh.node.learning.trainer import split_steps, steps_for
 from flmesh.node.node import Node
 from flmesh.node.peer_exchange import deliver_onward
-from flmesh.node.wire.buffers import DIGEST_BYTES, DIGESTS
-from flmesh.node.wire.codec import ModelMeta, decode, encode
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.topology import parse_federation
 

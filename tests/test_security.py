@@ -13,13 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.coordinator.sim import Simulation
 from flmesh.node.errors import PeerError
+from flmesh.node.format import codec
+from flmesh.node.format.codec import ModelMeta
 from flmesh.node.learning.data import load_dataset
 from flmesh.node.node import Node
 from flmesh.node.transport import DeliverResult, PeerStatus
-from flmesh.node.wire import codec
 from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
 from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.codec import ModelMeta
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer

@@ -10,12 +10,12 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from flmesh.node.errors import PeerError
+from flmesh.node.format import codec
+from flmesh.node.format.codec import ModelMeta
 from flmesh.node.handlers import VERSION
 from flmesh.node.learning.data import federation_data
 from flmesh.node.node import Node
-from flmesh.node.wire import codec
 from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.codec import ModelMeta
 from flmesh.topology import parse_federation
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc

@@ -33,10 +33,10 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from flmesh.node.format.specs import ModelSpec
 from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.objectives import Objective, Regularizer
 from flmesh.node.transport import ReplayTransport
-from flmesh.node.wire.specs import ModelSpec
 from flmesh.topology import Federation, TrainingConfig
 
 Tensors = dict[str, torch.Tensor]

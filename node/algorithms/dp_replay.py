@@ -36,11 +36,11 @@ from flmesh.node.algorithms.base import (
     Tensors,
 )
 from flmesh.node.errors import PeerError
+from flmesh.node.format.codec import ModelMeta, encode
 from flmesh.node.learning.data import ArrayData, derive_seed
 from flmesh.node.learning.replay import dp_class_means, shard_means
 from flmesh.node.learning.trainer import train
 from flmesh.node.replay_buffer import buffer_spec
-from flmesh.node.wire.codec import ModelMeta, encode
 from flmesh.topology import Federation, TrainingConfig
 from flmesh.topology.tasks import task_classes, task_of
 

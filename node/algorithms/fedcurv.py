@@ -45,9 +45,9 @@ from flmesh.node.algorithms.base import (
     split,
 )
 from flmesh.node.algorithms.fedavg import fedavg
+from flmesh.node.format.specs import ModelSpec
 from flmesh.node.learning.fisher import fisher_diagonal
 from flmesh.node.learning.objectives import Regularizer
-from flmesh.node.wire.specs import ModelSpec
 from flmesh.topology import Federation, TrainingConfig
 
 FISHER = "fisher/"           # + parameter name: a node's Fisher diagonal, float32, in its update

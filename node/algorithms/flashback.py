@@ -38,10 +38,10 @@ from flmesh.node.algorithms.base import (
     Update,
 )
 from flmesh.node.algorithms.fedavg import fedavg
+from flmesh.node.format.specs import ModelSpec
 from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.distillation import distill, dkd_loss
 from flmesh.node.learning.objectives import Regularizer
-from flmesh.node.wire.specs import ModelSpec
 from flmesh.topology import Federation, TrainingConfig
 
 FLASHBACK_PI = "flashback/pi"  # the global label count pi, float64 (C,), published with the model

@@ -16,7 +16,7 @@ from torch import nn
 
 from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.objectives import Objective, Regularizer, cross_entropy
-from flmesh.node.reports import EvalResult, TrainStats
+from flmesh.node.learning.stats import EvalResult, TrainStats
 from flmesh.topology import TrainingConfig
 
 __all__ = ["EvalResult", "Regularizer", "TrainStats", "compute", "evaluate", "host_nodes",

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from flmesh.node.errors import PeerError
+from flmesh.node.format import codec
+from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.format.compression import RAW
 from flmesh.node.transport import AggregatorStatus, ByteCounter, JoinInfo, PollInfo, SubmitResult
-from flmesh.node.wire import codec, serde
+from flmesh.node.wire import serde
 from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
-from flmesh.node.wire.compression import RAW
 from flmesh.node.wire.peer_client import counted_rpc
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import aggregator_pb2, aggregator_pb2_grpc

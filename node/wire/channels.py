@@ -12,8 +12,8 @@ from concurrent import futures
 
 import grpc
 
-from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES
-from flmesh.node.wire.frames import parse_chunk
+from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES
+from flmesh.node.format.frames import parse_chunk
 from flmesh.node.wire.guard import StreamGuard
 from flmesh.node.wire.limits import StreamLimits
 from flmesh.node.wire.malformed import MalformedRequests

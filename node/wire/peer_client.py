@@ -1,8 +1,8 @@
 """The gRPC :class:`~flmesh.node.transport.PeerTransport` (wire wing).
 
 One channel per peer, opened on first use and kept. Model streams go out
-pre-serialised (:meth:`~flmesh.node.wire.codec.EncodedModel.frames`) and
-come back through :func:`~flmesh.node.wire.frames.parse_chunk`: the stub's
+pre-serialised (:meth:`~flmesh.node.format.codec.EncodedModel.frames`) and
+come back through :func:`~flmesh.node.format.frames.parse_chunk`: the stub's
 bytes on the wire, fewer copies. Every model, small or large, plaintext or
 TLS, goes as a stream. Every failure is a
 :class:`~flmesh.node.errors.PeerError` naming the peer, its address and the
@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from flmesh.node.errors import PeerError
+from flmesh.node.format import codec
+from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
+from flmesh.node.format.compression import RAW
+from flmesh.node.format.frames import parse_chunk
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import ByteCounter, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.wire import codec, serde
+from flmesh.node.wire import serde
 from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
-from flmesh.node.wire.compression import RAW
-from flmesh.node.wire.frames import parse_chunk
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 

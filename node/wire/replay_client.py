@@ -7,10 +7,10 @@ Thread-safe; close when done. Failures raise
 from __future__ import annotations
 
 from flmesh.node.errors import PeerError
+from flmesh.node.format import codec
+from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.transport import ByteCounter, ContributeResult, ReplayStatus
-from flmesh.node.wire import codec
 from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.wire.peer_client import rpc
 from flmesh.node.wire.tls import Tls
 from flmesh.v1 import replay_pb2, replay_pb2_grpc

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flmesh.node.wire.specs import CodecError
+from flmesh.node.format.specs import CodecError
 
 #: [wire] dtype names -> torch dtypes ("native": send floats as they are).
 WIRE_DTYPES: dict[str, torch.dtype | None] = {"native": None, "float16": torch.float16,

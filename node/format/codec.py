@@ -16,9 +16,9 @@ raises :class:`CodecError` whose ``code`` is the status the caller gets and
 whose message names the tensor or the limit.
 
 Speed (benchmarks/transport.py): senders stream pre-serialised frames
-(:meth:`EncodedModel.frames`, :mod:`~flmesh.node.wire.frames`); receivers read
+(:meth:`EncodedModel.frames`, :mod:`~flmesh.node.format.frames`); receivers read
 data chunks as views and hash and check floats on a helper thread while
-chunks arrive (:mod:`~flmesh.node.wire.buffers`). Every received model gets a
+chunks arrive (:mod:`~flmesh.node.format.digests`). Every received model gets a
 fresh buffer, which its decoded tensors own.
 """
 
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flmesh.node.wire.buffers import THREADED_HASH_BYTES, FiniteCheck, Hasher, all_finite
-from flmesh.node.wire.compression import RAW, WireFormat, ZstdInto, compress, to_wire
-from flmesh.node.wire.frames import DATA_TAG, StreamItem, tag, varint
-from flmesh.node.wire.specs import (
+from flmesh.node.format.compression import RAW, WireFormat, ZstdInto, compress, to_wire
+from flmesh.node.format.digests import THREADED_HASH_BYTES, FiniteCheck, Hasher, all_finite
+from flmesh.node.format.frames import DATA_TAG, StreamItem, tag, varint
+from flmesh.node.format.specs import (
     ALIGN,
     FROM_WIRE,
     KINDS,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 
 from flmesh.node.errors import StatusName
-from flmesh.node.wire.buffers import DIGEST_BYTES, DIGESTS
+from flmesh.node.format.digests import DIGEST_BYTES, DIGESTS
 from flmesh.v1 import model_pb2 as pb
 
 TO_WIRE = {

@@ -2,7 +2,7 @@
 
 A ``ModelChunk(data=...)`` is a tag, a varint length and the bytes. Senders
 build those frames around slices of the payload (one copy instead of three:
-:meth:`flmesh.node.wire.codec.EncodedModel.frames`); receivers read data
+:meth:`flmesh.node.format.codec.EncodedModel.frames`); receivers read data
 chunks as views of the received bytes (:func:`parse_chunk`), and everything
 else through protobuf, so malformed input gets protobuf's exact behaviour.
 """

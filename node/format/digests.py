@@ -17,7 +17,7 @@ import blake3
 import torch
 import xxhash
 
-from flmesh.node.wire.helpers import HELPERS
+from flmesh.node.format.helpers import HELPERS
 
 #: The payload digests a model header may carry, each in the ``ModelHeader`` field of its name,
 #: and their sizes in bytes. XXH3-128 is the default: it detects corruption several times faster
