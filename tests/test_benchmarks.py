@@ -96,44 +96,6 @@ def test_wsm_prints_client_forgetting_over_c():
     assert all(len(r) == 6 and r[4] != "nan" for r in rows)
 
 
-def test_transport_prints_every_way_and_the_ratios():
-    out = run("transport.py", "--mib", "5", "--repeats", "2")
-    for way in ("lane", "fresh", "nofin", "grpc", "grpcio", "socket"):
-        assert f"\n{way:6s} median " in out
-    assert "CPU per transfer, both ends (median): lane " in out
-    assert "transport (xxh3_128): deliver " in out and "(data lane), raw socket " in out
-    assert "; a new connection each " in out and "fresh / socket per round: " in out
-    assert "; without the finite check " in out and "nofin / socket per round: " in out
-    for digest in ("xxh3_128", "blake3", "sha256"):
-        assert f"\n{digest:8s} alone " in out
-
-
-def test_the_nofin_control_takes_what_a_node_refuses_and_the_lane_row_does_not():
-    """make bench's ``nofin`` row is the lane without the receiver's finite check, and only that:
-    its receiver takes a model with NaN and infinity, the ``lane`` row's refuses it."""
-    import importlib.util
-    from collections.abc import Iterator
-
-    import torch
-
-    from flmesh.node.errors import Refused
-    from flmesh.node.wire import codec
-
-    spec = importlib.util.spec_from_file_location("bench_transport", REPO / "benchmarks" / "transport.py")
-    assert spec is not None and spec.loader is not None
-    transport = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(transport)
-    state = {"w": torch.tensor([1.0, float("nan"), float("inf")]), "b": torch.zeros(2)}
-
-    def stream() -> Iterator[object]:
-        return iter(codec.encode(state, codec.ModelMeta(round=1, sender="a")).chunks())
-
-    unchecked = transport.Sink(codec.model_spec(state), check_finite=False).deliver(None, stream())
-    assert unchecked.accepted and unchecked.bytes_received == codec.encode(state).total_bytes
-    with pytest.raises(Refused, match="tensor 'w' holds 2 NaN or infinite values"):
-        transport.Sink(codec.model_spec(state)).deliver(None, stream())
-
-
 @pytest.mark.slow
 def test_lane_timeline_prints_every_mark_in_the_order_a_delivery_passes_them():
     """Each mark of a delivery comes after the one before it, so their medians are in order too;
