@@ -54,11 +54,11 @@ import torch
 from torch import nn
 
 from flmesh.node.errors import Refused
+from flmesh.node.format import codec
+from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.format import codec
 from flmesh.node.wire.certs import federation_pki
-from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.wire.peer_client import GrpcPeerTransport
 from flmesh.node.wire.server import serve_peer
 from flmesh.node.wire.tls import Tls, load_tls
