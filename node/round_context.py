@@ -48,8 +48,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Settings:
-    """Who the node is and the federation settings its rounds run by; fixed once built
-    (``max_model_bytes`` aside, which a test may lower)."""
+    """Who the node is and the federation settings its rounds run by; fixed once built, except
+    ``max_model_bytes`` (:attr:`flmesh.node.node.Node.max_model_bytes` sets it). Read from any
+    thread."""
 
     federation: Federation
     node_id: str
