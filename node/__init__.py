@@ -4,8 +4,9 @@ Wings (see docs/architecture.md): ``learning/`` (data, models, trainer,
 metrics: torch, no grpc), ``algorithms/`` (one file per algorithm plug-in),
 ``wire/`` (codec, channels, servicers, the gRPC transport: grpc, no training);
 ``transport.py`` (the seam and its in-memory twin in ``memory.py``),
-``rounds.py`` (the round engine), ``node.py`` (:class:`Node`, the embeddable
-API) and ``cli.py`` (fl-node).
+``rounds.py`` (the round engine, on a node's ``round_context.RoundContext``),
+``node.py`` (:class:`Node`, the embeddable API, which builds that context) and
+``cli.py`` (fl-node).
 
 Importing this package loads nothing heavy: ``Node`` and the reports are
 resolved on first use.

@@ -29,7 +29,7 @@ from flmesh.node.inbox import InboxKey
 from flmesh.node.state_file import StateFileError, read_state, write_state
 
 if TYPE_CHECKING:
-    from flmesh.node.node import Node
+    from flmesh.node.round_context import RoundContext
 
 CHECKPOINT = "checkpoint.flmesh"
 INBOX = "inbox"  # one file per delivery a later round may still use
@@ -42,21 +42,21 @@ class CheckpointError(ValueError):
     """A checkpoint does not fit this node or federation; one line naming the file and why."""
 
 
-def save(node: Node, round: int, folder: Path) -> Path:
+def save(ctx: RoundContext, round: int, folder: Path) -> Path:
     """Write ``node``'s state after ``round`` to ``folder``/checkpoint.flmesh. Blocks."""
-    tensors: Tensors = {f"model/{k}": v for k, v in node.state_dict().items()}
+    tensors: Tensors = {f"model/{k}": v for k, v in ctx.model.state_dict().items()}
     plugins: dict[str, Any] = {}
-    for where, halves in (("client", node.clients), ("gossip", node.gossip_servers)):
+    for where, halves in (("client", ctx.plugins.clients), ("gossip", ctx.plugins.gossip_servers)):
         for name, half in halves.items():
             part, values = half.checkpoint()
             tensors.update({f"{where}/{name}/{k}": v for k, v in part.items()})
             plugins[f"{where}/{name}"] = values
-    continual = node.continual
-    values = {"format": FORMAT, "federation": node.federation.name, "node": node.node_id,
-              "architecture": node.architecture, "round": round, "plugins": plugins,
+    continual = ctx.continual
+    values = {"format": FORMAT, "federation": ctx.settings.federation.name, "node": ctx.settings.node_id,
+              "architecture": ctx.model.architecture, "round": round, "plugins": plugins,
               "task": continual.task if continual is not None else None,
               "released": continual.released if continual is not None else None,
-              "last_accuracy": node.status().last_accuracy}
+              "last_accuracy": ctx.status().last_accuracy}
     path = folder / CHECKPOINT
     write_state(path, tensors, values)
     for old in (folder / INBOX).glob("*.flmesh"):  # entries no later round can use
@@ -82,7 +82,7 @@ def _entry_round(path: Path) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def _restore_inbox(node: Node, folder: Path, round: int) -> None:
+def _restore_inbox(ctx: RoundContext, folder: Path, round: int) -> None:
     for path in sorted((folder / INBOX).glob("*.flmesh")):
         if _entry_round(path) < round:
             continue
@@ -93,29 +93,29 @@ def _restore_inbox(node: Node, folder: Path, round: int) -> None:
                          metadata=m["metadata"])
         size = sum(t.numel() * t.element_size() for t in state.values())
         key = InboxKey(entry["round"], entry["sender"], entry["kind"])
-        node.inbox.put(key, DecodedModel(state, meta, size))
+        ctx.links.inbox.put(key, DecodedModel(state, meta, size))
 
 
-def restore(node: Node, folder: Path) -> int:
+def restore(ctx: RoundContext, folder: Path) -> int:
     """Load ``folder``/checkpoint.flmesh into a freshly built ``node``; the round it was saved
     after (0 when there is none: a fresh start). Raises CheckpointError or StateFileError."""
     path = folder / CHECKPOINT
     if not path.exists():
         return 0
     tensors, values = read_state(path)
-    for key, want in (("format", FORMAT), ("federation", node.federation.name), ("node", node.node_id),
-                      ("architecture", node.architecture)):
+    for key, want in (("format", FORMAT), ("federation", ctx.settings.federation.name),
+                      ("node", ctx.settings.node_id), ("architecture", ctx.model.architecture)):
         if values.get(key) != want:
             raise CheckpointError(f"{path}: saved for {key} {values.get(key)!r}, this is {want!r}")
     round = int(values["round"])
-    node.load_state(split(tensors, "model/"))
-    _restore_inbox(node, folder, round)
-    for where, halves in (("client", node.clients), ("gossip", node.gossip_servers)):
+    ctx.model.load_state(split(tensors, "model/"))
+    _restore_inbox(ctx, folder, round)
+    for where, halves in (("client", ctx.plugins.clients), ("gossip", ctx.plugins.gossip_servers)):
         for name, half in halves.items():
             half.restore(split(tensors, f"{where}/{name}/"), values["plugins"].get(f"{where}/{name}", {}))
-    if node.continual is not None and values.get("task") is not None:
-        node.continual.resume(node, int(values["task"]), int(values["released"]))
-    node.finish_round(round, float(values.get("last_accuracy", 0.0)))
+    if ctx.continual is not None and values.get("task") is not None:
+        ctx.continual.resume(ctx, int(values["task"]), int(values["released"]))
+    ctx.activity.finish_round(round, float(values.get("last_accuracy", 0.0)))
     return round
 
 

@@ -12,17 +12,27 @@ thread-safe: the round loop calls it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from flmesh.node.learning.data import ArrayData, NodeData
 from flmesh.node.learning.tasks import TaskSource, concat
 from flmesh.topology.tasks import participates, task_of
 
 if TYPE_CHECKING:
-    from flmesh.node.node import Node
+    from flmesh.node.algorithms.base import ClientHalf
+    from flmesh.node.replay_buffer import ReplayBufferCore
+    from flmesh.node.round_context import RoundContext, Settings
     from flmesh.node.transport import ReplayTransport
     from flmesh.node.wire.tls import Tls
+
+
+class HasClients(Protocol):
+    """What holds a node's client halves (its plug-ins, or the node)."""
+
+    @property
+    def clients(self) -> Mapping[str, ClientHalf]: ...
 
 
 class ContinualState:
@@ -34,30 +44,31 @@ class ContinualState:
         self.share: ArrayData | None = None  # the current task's training share
         self.tests: list[ArrayData] = []  # this node's test shares of every task it was in
 
-    def participates(self, node: Node, round: int) -> bool:
-        return participates(self.cfg, node.federation.node_ids, node.node_id, round, node.federation.seed)
+    def participates(self, settings: Settings, round: int) -> bool:
+        fed = settings.federation
+        return participates(self.cfg, fed.node_ids, settings.node_id, round, fed.seed)
 
-    def advance(self, node: Node, round: int) -> list[str]:
+    def advance(self, ctx: RoundContext, round: int) -> list[str]:
         """Enter the task ``round`` belongs to (one task at a time); what the report should say."""
         notes: list[str] = []
         target = task_of(self.cfg, round)
         while self.task < target:
-            self.release(node, self.task + 1)
-            notes += self._enter(node, self.task + 1)
+            self.release(ctx.plugins, self.task + 1)
+            notes += self._enter(ctx, self.task + 1)
         return notes
 
-    def release(self, node: Node, task: int) -> None:
+    def release(self, plugins: HasClients, task: int) -> None:
         """The first half of a task change, once: the client halves see the data about to be
         lost (DP replay keeps its local buffer and releases its means). Separate so a test can
         let every node release before any fetches the buffer the releases make."""
         if task <= self.released or task != self.task + 1 or task == 0:
             return
         old = self.share if self.share is not None and len(self.share) else None
-        for client in node.clients.values():
+        for client in plugins.clients.values():
             client.on_task_change(old, self.task, task)
         self.released = task
 
-    def resume(self, node: Node, task: int, released: int) -> None:
+    def resume(self, ctx: RoundContext, task: int, released: int) -> None:
         """Back in ``task`` after a restart (:mod:`flmesh.node.checkpoint`): the same data as
         entering it, without the task-change hooks (the plug-ins' state is restored already)."""
         if task < 0:
@@ -66,24 +77,24 @@ class ContinualState:
         share = self.source.share(task)
         self.share, self.task, self.released = share.train, task, released
         test = concat(self.tests) if self.tests else share.test
-        extra = [d for client in node.clients.values() for d in client.extra_training_data() if len(d)]
-        node.data = NodeData(concat([share.train, *extra]) if extra else share.train, test)
+        extra = [d for client in ctx.plugins.clients.values() for d in client.extra_training_data() if len(d)]
+        ctx.data = NodeData(concat([share.train, *extra]) if extra else share.train, test)
 
-    def _enter(self, node: Node, task: int) -> list[str]:
+    def _enter(self, ctx: RoundContext, task: int) -> list[str]:
         share = self.source.share(task)
         if len(share.test):
             self.tests.append(share.test)
         self.share, self.task = share.train, task
         test = concat(self.tests) if self.tests else share.test
-        node.data = NodeData(share.train, test)  # client halves read the new data from here
-        for client in node.clients.values():
+        ctx.data = NodeData(share.train, test)  # client halves read the new data from here
+        for client in ctx.plugins.clients.values():
             client.after_task_change(task)
-        extra = [d for client in node.clients.values() for d in client.extra_training_data() if len(d)]
+        extra = [d for client in ctx.plugins.clients.values() for d in client.extra_training_data() if len(d)]
         if extra:
-            node.data = NodeData(concat([share.train, *extra]), test)
+            ctx.data = NodeData(concat([share.train, *extra]), test)
         notes = [f"entered task {task}: {len(share.train)} samples of its own"
                  + (f", {sum(len(d) for d in extra)} replayed" if extra else "")]
-        for client in node.clients.values():
+        for client in ctx.plugins.clients.values():
             notes += client.notes
             client.notes.clear()
         return notes
@@ -98,32 +109,34 @@ def empty_share(source: TaskSource) -> NodeData:
                               num_tasks=share.test.num_tasks))
 
 
-def wire_replay(node: Node, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None,
-                tls: Tls | None = None) -> None:
+def wire_replay(ctx: RoundContext, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None,
+                tls: Tls | None = None) -> ReplayBufferCore | None:
     """Point a node of a federation with ``[replay]`` at its buffer host over gRPC: the
     aggregator of a star federation, else the node ``[replay] host`` names (default: the
-    first node), which serves the buffer itself (its privacy ledger in ``state_dir``).
-    With ``tls`` the channel is mTLS and checks the host's certificate."""
+    first node), which serves the buffer itself (its privacy ledger in ``state_dir``): the
+    buffer it serves then, else None. With ``tls`` the channel is mTLS and checks the
+    host's certificate."""
     from flmesh.node.memory import local_replay
     from flmesh.node.replay_buffer import ReplayBufferCore
     from flmesh.node.wire.replay_client import GrpcReplayTransport
 
-    fed, replay = node.federation, node.federation.replay
+    fed, replay = ctx.settings.federation, ctx.settings.federation.replay
     if replay is None:
-        return
+        return None
 
     host = "aggregator" if aggregator else replay.host or fed.node_ids[0]
 
     def remote(address: str) -> ReplayTransport:
-        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=node.counter, tls=tls,
+        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=ctx.links.counter, tls=tls,
                                    host_id=host)
 
     if aggregator:
-        node.replay.target = remote(aggregator)
-        return
-    if host == node.node_id:
-        node.replay_host = ReplayBufferCore(fed, node.data.train.input_shape, node.data.train.num_classes,
-                                            state_dir=state_dir, clock=node.clock)
-        node.replay.target = local_replay(node.replay_host, node.node_id, node.counter)
-    else:
-        node.replay.host, node.replay.factory = host, remote
+        ctx.links.replay.target = remote(aggregator)
+        return None
+    if host == ctx.settings.node_id:
+        core = ReplayBufferCore(fed, ctx.data.train.input_shape, ctx.data.train.num_classes,
+                                state_dir=state_dir, clock=ctx.links.clock)
+        ctx.links.replay.target = local_replay(core, ctx.settings.node_id, ctx.links.counter)
+        return core
+    ctx.links.replay.host, ctx.links.replay.factory = host, remote
+    return None

@@ -43,6 +43,6 @@ def grpc_node(cls: type[Node], federation: Federation, node_id: str, *, data: No
     node = cls(federation, node_id, data=data, transport=transport, aggregator=star, tasks=tasks)
     node.listen = listen or cfg.address or "127.0.0.1:0"
     node.tls = tls
-    wire_replay(node, aggregator, chunk_bytes, state_dir, tls)
+    node.replay_host = wire_replay(node.ctx, aggregator, chunk_bytes, state_dir, tls)
     node.connect(peers)
     return node

@@ -1,7 +1,7 @@
 """What a node answers when a peer calls it: the Peer service's logic, with no transport in it.
 
 :class:`NodeHandlers` implements :class:`~flmesh.node.transport.PeerHandlers`
-for a :class:`~flmesh.node.node.Node`. The gRPC servicer and the in-memory
+for a node's :class:`~flmesh.node.round_context.RoundContext`. The gRPC servicer and the in-memory
 transport both call it with the caller's authenticated identity (None on
 plaintext). Every refusal is a :class:`~flmesh.node.errors.Refused` whose
 message starts with this node's id, and leaves the node's state unchanged.
@@ -44,7 +44,7 @@ from flmesh.v1 import model_pb2 as pb
 Tensors = dict[str, torch.Tensor]
 
 if TYPE_CHECKING:
-    from flmesh.node.node import Node
+    from flmesh.node.round_context import RoundContext
 
 
 def package_version() -> str:
@@ -59,18 +59,18 @@ VERSION = package_version()
 
 
 class NodeHandlers:
-    def __init__(self, node: Node):
-        self.node = node
-        self.node_id = node.node_id
+    def __init__(self, ctx: RoundContext):
+        self.ctx = ctx
+        self.node_id = ctx.settings.node_id
 
     # ------------------------------------------------------------------ checks
     def _member(self, peer_id: str, what: str) -> None:
         """Only members of the federation may deliver, rewind, evaluate or say hello."""
         if not peer_id:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: {what} names no sender")
-        if peer_id != self.node_id and peer_id not in self.node.member_ids:
+        if peer_id != self.node_id and peer_id not in self.ctx.settings.members:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: unknown peer {peer_id!r} "
-                          f"(the federation has {', '.join(self.node.member_ids)})")
+                          f"(the federation has {', '.join(self.ctx.settings.members)})")
 
     def _same(self, caller: str | None, claimed: str, what: str) -> None:
         """The sender a message names must be the peer that sent it (when transport knows who)."""
@@ -82,26 +82,27 @@ class NodeHandlers:
         """What a message of ``meta``'s kind must contain: the model, or a plug-in's update."""
         if meta.kind == "extras":
             name = str(meta.metadata.get("algorithm", ""))
-            if name not in self.node.update_specs:
+            specs = self.ctx.plugins.update_specs
+            if name not in specs:
                 raise CodecError("invalid", f"extras for algorithm {name!r}, which this node does not "
-                                 f"run between peers (it runs {', '.join(self.node.update_specs) or 'none'})")
-            return self.node.update_specs[name]
+                                 f"run between peers (it runs {', '.join(specs) or 'none'})")
+            return specs[name]
         if meta.kind == "rewind":  # the model, and the sender's optimizer state when it sends one
-            return {**self.node.spec, **optimizer_spec(self._rewind_config(meta), self.node.model)}
-        return self.node.spec
+            return {**self.ctx.model.spec, **optimizer_spec(self._rewind_config(meta), self.ctx.model.module)}
+        return self.ctx.model.spec
 
     def _rewind_config(self, meta: ModelMeta) -> TrainingConfig:
         try:
-            return rewind_training(self.node.training, meta.metadata)
+            return rewind_training(self.ctx.settings.training, meta.metadata)
         except ValueError as exc:
             raise CodecError("invalid", f"Rewind: {exc}") from None
 
     def evaluate_state(self, state: Mapping[str, torch.Tensor], max_task: int | None = None) -> EvalResult:
         """Any model state on this node's test split (a pooled copy is evaluated); in a continual
         federation only the test samples of tasks ``<= max_task``. Thread-safe."""
-        test = self.node.data.test.up_to_task(max_task)
-        with self.node.spare.loaded(state) as model:
-            return evaluate(model, test, device=self.node.device)
+        test = self.ctx.data.test.up_to_task(max_task)
+        with self.ctx.model.spare.loaded(state) as model:
+            return evaluate(model, test, device=self.ctx.model.device)
 
     def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
                      cfg: TrainingConfig | None = None,
@@ -111,15 +112,15 @@ class NodeHandlers:
         sender's settings ``cfg``; returns the model and optimizer state, and the steps trained.
         ``stop()`` True ends it early (TrainingStopped). Thread-safe; the node's own model is
         not touched."""
-        cfg = cfg or self.node.training
-        model_part = {k: v for k, v in state.items() if k in self.node.spec}
-        optim_part = {k: v for k, v in state.items() if k not in self.node.spec}
-        with self.node.spare.loaded(model_part) as model:
+        cfg = cfg or self.ctx.settings.training
+        model_part = {k: v for k, v in state.items() if k in self.ctx.model.spec}
+        optim_part = {k: v for k, v in state.items() if k not in self.ctx.model.spec}
+        with self.ctx.model.spare.loaded(model_part) as model:
             optimizer = make_optimizer(model, cfg)
             load_optimizer_state(optimizer, model, optim_part)
-            stats = train(model, self.node.data.train, cfg, epochs=epochs, steps=steps or None,
-                          seed=self.node.train_seed(round, salt=1), device=self.node.device,
-                          objective=self.node.objective, optimizer=optimizer, stop=stop)
+            stats = train(model, self.ctx.data.train, cfg, epochs=epochs, steps=steps or None,
+                          seed=self.ctx.settings.train_seed(round, salt=1), device=self.ctx.model.device,
+                          objective=self.ctx.plugins.objective, optimizer=optimizer, stop=stop)
             out = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             out.update(optimizer_state(optimizer, model) if optim_part else {})
             return out, stats.steps
@@ -143,7 +144,7 @@ class NodeHandlers:
     def _read(self, header: pb.ModelHeader, stream: Chunks) -> DecodedModel:
         try:
             spec = self.spec_for(codec.meta_of(header))
-            return codec.decode(stream, spec, self.node.max_model_bytes, wire=self.node.wire)
+            return codec.decode(stream, spec, self.ctx.settings.max_model_bytes, wire=self.ctx.settings.wire)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"{self.node_id}: {exc}") from None
 
@@ -151,14 +152,15 @@ class NodeHandlers:
     def hello(self, caller: str | None, node_id: str, federation: str, architecture: str) -> HelloInfo:
         self._member(node_id, "Hello")
         self._same(caller, node_id, "Hello")
-        if federation and federation != self.node.federation.name:
+        if federation and federation != self.ctx.settings.federation.name:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id} is in federation "
-                          f"{self.node.federation.name!r}, not {federation!r}")
-        mine = self.node.architecture
+                          f"{self.ctx.settings.federation.name!r}, not {federation!r}")
+        mine = self.ctx.model.architecture
         if architecture and architecture != mine:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id} runs model {mine}, the caller {node_id!r} "
                           f"runs {architecture}: every node of a federation needs the same [model]")
-        return HelloInfo(self.node_id, self.node.federation.name, mine, VERSION, self.node.last_round)
+        return HelloInfo(self.node_id, self.ctx.settings.federation.name, mine, VERSION,
+                         self.ctx.activity.last_round)
 
     def deliver(self, caller: str | None, chunks: Chunks) -> DeliverResult:
         header, stream = self._peek(chunks)
@@ -166,12 +168,12 @@ class NodeHandlers:
         self._member(meta.sender, "the model")
         self._same(caller, meta.sender, "the model")
         if meta.kind == "trained":
-            if not may_deliver(self.node.federation, meta.sender, self.node_id, meta.round):
+            if not may_deliver(self.ctx.settings.federation, meta.sender, self.node_id, meta.round):
                 raise Refused("PERMISSION_DENIED", f"{self.node_id}: {meta.sender} does not send to "
                               f"{self.node_id} in round {meta.round} (not on the schedule)")
             kind = "trained"
         elif meta.kind == "extras":
-            if meta.sender not in self.node.neighbours:
+            if meta.sender not in self.ctx.settings.neighbours:
                 raise Refused("PERMISSION_DENIED", f"{self.node_id}: {meta.sender} is not a graph neighbour")
             kind = f"extras/{meta.metadata.get('algorithm', '')}"
         else:
@@ -180,23 +182,23 @@ class NodeHandlers:
         self._in_window(meta.round, "the model")
         model = self._read(header, stream)
         key = InboxKey(meta.round, meta.sender, kind)
-        fresh = self.node.inbox.put(key, model)
-        if fresh and self.node.checkpoint_dir is not None:
+        fresh = self.ctx.links.inbox.put(key, model)
+        if fresh and self.ctx.checkpoint_dir is not None:
             from flmesh.node.checkpoint import keep_delivery
 
-            keep_delivery(self.node.checkpoint_dir, key, model)
-        self.node.counter.add_received(meta.kind, model.wire_bytes)
-        if self.node.metrics is not None:
-            self.node.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
+            keep_delivery(self.ctx.checkpoint_dir, key, model)
+        self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
+        if self.ctx.links.metrics is not None:
+            self.ctx.links.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
         if not fresh:
-            self.node.log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id, kind,
+            self.ctx.links.log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id, kind,
                                meta.sender, meta.round)
         return DeliverResult(accepted=fresh, duplicate=not fresh, bytes_received=model.total_bytes)
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
         header, stream = self._peek(chunks)
         asker = caller if caller is not None else header.sender
-        if asker not in self.node.evaluators:
+        if asker not in self.ctx.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {asker!r} may not evaluate on this node's "
                           "test split (members of the federation may)")
         model = self._read(header, stream)
@@ -207,19 +209,19 @@ class NodeHandlers:
                chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:
         self._member(sender, "Rewind")
         self._same(caller, sender, "Rewind")
-        if not may_rewind(self.node.federation, sender, self.node_id, round):
+        if not may_rewind(self.ctx.settings.federation, sender, self.node_id, round):
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {sender} does not rewind to "
                           f"{self.node_id} in round {round} (not on the schedule)")
-        if abs(round - (self.node.last_round + 1)) > ROUND_WINDOW:
+        if abs(round - (self.ctx.activity.last_round + 1)) > ROUND_WINDOW:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: a rewind for round {round} is outside "
-                          f"this node's window (it is in round {self.node.last_round + 1})")
+                          f"this node's window (it is in round {self.ctx.activity.last_round + 1})")
         self._check_rewind_work(epochs, steps)
         model = self._decode(chunks)
         if model.meta.kind != "rewind":
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind takes a model of kind 'rewind', "
                           f"not {model.meta.kind!r}")
-        cfg = rewind_training(self.node.training, model.meta.metadata)
-        stop = self.node.stop_event
+        cfg = rewind_training(self.ctx.settings.training, model.meta.metadata)
+        stop = self.ctx.links.stop_event
 
         def gone() -> bool:
             return stop.is_set() or (cancelled is not None and cancelled())
@@ -229,36 +231,36 @@ class NodeHandlers:
         except TrainingStopped as exc:
             raise Refused("CANCELLED", f"{self.node_id}: rewind for {sender} stopped: {exc}") from None
         meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
-                         num_samples=len(self.node.data.train), architecture=self.node.architecture,
+                         num_samples=len(self.ctx.data.train), architecture=self.ctx.model.architecture,
                          metadata={"steps": done})
-        return codec.encode(state, meta, self.node.wire)
+        return codec.encode(state, meta, self.ctx.settings.wire)
 
     def _in_window(self, round: int, what: str) -> None:
         """Models are taken for rounds from the last one this node finished (its next round
         trains on it) to ROUND_WINDOW ahead: an older one can never be used; one further ahead
         is refused as RESOURCE_EXHAUSTED (the window is full), and a sender that is ahead waits
         and sends it again (:func:`~flmesh.node.peer_exchange.deliver_onward`)."""
-        last = self.node.last_round
+        last = self.ctx.activity.last_round
         if round < last:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "
                           f"over (this node finished round {last})")
         if round > last + ROUND_WINDOW:  # the sender is ahead: it waits until this node catches up
             raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {what} is for round {round}, too far "
                           f"ahead (this node finished round {last}); send it again once it has caught up")
-        if round >= self.node.rounds:
+        if round >= self.ctx.settings.rounds:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, but nothing "
-                          f"is sent after the last round ({self.node.rounds})")
+                          f"is sent after the last round ({self.ctx.settings.rounds})")
 
     def _check_rewind_work(self, epochs: float, steps: int) -> None:
         """Refuse a rewind with no work, or more than the federation's own settings allow: the
         λ share of E epochs (the largest of any node) over the largest data share at the
         smallest batch size. A peer must not make this node train without end."""
-        fed = self.node.federation
+        fed = self.ctx.settings.federation
         if not math.isfinite(epochs) or epochs < 0 or steps < 0 or not (steps > 0 or epochs > 0):
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind needs steps > 0 or epochs > 0, "
                           f"got steps {steps}, epochs {epochs}")
         max_epochs = fed.rewind.lam * max(n.training.epochs for n in fed.nodes)
-        largest = self.node.data.largest_share or len(self.node.data.train) * len(fed.nodes)
+        largest = self.ctx.data.largest_share or len(self.ctx.data.train) * len(fed.nodes)
         batch = min(n.training.batch_size for n in fed.nodes)
         max_steps = math.ceil(fed.rewind.lam * steps_for(max_epochs / fed.rewind.lam, largest, batch)) + 1
         if epochs > max_epochs + 1e-9 or steps > max_steps:
@@ -267,6 +269,6 @@ class NodeHandlers:
                           f"epochs {epochs:g}")
 
     def status(self, caller: str | None) -> PeerStatus:
-        if caller is not None and caller not in self.node.evaluators:
+        if caller is not None and caller not in self.ctx.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {caller!r} is not in this federation")
-        return self.node.status()
+        return self.ctx.status()

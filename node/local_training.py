@@ -38,7 +38,7 @@ from flmesh.node.reports import TrainStats
 from flmesh.topology import TrainingConfig
 
 if TYPE_CHECKING:
-    from flmesh.node.node import Node
+    from flmesh.node.round_context import RoundContext
 
 
 def optimizer_metadata(cfg: TrainingConfig) -> dict[str, MetaValue]:
@@ -65,68 +65,70 @@ def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> T
     return replace(own, optimizer=str(optimizer), lr=lr, momentum=momentum, weight_decay=decay)
 
 
-def train_local(node: Node, round: int, phase: int, regularizers: Sequence[Regularizer] = (), *,
+def train_local(ctx: RoundContext, round: int, phase: int, regularizers: Sequence[Regularizer] = (), *,
                 steps: int | None = None, optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
     """Local training on the node's model, seeded by (round, phase): E epochs, or ``steps``.
     Raises TrainingStopped when the node is stopped mid-way (SIGTERM ends a process within a
     training step, not a round)."""
-    node.set_state("training")
+    ctx.activity.set_state("training")
     started = time.monotonic()
     try:
-        with node.model_lock:
-            return train(node.model, node.data.train, node.training, steps=steps,
-                         seed=node.train_seed(round, salt=phase), device=node.device,
-                         objective=node.objective, regularizers=regularizers, optimizer=optimizer,
-                         stop=node.stop_event.is_set)
+        with ctx.model.lock:
+            return train(ctx.model.module, ctx.data.train, ctx.settings.training, steps=steps,
+                         seed=ctx.settings.train_seed(round, salt=phase), device=ctx.model.device,
+                         objective=ctx.plugins.objective, regularizers=regularizers, optimizer=optimizer,
+                         stop=ctx.links.stop_event.is_set)
     finally:
-        if node.metrics is not None:
-            node.metrics.phase("train", time.monotonic() - started)
+        if ctx.links.metrics is not None:
+            ctx.links.metrics.phase("train", time.monotonic() - started)
 
 
-def rewind_on(node: Node, target: str, round: int, steps: int,
+def rewind_on(ctx: RoundContext, target: str, round: int, steps: int,
               optimizer: torch.optim.Optimizer) -> int | None:
     """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
     continuing ``optimizer``, and sends both back; they replace the node's. The steps it
     trained, or None (logged) when it cannot be reached."""
-    node.set_state("rewinding", target)
-    with node.model_lock:
-        state = {**node.state_dict(), **optimizer_state(optimizer, node.model)}
-        spec = {**node.spec, **optimizer_spec(node.training, node.model)}
-    meta = ModelMeta(round=round, sender=node.node_id, kind="rewind", num_samples=len(node.data.train),
-                     architecture=node.architecture, metadata=optimizer_metadata(node.training))
-    message = encode(state, meta, node.wire)
-    back = node.calls.call(target, "rewind to", round, lambda: node.transport.rewind(
-        target, message, steps, round, node.node_id, expected=spec, max_bytes=node.max_model_bytes,
-        timeout=node.round_timeout_s))
+    ctx.activity.set_state("rewinding", target)
+    with ctx.model.lock:
+        state = {**ctx.model.state_dict(), **optimizer_state(optimizer, ctx.model.module)}
+        spec = {**ctx.model.spec, **optimizer_spec(ctx.settings.training, ctx.model.module)}
+    meta = ModelMeta(round=round, sender=ctx.settings.node_id, kind="rewind", num_samples=len(ctx.data.train),
+                     architecture=ctx.model.architecture,
+                     metadata=optimizer_metadata(ctx.settings.training))
+    message = encode(state, meta, ctx.settings.wire)
+    back = ctx.links.calls.call(target, "rewind to", round, lambda: ctx.links.transport.rewind(
+        target, message, steps, round, ctx.settings.node_id, expected=spec,
+        max_bytes=ctx.settings.max_model_bytes, timeout=ctx.settings.round_timeout_s))
     if back is None:
         return None
-    model_part = {k: v for k, v in back.state_dict.items() if k in node.spec}
-    optim_part = {k: v for k, v in back.state_dict.items() if k not in node.spec}
-    with node.model_lock:
-        node.load_state(model_part)
-        load_optimizer_state(optimizer, node.model, optim_part)
+    model_part = {k: v for k, v in back.state_dict.items() if k in ctx.model.spec}
+    optim_part = {k: v for k, v in back.state_dict.items() if k not in ctx.model.spec}
+    with ctx.model.lock:
+        ctx.model.load_state(model_part)
+        load_optimizer_state(optimizer, ctx.model.module, optim_part)
     done = back.meta.metadata.get("steps", steps)
     return done if isinstance(done, int) else steps
 
 
-def train_round(node: Node, round: int, target: str | None, notes: list[str],
+def train_round(ctx: RoundContext, round: int, target: str | None, notes: list[str],
                 regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
     """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server) in steps. Returns
     the training stats (steps include the rewind node's) and where the rewind ran (None: no
     rewind, or it failed)."""
     if target is None:
-        return train_local(node, round, 0, regularizers), None
-    total = steps_for(node.training.epochs, len(node.data.train), node.training.batch_size)
-    first, middle, last = split_steps(total, node.federation.rewind.lam)
-    with node.model_lock:
-        optimizer = make_optimizer(node.model, node.training)
-    phases = [train_local(node, round, 0, regularizers, steps=first, optimizer=optimizer)]
-    remote = rewind_on(node, target, round, middle, optimizer) if middle > 0 else 0
+        return train_local(ctx, round, 0, regularizers), None
+    cfg = ctx.settings.training
+    total = steps_for(cfg.epochs, len(ctx.data.train), cfg.batch_size)
+    first, middle, last = split_steps(total, ctx.settings.federation.rewind.lam)
+    with ctx.model.lock:
+        optimizer = make_optimizer(ctx.model.module, ctx.settings.training)
+    phases = [train_local(ctx, round, 0, regularizers, steps=first, optimizer=optimizer)]
+    remote = rewind_on(ctx, target, round, middle, optimizer) if middle > 0 else 0
     rewound_to = target if remote is not None else None
     if remote is None:
         notes.append(f"rewind to {target} failed; trained its {middle} steps locally")
-        phases.append(train_local(node, round, 1, regularizers, steps=middle, optimizer=optimizer))
-    phases.append(train_local(node, round, 2, regularizers, steps=last, optimizer=optimizer))
+        phases.append(train_local(ctx, round, 1, regularizers, steps=middle, optimizer=optimizer))
+    phases.append(train_local(ctx, round, 2, regularizers, steps=last, optimizer=optimizer))
     seen = sum(p.samples for p in phases)
     stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
                        sum(p.steps for p in phases) + (remote or 0), seen, remote or 0)

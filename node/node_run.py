@@ -76,7 +76,7 @@ class NodeRun:
         self.node.checkpoint_dir = self.out
         if self.ops.metrics is not None:
             self.node.set_metrics(self.ops.metrics)
-        done = restore(self.node, self.out) if self.resume else 0
+        done = restore(self.node.ctx, self.out) if self.resume else 0
         self.first_round = done + 1
         try:
             self.writer = RunWriter(self.out, append=self.resume, upto=done)

@@ -33,7 +33,7 @@ from flmesh.node.transport import DeliverResult
 from flmesh.topology.peers import FALLBACK_HOPS, successors
 
 if TYPE_CHECKING:
-    from flmesh.node.node import Node
+    from flmesh.node.round_context import RoundContext
 
 #: A wait is extended in steps of this share of the round timeout while a peer makes progress...
 EXTEND_SHARE = 0.5
@@ -45,20 +45,20 @@ STATUS_TIMEOUT_S = 3.0
 CATCH_UP_POLL_S = 0.5
 
 
-def senders_for(node: Node, round: int) -> list[str]:
+def senders_for(ctx: RoundContext, round: int) -> list[str]:
     """Who may hand this node its round-``round`` input, in order of preference: the source,
     then the nodes whose fallback reaches this node (the source's source)."""
-    plan = node.federation.schedule().plan(round - 1)
-    ordered = [s for s in node.federation.node_ids if s != node.node_id
-               and node.node_id in successors(plan, s, FALLBACK_HOPS)]
-    return sorted(ordered, key=lambda s: successors(plan, s, FALLBACK_HOPS).index(node.node_id))
+    fed, me = ctx.settings.federation, ctx.settings.node_id
+    plan = fed.schedule().plan(round - 1)
+    ordered = [s for s in fed.node_ids if s != me and me in successors(plan, s, FALLBACK_HOPS)]
+    return sorted(ordered, key=lambda s: successors(plan, s, FALLBACK_HOPS).index(me))
 
 
-def _working_on(node: Node, peer: str, round: int) -> bool:
+def _working_on(ctx: RoundContext, peer: str, round: int) -> bool:
     """Is ``peer`` up and still producing its round-``round`` model (not past that round, or
     still sending it: it may be retrying a dead destination before it falls back)?"""
     try:
-        status = node.transport.status(peer, timeout=STATUS_TIMEOUT_S)
+        status = ctx.links.transport.status(peer, timeout=STATUS_TIMEOUT_S)
     except PeerError:
         return False
     if status.state in ("done", "stopped"):
@@ -66,50 +66,52 @@ def _working_on(node: Node, peer: str, round: int) -> bool:
     return status.round < round or (status.round == round and status.state == "sending")
 
 
-def wait_for_source(node: Node, round: int, notes: list[str]) -> tuple[str | None, DecodedModel | None]:
+def wait_for_source(ctx: RoundContext, round: int,
+                    notes: list[str]) -> tuple[str | None, DecodedModel | None]:
     """Block until a model of round ``round - 1`` arrives from one of :func:`senders_for`, or
     no sender makes progress any more; (sender, model), or (None, None) with a note."""
-    senders = senders_for(node, round)
+    senders = senders_for(ctx, round)
     keys = [InboxKey(round - 1, s, "trained") for s in senders]
-    timeout = node.round_timeout_s
-    deadline = node.clock.now() + timeout
-    last_chance = node.clock.now() + MAX_WAIT_FACTOR * timeout
+    timeout = ctx.settings.round_timeout_s
+    deadline = ctx.links.clock.now() + timeout
+    last_chance = ctx.links.clock.now() + MAX_WAIT_FACTOR * timeout
     extended = last_look = False
     while True:
-        found = node.inbox.wait_any(keys, max(0.0, deadline - node.clock.now()), node.stop_event)
+        found = ctx.links.inbox.wait_any(keys, max(0.0, deadline - ctx.links.clock.now()),
+                                         ctx.links.stop_event)
         if found:
             sender = next(k.sender for k in keys if k in found)
             if sender != senders[0]:
                 notes.append(f"{senders[0]} was down; got {sender}'s model instead (its fallback)")
             return sender, found[InboxKey(round - 1, sender, "trained")]
-        if last_look or node.stop_event.is_set() or node.clock.now() >= last_chance:
+        if last_look or ctx.links.stop_event.is_set() or ctx.links.clock.now() >= last_chance:
             break
-        if not any(_working_on(node, s, round - 1) for s in senders):
+        if not any(_working_on(ctx, s, round - 1) for s in senders):
             # A sender that finished while we asked may have delivered since the wait ended: its
             # Status then says it is past the round, and the model is already here.
-            last_look, deadline = True, node.clock.now()
+            last_look, deadline = True, ctx.links.clock.now()
             continue
-        deadline = min(last_chance, node.clock.now() + EXTEND_SHARE * timeout)
+        deadline = min(last_chance, ctx.links.clock.now() + EXTEND_SHARE * timeout)
         extended = True
     waited = f"{timeout:g}s" + (" and longer while it was still working" if extended else "")
     notes.append(f"no model from {senders[0]} within {waited}; trained the model it had")
-    node.log.warning("%s: round %d: %s", node.node_id, round, notes[-1])
+    ctx.links.log.warning("%s: round %d: %s", ctx.settings.node_id, round, notes[-1])
     return None, None
 
 
-def await_catch_up(node: Node, peer: str, round: int) -> bool | None:
+def await_catch_up(ctx: RoundContext, peer: str, round: int) -> bool | None:
     """After ``peer`` refused this node's round-``round`` model with RESOURCE_EXHAUSTED: wait,
     asking its ``Status``, until its window takes the model (it finished round ``round -
     ROUND_WINDOW`` or later). True: it does now. None: it was not behind (the refusal meant
     something else, e.g. busy, for the caller's retries). False: it is behind and made no
     progress for a round timeout, stopped, or stopped answering; or this node is stopping.
     Blocks on the node's clock."""
-    deadline = node.clock.now() + node.round_timeout_s
+    deadline = ctx.links.clock.now() + ctx.settings.round_timeout_s
     seen: int | None = None
     pause = 0.05
-    while not node.stop_event.is_set():
+    while not ctx.links.stop_event.is_set():
         try:
-            status = node.transport.status(peer, timeout=STATUS_TIMEOUT_S)
+            status = ctx.links.transport.status(peer, timeout=STATUS_TIMEOUT_S)
         except PeerError:
             return False
         if round <= status.round + ROUND_WINDOW:
@@ -117,22 +119,22 @@ def await_catch_up(node: Node, peer: str, round: int) -> bool | None:
         if status.state in ("done", "stopped"):
             return False
         if status.round != seen:  # it finished another round: give it a round timeout more
-            seen, deadline = status.round, node.clock.now() + node.round_timeout_s
-        if node.clock.now() >= deadline:
+            seen, deadline = status.round, ctx.links.clock.now() + ctx.settings.round_timeout_s
+        if ctx.links.clock.now() >= deadline:
             return False
-        node.clock.sleep(pause, node.stop_event)
+        ctx.links.clock.sleep(pause, ctx.links.stop_event)
         pause = min(2 * pause, CATCH_UP_POLL_S)
     return False
 
 
-def _deliver_once_admitted(node: Node, to: str, message: EncodedModel, round: int) -> DeliverResult:
+def _deliver_once_admitted(ctx: RoundContext, to: str, message: EncodedModel, round: int) -> DeliverResult:
     """One delivery of ``message`` to ``to``, sent again each time ``to`` catches up after
     refusing it as too far ahead; other failures raise as they come (for the retries)."""
     while True:
         try:
-            return node.transport.deliver(to, message, timeout=node.round_timeout_s)
+            return ctx.links.transport.deliver(to, message, timeout=ctx.settings.round_timeout_s)
         except PeerError as exc:
-            caught_up = await_catch_up(node, to, round) if exc.code == "RESOURCE_EXHAUSTED" else None
+            caught_up = await_catch_up(ctx, to, round) if exc.code == "RESOURCE_EXHAUSTED" else None
             if caught_up is None:
                 raise  # not behind: busy, too large or unreachable, which the retries handle
             if not caught_up:
@@ -141,21 +143,21 @@ def _deliver_once_admitted(node: Node, to: str, message: EncodedModel, round: in
                                 "without progress for a round timeout") from None
 
 
-def deliver_onward(node: Node, round: int, destination: str, notes: list[str]) -> str | None:
+def deliver_onward(ctx: RoundContext, round: int, destination: str, notes: list[str]) -> str | None:
     """Send this node's round-``round`` model to ``destination`` (retries with backoff; waits
     while a destination that is rounds behind catches up), else to its successor; who got it
     (None: nobody, noted)."""
-    node.set_state("sending", destination)
-    message = node.encode(round)
-    plan = node.federation.schedule().plan(round)
-    for target in successors(plan, node.node_id, FALLBACK_HOPS):
-        if not node.transport.knows(target):
+    ctx.activity.set_state("sending", destination)
+    message = ctx.encode(round)
+    plan = ctx.settings.federation.schedule().plan(round)
+    for target in successors(plan, ctx.settings.node_id, FALLBACK_HOPS):
+        if not ctx.links.transport.knows(target):
             continue
 
         def send(to: str = target) -> DeliverResult:
-            return _deliver_once_admitted(node, to, message, round)
+            return _deliver_once_admitted(ctx, to, message, round)
 
-        if node.calls.call(target, "delivery to", round, send) is not None:
+        if ctx.links.calls.call(target, "delivery to", round, send) is not None:
             if target != destination:
                 notes.append(f"{destination} was unreachable; delivered to {target} (its successor)")
             return target

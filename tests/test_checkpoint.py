@@ -29,7 +29,7 @@ def test_a_resumed_node_trains_what_the_uninterrupted_one_trains(tmp_path):
     with Cluster(f, "memory") as straight:
         straight.by_id["node1"].checkpoint_dir = tmp_path  # its deliveries are kept as they arrive
         straight.peer_round(1)
-        save(straight.by_id["node1"], 1, tmp_path)
+        save(straight.by_id["node1"].ctx, 1, tmp_path)
         straight.peer_round(2)
         expected = straight.by_id["node1"].state_dict()
     with Cluster(f, "memory") as again:
@@ -37,7 +37,7 @@ def test_a_resumed_node_trains_what_the_uninterrupted_one_trains(tmp_path):
         node1 = again.by_id["node1"]
         node1.inbox.prune(99)
         node1.load_state({k: torch.zeros_like(v) for k, v in node1.state_dict().items()})
-        assert restore(node1, tmp_path) == 1 and node1.last_round == 1
+        assert restore(node1.ctx, tmp_path) == 1 and node1.last_round == 1
         for node in again.nodes:
             node.run_round(2)
         assert states_equal(node1.state_dict(), expected)
@@ -50,12 +50,12 @@ def test_deliveries_are_kept_as_they_arrive_and_dropped_when_no_round_needs_them
         node2 = c.by_id["node2"]
         model = node2.inbox.get(InboxKey(1, "node1", "trained"))
         keep_delivery(tmp_path, InboxKey(1, "node1", "trained"), model)
-        save(node2, 1, tmp_path)
+        save(node2.ctx, 1, tmp_path)
     with Cluster(f, "memory") as fresh:
         node2 = fresh.by_id["node2"]
-        assert restore(node2, tmp_path) == 1
+        assert restore(node2.ctx, tmp_path) == 1
         assert node2.inbox.get(InboxKey(1, "node1", "trained")) is not None, "round 2's input survived"
-        save(node2, 2, tmp_path)
+        save(node2.ctx, 2, tmp_path)
     assert not list((tmp_path / "inbox").glob("*.flmesh")), "a round-1 delivery no later round uses"
 
 
@@ -81,20 +81,20 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path):
     f = parse_federation(tiny_raw(nodes=3, rounds=3), source="t")
     other = parse_federation(tiny_raw(nodes=3, rounds=3, federation={"name": "other"}), source="t")
     with Cluster(f, "memory") as c:
-        assert restore(c.by_id["node0"], tmp_path) == 0, "no checkpoint: a fresh start"
-        save(c.by_id["node0"], 1, tmp_path)
+        assert restore(c.by_id["node0"].ctx, tmp_path) == 0, "no checkpoint: a fresh start"
+        save(c.by_id["node0"].ctx, 1, tmp_path)
         with pytest.raises(CheckpointError, match="saved for node 'node0', this is 'node1'"):
-            restore(c.by_id["node1"], tmp_path)
+            restore(c.by_id["node1"].ctx, tmp_path)
     with Cluster(other, "memory") as o, pytest.raises(CheckpointError, match="saved for federation 'tiny'"):
-        restore(o.by_id["node0"], tmp_path)
+        restore(o.by_id["node0"].ctx, tmp_path)
     path = tmp_path / CHECKPOINT
     raw = path.read_bytes()
     path.write_bytes(raw[:-10])
     with Cluster(f, "memory") as c, pytest.raises(StateFileError, match="damaged checkpoint: the stream"):
-        restore(c.by_id["node0"], tmp_path)
+        restore(c.by_id["node0"].ctx, tmp_path)
     path.write_bytes(b"hello")
     with Cluster(f, "memory") as c, pytest.raises(StateFileError, match="not a flmesh checkpoint"):
-        restore(c.by_id["node0"], tmp_path)
+        restore(c.by_id["node0"].ctx, tmp_path)
 
 
 def test_a_round_is_reported_before_its_checkpoint(tmp_path, monkeypatch):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +87,62 @@ def test_the_wire_wing_imports_no_training_code():
                                     "flmesh.node.algorithms.fedcurv", "flmesh.node.algorithms.wsm"])
 def test_algorithm_plugins_load_no_grpc(module):
     assert not heavy(loaded(module), "grpc", "flmesh.coordinator")
+
+
+#: The round engine: what a round and the answers to peers run, on a node's RoundContext.
+ROUND_ENGINE = ["rounds", "local_training", "peer_exchange", "continual", "handlers", "checkpoint",
+                "round_context", "model_state", "activity", "plugins", "peer_calls", "inbox"]
+
+
+def node_imports(source: str) -> list[str]:
+    """Each import in ``source`` (under ``if TYPE_CHECKING`` and in functions too) that names
+    flmesh.node.node, or the Node that flmesh.node re-exports."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Import):
+            found += [a.name for a in n.names if a.name == "flmesh.node.node"]
+        elif isinstance(n, ast.ImportFrom):
+            base = "." * n.level + (n.module or "")
+            names = [a.name for a in n.names]
+            if base in ("flmesh.node.node", ".node") or (base in ("flmesh.node", ".")
+                                                         and {"node", "Node"} & set(names)):
+                found.append(f"from {base} import {', '.join(names)}")
+    return found
+
+
+def source_of(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).read_text()
+
+
+@pytest.mark.parametrize("name", ROUND_ENGINE)
+def test_the_round_engine_never_imports_the_node(name):
+    """Round functions and handlers take the node's RoundContext: none of their modules imports
+    node.py, not even for type hints, so the Node shell can import them all without a cycle."""
+    assert node_imports(source_of(f"flmesh.node.{name}")) == []
+
+
+def test_the_import_check_sees_every_way_of_naming_the_node():
+    source = "\n".join([
+        "from typing import TYPE_CHECKING",
+        "if TYPE_CHECKING:",
+        "    from flmesh.node.node import Node",
+        "def f():",
+        "    from flmesh.node import Node",
+        "    from . import node",
+        "    import flmesh.node.node",
+        "from flmesh.node import rounds",
+        "from flmesh.node.node_run import NodeRun",
+    ])
+    assert sorted(node_imports(source)) == ["flmesh.node.node", "from . import node",
+                                            "from flmesh.node import Node",
+                                            "from flmesh.node.node import Node"]
+
+
+def test_loading_the_round_engine_does_not_load_the_node():
+    mods = loaded(*(f"flmesh.node.{name}" for name in ROUND_ENGINE))
+    assert "flmesh.node.rounds" in mods and not heavy(mods, "flmesh.node.node", "flmesh.node.node_view")
 
 
 def test_round_logic_on_the_memory_transport_loads_no_grpc():

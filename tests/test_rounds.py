@@ -153,7 +153,7 @@ def test_a_dead_destination_is_retried_then_its_successor_gets_the_model_and_wai
 def _progresses_after(node, calls: int, to_round: int):
     """``node``'s Status answers its real round ``calls`` times, then it has finished ``to_round``
     (on the manual clock nothing else moves while the sender waits)."""
-    real, asked = node.status, []
+    real, asked = node.ctx.status, []
 
     def status():
         asked.append(1)
@@ -161,7 +161,7 @@ def _progresses_after(node, calls: int, to_round: int):
             node.finish_round(to_round, 0.5)
         return real()
 
-    node.status = status
+    node.ctx.status = status  # what its Status handler answers
     return asked
 
 
@@ -172,7 +172,7 @@ def test_a_model_delivered_while_its_sender_is_asked_for_progress_is_taken():
     with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
         node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
         node2.finish_round(1, 0.5)  # node0's fallback sender is past round 1 too
-        real = node0.status
+        real = node0.ctx.status
 
         def status():  # node0 delivers and finishes while node1 asks how far it is
             if node1.inbox.get(InboxKey(1, "node0", "trained")) is None:
@@ -180,7 +180,7 @@ def test_a_model_delivered_while_its_sender_is_asked_for_progress_is_taken():
                 node0.finish_round(1, 0.5)
             return real()
 
-        node0.status = status
+        node0.ctx.status = status
         report = node1.run_round(2)
     assert report.received and report.missing is None, report.notes
 
@@ -195,7 +195,7 @@ def test_a_destination_rounds_behind_gets_the_model_once_it_catches_up():
         node2.finish_round(5, 0.5)  # would take the model (its window) if node0 gave up on node1
         asked = _progresses_after(node1, 3, to_round=2)
         notes: list[str] = []
-        assert deliver_onward(node0, 6, "node1", notes) == "node1" and notes == []
+        assert deliver_onward(node0.ctx, 6, "node1", notes) == "node1" and notes == []
         assert node1.inbox.get(InboxKey(6, "node0", "trained")) is not None
         assert node2.inbox.get(InboxKey(6, "node0", "trained")) is None
         assert len(asked) == 3, "asked until node1 had caught up, then sent it again"
@@ -208,7 +208,7 @@ def test_a_destination_that_stays_behind_is_passed_over_after_a_round_timeout():
         node1.finish_round(1, 0.5)  # and never further
         node2.finish_round(5, 0.5)
         notes: list[str] = []
-        assert deliver_onward(node0, 6, "node1", notes) == "node2"
+        assert deliver_onward(node0.ctx, 6, "node1", notes) == "node2"
         assert notes == ["node1 was unreachable; delivered to node2 (its successor)"]
         assert node2.inbox.get(InboxKey(6, "node0", "trained")) is not None
         assert 30 <= c.clock.now() < 40, "one round timeout without progress, then the successor"
@@ -308,7 +308,7 @@ def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
                 agg = c.aggregator
                 nodes = list(c.nodes)
                 agg.evaluate = local_evaluator(lambda nodes=nodes: {n.node_id: n.data.test for n in nodes},
-                                               c.nodes[0]._new_model, c.nodes[0].device)
+                                               c.nodes[0].ctx.model.new_model, c.nodes[0].device)
             rows[how] = [c.star_round(t)[0] for t in (1, 2)]
     for a, b in zip(rows["rpc"], rows["local"], strict=True):
         assert (a.accuracy, a.fa, a.ff, a.pfa, a.global_forgetting) == (b.accuracy, b.fa, b.ff, b.pfa,

@@ -196,21 +196,21 @@ def test_no_model_is_cross_evaluated_before_every_node_finished_the_round(tiny_f
     """The N x N evaluation of an evaluated round starts only once every node has finished that
     round, so it does not share the cores with a late node's round (nor with the next round)."""
     from flmesh.coordinator import sim_peer
-    from flmesh.node.node import Node
+    from flmesh.node.activity import Activity
 
-    finished: dict[str, int] = {}
+    finished: dict[int, int] = {}  # id of a node's activity -> the last round it finished
     seen: list[set[int]] = []
-    finish, evaluate = Node.finish_round, sim_peer.evaluate
+    finish, evaluate = Activity.finish_round, sim_peer.evaluate
 
     def finish_round(self, round, accuracy):
-        finished[self.node_id] = round
+        finished[id(self)] = round
         finish(self, round, accuracy)
 
     def cross_evaluate(*args, **kwargs):
         seen.append(set(finished.values()) if len(finished) == 3 else {-1})
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(Node, "finish_round", finish_round)
+    monkeypatch.setattr(Activity, "finish_round", finish_round)
     monkeypatch.setattr(sim_peer, "evaluate", cross_evaluate)
     assert main([str(tiny_file), "--rounds", "3", "--out", str(tmp_path / "run"), "--quiet"]) == 0
     assert len(seen) == 3 * 2 * 3, "3 rounds x 3 models x the 2 other splits (the diagonal is reported)"

@@ -1,0 +1,61 @@
+"""A node's own model and what describes it: the one copy its round loop trains.
+
+Thread-safety: ``lock`` (re-entrant) guards ``module``; :meth:`ModelState.state_dict`,
+:meth:`ModelState.load_state` and :meth:`ModelState.evaluate` take it, and so must any
+other reader or writer of ``module``. RPC handlers never touch ``module``: they work on
+copies from ``spare``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from functools import partial
+
+import torch
+from torch import nn
+
+from flmesh.node.format.specs import ModelSpec, fingerprint, model_spec
+from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed
+from flmesh.node.learning.models import ModelPool, build_model
+from flmesh.node.learning.trainer import evaluate
+from flmesh.node.reports import EvalResult
+from flmesh.topology import Federation
+
+Tensors = dict[str, torch.Tensor]
+
+
+class ModelState:
+    def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str):
+        """``factory``: a fresh model with the initial weights M_0 (on the CPU); ``name``: the
+        architecture's name, the start of its fingerprint."""
+        self.new_model = factory
+        self.device = device
+        self.module = factory()
+        self.module.to(device)
+        self.lock = threading.RLock()
+        self.spare = ModelPool(factory, device)  # copies that RPC handlers work on
+        self.spec: ModelSpec = model_spec(self.module.state_dict())
+        self.architecture = fingerprint(name, self.spec)  # what Hello and every message compare
+
+    @classmethod
+    def for_federation(cls, federation: Federation, data: ArrayData, device: torch.device) -> ModelState:
+        """The federation's model for samples shaped like ``data``'s, seeded by the federation
+        seed: every node starts from the same M_0."""
+        factory = partial(build_model, federation.model, data.input_shape, data.num_classes,
+                          seed=derive_seed(federation.seed, SEED_MODEL))
+        return cls(factory, device, federation.model.name)
+
+    def state_dict(self) -> Tensors:
+        """A snapshot of the current weights (CPU copies)."""
+        with self.lock:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        with self.lock:
+            self.module.load_state_dict(state)
+
+    def evaluate(self, test: ArrayData) -> EvalResult:
+        """The current model on ``test``; blocks while the model is in use."""
+        with self.lock:
+            return evaluate(self.module, test, device=self.device)
