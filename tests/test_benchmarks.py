@@ -79,6 +79,15 @@ def test_scale(tmp_path):
         assert number(size["peak_rss_mib"], 1) and number(size["whole_run_s"], 0)
 
 
+def test_sim_breakdown(tmp_path):
+    results = run(tmp_path, "sim_breakdown.py")
+    phases = ["start", "import torch", "import torch._dynamo", "set-up", "rounds", "pictures", "exit"]
+    (only,) = results["runs"]
+    assert list(only) == [*phases, "whole run"] and all(number(only[p], 0) for p in only)
+    assert only["rounds"] > 0 and only["pictures"] > 0, "two rounds ran and their pictures were drawn"
+    assert results["median"] == only
+
+
 def test_startup(tmp_path):
     rows = run(tmp_path, "startup.py")["rows"]
     assert [r["what"] for r in rows] == [
