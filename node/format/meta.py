@@ -24,7 +24,8 @@ MetaValue = int | float | str | bool
 class ModelMeta:
     """Everything in a header besides the tensors.
 
-    ``round`` counts from 1 (0: not tied to a round); ``kind`` is a key of KINDS;
+    ``round`` counts from 1 (0: not tied to a round); ``kind`` is a key of
+    :data:`~flmesh.node.format.specs.KINDS`;
     ``label_counts[c]`` is the number of training samples of class c.
     """
 
