@@ -5,8 +5,9 @@ server half (:mod:`flmesh.node.algorithms`), the public split and the
 transport-free :class:`~flmesh.coordinator.aggregator_core.AggregatorCore`;
 :meth:`Aggregator.serve` puts it on gRPC; :meth:`Aggregator.run` is the
 aggregator's one loop: wait for joins, then each round open, collect, close,
-evaluate on every joined node's test split through their ``Evaluate`` RPC,
-and hand the round's :class:`~flmesh.node.results.RoundRow` to ``on_round``.
+evaluate on every joined node's test split through their ``Evaluate`` RPC
+(:mod:`~flmesh.coordinator.aggregator_eval`), and hand the round's
+:class:`~flmesh.node.results.RoundRow` to ``on_round``.
 
 Blocking; one thread runs it. ``stop`` may be called from any thread.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flmesh.coordinator.aggregator_core import AggregatorCore, RoundOutcome
+from flmesh.coordinator.aggregator_core import AggregatorCore
+from flmesh.coordinator.aggregator_eval import Evaluator, RemoteEvaluator, UpdateEvaluator, local_evaluator
+from flmesh.coordinator.aggregator_round import RoundOutcome
 from flmesh.coordinator.star_rows import star_row
 from flmesh.node import algorithms
-from flmesh.node.algorithms.base import RefinedServer, ServerContext, Tensors, trainable_spec
+from flmesh.node.algorithms.base import RefinedServer, ServerContext, trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
-from flmesh.node.errors import PeerError
-from flmesh.node.format.codec import ModelMeta, encode, model_spec
+from flmesh.node.format.codec import model_spec
 from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed, load_dataset, public_data
 from flmesh.node.learning.device import select_device
-from flmesh.node.learning.models import ModelPool, build_model
-from flmesh.node.learning.trainer import evaluate
+from flmesh.node.learning.models import build_model
 from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
@@ -46,15 +46,6 @@ from flmesh.topology.tasks import task_of
 
 log = logging.getLogger("flmesh.aggregator")
 
-#: Evaluate RPCs in flight at once (one per node's test split).
-EVAL_WORKERS = 8
-
-#: Evaluates a model state on the nodes' test splits (in a continual federation only the
-#: samples of tasks <= the given one): node id -> result.
-Evaluator = Callable[[Tensors, int | None], dict[str, EvalResult]]
-#: Evaluates a closed round's updates, each on every node's test split: node -> split -> result.
-UpdateEvaluator = Callable[[RoundOutcome, int | None], dict[str, dict[str, EvalResult]]]
-
 
 @dataclass(frozen=True)
 class Collected:
@@ -64,20 +55,6 @@ class Collected:
     outcome: RoundOutcome
     start: float
     bytes_by_kind: dict[str, int]
-
-
-def local_evaluator(tests: Callable[[], dict[str, ArrayData]], factory: Callable[[], torch.nn.Module],
-                    device: torch.device) -> Evaluator:
-    """Evaluation on test splits held in this process (fl-sim): the numbers ``Evaluate`` gives,
-    without a model transfer per (model, node) pair. ``tests`` says what each node holds now."""
-    pool = ModelPool(factory, device, keep=1)
-
-    def run(state: Tensors, max_task: int | None) -> dict[str, EvalResult]:
-        with pool.loaded(state) as model:
-            return {node: evaluate(model, test.up_to_task(max_task), device=device)
-                    for node, test in tests().items()}
-
-    return run
 
 
 class Aggregator:
@@ -99,8 +76,8 @@ class Aggregator:
         self.rounds_done = 0
         self._server: Any = None
         self._health: Any = None
-        self._pool = ThreadPoolExecutor(max_workers=EVAL_WORKERS, thread_name_prefix="flmesh-eval")
-        self.evaluate: Evaluator = evaluator or self.evaluate_remote
+        self._remote = RemoteEvaluator(core, transport, federation.round_timeout_s)
+        self.evaluate: Evaluator = evaluator or self._remote
         self.evaluate_updates: UpdateEvaluator = self._evaluate_each_update  # FA/FF/PFA's evaluations
         self._start_eval: dict[str, EvalResult] | None = None
         self.replay: ReplayBufferCore | None = None  # the replay buffer, when this aggregator hosts it
@@ -181,27 +158,8 @@ class Aggregator:
         if self._server is not None:
             self._server.stop(grace).wait()
             self._server = None
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._remote.close()
         self.transport.close()
-
-    # ------------------------------------------------------------------ evaluation
-    def evaluate_remote(self, state: Tensors, max_task: int | None = None) -> dict[str, EvalResult]:
-        """``state`` on every joined node's test split, through their Evaluate RPC (in parallel).
-        A node that cannot be reached is logged and left out."""
-        self.transport.connect(self.core.addresses())
-        meta = {"max_task": max_task} if max_task is not None else {}
-        message = encode(state, ModelMeta(sender="aggregator", kind="eval", metadata=meta), self.core.wire)
-        timeout = self.federation.round_timeout_s
-        nodes = [n for n in self.core.joined() if self.transport.knows(n)]
-
-        def one(node: str) -> tuple[str, EvalResult | None]:
-            try:
-                return node, self.transport.evaluate(node, message, timeout=timeout)
-            except PeerError as exc:
-                log.warning("cannot evaluate on %s: %s", node, exc)
-                return node, None
-
-        return {n: r for n, r in self._pool.map(one, nodes) if r is not None}
 
     # ------------------------------------------------------------------ rounds
     def run_round(self, round: int) -> RoundRow:

@@ -6,7 +6,8 @@ seed and t, so anyone can recompute the choice), publishes the global model
 of round t-1 with the strategy's extras, takes the sampled nodes' updates
 until all have arrived or ``deadline_s`` passes (the stragglers are dropped
 and named), aggregates with the strategy's server half when at least
-``min_updates`` arrived, and otherwise keeps the previous global model.
+``min_updates`` arrived, and otherwise keeps the previous global model
+(:mod:`~flmesh.coordinator.aggregator_round`).
 
 Nodes learn whether they are sampled from :meth:`AggregatorCore.poll` (a small
 reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model.
@@ -20,11 +21,10 @@ condition guards the state. Waits go through the injected clock.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from flmesh.coordinator.aggregator_round import RoundOutcome, decide_round
 from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
-from flmesh.node.algorithms.robust import clip_updates
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.errors import Refused
 from flmesh.node.format import codec
@@ -40,21 +40,6 @@ if TYPE_CHECKING:
 #: The longest one Poll waits on the server, whatever the caller asks: a stalled
 #: caller cannot hold a worker thread longer than this.
 MAX_POLL_WAIT_S = 5.0
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What one aggregator round collected and decided."""
-
-    round: int
-    selected: list[str]
-    received: list[str]
-    missing: list[str]
-    aggregated: bool
-    updates: list[Update]
-    start_global: Tensors  # the global model the round started from
-    new_global: Tensors
-    notes: list[str] = field(default_factory=list)
 
 
 class AggregatorCore:
@@ -269,31 +254,10 @@ class AggregatorCore:
             self._closed = round
             self._state = "aggregating"
             updates = [self._updates[n] for n in selected if n in self._updates]
-        received = [u.node for u in updates]
-        missing = [n for n in selected if n not in received]
-        notes = []
-        if missing:
-            why = "on stop" if self.stop_event.is_set() else f"at the {self.config.deadline_s:g}s deadline"
-            notes.append(f"round {round} closed {why} with {len(updates)} of {len(selected)} updates; "
-                         f"missing: {', '.join(missing)}")
-        start = self.global_state
-        for update in updates:  # every accepted update counts, as the node that sent it assumes
-            self.server.absorb(update)
-        to_aggregate = updates  # the row still shows what each node sent
-        if self.config.clip_norm > 0 and updates:
-            to_aggregate, clipped = clip_updates(start, updates, self.config.clip_norm)
-            if clipped:
-                notes.append(f"round {round}: clipped the updates of {', '.join(clipped)} to norm "
-                             f"{self.config.clip_norm:g}")
-        aggregated = len(updates) >= self.config.min_updates
-        if aggregated:
-            new = self.server.aggregate(round, start, to_aggregate)
-            self.global_state = {k: v.detach().to("cpu") for k, v in new.items()}
-        else:
-            notes.append(f"round {round}: {len(updates)} update(s) < min_updates {self.config.min_updates}; "
-                         "kept the previous global model")
-        return RoundOutcome(round, selected, received, missing, aggregated, updates, start,
-                            self.global_state, notes)
+        outcome = decide_round(self.server, self.config, round, selected, updates, self.global_state,
+                               stopped=self.stop_event.is_set())
+        self.global_state = outcome.new_global
+        return outcome
 
     def finish_round(self, round: int, accuracy: float) -> None:
         """The round is evaluated: nodes may go on (and after the last round, leave)."""

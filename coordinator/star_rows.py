@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from flmesh.coordinator.aggregator_core import RoundOutcome
+from flmesh.coordinator.aggregator_round import RoundOutcome
 from flmesh.node.learning.forgetting import (
     client_forgetting,
     global_forgetting,

@@ -116,8 +116,8 @@ def wire_replay(ctx: RoundContext, aggregator: str | None, chunk_bytes: int, sta
     first node), which serves the buffer itself (its privacy ledger in ``state_dir``): the
     buffer it serves then, else None. With ``tls`` the channel is mTLS and checks the
     host's certificate."""
-    from flmesh.node.memory import local_replay
     from flmesh.node.replay_buffer import ReplayBufferCore
+    from flmesh.node.replay_link import local_replay
     from flmesh.node.wire.replay_client import GrpcReplayTransport
 
     fed, replay = ctx.settings.federation, ctx.settings.federation.replay

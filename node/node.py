@@ -37,11 +37,11 @@ from flmesh.node.learning.data import ArrayData, NodeData
 from flmesh.node.learning.device import select_device
 from flmesh.node.learning.tasks import TaskSource
 from flmesh.node.learning.trainer import TrainingStopped
-from flmesh.node.memory import ReplayLink
 from flmesh.node.model_state import ModelState
 from flmesh.node.node_view import NodeView
 from flmesh.node.peer_calls import PeerCalls
 from flmesh.node.replay_buffer import ReplayBufferCore
+from flmesh.node.replay_link import ReplayLink
 from flmesh.node.reports import RoundReport, StarReport
 from flmesh.node.round_context import Links, RoundContext, Settings
 from flmesh.node.transport import AggregatorTransport, PeerTransport, with_retry
@@ -66,7 +66,7 @@ class Node(NodeView):
         star federation, may evaluate models on this node's test split and read its status.
         ``tasks``: this node's data task by task in a continual federation (``data`` is then
         only the shapes; the first round brings the first task). Set ``replay.target`` (a
-        :class:`~flmesh.node.memory.ReplayLink`) once the replay-buffer host is known."""
+        :class:`~flmesh.node.replay_link.ReplayLink`) once the replay-buffer host is known."""
         settings = Settings.of(federation, node_id, members)
         transport.wire = settings.wire
         if aggregator is not None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from flmesh.node.format.specs import ModelSpec
     from flmesh.node.inbox import Inbox
     from flmesh.node.learning.data import NodeData
-    from flmesh.node.memory import ReplayLink
+    from flmesh.node.replay_link import ReplayLink
     from flmesh.node.reports import EvalResult
     from flmesh.node.transport import AggregatorTransport, PeerStatus, PeerTransport
     from flmesh.topology import Federation

@@ -42,8 +42,8 @@ from flmesh.topology import Federation, TrainingConfig
 
 if TYPE_CHECKING:
     from flmesh.node.continual import ContinualState
-    from flmesh.node.memory import ReplayLink
     from flmesh.node.metrics import Metrics
+    from flmesh.node.replay_link import ReplayLink
 
 
 @dataclass

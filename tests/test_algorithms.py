@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flmesh.node.algorithms import fedcurv, flashback, wsm
+from flmesh.node.algorithms import fedcurv_terms, flashback, wsm
 from flmesh.node.algorithms.fedavg import fedavg
 from flmesh.node.learning import distillation, forgetting
 from flmesh.node.learning import fisher as fisher_mod
@@ -323,13 +323,13 @@ def _direct_penalty(model, fishers, thetas):
 def test_fedcurv_penalty_from_u_v_w_equals_the_direct_sum_over_peers():
     fishers, thetas = _peers(4)
     model = nn.Sequential(nn.Linear(3, 2)).double()
-    u, v, w = fedcurv.aggregate_uv(fishers, thetas)
+    u, v, w = fedcurv_terms.aggregate_uv(fishers, thetas)
     lam = 0.7
-    with_w = fedcurv.fedcurv_penalty(model, u, v, lam, w)
+    with_w = fedcurv_terms.fedcurv_penalty(model, u, v, lam, w)
     direct = lam * _direct_penalty(model, fishers, thetas)
     assert float(with_w.detach()) == pytest.approx(float(direct.detach()), rel=1e-12)
     (g_direct,) = torch.autograd.grad(direct, [model[0].weight])
-    no_w = fedcurv.fedcurv_penalty(model, u, v, lam)
+    no_w = fedcurv_terms.fedcurv_penalty(model, u, v, lam)
     w_sum = sum(float(x.sum()) for x in w.values())
     assert float(no_w.detach()) == pytest.approx(float(direct.detach()) - lam * w_sum)  # up to the constant
     (g_uv,) = torch.autograd.grad(no_w, [model[0].weight])
@@ -338,20 +338,20 @@ def test_fedcurv_penalty_from_u_v_w_equals_the_direct_sum_over_peers():
 
 def test_others_terms_subtracts_the_own_node_and_is_ready_for_float32_models():
     fishers, thetas = _peers(5, n=3)
-    u, v, w = fedcurv.aggregate_uv(fishers, thetas)
-    uo, vo, wo = fedcurv.others_terms(u, v, w, fishers[0], thetas[0])
-    eu, ev, ew = fedcurv.aggregate_uv(fishers[1:], thetas[1:])
+    u, v, w = fedcurv_terms.aggregate_uv(fishers, thetas)
+    uo, vo, wo = fedcurv_terms.others_terms(u, v, w, fishers[0], thetas[0])
+    eu, ev, ew = fedcurv_terms.aggregate_uv(fishers[1:], thetas[1:])
     for k in u:
         assert uo[k].dtype == torch.float32
         assert torch.allclose(uo[k].double(), eu[k], atol=1e-6)
         assert torch.allclose(vo[k].double(), ev[k], atol=1e-6)
         assert torch.allclose(wo[k].double(), ew[k], atol=1e-6)
     model = nn.Sequential(nn.Linear(3, 2))
-    pen = fedcurv.fedcurv_penalty(model, uo, vo, 1.0, wo)
+    pen = fedcurv_terms.fedcurv_penalty(model, uo, vo, 1.0, wo)
     assert pen.dtype == torch.float32
     direct = _direct_penalty(model.double(), fishers[1:], thetas[1:]).detach()
     assert float(pen.detach()) == pytest.approx(float(direct), rel=1e-4)
-    assert fedcurv.others_terms(u, v, None, fishers[0], thetas[0])[2] is None
+    assert fedcurv_terms.others_terms(u, v, None, fishers[0], thetas[0])[2] is None
 
 
 def test_others_terms_clamps_u_at_zero():
@@ -360,7 +360,7 @@ def test_others_terms_clamps_u_at_zero():
     w = {"p": _t(0.25, 0.5)}
     own_f = {"p": _t(1.0 + 1e-9, 0.5)}
     own_t = {"p": _t(0.5, 1.0)}
-    uo, vo, wo = fedcurv.others_terms(u, v, w, own_f, own_t, dtype=torch.float64)
+    uo, vo, wo = fedcurv_terms.others_terms(u, v, w, own_f, own_t, dtype=torch.float64)
     assert torch.equal(uo["p"], _t(0.0, 1.5))
     assert torch.allclose(vo["p"], _t(0.5 - (1 + 1e-9) * 0.5, 0.5))
     assert torch.equal(wo["p"], _t(0.0, 0.0))  # 0.25 - 0.25000000025 clamps; 0.5 - 0.5 = 0
@@ -369,12 +369,12 @@ def test_others_terms_clamps_u_at_zero():
 def test_fedcurv_rejects_mismatched_aggregates():
     fishers, thetas = _peers(6, n=2)
     with pytest.raises(ValueError, match="2 Fisher diagonals but 1 models"):
-        fedcurv.aggregate_uv(fishers, thetas[:1])
-    u, v, w = fedcurv.aggregate_uv(fishers, thetas)
+        fedcurv_terms.aggregate_uv(fishers, thetas[:1])
+    u, v, w = fedcurv_terms.aggregate_uv(fishers, thetas)
     with pytest.raises(ValueError, match="not a parameter"):
-        fedcurv.fedcurv_penalty(nn.Linear(3, 2), u, v, 1.0)
+        fedcurv_terms.fedcurv_penalty(nn.Linear(3, 2), u, v, 1.0)
     with pytest.raises(ValueError, match="same parameters"):
-        fedcurv.fedcurv_penalty(nn.Sequential(nn.Linear(3, 2)), u, {}, 1.0)
+        fedcurv_terms.fedcurv_penalty(nn.Sequential(nn.Linear(3, 2)), u, {}, 1.0)
 
 
 # -------------------------------------------------------------------- forgetting

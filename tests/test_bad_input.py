@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flmesh.coordinator.sim_cli import main
-from flmesh.topology import FederationError, parse_federation
+from flmesh.topology import FederationError, parse_federation, schema
 from flmesh.topology.continual import REPLAY_KEYS, TASK_KEYS
-from flmesh.topology.federation import _NODE_KEYS, _SECTIONS
 from flmesh.topology.graphs import ALIASES, GENERATORS
 
 from conftest import REPO, tiny_raw
@@ -304,7 +303,7 @@ def test_fl_sim_process_exits_2_with_one_line(tmp_path, args):
 # ----------------------------------------------------------------------------- fuzzing
 
 SCHEMA: dict[str, list[str]] = {
-    **{name: list(keys) for name, keys in _SECTIONS.items()},
+    **{name: list(keys) for name, keys in schema.SECTIONS.items()},
     "tasks": list(TASK_KEYS), "replay": list(REPLAY_KEYS),
 }
 EDGES = [0, -1, 1, 2, 3, 0.5, 1025, 65537, 100001, 2**63 - 1, 2**64, 10**400, -10**400, 1e10, 1e308, -1e308,
@@ -318,7 +317,8 @@ VALUES = st.one_of(
     st.dictionaries(st.sampled_from(["p", "k", "m", "d", "seed", "tries", "n", "zz"]), SCALARS, max_size=3),
 )
 SECTION_KEYS = st.sampled_from([(s, k) for s, keys in SCHEMA.items() for k in [*keys, "zz"]])
-NODE_KEYS = st.tuples(st.sampled_from(["a", "b", "c", "a b", "a\nb"]), st.sampled_from([*_NODE_KEYS, "zz"]))
+NODE_KEYS = st.tuples(st.sampled_from(["a", "b", "c", "a b", "a\nb"]),
+                      st.sampled_from([*schema.NODE_KEYS, "zz"]))
 
 
 def _mutate(raw: dict, where: tuple[str, str], value: Any) -> None:

@@ -347,7 +347,7 @@ def test_peer_id_from_auth_context() -> None:
 
 
 def test_node_id_rule_matches_the_federation_file() -> None:
-    from flmesh.topology.federation import NODE_ID
+    from flmesh.topology.schema import NODE_ID
 
     assert cert_files.NODE_ID.pattern == NODE_ID.pattern
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.node.algorithms import fedcurv
+from flmesh.node.algorithms import fedcurv, fedcurv_terms
 from flmesh.node.algorithms.base import ClientContext, Update, split
 from flmesh.node.learning.data import federation_data
 from flmesh.topology import parse_federation
@@ -32,7 +32,7 @@ def _rounds(published: dict) -> list[int]:
 
 def _u(updates: list[Update]) -> dict[str, torch.Tensor]:
     fishers = [split(u.extras, fedcurv.FISHER) for u in updates]
-    return fedcurv.aggregate_uv(fishers, [u.state for u in updates])[0]
+    return fedcurv_terms.aggregate_uv(fishers, [u.state for u in updates])[0]
 
 
 def test_the_server_keeps_each_nodes_last_terms_and_says_which_round_they_are_from():

@@ -25,17 +25,17 @@ from flmesh.node.learning.trainer import (
     train,
 )
 from flmesh.node.local_training import rewind_training
-from flmesh.topology import ModelConfig, TrainingConfig, parse_federation
-from flmesh.topology import federation as fedfile
+from flmesh.topology import ModelConfig, TrainingConfig, parse_federation, schema
+from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
 
 from conftest import tiny_raw
 
 
 def test_registries_match_the_federation_file_vocabulary():
-    assert set(fedfile.DATASETS) == set(data_mod.DATASETS)
-    assert set(fedfile.PARTITIONS) == set(data_mod.PARTITIONS)
-    assert set(fedfile.MODELS) == set(models.MODELS)
-    for name in (*fedfile.OBJECTIVES, *fedfile.STRATEGIES):
+    assert set(schema.DATASETS) == set(data_mod.DATASETS)
+    assert set(schema.PARTITIONS) == set(data_mod.PARTITIONS)
+    assert set(schema.MODELS) == set(models.MODELS)
+    for name in (*OBJECTIVES, *STRATEGIES):
         assert algorithms.load(name).name == name  # every registered plug-in loads under its name
 
 

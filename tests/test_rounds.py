@@ -298,7 +298,7 @@ def test_embedding_api_runs_every_round_with_a_callback():
 
 
 def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
-    from flmesh.coordinator.aggregator import local_evaluator
+    from flmesh.coordinator.aggregator_eval import local_evaluator
 
     f = fed(nodes=4, rounds=2, aggregator={"strategy": "fedavg", "fraction": 0.5, "deadline_s": 60})
     rows = {}

@@ -191,9 +191,9 @@ def assert_one_line(message: str, *parts: str) -> None:
 
 # ------------------------------------------------------------------ data sets
 def test_registries_list_the_torchvision_sets():
-    from flmesh.topology import federation as fedfile
+    from flmesh.topology import schema
 
-    assert set(VISION) | set(EMNIST) <= set(learning_data.DATASETS) == set(fedfile.DATASETS)
+    assert set(VISION) | set(EMNIST) <= set(learning_data.DATASETS) == set(schema.DATASETS)
     assert set(data_mod.VISION_SETS) == set(VISION) | set(EMNIST)
     assert {name: (spec.num_classes, dict(spec.kwargs)) for name, spec in data_mod.VISION_SETS.items()
             if name in EMNIST} == {name: (c, {"split": split}) for name, (split, c) in EMNIST.items()}
@@ -426,9 +426,9 @@ def test_forward_shapes(cfg, shape):
 
 
 def test_registries_list_the_models():
-    from flmesh.topology import federation as fedfile
+    from flmesh.topology import schema
 
-    assert set(models.MODELS) == set(fedfile.MODELS) == {"mlp", "cnn", "cnn2", "resnet18"}
+    assert set(models.MODELS) == set(schema.MODELS) == {"mlp", "cnn", "cnn2", "resnet18"}
 
 
 def test_cnn2_is_the_fedavg_cnn():

@@ -27,47 +27,19 @@ Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
 fractional (a share of one pass over the node's batches). Numbers have upper bounds
 too (``MAX_*`` in :mod:`flmesh.topology.checks`; docs/reliability.md), and ``graph``
 names one of an allow-list of generators (:data:`flmesh.topology.graphs.GENERATORS`).
+Every key's check is in :mod:`flmesh.topology.schema`.
 """
 
 from __future__ import annotations
 
 import copy
-import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
-from flmesh.topology.checks import (
-    MAX_BATCH,
-    MAX_EPOCHS,
-    MAX_LAYERS,
-    MAX_LR,
-    MAX_MODEL_MIB,
-    MAX_NODES,
-    MAX_PENALTY,
-    MAX_ROUNDS,
-    MAX_TIMEOUT_S,
-    MAX_WIDTH,
-    Bad,
-    Check,
-    SectionReader,
-    address,
-    at_most,
-    boolean,
-    dataset_name,
-    device,
-    int_list,
-    integer,
-    key_text,
-    number,
-    path_string,
-    sample_size,
-    string,
-    table,
-)
+from flmesh.topology.checks import MAX_NODES, SectionReader, key_text
 from flmesh.topology.config import (
     AggregatorConfig,
     DataConfig,
@@ -81,90 +53,8 @@ from flmesh.topology.config import (
     WireConfig,
 )
 from flmesh.topology.continual import read_continual
-from flmesh.topology.graphs import MAX_SEED, shown
-from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
-
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
-            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
-PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
-MODELS = ("mlp", "cnn", "cnn2", "resnet18")
-OPTIMIZERS = ("sgd", "adam")
-
-BASELINES = ("none", "standalone", "joint")
-
-NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_ID_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
-
-
-def _name(v: Any) -> str:
-    # The name becomes a results folder (runs/<name>-...) and is printed as rich markup: a
-    # "/" or ".." would write elsewhere, a "[/x]" would crash the printer.
-    if not isinstance(v, str) or not NODE_ID.match(v):
-        raise Bad(f"{_ID_RULE} (it names the results folder)")
-    return v
-
-
-_TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
-_SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
-_PENALTY = at_most(number(0), MAX_PENALTY)
-
-_TRAINING: dict[str, Check] = {
-    "epochs": at_most(number(0, lo_open=True), MAX_EPOCHS),
-    "batch_size": at_most(integer(1), MAX_BATCH),
-    "lr": at_most(number(0, lo_open=True), MAX_LR),
-    "optimizer": string(OPTIMIZERS),
-    "momentum": number(0, 1, hi_open=True),
-    "weight_decay": at_most(number(0), 1),
-    "objective": string(OBJECTIVES),
-    "device": device,
-    "fedcurv_lambda": _PENALTY,
-}
-
-_SECTIONS: dict[str, dict[str, Check]] = {
-    "federation": {
-        "name": _name, "seed": at_most(integer(0), MAX_SEED, "TOML's 64-bit integers"),
-        "rounds": at_most(integer(1), MAX_ROUNDS),
-        "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
-        "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
-        "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
-    },
-    "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
-               "scope": string(("sampled", "chain"))},
-    "aggregator": {
-        "strategy": string(STRATEGIES), "address": address, "fraction": number(0, 1, lo_open=True),
-        "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
-        "public_fraction": number(0, 1, hi_open=True), "server_epochs": _SERVER_EPOCHS,
-        "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
-        "fedcurv_average": string(("plain", "weighted")),
-        "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS),
-        "trim": number(0, 0.5, hi_open=True), "clip_norm": at_most(number(0), 1e6),
-    },
-    "wire": {"dtype": string(("native", "float16", "bfloat16")), "compression": string(("none", "zstd")),
-             "zstd_level": at_most(integer(1), 19), "digest": string(("xxh3_128", "blake3", "sha256"))},
-    "topology": {
-        "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
-        "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),
-    },
-    "training": _TRAINING,
-    "data": {
-        "dataset": dataset_name(DATASETS), "root": path_string, "download": boolean,
-        "partition": string(PARTITIONS),
-        # Dirichlet(alpha) is IID in all but name long before 1e6; past ~1e300 numpy's draw is 0/0.
-        "alpha": at_most(number(0, lo_open=True), 1e6),
-        "shards_per_node": at_most(integer(1), MAX_WIDTH),
-        "test_fraction": number(0, 1, lo_open=True, hi_open=True),
-        "min_samples": at_most(integer(1), 1_000_000),
-    },
-    "model": {
-        "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
-        "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
-        "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
-        "weights": path_string, "small_input": boolean,
-    },
-}
-_NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **_TRAINING}
-_REQUIRED = {"federation": ("name", "rounds")}
-
+from flmesh.topology.graphs import shown
+from flmesh.topology.schema import ID_RULE, NODE_ID, NODE_KEYS, REQUIRED, SECTIONS, TRAINING
 
 DEFAULT_MAX_MODEL_MIB = 512.0
 
@@ -203,22 +93,22 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     ``base_dir`` resolves relative paths (graph file, data root); it defaults to
     the current directory. Raises FederationError on the first problem.
     """
-    r = SectionReader(source, _REQUIRED)
+    r = SectionReader(source, REQUIRED)
     original = copy.deepcopy(dict(raw))  # kept on the result, as it came in
-    known = set(_SECTIONS) | {"nodes", "tasks", "replay"}
+    known = set(SECTIONS) | {"nodes", "tasks", "replay"}
     for key in raw:
         if key not in known:
             raise r.fail(f"[{key_text(key)}]",
                          f"unknown section (expected one of {', '.join(sorted(known))})")
-    fed = r.section(raw, "federation", _SECTIONS["federation"])
-    topo = r.section(raw, "topology", _SECTIONS["topology"])
-    training = TrainingConfig(**r.section(raw, "training", _TRAINING))
-    data = r.section(raw, "data", _SECTIONS["data"])
-    model = ModelConfig(**r.section(raw, "model", _SECTIONS["model"]))
-    rewind_raw = r.section(raw, "rewind", _SECTIONS["rewind"])
+    fed = r.section(raw, "federation", SECTIONS["federation"])
+    topo = r.section(raw, "topology", SECTIONS["topology"])
+    training = TrainingConfig(**r.section(raw, "training", TRAINING))
+    data = r.section(raw, "data", SECTIONS["data"])
+    model = ModelConfig(**r.section(raw, "model", SECTIONS["model"]))
+    rewind_raw = r.section(raw, "rewind", SECTIONS["rewind"])
     rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1),
                           scope=rewind_raw.get("scope", "sampled"))
-    aggregator = (AggregatorConfig(**r.section(raw, "aggregator", _SECTIONS["aggregator"]))
+    aggregator = (AggregatorConfig(**r.section(raw, "aggregator", SECTIONS["aggregator"]))
                   if "aggregator" in raw else None)
     if aggregator is not None and fed.get("baseline", "none") != "none":
         raise r.fail("[federation] baseline", "baselines compare exchange schedules; "
@@ -253,9 +143,9 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     partitions_seen: dict[int, str] = {}
     for index, node_id in enumerate(ids):
         if not NODE_ID.match(node_id):
-            raise r.fail(f"[nodes.{key_text(node_id)}]", f"node ids are {_ID_RULE}")
+            raise r.fail(f"[nodes.{key_text(node_id)}]", f"node ids are {ID_RULE}")
         label = f"[nodes.{node_id}]"
-        entry = r.section(nodes_raw, node_id, _NODE_KEYS, label) if nodes_raw else {}
+        entry = r.section(nodes_raw, node_id, NODE_KEYS, label) if nodes_raw else {}
         part = entry.pop("partition", None)
         if part is not None:
             if part >= len(ids):
@@ -286,7 +176,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
         eval_every=fed.get("eval_every", 1), eval_sample=fed.get("eval_sample", 0),
         raw=original, base_dir=str(base),
-        wire=WireConfig(**r.section(raw, "wire", _SECTIONS["wire"])),
+        wire=WireConfig(**r.section(raw, "wire", SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run

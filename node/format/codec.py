@@ -6,7 +6,7 @@ dtype, shape, byte offset and length; the payload is the tensors' raw
 little-endian bytes at those offsets (each start aligned to 64 bytes so the
 receiver can view them without copying), hashed with XXH3-128, BLAKE3 or SHA-256 (the
 sender's ``[wire] digest``; the header carries one). Typed metadata
-(:class:`ModelMeta.metadata`) travels in the header.
+(:class:`~flmesh.node.format.meta.ModelMeta`) travels in the header.
 
 Receiving is strict. Before any byte is accepted the header is checked for
 consistency, its kind, against the size limit and against the tensor names,
@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ import torch
 from flmesh.node.format.compression import RAW, WireFormat, ZstdInto, compress, to_wire
 from flmesh.node.format.digests import THREADED_HASH_BYTES, FiniteCheck, Hasher, all_finite
 from flmesh.node.format.frames import DATA_TAG, StreamItem, tag, varint
+from flmesh.node.format.meta import MetaValue, ModelMeta, meta_of, meta_to_wire
 from flmesh.node.format.specs import (
     ALIGN,
     FROM_WIRE,
@@ -50,8 +51,8 @@ from flmesh.node.format.specs import (
 )
 from flmesh.v1 import model_pb2 as pb
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "KINDS", "CodecError", "DecodedModel", "EncodedModel", "ModelMeta",
-           "ModelSpec", "check_header", "decode", "encode", "kind_of", "meta_of", "model_spec",
+__all__ = ["DEFAULT_CHUNK_BYTES", "KINDS", "CodecError", "DecodedModel", "EncodedModel", "MetaValue",
+           "ModelMeta", "ModelSpec", "check_header", "decode", "encode", "kind_of", "meta_of", "model_spec",
            "peek_header"]
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
@@ -63,49 +64,6 @@ if sys.byteorder != "little":  # pragma: no cover - every supported platform is 
 #: leaves room above this.
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 
-MetaValue = int | float | str | bool
-
-@dataclass(frozen=True)
-class ModelMeta:
-    """Everything in a header besides the tensors.
-
-    ``round`` counts from 1 (0: not tied to a round); ``kind`` is a key of KINDS;
-    ``label_counts[c]`` is the number of training samples of class c.
-    """
-
-    round: int = 0
-    sender: str = ""
-    kind: str = "trained"
-    num_samples: int = 0
-    label_counts: tuple[int, ...] = ()
-    architecture: str = ""
-    metadata: Mapping[str, MetaValue] = field(default_factory=dict)
-
-
-def _meta_to_wire(metadata: Mapping[str, MetaValue]) -> dict[str, pb.MetaValue]:
-    out = {}
-    for key, value in metadata.items():
-        if isinstance(value, bool):
-            out[key] = pb.MetaValue(bool_value=value)
-        elif isinstance(value, int):
-            out[key] = pb.MetaValue(int_value=value)
-        elif isinstance(value, float):
-            out[key] = pb.MetaValue(double_value=value)
-        elif isinstance(value, str):
-            out[key] = pb.MetaValue(string_value=value)
-        else:
-            raise ValueError(f"metadata {key!r}: {type(value).__name__} cannot be sent "
-                             "(expected int, float, str or bool)")
-    return out
-
-
-def _meta_from_wire(metadata: Mapping[str, pb.MetaValue]) -> dict[str, MetaValue]:
-    out: dict[str, MetaValue] = {}
-    for key, value in metadata.items():
-        which = value.WhichOneof("value")
-        if which is not None:
-            out[key] = getattr(value, which)
-    return out
 
 @dataclass
 class EncodedModel:
@@ -167,7 +125,11 @@ class EncodedModel:
             yield b"".join((inner, data))
 
 
-def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta(),
+#: encode()'s default header metadata (frozen, so one shared instance is safe).
+_NO_META = ModelMeta()
+
+
+def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = _NO_META,
            wire: WireFormat = RAW) -> EncodedModel:
     """Serialise ``state_dict`` (any device) into a header and one contiguous payload, in the
     ``wire`` format (floats cast to its dtype, the payload compressed; default: as they are)."""
@@ -202,20 +164,13 @@ def encode(state_dict: Mapping[str, torch.Tensor], meta: ModelMeta = ModelMeta()
     header = pb.ModelHeader(
         tensors=specs, total_bytes=offset, round=meta.round, sender=meta.sender,
         kind=KINDS[meta.kind], num_samples=meta.num_samples, label_counts=list(meta.label_counts),
-        architecture=meta.architecture, metadata=_meta_to_wire(meta.metadata),
+        architecture=meta.architecture, metadata=meta_to_wire(meta.metadata),
     )
     setattr(header, wire.digest, digest)
     if wire.compression == "zstd":
         header.compression = pb.COMPRESSION_ZSTD
         return EncodedModel(header, payload, compress(payload.numpy(), wire.level))
     return EncodedModel(header, payload)
-
-
-def meta_of(header: pb.ModelHeader) -> ModelMeta:
-    """The header's metadata; CodecError("invalid") for an unknown kind."""
-    return ModelMeta(round=header.round, sender=header.sender, kind=kind_of(header),
-                     num_samples=header.num_samples, label_counts=tuple(header.label_counts),
-                     architecture=header.architecture, metadata=_meta_from_wire(header.metadata))
 
 
 def peek_header(chunks: Iterable[StreamItem]) -> tuple[pb.ModelHeader, Iterator[StreamItem]]:

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from flmesh.node.errors import CertError  # defined there so catching it does not load cryptography
 
-#: Node ids, as ``flmesh.topology.federation.NODE_ID`` (tests check the two agree). Repeated
+#: Node ids, as ``flmesh.topology.schema.NODE_ID`` (tests check the two agree). Repeated
 #: here because importing the topology package loads networkx, which would make every
 #: ``fl-certs`` call and TLS set-up pay most of a second.
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

@@ -1,0 +1,124 @@
+"""The federation file's schema: every section's keys and the check each value must pass.
+
+:data:`SECTIONS` maps a section to its keys' checks (:mod:`flmesh.topology.checks`),
+:data:`NODE_KEYS` is what a ``[nodes.<id>]`` table may hold, :data:`REQUIRED` the
+keys without a default. The choices a key may name (data sets, partitions, models,
+optimizers, baselines) are listed here too. :mod:`flmesh.topology.federation` reads
+a file against these tables. No torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
+from flmesh.topology.checks import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_LAYERS,
+    MAX_LR,
+    MAX_MODEL_MIB,
+    MAX_NODES,
+    MAX_PENALTY,
+    MAX_ROUNDS,
+    MAX_TIMEOUT_S,
+    MAX_WIDTH,
+    Bad,
+    Check,
+    address,
+    at_most,
+    boolean,
+    dataset_name,
+    device,
+    int_list,
+    integer,
+    number,
+    path_string,
+    sample_size,
+    string,
+    table,
+)
+from flmesh.topology.graphs import MAX_SEED
+from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
+            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
+PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
+MODELS = ("mlp", "cnn", "cnn2", "resnet18")
+OPTIMIZERS = ("sgd", "adam")
+
+BASELINES = ("none", "standalone", "joint")
+
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ID_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+def _name(v: Any) -> str:
+    # The name becomes a results folder (runs/<name>-...) and is printed as rich markup: a
+    # "/" or ".." would write elsewhere, a "[/x]" would crash the printer.
+    if not isinstance(v, str) or not NODE_ID.match(v):
+        raise Bad(f"{ID_RULE} (it names the results folder)")
+    return v
+
+
+_TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
+_SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
+_PENALTY = at_most(number(0), MAX_PENALTY)
+
+TRAINING: dict[str, Check] = {
+    "epochs": at_most(number(0, lo_open=True), MAX_EPOCHS),
+    "batch_size": at_most(integer(1), MAX_BATCH),
+    "lr": at_most(number(0, lo_open=True), MAX_LR),
+    "optimizer": string(OPTIMIZERS),
+    "momentum": number(0, 1, hi_open=True),
+    "weight_decay": at_most(number(0), 1),
+    "objective": string(OBJECTIVES),
+    "device": device,
+    "fedcurv_lambda": _PENALTY,
+}
+
+SECTIONS: dict[str, dict[str, Check]] = {
+    "federation": {
+        "name": _name, "seed": at_most(integer(0), MAX_SEED, "TOML's 64-bit integers"),
+        "rounds": at_most(integer(1), MAX_ROUNDS),
+        "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
+        "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
+        "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
+    },
+    "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
+               "scope": string(("sampled", "chain"))},
+    "aggregator": {
+        "strategy": string(STRATEGIES), "address": address, "fraction": number(0, 1, lo_open=True),
+        "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
+        "public_fraction": number(0, 1, hi_open=True), "server_epochs": _SERVER_EPOCHS,
+        "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
+        "fedcurv_average": string(("plain", "weighted")),
+        "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS),
+        "trim": number(0, 0.5, hi_open=True), "clip_norm": at_most(number(0), 1e6),
+    },
+    "wire": {"dtype": string(("native", "float16", "bfloat16")), "compression": string(("none", "zstd")),
+             "zstd_level": at_most(integer(1), 19), "digest": string(("xxh3_128", "blake3", "sha256"))},
+    "topology": {
+        "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
+        "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),
+    },
+    "training": TRAINING,
+    "data": {
+        "dataset": dataset_name(DATASETS), "root": path_string, "download": boolean,
+        "partition": string(PARTITIONS),
+        # Dirichlet(alpha) is IID in all but name long before 1e6; past ~1e300 numpy's draw is 0/0.
+        "alpha": at_most(number(0, lo_open=True), 1e6),
+        "shards_per_node": at_most(integer(1), MAX_WIDTH),
+        "test_fraction": number(0, 1, lo_open=True, hi_open=True),
+        "min_samples": at_most(integer(1), 1_000_000),
+    },
+    "model": {
+        "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
+        "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
+        "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
+        "weights": path_string, "small_input": boolean,
+    },
+}
+NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **TRAINING}
+REQUIRED = {"federation": ("name", "rounds")}
