@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from flmesh.coordinator.sim import Lockstep, RowQueue, join_threads, run_threads, sim_config
+from flmesh.coordinator.sim import sim_config
 from flmesh.coordinator.sim_processes import SimProcesses
+from flmesh.coordinator.sim_threads import Lockstep, RowQueue, join_threads, run_threads
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy
 from flmesh.node.learning.data import ArrayData, NodeData, federation_data, load_dataset

@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from flmesh.coordinator.aggregator import Aggregator
-from flmesh.coordinator.sim import RowQueue, join_threads, run_threads, sim_config
+from flmesh.coordinator.sim import sim_config
 from flmesh.coordinator.sim_processes import SimProcesses
+from flmesh.coordinator.sim_threads import RowQueue, join_threads, run_threads
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.node.learning.data import federation_data, load_dataset
 from flmesh.node.node import Node, Report

@@ -59,8 +59,8 @@ if sys.byteorder != "little":  # pragma: no cover - every supported platform is 
     raise ImportError("flmesh's wire format is little-endian; big-endian hosts are not supported")
 
 #: Default payload bytes per data message. Large chunks amortise per-message
-#: overhead, small ones stay in cache through gRPC's copies; 1 MiB measured
-#: best (benchmarks/transport.py). The gRPC message limit in channels.py
+#: overhead, small ones stay in cache through gRPC's copies (``make bench``
+#: compares sizes with ``--chunk-kib``). The gRPC message limit in channels.py
 #: leaves room above this.
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 
