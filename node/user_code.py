@@ -33,14 +33,16 @@ def load_object(path: str) -> Any:
     if not is_import_path(path):
         raise UserCodeError(f"{path!r} is not an import path of the form package.module:name")
     module_name, _, attribute = path.partition(":")
+    failed = f"{path!r}: importing {module_name} failed"
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
-            raise UserCodeError(f"{path!r}: no module named {exc.name!r} (is its package installed?)") from None
-        raise UserCodeError(f"{path!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+            raise UserCodeError(f"{path!r}: no module named {exc.name!r} "
+                                "(is its package installed?)") from None
+        raise UserCodeError(f"{failed}: {type(exc).__name__}: {exc}") from None
     except Exception as exc:  # the user's module raised while it was imported
-        raise UserCodeError(f"{path!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise UserCodeError(f"{failed}: {type(exc).__name__}: {exc}") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):

@@ -47,4 +47,5 @@ def test_each_bad_path_is_one_line(user_package, path, message):
 
 
 def test_the_form_is_checked_without_importing():
-    assert is_import_path("a.b_c:D.e") and not is_import_path("a b:c") and not is_import_path("os.system('x')")
+    assert is_import_path("a.b_c:D.e")
+    assert not is_import_path("a b:c") and not is_import_path("os.system('x')")
