@@ -26,7 +26,7 @@ from flmesh.node.learning.trainer import (
 )
 from flmesh.node.local_training import rewind_training
 from flmesh.topology import ModelConfig, TrainingConfig, parse_federation, schema
-from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
+from flmesh.topology.algorithms import names
 
 from conftest import tiny_raw
 
@@ -35,7 +35,7 @@ def test_registries_match_the_federation_file_vocabulary():
     assert set(schema.DATASETS) == set(data_mod.DATASETS)
     assert set(schema.PARTITIONS) == set(data_mod.PARTITIONS)
     assert set(schema.MODELS) == set(models.MODELS)
-    for name in (*OBJECTIVES, *STRATEGIES):
+    for name in names():
         assert algorithms.load(name).name == name  # every registered plug-in loads under its name
 
 

@@ -102,17 +102,11 @@ class AggregatorConfig:
     dropped); fewer than ``min_updates`` keeps the previous global model.
     ``public_fraction`` of the data set is carved out before partitioning as the
     aggregator's labelled public split (Flashback's server distillation), never
-    overlapping client data. ``server_epochs`` is Flashback's E_s and ``gamma``
-    the rate at which its global label count pi grows (Algorithm 1; the paper
-    gives no value); ``fedcurv_lambda`` is FedCurv's lambda (Eq. 3).
-    ``fedcurv_average`` is how FedCurv averages the models: "plain" (the paper's
-    mean) or "weighted" by sample count as FedAvg; with ``fedcurv_max_age`` > 0
-    a node's Fisher terms from round r leave u, v, w after round r + max_age
-    (0: keep each node's last contribution, as the paper's server does).
-    ``trim`` is the share of the largest and of the smallest values per coordinate
-    that the "trimmed_mean" strategy drops; ``clip_norm`` > 0 scales every
-    update's change from the global model down to that L2 norm before any
-    strategy aggregates (0: no clipping).
+    overlapping client data. ``clip_norm`` > 0 scales every update's change from the
+    global model down to that L2 norm before any strategy aggregates (0: no clipping).
+    ``strategy`` is a registered name or an import path ``package.module:Class``;
+    ``params`` its parameters (``[aggregator.params]`` over the strategy's declared
+    defaults; docs/algorithms.md lists the built-ins').
     """
 
     strategy: str = "fedavg"
@@ -121,13 +115,8 @@ class AggregatorConfig:
     min_updates: int = 1
     deadline_s: float = 120.0
     public_fraction: float = 0.1
-    server_epochs: float = 1.0
-    gamma: float = 0.1
-    fedcurv_lambda: float = 1.0
-    fedcurv_average: str = "plain"
-    fedcurv_max_age: int = 0
-    trim: float = 0.1
     clip_norm: float = 0.0
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -191,6 +180,8 @@ class Federation:
     source: str = "<federation>"
     tasks: TaskStreamConfig | None = None  # a continual federation (topology/tasks.py)
     replay: ReplayConfig | None = None  # replay buffers of class means, with DP sharing
+    # [algorithm.NAME] tables, each over its plug-in's declared defaults (name or import path)
+    algorithms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def node_ids(self) -> list[str]:

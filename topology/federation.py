@@ -19,8 +19,9 @@ Sections (all but ``[federation]`` optional)::
     [wire]        dtype ("native", "float16", "bfloat16"), compression ("none", "zstd"), zstd_level,
                   digest ("xxh3_128", "blake3", "sha256")
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
-                  server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age,
-                  trim, clip_norm (present: a star federation)
+                  clip_norm, params (present: a star federation)
+    [aggregator.params]  the strategy's parameters (docs/algorithms.md)
+    [algorithm.NAME]     a plug-in's parameters, NAME registered or an import path
     [nodes.<id>]  address, partition, and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
@@ -39,9 +40,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from flmesh.topology.algorithm_tables import read_aggregator, read_algorithm_tables
 from flmesh.topology.checks import MAX_NODES, SectionReader, key_text
 from flmesh.topology.config import (
-    AggregatorConfig,
     DataConfig,
     Federation,
     FederationError,
@@ -95,7 +96,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     """
     r = SectionReader(source, REQUIRED)
     original = copy.deepcopy(dict(raw))  # kept on the result, as it came in
-    known = set(SECTIONS) | {"nodes", "tasks", "replay"}
+    known = set(SECTIONS) | {"nodes", "tasks", "replay", "algorithm"}
     for key in raw:
         if key not in known:
             raise r.fail(f"[{key_text(key)}]",
@@ -108,8 +109,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     rewind_raw = r.section(raw, "rewind", SECTIONS["rewind"])
     rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1),
                           scope=rewind_raw.get("scope", "sampled"))
-    aggregator = (AggregatorConfig(**r.section(raw, "aggregator", SECTIONS["aggregator"]))
-                  if "aggregator" in raw else None)
+    aggregator = read_aggregator(r, raw)
+    algorithms = read_algorithm_tables(r, raw)
     if aggregator is not None and fed.get("baseline", "none") != "none":
         raise r.fail("[federation] baseline", "baselines compare exchange schedules; "
                      "remove [aggregator] to run one")
@@ -177,7 +178,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         eval_every=fed.get("eval_every", 1), eval_sample=fed.get("eval_sample", 0),
         raw=original, base_dir=str(base),
         wire=WireConfig(**r.section(raw, "wire", SECTIONS["wire"])),
-        aggregator=aggregator, source=source, tasks=tasks, replay=replay,
+        aggregator=aggregator, source=source, tasks=tasks, replay=replay, algorithms=algorithms,
     )
     federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     return federation

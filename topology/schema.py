@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flmesh.topology.algorithms import OBJECTIVES, STRATEGIES
+from flmesh.topology.algorithms import algorithm_name
 from flmesh.topology.checks import (
     MAX_BATCH,
     MAX_EPOCHS,
@@ -73,7 +73,7 @@ TRAINING: dict[str, Check] = {
     "optimizer": string(OPTIMIZERS),
     "momentum": number(0, 1, hi_open=True),
     "weight_decay": at_most(number(0), 1),
-    "objective": string(OBJECTIVES),
+    "objective": algorithm_name("objective"),
     "device": device,
     "fedcurv_lambda": _PENALTY,
 }
@@ -89,13 +89,14 @@ SECTIONS: dict[str, dict[str, Check]] = {
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
                "scope": string(("sampled", "chain"))},
     "aggregator": {
-        "strategy": string(STRATEGIES), "address": address, "fraction": number(0, 1, lo_open=True),
+        "strategy": algorithm_name("strategy"), "address": address, "fraction": number(0, 1, lo_open=True),
         "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
-        "public_fraction": number(0, 1, hi_open=True), "server_epochs": _SERVER_EPOCHS,
-        "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
+        "public_fraction": number(0, 1, hi_open=True), "clip_norm": at_most(number(0), 1e6),
+        "params": table,  # the strategy's parameters, checked against what it declares
+        # Deprecated: the built-in strategies' parameters before they moved to [aggregator.params].
+        "server_epochs": _SERVER_EPOCHS, "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
         "fedcurv_average": string(("plain", "weighted")),
-        "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS),
-        "trim": number(0, 0.5, hi_open=True), "clip_norm": at_most(number(0), 1e6),
+        "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS), "trim": number(0, 0.5, hi_open=True),
     },
     "wire": {"dtype": string(("native", "float16", "bfloat16")), "compression": string(("none", "zstd")),
              "zstd_level": at_most(integer(1), 19), "digest": string(("xxh3_128", "blake3", "sha256"))},

@@ -1,37 +1,52 @@
 """flmesh.node.algorithms: one file per algorithm, loaded by name from the registry.
 
-The registry is :data:`flmesh.topology.algorithms.ALGORITHMS` (names and
-modules, no torch). :func:`load` imports a plug-in on first use;
-:func:`for_node` picks the plug-ins a node runs, each deciding for itself from
-the federation file (:meth:`~flmesh.node.algorithms.base.Algorithm.enabled`),
-so no caller branches on an algorithm's name.
+The registry is :mod:`flmesh.topology.algorithms` (entry points of ``flmesh.algorithms``,
+run-time registrations, import paths). :func:`load` imports a plug-in on first use;
+:func:`for_node` picks the plug-ins a node runs, each deciding for itself from the
+federation file (:meth:`~flmesh.node.algorithms.base.Algorithm.enabled`), so no caller
+branches on an algorithm's name.
 """
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
-
 from flmesh.node.algorithms.base import Algorithm
 from flmesh.topology import Federation, TrainingConfig
-from flmesh.topology.algorithms import ALGORITHMS
+from flmesh.topology.algorithms import AlgorithmError, names, resolve
+
+#: The order client halves are consulted in: objectives, strategies, then data plug-ins.
+_KIND_ORDER = {"objective": 0, "strategy": 1, "data": 2}
 
 
-@cache
 def load(name: str) -> Algorithm:
-    """The plug-in registered as ``name``; KeyError names the known ones."""
-    entry = ALGORITHMS.get(name)
-    if entry is None:
-        raise KeyError(f"unknown algorithm {name!r} (registered: {', '.join(ALGORITHMS)})")
-    plugin = importlib.import_module(entry.module).ALGORITHM
-    if not isinstance(plugin, Algorithm) or plugin.name != name:
-        raise TypeError(f"{entry.module}.ALGORITHM is not the {name!r} plug-in")
+    """The plug-in registered as ``name`` (or at the import path ``name``); KeyError (one
+    line) names the known ones."""
+    try:
+        plugin = resolve(name)
+    except AlgorithmError as exc:
+        raise KeyError(str(exc)) from None
+    if not isinstance(plugin, Algorithm):
+        raise TypeError(f"{name!r} is not an flmesh.node.algorithms.base.Algorithm")
     return plugin
 
 
+def named_by(federation: Federation) -> list[str]:
+    """The plug-ins ``federation`` names: registered ones, its strategy, every node's objective
+    and its ``[algorithm.NAME]`` tables."""
+    found = dict.fromkeys(names())
+    if federation.aggregator is not None:
+        found[federation.aggregator.strategy] = None
+    for node in federation.nodes:
+        found[node.training.objective] = None
+    found.update(dict.fromkeys(federation.algorithms))
+    return list(found)
+
+
 def for_node(federation: Federation, training: TrainingConfig) -> list[Algorithm]:
-    """The plug-ins whose client half a node with ``training`` runs, in registry order."""
-    return [plugin for plugin in (load(name) for name in ALGORITHMS) if plugin.enabled(federation, training)]
+    """The plug-ins whose client half a node with ``training`` runs: objectives first, then
+    strategies, then data plug-ins, by name within a kind."""
+    plugins = {id(p): p for p in (load(name) for name in named_by(federation))}.values()
+    chosen = [p for p in plugins if p.enabled(federation, training)]
+    return sorted(chosen, key=lambda p: (_KIND_ORDER.get(p.kind, 3), p.name))
 
 
 def strategy(federation: Federation) -> Algorithm:
@@ -41,4 +56,4 @@ def strategy(federation: Federation) -> Algorithm:
     return load(federation.aggregator.strategy)
 
 
-__all__ = ["Algorithm", "for_node", "load", "strategy"]
+__all__ = ["Algorithm", "for_node", "load", "named_by", "strategy"]

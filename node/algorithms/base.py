@@ -1,7 +1,10 @@
 """The shape of an algorithm plug-in: a client half, a server half, and what travels between.
 
-An algorithm is one file under ``node/algorithms/`` that defines an
-:class:`Algorithm` and registers it in :mod:`flmesh.topology.algorithms`.
+An algorithm is one file that defines an :class:`Algorithm` subclass and registers it
+(:mod:`flmesh.topology.algorithms`: an entry point of ``flmesh.algorithms``,
+:func:`~flmesh.topology.algorithms.register_algorithm`, or its import path in the
+federation file). Its ``params`` declare the parameters it reads from its table
+(:meth:`Algorithm.settings`).
 
 - The **client half** (:class:`ClientHalf`, one per node) may replace the
   local objective (WSM), add regularizers to local training given what the
@@ -38,6 +41,7 @@ from flmesh.node.learning.data import ArrayData
 from flmesh.node.learning.objectives import Objective, Regularizer
 from flmesh.node.transport import ReplayTransport
 from flmesh.topology import Federation, TrainingConfig
+from flmesh.topology.algorithms import Param, defaults
 
 Tensors = dict[str, torch.Tensor]
 
@@ -203,9 +207,26 @@ class RefinedServer(ServerHalf):
 
 
 class Algorithm:
-    """A registered plug-in. Subclasses set ``name`` and override what they need."""
+    """A registered plug-in. Subclasses set ``name``, ``kind`` ("strategy", "objective" or
+    "data"), the ``params`` they read, and override what they need."""
 
     name: ClassVar[str] = ""
+    kind: ClassVar[str] = "strategy"
+    params: ClassVar[tuple[Param, ...]] = ()
+
+    def settings(self, federation: Federation) -> dict[str, Any]:
+        """This plug-in's parameters in ``federation``: ``[aggregator.params]`` when it is the
+        aggregator's strategy, else its ``[algorithm.NAME]`` table, over the defaults."""
+        agg = federation.aggregator
+        if agg is not None and self.is_strategy(federation):
+            return defaults(self, agg.params)
+        tables = federation.algorithms
+        return defaults(self, tables.get(self.name, tables.get(_path(self), {})))
+
+    def is_strategy(self, federation: Federation) -> bool:
+        """Is this plug-in ``federation``'s ``[aggregator] strategy`` (by name or import path)?"""
+        agg = federation.aggregator
+        return agg is not None and agg.strategy in (self.name, _path(self))
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         """Does a node with ``training`` run this algorithm's client half in ``federation``?"""
@@ -233,6 +254,10 @@ class Algorithm:
     def refiner(self, ctx: ServerContext) -> Refiner | None:
         """A step the aggregator runs after the strategy aggregated (None: nothing)."""
         return None
+
+
+def _path(plugin: Algorithm) -> str:
+    return f"{type(plugin).__module__}:{type(plugin).__qualname__}"
 
 
 def split(state: Tensors, prefix: str) -> Tensors:

@@ -12,9 +12,7 @@ from flmesh.topology import Federation, TrainingConfig
 
 class CrossEntropy(Algorithm):
     name = "ce"
+    kind = "objective"
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return training.objective == self.name
-
-
-ALGORITHM = CrossEntropy()

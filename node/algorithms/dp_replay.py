@@ -163,6 +163,7 @@ class ReplayRefiner(Refiner):
 
 class DpReplay(Algorithm):
     name = "dp_replay"
+    kind = "data"
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.replay is not None
@@ -173,6 +174,3 @@ class DpReplay(Algorithm):
     def refiner(self, ctx: ServerContext) -> Refiner | None:
         replay = ctx.federation.replay
         return ReplayRefiner(ctx) if replay is not None and replay.mode == "aggregator" else None
-
-
-ALGORITHM = DpReplay()

@@ -81,12 +81,10 @@ class FedAvgServer(ServerHalf):
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    kind = "strategy"
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         return FedAvgServer()
-
-
-ALGORITHM = FedAvg()

@@ -20,15 +20,14 @@ from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.objectives import cross_entropy
 from flmesh.node.learning.trainer import train
 from flmesh.topology import Federation, TrainingConfig
+from flmesh.topology.algorithms import Param
 
 
 class FedAvgFineTuneServer(ServerHalf):
     """FedAvg, then ``server_epochs`` of cross-entropy on the public split (none: FedAvg)."""
 
     def __init__(self, ctx: ServerContext):
-        agg = ctx.federation.aggregator
-        assert agg is not None, "fedavg_ft's server half runs on an aggregator"
-        self.ctx, self.server_epochs = ctx, agg.server_epochs
+        self.ctx, self.server_epochs = ctx, FedAvgFineTune().settings(ctx.federation)["server_epochs"]
 
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         averaged = fedavg([u.state for u in updates], [u.num_samples for u in updates])
@@ -46,12 +45,12 @@ class FedAvgFineTuneServer(ServerHalf):
 
 class FedAvgFineTune(Algorithm):
     name = "fedavg_ft"
+    kind = "strategy"
+    params = (Param("server_epochs", float, 1.0, "epochs over the public split after averaging (0: none)",
+                    lo=0, hi=1000, old="server_epochs"),)
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         return FedAvgFineTuneServer(ctx)
-
-
-ALGORITHM = FedAvgFineTune()

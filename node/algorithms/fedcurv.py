@@ -14,11 +14,11 @@ file is the plug-in: its parameters, wire names and both halves.
 
 With an aggregator (``[aggregator] strategy = "fedcurv"``) the server half
 runs there. Its model is the plain mean of the round's models, as the paper's
-server computes it (``fedcurv_average = "weighted"``: FedAvg's sample-weighted
+server computes it (``[aggregator.params] average = "weighted"``: FedAvg's sample-weighted
 mean). The paper runs every node every round (u_t sums their round t-1
 terms) and leaves sampling open; here u, v, w sum each node's *last* (Fisher,
 theta) the aggregator accepted, so under sampling a node's terms stay until it
-is sampled again (``fedcurv_max_age`` = k drops terms more than k rounds old
+is sampled again (``max_age`` = k drops terms more than k rounds old
 instead; with C = 1 both are the paper's rule). Every
 accepted update is absorbed, also in a round that is not aggregated, and the
 server publishes the round of each node's counted terms (``fedcurv/rounds``),
@@ -52,6 +52,7 @@ from flmesh.node.format.specs import ModelSpec
 from flmesh.node.learning.fisher import fisher_diagonal
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.topology import Federation, TrainingConfig
+from flmesh.topology.algorithms import Param
 
 FISHER = "fisher/"           # + parameter name: a node's Fisher diagonal, float32, in its update
 FEDCURV_U = "fedcurv/u/"     # + parameter name: sum_j I_j over the nodes heard from (float64)
@@ -187,6 +188,14 @@ def _terms_in(tensors: Tensors, values: dict[str, Any]) -> dict[Any, tuple[int, 
 
 class FedCurv(Algorithm):
     name = "fedcurv"
+    kind = "strategy"
+    # In a star; between peers lambda is [training] fedcurv_lambda (per node, 0: off).
+    params = (Param("lambda", float, 1.0, "lambda of the penalty (Eq. 3)", lo=0, hi=1e6,
+                    old="fedcurv_lambda"),
+              Param("average", str, "plain", "the models' mean: the paper's plain one, or weighted by "
+                    "sample count", choices=("plain", "weighted"), old="fedcurv_average"),
+              Param("max_age", int, 0, "rounds a node's Fisher terms stay in u, v, w (0: until replaced)",
+                    lo=0, hi=100_000, old="fedcurv_max_age"))
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         if federation.aggregator is not None:
@@ -206,14 +215,13 @@ class FedCurv(Algorithm):
 
     def client(self, ctx: ClientContext) -> ClientHalf:
         agg = ctx.federation.aggregator
-        return FedCurvClient(ctx, agg.fedcurv_lambda if agg is not None else ctx.training.fedcurv_lambda)
+        lam = self.settings(ctx.federation)["lambda"] if agg is not None else ctx.training.fedcurv_lambda
+        return FedCurvClient(ctx, lam)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         agg = ctx.federation.aggregator
         nodes = [n.id for n in ctx.federation.nodes]
         if agg is None:  # between peers: each node's own server half over its neighbours
             return FedCurvServer(ctx.params, nodes)
-        return FedCurvServer(ctx.params, nodes, agg.fedcurv_average, agg.fedcurv_max_age)
-
-
-ALGORITHM = FedCurv()
+        settings = self.settings(ctx.federation)
+        return FedCurvServer(ctx.params, nodes, settings["average"], settings["max_age"])

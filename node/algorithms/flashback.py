@@ -43,6 +43,7 @@ from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.distillation import distill, dkd_loss
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.topology import Federation, TrainingConfig
+from flmesh.topology.algorithms import Param
 
 FLASHBACK_PI = "flashback/pi"  # the global label count pi, float64 (C,), published with the model
 SEED_DISTILL = 7  # stream id for the server's distillation order (see flmesh.node.learning.data)
@@ -217,11 +218,10 @@ class FlashbackServer(ServerHalf):
     from label counts; then the global label count pi grows."""
 
     def __init__(self, ctx: ServerContext):
-        agg = ctx.federation.aggregator
-        assert agg is not None, "Flashback's server half runs on an aggregator"
+        settings = Flashback().settings(ctx.federation)
         self.ctx = ctx
-        self.server_epochs = agg.server_epochs
-        self.state = FlashbackState.start(ctx.num_classes, agg.gamma)
+        self.server_epochs = settings["server_epochs"]
+        self.state = FlashbackState.start(ctx.num_classes, settings["gamma"])
 
     def published_extras(self, round: int) -> Tensors:
         return {FLASHBACK_PI: self.state.pi.clone()}
@@ -260,6 +260,11 @@ class FlashbackServer(ServerHalf):
 
 class Flashback(Algorithm):
     name = "flashback"
+    kind = "strategy"
+    params = (Param("server_epochs", float, 1.0, "E_s: distillation epochs on the public split (0: none)",
+                    lo=0, hi=1000, old="server_epochs"),
+              Param("gamma", float, 0.1, "rate at which the global label count pi grows (Alg. 1)",
+                    lo=0, hi=1, lo_open=True, old="gamma"))
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
@@ -272,6 +277,3 @@ class Flashback(Algorithm):
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         return FlashbackServer(ctx)
-
-
-ALGORITHM = Flashback()

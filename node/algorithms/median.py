@@ -18,12 +18,10 @@ class MedianServer(ServerHalf):
 
 class Median(Algorithm):
     name = "median"
+    kind = "strategy"
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         return MedianServer()
-
-
-ALGORITHM = Median()

@@ -1,6 +1,6 @@
 """Coordinate-wise trimmed mean aggregation (Yin et al., ICML 2018, Sec. 3; see
 :func:`flmesh.node.algorithms.robust.trimmed_mean`): per coordinate, the mean of the round's
-values after dropping the ``[aggregator] trim`` share of the largest and the smallest."""
+values after dropping the ``[aggregator.params] trim`` share of the largest and the smallest."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from flmesh.node.algorithms.base import Algorithm, ServerContext, ServerHalf, Tensors, Update
 from flmesh.node.algorithms.robust import trimmed_mean
 from flmesh.topology import Federation, TrainingConfig
+from flmesh.topology.algorithms import Param
 
 
 class TrimmedMeanServer(ServerHalf):
@@ -21,14 +22,12 @@ class TrimmedMeanServer(ServerHalf):
 
 class TrimmedMean(Algorithm):
     name = "trimmed_mean"
+    kind = "strategy"
+    params = (Param("trim", float, 0.1, "share of the largest and of the smallest values dropped per "
+                    "coordinate", lo=0, hi=0.5, hi_open=True, old="trim"),)
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
 
     def server(self, ctx: ServerContext) -> ServerHalf:
-        agg = ctx.federation.aggregator
-        assert agg is not None, "trimmed_mean's server half runs on an aggregator"
-        return TrimmedMeanServer(agg.trim)
-
-
-ALGORITHM = TrimmedMean()
+        return TrimmedMeanServer(self.settings(ctx.federation)["trim"])

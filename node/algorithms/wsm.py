@@ -100,12 +100,10 @@ class WsmClient(ClientHalf):
 
 class Wsm(Algorithm):
     name = "wsm"
+    kind = "objective"
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return training.objective == self.name
 
     def client(self, ctx: ClientContext) -> ClientHalf:
         return WsmClient(ctx.label_counts, ctx)
-
-
-ALGORITHM = Wsm()

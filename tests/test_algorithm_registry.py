@@ -1,0 +1,131 @@
+"""Algorithms from outside the package: by import path, by entry point, registered at run time;
+each plug-in's parameters checked from its own table."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from flmesh.node import algorithms
+from flmesh.node.algorithms.base import Algorithm, ServerContext, ServerHalf
+from flmesh.topology import FederationError
+from flmesh.topology.algorithms import AlgorithmError, Param, names, register_algorithm, unregister_algorithm
+from flmesh.topology.federation import parse_federation
+
+from conftest import tiny_raw
+
+PLUGIN = '''
+from flmesh.node.algorithms.base import Algorithm
+from flmesh.topology.algorithms import Param
+
+
+class PathAvg(Algorithm):
+    name = "pathavg"
+    kind = "strategy"
+    params = (Param("scale", float, 0.5, "a share", lo=0, hi=1),)
+
+
+class EntryAvg(Algorithm):
+    name = "entryavg"
+    kind = "strategy"
+
+
+class NotOne:
+    name = "x"
+'''
+
+
+@pytest.fixture
+def extpkg(tmp_path, monkeypatch):
+    pkg = tmp_path / "extpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "algos.py").write_text(PLUGIN)
+    dist = tmp_path / "extpkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extpkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[flmesh.algorithms]\nentryavg = extpkg.algos:EntryAvg\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    unregister_algorithm("entryavg")  # the package goes with tmp_path
+    for name in [m for m in sys.modules if m == "extpkg" or m.startswith("extpkg.")]:
+        del sys.modules[name]
+
+
+def test_a_strategy_by_import_path_reads_its_own_table(extpkg):
+    raw = tiny_raw(aggregator={"strategy": "extpkg.algos:PathAvg", "params": {"scale": 0.25}})
+    fed = parse_federation(raw)
+    plugin = algorithms.strategy(fed)
+    assert plugin.name == "pathavg" and plugin.is_strategy(fed)
+    assert plugin.settings(fed) == {"scale": 0.25}
+    default = parse_federation(tiny_raw(aggregator={"strategy": "extpkg.algos:PathAvg"}))
+    assert plugin.settings(default) == {"scale": 0.5}
+    with pytest.raises(FederationError, match=r"^<federation>: \[aggregator.params\] scale: expected a "
+                       r"number <= 1, got 2$"):
+        parse_federation(tiny_raw(aggregator={"strategy": "extpkg.algos:PathAvg", "params": {"scale": 2}}))
+
+
+def test_an_installed_entry_point_is_a_name(extpkg):
+    assert "entryavg" in names()
+    fed = parse_federation(tiny_raw(aggregator={"strategy": "entryavg"}))
+    assert algorithms.strategy(fed).name == "entryavg"
+
+
+def test_bad_plug_ins_are_one_line(extpkg):
+    for strategy, expected in [
+        ("extpkg.algos:NotOne", "is not an algorithm plug-in"),
+        ("extpkg.algos:Missing", "extpkg.algos has no attribute 'Missing'"),
+        ("nowhere.at_all:X", "no module named 'nowhere'"),
+        ("fedsgd", "expected one of 'entryavg', 'fedavg', 'fedavg_ft', 'fedcurv'"),
+        ("wsm", "expected a strategy, not the objective plug-in 'wsm'"),
+    ]:
+        with pytest.raises(FederationError, match=expected) as caught:
+            parse_federation(tiny_raw(aggregator={"strategy": strategy}))
+        assert "\n" not in str(caught.value)
+    with pytest.raises(FederationError, match=r"\[training\] objective: expected one of 'ce', 'wsm', or"):
+        parse_federation(tiny_raw(training={"objective": "fedsgd"}))
+    with pytest.raises(FederationError, match=r"objective: expected an objective, not the strategy plug-in"):
+        parse_federation(tiny_raw(training={"objective": "fedavg"}))
+
+
+class RunTime(Algorithm):
+    name = "runtime_mean"
+    kind = "strategy"
+    params = (Param("weight", int, 3, "a count", lo=1, hi=9),)
+
+    def server(self, ctx: ServerContext) -> ServerHalf:
+        return ServerHalf()
+
+
+class Impostor(Algorithm):
+    name = "fedavg"
+    kind = "strategy"
+
+
+def test_register_at_run_time():
+    assert register_algorithm(RunTime) is RunTime
+    try:
+        fed = parse_federation(tiny_raw(aggregator={"strategy": "runtime_mean", "params": {"weight": 4}}))
+        assert algorithms.strategy(fed).settings(fed) == {"weight": 4}
+    finally:
+        unregister_algorithm("runtime_mean")
+    with pytest.raises(FederationError, match="expected one of 'fedavg'"):
+        parse_federation(tiny_raw(aggregator={"strategy": "runtime_mean"}))
+    algorithms.load("fedavg")  # the built-in holds its name
+    with pytest.raises(AlgorithmError, match="'fedavg' is already registered by flmesh"):
+        register_algorithm(Impostor)
+
+
+def test_algorithm_tables_and_deprecated_keys():
+    raw = tiny_raw(aggregator={"strategy": "fedcurv", "fedcurv_lambda": 3.0})
+    assert parse_federation(raw).aggregator.params == {"lambda": 3.0, "average": "plain", "max_age": 0}
+    with pytest.raises(FederationError, match=r"\[aggregator\] fedcurv_lambda: deprecated, and "
+                       r"\[aggregator.params\] lambda is given too"):
+        parse_federation(tiny_raw(aggregator={"strategy": "fedcurv", "fedcurv_lambda": 3.0,
+                                              "params": {"lambda": 2.0}}))
+    with pytest.raises(FederationError, match=r"\[algorithm.nope\]: unknown algorithm 'nope'"):
+        parse_federation({**tiny_raw(), "algorithm": {"nope": {}}})
+    with pytest.raises(FederationError, match=r"\[aggregator.params\] x: unknown key \('fedavg' takes no"):
+        parse_federation(tiny_raw(aggregator={"params": {"x": 1}}))
+
