@@ -56,12 +56,13 @@ def _as_update(model: DecodedModel, spec_names: set[str]) -> Update:
 def _gossip_regularizers(ctx: RoundContext, round: int, arrived: dict[InboxKey, DecodedModel],
                          notes: list[str]) -> list[Regularizer]:
     """Each gossiping plug-in's server half absorbs the neighbours' round t-1 updates; its
-    client half trains against what that publishes."""
-    regs: list[Regularizer] = []
-    if not ctx.plugins.gossip_servers:
-        return regs
-    names = set(ctx.model.spec)
+    client half trains against what that publishes. The other plug-ins' terms (FedProx's)
+    anchor on the model the node starts from: the one it received."""
     start = ctx.model.state_dict()
+    regs: list[Regularizer] = [r for name, client in ctx.plugins.clients.items()
+                               if name not in ctx.plugins.gossip_servers
+                               for r in client.regularizers(start, {})]
+    names = set(ctx.model.spec)
     for name, server in ctx.plugins.gossip_servers.items():
         for peer in ctx.settings.neighbours:
             message = arrived.get(InboxKey(round - 1, peer, f"extras/{name}"))
