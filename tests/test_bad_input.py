@@ -184,6 +184,25 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
         tiny_raw(federation={"eval_sample": 2}, aggregator={"strategy": "fedavg"}),
         "[federation] eval_sample: peer federations only: a star row needs each participant on every test "
         "split (WSM's client forgetting, Flashback's F_k,t); remove it or [aggregator]"),
+    "aggregator-strategy-unknown": (tiny_raw(aggregator={"strategy": "fedsgd"}),
+                                    "[aggregator] strategy: expected one of 'fedadam', 'fedavg', "),
+    "aggregator-strategy-path": (
+        tiny_raw(aggregator={"strategy": "no_such_pkg.algos:Mine"}),
+        "[aggregator] strategy: expected a usable strategy: 'no_such_pkg.algos:Mine': no module named "
+        "'no_such_pkg' (is its package installed?), got 'no_such_pkg.algos:Mine'"),
+    "training-objective-strategy": (tiny_raw(training={"objective": "fedavg"}),
+                                    "[training] objective: expected an objective, not the strategy plug-in "
+                                    "'fedavg', got 'fedavg'"),
+    "aggregator-params-range": (tiny_raw(aggregator={"strategy": "fedadam", "params": {"beta1": 1}}),
+                                "[aggregator.params] beta1: expected a number in [0, 1), got 1"),
+    "aggregator-params-unknown": (
+        tiny_raw(aggregator={"strategy": "fedavgm", "params": {"lr": 1}}),
+        "[aggregator.params] lr: unknown key (expected one of momentum, server_lr)"),
+    "aggregator-params-deprecated-both": (
+        tiny_raw(aggregator={"strategy": "trimmed_mean", "trim": 0.2, "params": {"trim": 0.3}}),
+        "[aggregator] trim: deprecated, and [aggregator.params] trim is given too: keep only the latter"),
+    "algorithm-unknown": ({**tiny_raw(), "algorithm": {"nope": {}}},
+                          "[algorithm.nope]: unknown algorithm 'nope' (registered: ce, "),
 }
 
 
