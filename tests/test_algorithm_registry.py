@@ -13,7 +13,7 @@ from flmesh.topology import FederationError
 from flmesh.topology.algorithms import AlgorithmError, Param, names, register_algorithm, unregister_algorithm
 from flmesh.topology.federation import parse_federation
 
-from conftest import tiny_raw
+from conftest import REPO, tiny_raw
 
 PLUGIN = '''
 from flmesh.node.algorithms.base import Algorithm
@@ -129,3 +129,24 @@ def test_algorithm_tables_and_deprecated_keys():
     with pytest.raises(FederationError, match=r"\[aggregator.params\] x: unknown key \('fedavg' takes no"):
         parse_federation(tiny_raw(aggregator={"params": {"x": 1}}))
 
+
+
+def test_the_algorithms_page_lists_every_built_in_and_its_parameters():
+    rows = [line.split("|")[1:-1] for line in (REPO / "docs" / "algorithms.md").read_text().splitlines()
+            if line.startswith("| ")]
+    listed: dict[str, dict[str, str]] = {}
+    name = ""
+    for cells in rows:
+        cells = [c.strip() for c in cells]
+        if cells[0].startswith("`"):
+            name = cells[0].strip("`")
+            listed[name] = {}
+        if cells[3].startswith("`"):
+            listed[name][cells[3].strip("`")] = cells[6]
+    for builtin in [n for n in names() if n != "entryavg"]:
+        assert builtin in listed, f"docs/algorithms.md has no row for {builtin}"
+        plugin = algorithms.load(builtin)
+        shown = listed["fedadam"] if builtin == "fedyogi" else listed[builtin]  # "(as `fedadam`)"
+        assert set(shown) == {p.name for p in plugin.params}, builtin
+        for p in plugin.params:
+            assert shown[p.name].strip('`"') == str(p.default), (builtin, p.name)
