@@ -33,6 +33,14 @@ class EntryAvg(Algorithm):
 
 class NotOne:
     name = "x"
+
+
+class Fussy(Algorithm):
+    name = "fussy"
+    kind = "strategy"
+
+    def __init__(self):
+        raise RuntimeError("needs a GPU")
 '''
 
 
@@ -45,7 +53,9 @@ def extpkg(tmp_path, monkeypatch):
     dist = tmp_path / "extpkg-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extpkg\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[flmesh.algorithms]\nentryavg = extpkg.algos:EntryAvg\n")
+    (pkg / "broken.py").write_text("raise ImportError('half installed')\n")
+    (dist / "entry_points.txt").write_text("[flmesh.algorithms]\nentryavg = extpkg.algos:EntryAvg\n"
+                                           "brokenavg = extpkg.broken:BrokenAvg\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
     unregister_algorithm("entryavg")  # the package goes with tmp_path
@@ -67,15 +77,20 @@ def test_a_strategy_by_import_path_reads_its_own_table(extpkg):
 
 
 def test_an_installed_entry_point_is_a_name(extpkg):
-    assert "entryavg" in names()
+    assert {"entryavg", "brokenavg"} <= set(names())
     fed = parse_federation(tiny_raw(aggregator={"strategy": "entryavg"}))
     assert algorithms.strategy(fed).name == "entryavg"
+    # a broken package stops only the federations that name it
+    plain = parse_federation(tiny_raw(aggregator={"strategy": "fedavg"}))
+    assert [p.name for p in algorithms.for_node(plain, plain.training)] == ["ce", "fedavg"]
 
 
 def test_bad_plug_ins_are_one_line(extpkg):
     for strategy, expected in [
         ("extpkg.algos:NotOne", "is not an algorithm plug-in"),
         ("extpkg.algos:Missing", "extpkg.algos has no attribute 'Missing'"),
+        ("extpkg.algos:Fussy", "building the plug-in failed: RuntimeError: needs a GPU"),
+        ("brokenavg", "importing extpkg.broken failed: ImportError: half installed"),
         ("nowhere.at_all:X", "no module named 'nowhere'"),
         ("fedsgd", "expected one of 'entryavg', 'fedadam', 'fedavg', .*, or an import path"),
         ("wsm", "expected a strategy, not the objective plug-in 'wsm'"),

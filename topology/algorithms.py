@@ -87,6 +87,13 @@ def _installed() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
+def builtin_names() -> list[str]:
+    """The names flmesh itself installs (its entry points), sorted: the plug-ins that a federation
+    file may switch on by a key of their own (``[replay]``, ``[training] fedcurv_lambda``)
+    rather than by naming them. Imports no plug-in."""
+    return sorted(name for name, ep in _installed().items() if ep.value.startswith("flmesh."))
+
+
 def names() -> list[str]:
     """Every registered name (installed entry points and run-time registrations), sorted.
     Imports no plug-in."""
@@ -94,7 +101,10 @@ def names() -> list[str]:
 
 
 def _as_plugin(obj: Any, where: str) -> Any:
-    plugin = obj() if isinstance(obj, type) else obj
+    try:
+        plugin = obj() if isinstance(obj, type) else obj
+    except Exception as exc:  # the plug-in's constructor raised
+        raise AlgorithmError(f"{where}: building the plug-in failed: {type(exc).__name__}: {exc}") from None
     name, kind = getattr(plugin, "name", None), getattr(plugin, "kind", None)
     usable = callable(getattr(plugin, "client", None))
     if not isinstance(name, str) or not name or kind not in KINDS or not usable:
@@ -203,6 +213,7 @@ def defaults(plugin: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     return {p.name: given.get(p.name, p.default) for p in plugin.params}
 
 
-__all__ = ["GROUP", "AlgorithmError", "Param", "algorithm_name", "defaults", "names", "names_of",
+__all__ = ["GROUP", "AlgorithmError", "Param", "algorithm_name", "builtin_names", "defaults", "names",
+           "names_of",
            "param_checks",
            "register_algorithm", "resolve", "unregister_algorithm"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flmesh.node.algorithms.base import Algorithm
 from flmesh.topology import Federation, TrainingConfig
-from flmesh.topology.algorithms import AlgorithmError, names, resolve
+from flmesh.topology.algorithms import AlgorithmError, builtin_names, resolve
 
 #: The order client halves are consulted in: objectives, strategies, then data plug-ins.
 _KIND_ORDER = {"objective": 0, "strategy": 1, "data": 2}
@@ -30,9 +30,10 @@ def load(name: str) -> Algorithm:
 
 
 def named_by(federation: Federation) -> list[str]:
-    """The plug-ins ``federation`` names: registered ones, its strategy, every node's objective
-    and its ``[algorithm.NAME]`` tables."""
-    found = dict.fromkeys(names())
+    """The plug-ins a node of ``federation`` consults: flmesh's own, its strategy, every node's
+    objective and its ``[algorithm.NAME]`` tables. A plug-in from outside runs only where the
+    file names it, so one that is installed but broken stops no federation that does not."""
+    found = dict.fromkeys(builtin_names())
     if federation.aggregator is not None:
         found[federation.aggregator.strategy] = None
     for node in federation.nodes:
