@@ -12,6 +12,7 @@ from torch import nn
 from flmesh.node import algorithms
 from flmesh.node.algorithms.base import ClientContext, ServerContext, ServerHalf, Update
 from flmesh.node.algorithms.fedprox import proximal_term
+from flmesh.node.learning.data import ArrayData
 from flmesh.topology import Federation, FederationError, parse_federation
 
 from conftest import tiny_raw
@@ -140,7 +141,59 @@ def test_fedprox_between_peers_changes_training():
     assert not all(torch.equal(plain["node0"][k], prox["node0"][k]) for k in plain["node0"])
 
 
-@pytest.mark.parametrize("strategy", ["fedprox", "fedavgm", "fedadam", "fedyogi"])
+def test_scaffold_server_by_hand():
+    fed = star("scaffold")  # 2 nodes, server_lr 1
+    spec = {"w": (torch.float32, (1,))}
+    ctx = ServerContext(fed, lambda: nn.Linear(1, 1), spec, 10, None, torch.device("cpu"))
+    server = algorithms.strategy(fed).server(ctx)
+    assert server is not None
+    glob = {"w": torch.tensor([1.0]), "steps": torch.tensor(0)}
+    ups = [Update(f"node{i}", 1, {"w": torch.tensor([y]), "steps": torch.tensor(0)}, n, (1,),
+                  {"scaffold/dc/w": torch.tensor([dc])})
+           for i, (y, n, dc) in enumerate([(2.0, 1, 0.2), (4.0, 9, 0.4)])]
+    for u in ups:
+        server.absorb(u)
+    # x + mean(Delta y) over S, unweighted: 1 + (1 + 3) / 2; c = (0.2 + 0.4) / N
+    assert w(server.aggregate(1, glob, ups)) == pytest.approx(3.0)
+    assert float(server.published_extras(2)["scaffold/c/w"][0]) == pytest.approx(0.3)
+    again = algorithms.strategy(fed).server(ctx)
+    assert again is not None
+    again.restore(*server.checkpoint())
+    assert torch.equal(again.published_extras(2)["scaffold/c/w"], server.published_extras(2)["scaffold/c/w"])
+
+
+def value(reg, model: nn.Module) -> float:
+    return float(reg(model, torch.zeros(1, model.in_features), torch.zeros(1, 1)).detach())
+
+
+def test_scaffold_client_by_hand():
+    fed = star("scaffold")  # tiny_raw's [training]: lr 0.05, epochs 1, batch_size 16
+    data = ArrayData(torch.zeros(32, 1), torch.zeros(32, dtype=torch.long), 10)  # K = 2 steps
+    ctx = ClientContext("node0", fed, fed.training, lambda: data, lambda: nn.Linear(1, 1, bias=False),
+                        torch.device("cpu"))
+    client = algorithms.load("scaffold").client(ctx)
+    model = nn.Linear(1, 1, bias=False)
+    start = {"weight": torch.tensor([[1.0]])}
+    published = {"scaffold/c/weight": torch.tensor([[0.5]])}
+    (reg,) = client.regularizers(start, published)
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    assert value(reg, model) == pytest.approx(2.0 * 0.5)  # <y, c - c_i>
+    with torch.no_grad():
+        model.weight.fill_(0.9)
+    # c_i+ = c_i - c + (x - y) / (K lr) = 0 - 0.5 + 0.1 / (2 * 0.05) = 0.5
+    extras = client.update_extras(model)
+    assert float(extras["scaffold/dc/weight"][0, 0]) == pytest.approx(0.5)
+    client.after_update(1, {}, extras, included=False)  # not accepted: c_i stays 0
+    (reg,) = client.regularizers(start, published)
+    assert value(reg, model) == pytest.approx(0.9 * 0.5)
+    client.update_extras(model)
+    client.after_update(2, {}, extras, included=True)  # c_i = 0.5 = c: no correction left
+    (reg,) = client.regularizers(start, published)
+    assert value(reg, model) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["fedprox", "fedavgm", "fedadam", "fedyogi", "scaffold"])
 def test_star_rounds_run_each_strategy(strategy):
     raw = tiny_raw(nodes=3, rounds=2, aggregator={"strategy": strategy, "deadline_s": 60})
     with Cluster(parse_federation(raw, source="t"), "memory") as c:
