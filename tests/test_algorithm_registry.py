@@ -88,6 +88,7 @@ def test_an_installed_entry_point_is_a_name(extpkg):
 def test_bad_plug_ins_are_one_line(extpkg):
     for strategy, expected in [
         ("extpkg.algos:NotOne", "is not an algorithm plug-in"),
+        ("extpkg.algos:Param", "is not an algorithm plug-in"),  # a class, but not a plug-in: not built
         ("extpkg.algos:Missing", "extpkg.algos has no attribute 'Missing'"),
         ("extpkg.algos:Fussy", "building the plug-in failed: RuntimeError: needs a GPU"),
         ("brokenavg", "importing extpkg.broken failed: ImportError: half installed"),

@@ -100,20 +100,26 @@ def names() -> list[str]:
     return sorted(set(_installed()) | set(_registered))
 
 
+def _is_algorithm_class(cls: type) -> bool:
+    # By name: this module must not import the plug-in base (and torch with it).
+    return any(c.__module__ == "flmesh.node.algorithms.base" and c.__qualname__ == "Algorithm"
+               for c in cls.__mro__)
+
+
 def _as_plugin(obj: Any, where: str) -> Any:
-    try:
-        plugin = obj() if isinstance(obj, type) else obj
-    except Exception as exc:  # the plug-in's constructor raised
-        raise AlgorithmError(f"{where}: building the plug-in failed: {type(exc).__name__}: {exc}") from None
-    name, kind = getattr(plugin, "name", None), getattr(plugin, "kind", None)
-    usable = callable(getattr(plugin, "client", None))
-    if not isinstance(name, str) or not name or kind not in KINDS or not usable:
-        raise AlgorithmError(f"{where} is not an algorithm plug-in (an Algorithm subclass with a name "
-                             f"and a kind of {', '.join(KINDS)})")
-    for p in getattr(plugin, "params", ()):
+    cls = obj if isinstance(obj, type) else type(obj)
+    name, kind = getattr(cls, "name", None), getattr(cls, "kind", None)
+    if not _is_algorithm_class(cls) or not isinstance(name, str) or not name or kind not in KINDS:
+        raise AlgorithmError(f"{where} is not an algorithm plug-in (a subclass of "
+                             f"flmesh.node.algorithms.base.Algorithm with a name and a kind of "
+                             f"{', '.join(KINDS)})")
+    for p in getattr(cls, "params", ()):
         if not isinstance(p, Param):
             raise AlgorithmError(f"{where}: params must be Param declarations, got {type(p).__name__}")
-    return plugin
+    try:  # only now: a class is built only when it is a plug-in
+        return obj() if isinstance(obj, type) else obj
+    except Exception as exc:  # the plug-in's constructor raised
+        raise AlgorithmError(f"{where}: building the plug-in failed: {type(exc).__name__}: {exc}") from None
 
 
 def register_algorithm(cls: Any) -> Any:
