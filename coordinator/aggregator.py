@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from flmesh.coordinator.aggregator_core import AggregatorCore
 from flmesh.coordinator.aggregator_eval import Evaluator, RemoteEvaluator, UpdateEvaluator, local_evaluator
@@ -31,9 +30,9 @@ from flmesh.node import algorithms
 from flmesh.node.algorithms.base import RefinedServer, ServerContext, trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.format.codec import model_spec
-from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed, load_dataset, public_data
+from flmesh.node.learning.data import ArrayData, load_dataset, public_data
 from flmesh.node.learning.device import select_device
-from flmesh.node.learning.models import build_model
+from flmesh.node.learning.models import federation_model
 from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
@@ -102,9 +101,7 @@ class Aggregator:
         public = public_data(fed, data)
         device = select_device(fed.training.device)
 
-        def factory() -> torch.nn.Module:
-            return build_model(fed.model, input_shape, num_classes, seed=derive_seed(fed.seed, SEED_MODEL))
-
+        factory, _ = federation_model(fed, input_shape, num_classes, data.x[:1] if len(data.x) else None)
         initial = factory()
         params = trainable_spec(initial)
         plugin = algorithms.strategy(fed)

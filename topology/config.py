@@ -67,6 +67,11 @@ class ModelConfig:
     For ``resnet18``: ``norm`` "batch" or "group" (GroupNorm with ``groups`` groups) and
     ``small_input`` (3x3 stem without max-pool; None: when H and W <= 64). ``weights`` is a
     local state-dict file any model starts from (absolute once parsed).
+
+    ``factory`` (set: ``name`` and its sizes are not used) is what builds the model instead:
+    an import path ``"package.module:callable"`` or a registered name from the file, or, from
+    Python, a callable or a ``torch.nn.Module``; ``args`` are the callable's keyword
+    arguments (``[model.args]``). See :mod:`flmesh.node.learning.models`.
     """
 
     name: str = "mlp"
@@ -76,6 +81,8 @@ class ModelConfig:
     groups: int = 2
     weights: str | None = None
     small_input: bool | None = None
+    factory: str | Callable[..., Any] | None = None
+    args: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ Sections (all but ``[federation]`` optional)::
                   fedcurv_lambda
     [data]        dataset, root, download, partition, alpha, shards_per_node,
                   test_fraction, min_samples
-    [model]       name, hidden, channels, norm, groups, weights, small_input
+    [model]       name, hidden, channels, norm, groups, weights, small_input; or factory and a
+                  [model.args] table (a model from user code)
     [rewind]      mode ("off", "previous", "random"), lambda
     [wire]        dtype ("native", "float16", "bfloat16"), compression ("none", "zstd"), zstd_level,
                   digest ("xxh3_128", "blake3", "sha256")
@@ -75,6 +76,15 @@ def model_floor_mib(model: ModelConfig) -> float:
     return weights * 4 / 2**20
 
 
+def _check_factory(r: SectionReader, model: Mapping[str, Any]) -> None:
+    built_in = [k for k in ("name", "hidden", "channels", "norm", "groups", "small_input") if k in model]
+    if "factory" in model and built_in:
+        raise r.fail(f"[model] {built_in[0]}", "a built-in model's key; with [model] factory the "
+                     "factory builds the model (give its arguments in [model.args])")
+    if "args" in model and "factory" not in model:
+        raise r.fail("[model] args", "arguments of [model] factory, which is missing")
+
+
 def _check_model_size(r: SectionReader, model: ModelConfig, max_mib: float) -> None:
     # Layer widths within their bound can still multiply into a model no peer accepts (and
     # that takes the machine's memory to build): say so now, not after the first round.
@@ -105,6 +115,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     training = TrainingConfig(**r.section(raw, "training", TRAINING))
     data = r.section(raw, "data", SECTIONS["data"])
     model = ModelConfig(**r.section(raw, "model", SECTIONS["model"]))
+    _check_factory(r, raw.get("model", {}))
     rewind_raw = r.section(raw, "rewind", SECTIONS["rewind"])
     rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1),
                           scope=rewind_raw.get("scope", "sampled"))

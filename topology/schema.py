@@ -117,7 +117,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
         "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
         "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
-        "weights": path_string, "small_input": boolean,
+        "weights": path_string, "small_input": boolean, "factory": string(), "args": table,
     },
 }
 NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **TRAINING}
