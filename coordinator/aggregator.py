@@ -32,7 +32,7 @@ from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.format.codec import model_spec
 from flmesh.node.learning.data import ArrayData, load_dataset, public_data
 from flmesh.node.learning.device import select_device
-from flmesh.node.learning.models import federation_model
+from flmesh.node.learning.models import federation_model, with_model
 from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
@@ -40,6 +40,9 @@ from flmesh.node.transport import ByteCounter, PeerTransport
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from flmesh.node.learning.models import ModelFactory
     from flmesh.node.wire.tls import Tls
 from flmesh.topology.tasks import task_of
 
@@ -87,15 +90,17 @@ class Aggregator:
     def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
                         transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
                         tests: Callable[[], dict[str, ArrayData]] | None = None,
-                        state_dir: Path | None = None, tls: Tls | None = None) -> Aggregator:
+                        state_dir: Path | None = None, tls: Tls | None = None,
+                        model: ModelFactory | nn.Module | None = None) -> Aggregator:
         """The aggregator of ``federation``; ``dataset`` skips loading the data set again
         (it is read for the model's input shape and the public split that Flashback and
         fedavg_ft train on).
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
         aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``). ``tls``:
-        the aggregator's identity (common name "aggregator") for mTLS on every connection."""
-        fed = federation
+        the aggregator's identity (common name "aggregator") for mTLS on every connection.
+        ``model``: as for :class:`~flmesh.node.node.Node` (the nodes' own)."""
+        fed = with_model(federation, model)
         data = dataset if dataset is not None else load_dataset(fed.data)
         input_shape, num_classes = tuple(data.x.shape[1:]), data.num_classes
         public = public_data(fed, data)

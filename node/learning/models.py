@@ -220,8 +220,9 @@ def federation_model(federation: Federation, input_shape: Sequence[int], num_cla
         recipe = model_recipe(federation.model)
         factory = partial(build_model, federation.model, shape, num_classes,
                           seed=derive_seed(federation.seed, SEED_MODEL))
+        model = factory()
         try:
-            check_output(factory(), sample if sample is not None else torch.zeros(1, *shape), num_classes)
+            check_output(model, sample if sample is not None else torch.zeros(1, *shape), num_classes)
         except ModelError as exc:
             raise ModelError(f"{recipe.key} {recipe.label!r}: the model {exc}") from None
     except ModelError as exc:
