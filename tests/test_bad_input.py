@@ -94,6 +94,11 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
     "model-groups": (tiny_raw(model={"groups": 1000}),
                      "[model] groups: expected an integer <= 64 (ResNet's narrowest layer has 64 channels), "
                      "got 1000"),
+    "model-factory-and-name": (tiny_raw(model={"factory": "pkg.models:make"}),
+                               "[model] name: a built-in model's key; with [model] factory the factory "
+                               "builds the model (give its arguments in [model.args])"),
+    "model-args-alone": (tiny_raw(model={"args": {"width": 8}}),
+                         "[model] args: arguments of [model] factory, which is missing"),
     "training-lr-1e308": (tiny_raw(training={"lr": 1e308}),
                           "[training] lr: expected a number <= 10, got 1e+308"),
     "training-epochs": (tiny_raw(training={"epochs": 10**6}),
@@ -282,6 +287,94 @@ def test_fl_sim_flag_is_refused(tmp_path, capsys, argv, message):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert (tmp_path / "taken.txt").read_text() == "precious", "an --out that is a file is never touched"
     assert not (tmp_path / "new").exists(), "a run that cannot start leaves no empty results folder"
+
+
+USER_MODELS = """
+import math
+from torch import nn
+
+WIDTH = 8
+
+
+def make(*, input_shape, num_classes, width=WIDTH):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(),
+                         nn.Linear(width, num_classes))
+
+
+def boom(*, input_shape, num_classes):
+    raise RuntimeError("no GPU here")
+
+
+def weights(*, input_shape, num_classes):
+    return {"w": 1}
+
+
+def eleven(*, input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 11))
+"""
+
+# id -> ([model] lines, the stderr line after "fl-sim: error: FILE: "); user_models.py is USER_MODELS,
+# broken.py raises ImportError when imported
+MODEL_CASES: dict[str, tuple[str, str]] = {
+    "model-missing-module": (
+        'factory = "no_such_pkg.models:make"',
+        "[model] factory 'no_such_pkg.models:make': no module named 'no_such_pkg' "
+        "(is its package installed?)"),
+    "model-missing-attribute": (
+        'factory = "user_models:build"',
+        "[model] factory 'user_models:build': user_models has no attribute 'build'"),
+    "model-import-raises": (
+        'factory = "broken:make"',
+        "[model] factory 'broken:make': importing broken failed: ImportError: needs libfoo"),
+    "model-not-callable": (
+        'factory = "user_models:WIDTH"',
+        "[model] factory 'user_models:WIDTH' is a int, not something to call"),
+    "model-factory-raises": (
+        'factory = "user_models:boom"',
+        "[model] factory 'user_models:boom' raised RuntimeError: no GPU here"),
+    "model-not-a-module": (
+        'factory = "user_models:weights"',
+        "[model] factory 'user_models:weights' returned dict, not a torch.nn.Module"),
+    "model-args-unknown": (
+        'factory = "user_models:make"\n[model.args]\ndepth = 3',
+        "[model.args] depth: 'user_models:make' takes no argument 'depth' (it takes width)"),
+    "model-wrong-classes": (
+        'factory = "user_models:eleven"',
+        "[model] factory 'user_models:eleven': the model returns [1, 11] for one sample, the data has "
+        "10 classes (expected [1, 10])"),
+    "model-unknown-name": (
+        'factory = "transformer"',
+        "[model] factory: unknown model 'transformer' (expected an import path package.module:callable "
+        "or one of mlp, cnn, cnn2, resnet18)"),
+}
+
+
+@pytest.fixture
+def user_models(tmp_path, monkeypatch):
+    """user_models.py and broken.py in tmp_path, importable."""
+    (tmp_path / "user_models.py").write_text(USER_MODELS)
+    (tmp_path / "broken.py").write_text('raise ImportError("needs libfoo")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("user_models", "broken"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(("lines", "message"), MODEL_CASES.values(), ids=MODEL_CASES.keys())
+def test_a_bad_model_is_one_line_exit_2(tmp_path, capsys, user_models, lines, message):
+    """fl-sim and fl-node alike, before any training (fl-sim leaves no results folder)."""
+    from flmesh.node.cli import main as node_main
+
+    file = tmp_path / "f.toml"
+    file.write_text(TINY.replace("hidden = [16]", lines))
+    assert _sim([str(file), "--out", str(tmp_path / "new"), "--no-pictures"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fl-sim: error: {file}: {message}\n", err
+    assert not (tmp_path / "new").exists()
+    peers = ["--peer", "node1=127.0.0.1:1", "--peer", "node2=127.0.0.1:1"]
+    assert node_main(["--id", "node0", "--federation", str(file), *peers, "--listen", "127.0.0.1:0",
+                      "--out", str(tmp_path / "node0")]) == 2
+    assert capsys.readouterr().err == f"fl-node node0: error: {file}: {message}\n"
 
 
 @pytest.mark.parametrize(
