@@ -197,7 +197,7 @@ def base_config(federation: Federation) -> dict[str, Any]:
     """What every summary says about the set-up."""
     fed = federation
     return {"nodes": fed.node_ids, "dataset": fed.data.dataset,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.name,
+            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
             "epochs": fed.training.epochs}

@@ -97,6 +97,9 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
     "model-factory-and-name": (tiny_raw(model={"factory": "pkg.models:make"}),
                                "[model] name: a built-in model's key; with [model] factory the factory "
                                "builds the model (give its arguments in [model.args])"),
+    "model-factory-malformed": (tiny_raw(model={"factory": "[red]pkg.models:make"}),
+                                "[model] factory: expected an import path package.module:callable or a "
+                                "registered model name, got '[red]pkg.models:make'"),
     "model-args-alone": (tiny_raw(model={"args": {"width": 8}}),
                          "[model] args: arguments of [model] factory, which is missing"),
     "training-lr-1e308": (tiny_raw(training={"lr": 1e308}),

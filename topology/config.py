@@ -84,6 +84,16 @@ class ModelConfig:
     factory: str | Callable[..., Any] | None = None
     args: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
+    @property
+    def label(self) -> str:
+        """What builds the model, for titles and results: the factory (its import path or
+        registered name, or a Python object's name), else the built-in ``name``."""
+        if self.factory is None:
+            return self.name
+        if isinstance(self.factory, str):
+            return self.factory
+        return str(getattr(self.factory, "__qualname__", type(self.factory).__qualname__))
+
 
 @dataclass(frozen=True)
 class RewindConfig:

@@ -54,6 +54,17 @@ NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ID_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
+FACTORY = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
+
+
+def _factory(v: Any) -> str:
+    # Only the form: the import is tried when the model is built (flmesh.node.user_code). The
+    # value is also printed as rich markup, which "[" would break.
+    if not isinstance(v, str) or not FACTORY.match(v) or len(v) > 1000:
+        raise Bad("an import path package.module:callable or a registered model name")
+    return v
+
+
 def _name(v: Any) -> str:
     # The name becomes a results folder (runs/<name>-...) and is printed as rich markup: a
     # "/" or ".." would write elsewhere, a "[/x]" would crash the printer.
@@ -117,7 +128,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
         "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
         "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
-        "weights": path_string, "small_input": boolean, "factory": string(), "args": table,
+        "weights": path_string, "small_input": boolean, "factory": _factory, "args": table,
     },
 }
 NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **TRAINING}
