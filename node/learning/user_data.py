@@ -26,7 +26,6 @@ reads files and runs user code.
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -244,19 +243,25 @@ def _read_csv(path: Path, what: str, label_column: str) -> Pair:
             continue
         if len(row) != len(header):
             raise DataError(f"{what}: line {line} has {len(row)} fields, the header {len(header)}")
+        label = row[at].strip()
+        try:
+            value = float(label)
+        except ValueError:
+            value = 0.5
+        if not value.is_integer() or abs(value) > 2**53:  # NaN, infinity and 1.5 are not labels
+            raise DataError(f"{what}: line {line}, column {label_column!r}: {label!r} "
+                            "is not an integer label")
+        y.append(int(value))
         values = []
-        for name, text in zip(header, row, strict=True):
+        for i, (name, text) in enumerate(zip(header, row, strict=True)):
+            if i == at:
+                continue
             try:
                 values.append(float(text))
             except ValueError:
                 raise DataError(f"{what}: line {line}, column {name!r}: {text.strip()!r} "
                                 "is not a number") from None
-        label = values.pop(at)
-        if not math.isfinite(label) or label != int(label):
-            raise DataError(f"{what}: line {line}, column {label_column!r}: {row[at].strip()!r} "
-                            "is not an integer label")
         x.append(values)
-        y.append(int(label))
     return np.asarray(x, dtype=np.float64).reshape(len(x), len(header) - 1), np.asarray(y, dtype=np.int64)
 
 
