@@ -120,6 +120,9 @@ def own_data(args: argparse.Namespace,
         raise UsageError(f"{what}: a continual federation ([tasks]) cuts [data] into tasks; "
                          "a node's own data cannot be cut that way")
     data = read_own(federation, args.id, path=path, source=args.data_source, what=what)
+    if federation.data.classes is None:
+        log.warning("[data] classes is not set: %d classes from this node's labels; every node of the "
+                    "federation must build the same model, so set it", data.train.num_classes)
     return federation, data, origin
 
 

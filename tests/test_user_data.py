@@ -119,6 +119,22 @@ def _write_npz(path, n, seed):
     return x, y
 
 
+def test_fl_sim_reads_each_nodes_own_file(tmp_path):
+    sizes = {"a": 30, "b": 45, "c": 60}
+    for i, (node, n) in enumerate(sizes.items()):
+        _write_npz(tmp_path / f"{node}.npz", n, i)
+    raw = tiny_raw(rounds=2, data={"classes": 3})
+    del raw["topology"]["nodes"]
+    raw["nodes"] = {node: {"data": f"{node}.npz"} for node in sizes}
+    fed = parse_federation(raw, source="own.toml", base_dir=tmp_path)
+    shares = federation_data(fed)
+    assert {n: len(s.train) + len(s.test) for n, s in shares.items()} == sizes
+    assert all(s.train.num_classes == 3 and s.train.input_shape == (2,) for s in shares.values())
+    with Simulation(fed, tmp_path / "run") as sim:
+        summary = sim.run()
+    assert summary.final is not None and summary.final.fa is not None and summary.final.fa > 0.5
+
+
 @pytest.mark.slow
 def test_fl_node_processes_train_on_their_own_files(tmp_path):
     ids = ["a", "b", "c"]
