@@ -91,18 +91,28 @@ def _materialise(dataset: Any, what: str) -> Pair:
         raise DataError(f"{what} returned a Dataset without a length; expected a map-style one") from None
     xs, ys = [], []
     for i in range(n):
-        item = dataset[i]
+        try:
+            item = dataset[i]
+        except Exception as exc:  # the user's Dataset raised
+            raise DataError(f"{what} returned a Dataset whose item {i} raised {type(exc).__name__}: "
+                            f"{exc}") from None
         if not isinstance(item, tuple | list) or len(item) != 2:
             raise DataError(f"{what} returned a Dataset whose item {i} is a {type(item).__name__}, "
                             "not an (x, y) pair")
-        xs.append(torch.as_tensor(np.asarray(item[0], dtype=np.float32)))
-        y = item[1]
-        ys.append(int(y.item()) if isinstance(y, torch.Tensor | np.ndarray) and y.size == 1 else y)
+        x, y = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in item)
+        try:
+            xs.append(torch.from_numpy(np.asarray(x, dtype=np.float32)))
+        except (TypeError, ValueError):
+            raise DataError(f"{what} returned a Dataset whose item {i} has an input that is not "
+                            "numbers") from None
+        ys.append(y.item() if isinstance(y, np.ndarray) and y.size == 1 else y)
     if not xs:
         return np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
     shapes = {tuple(x.shape) for x in xs}
     if len(shapes) != 1:
         raise DataError(f"{what} returned a Dataset whose inputs differ in shape: {sorted(shapes)[:3]}")
+    if any(not isinstance(y, int | float | np.integer | np.floating) for y in ys):
+        raise DataError(f"{what} returned a Dataset whose labels are not single numbers")
     return torch.stack(xs), np.asarray(ys)
 
 
@@ -130,7 +140,7 @@ def _labels(y: Any, what: str, name: str, n: int) -> torch.Tensor:
     if np.issubdtype(array.dtype, np.floating):
         if not np.isfinite(array).all():
             raise DataError(f"{what}: {name} holds NaN or infinity")
-        whole = array == np.round(array)
+        whole = (array == np.round(array)) & (np.abs(array) <= 2**53)
         if not whole.all():
             raise DataError(f"{what}: {name} holds {array[~whole][0]:g}, expected integer labels 0..C-1")
     elif not np.issubdtype(array.dtype, np.integer):
