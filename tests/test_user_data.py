@@ -146,7 +146,9 @@ def test_fl_node_processes_train_on_their_own_files(tmp_path):
     (tmp_path / "c.csv").write_text("\n".join(lines) + "\n")
     fed = federation_file(tmp_path, ids, rounds=2, graph="complete",
                           node_extra={"a": 'data = "a.npz"', "b": 'data = "b.npz"', "c": 'data = "c.csv"'})
-    procs = launch(tmp_path, fed, ids, "--set", "data.classes=3", "--set", 'data.label_column="kind"')
+    # [data] names a set that is not there: a node with its own data never reads it
+    procs = launch(tmp_path, fed, ids, "--set", "data.classes=3", "--set", 'data.label_column="kind"',
+                   "--set", 'data.dataset="mnist"', "--set", 'data.root="nowhere"')
     try:
         outputs = {i: p.communicate(timeout=300) for i, p in procs.items()}
     finally:
