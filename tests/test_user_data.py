@@ -46,6 +46,9 @@ BLOBS = textwrap.dedent("""
 
     def dataset(n=240, seed=0):
         return Points(n, seed)
+
+    def per_node(node_id, n=240, seed=0):
+        return make(n + 10 * int(node_id[-1]), seed)
 """)
 
 
@@ -109,6 +112,17 @@ def test_a_separate_test_pair_is_dealt_out_in_each_partitions_label_mix(blobs_mo
         train = np.bincount(share.train.y.numpy(), minlength=3) / len(share.train)
         test = np.bincount(share.test.y.numpy(), minlength=3) / len(share.test)
         assert np.abs(train - test).max() < 0.2, (train, test)
+
+
+def test_a_node_source_gets_the_node_id_and_a_seeded_test_split(blobs_module):
+    from flmesh.node.learning.user_data import own_data
+
+    fed = blob_federation(f"{blobs_module}:blobs")
+    shares = [own_data(fed, node, source=f"{blobs_module}:per_node", what="--data-source")
+              for node in ("node1", "node2", "node2")]
+    assert [len(s.train) + len(s.test) for s in shares] == [250, 260, 260]
+    assert len(shares[1].test) == round(0.2 * 260) and shares[1].train.num_classes == 3
+    assert torch.equal(shares[1].test.x, shares[2].test.x), "the split is seeded"
 
 
 def _write_npz(path, n, seed):
