@@ -50,12 +50,17 @@ def call_source(path: str, what: str, **kwargs: Any) -> tuple[Pair, Pair | None]
     try:
         fn = load_callable(path)
     except UserCodeError as exc:
-        raise DataError(f"{what}: {exc}") from None
+        raise DataError(f"{what}: {_one_line(exc)}") from None
     try:
         value = fn(**kwargs)
     except Exception as exc:  # the user's code raised: one line, not a traceback
-        raise DataError(f"{what} {path!r} raised {type(exc).__name__}: {exc}") from None
+        raise DataError(f"{what} {path!r} raised {type(exc).__name__}: {_one_line(exc)}") from None
     return _pairs(value, f"{what} {path!r}")
+
+
+def _one_line(exc: Exception) -> str:
+    """A user's exception text on one line (its own newlines would break the one-line error)."""
+    return " ".join(str(exc).split())
 
 
 def _is_array(v: Any) -> bool:
@@ -95,7 +100,7 @@ def _materialise(dataset: Any, what: str) -> Pair:
             item = dataset[i]
         except Exception as exc:  # the user's Dataset raised
             raise DataError(f"{what} returned a Dataset whose item {i} raised {type(exc).__name__}: "
-                            f"{exc}") from None
+                            f"{_one_line(exc)}") from None
         if not isinstance(item, tuple | list) or len(item) != 2:
             raise DataError(f"{what} returned a Dataset whose item {i} is a {type(item).__name__}, "
                             "not an (x, y) pair")
