@@ -196,7 +196,7 @@ class Simulation:
 def base_config(federation: Federation) -> dict[str, Any]:
     """What every summary says about the set-up."""
     fed = federation
-    return {"nodes": fed.node_ids, "dataset": fed.data.dataset,
+    return {"nodes": fed.node_ids, "dataset": fed.data.origin,
             "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},

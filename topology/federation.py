@@ -13,7 +13,7 @@ Sections (all but ``[federation]`` optional)::
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
                   fedcurv_lambda
     [data]        dataset, root, download, partition, alpha, shards_per_node,
-                  test_fraction, min_samples
+                  test_fraction, min_samples, source, args, classes, label_column
     [model]       name, hidden, channels, norm, groups, weights, small_input; or factory and a
                   [model.args] table (a model from user code)
     [rewind]      mode ("off", "previous", "random"), lambda
@@ -22,7 +22,7 @@ Sections (all but ``[federation]`` optional)::
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
                   server_epochs, gamma, fedcurv_lambda, fedcurv_average, fedcurv_max_age,
                   trim, clip_norm (present: a star federation)
-    [nodes.<id>]  address, partition, and any [training] key as a per-node override
+    [nodes.<id>]  address, partition, data (its own file), and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
 fractional (a share of one pass over the node's batches). Numbers have upper bounds
@@ -166,9 +166,13 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
                              f"{partitions_seen[part]!r}")
             partitions_seen[part] = node_id
         address = entry.pop("address", None)
+        own = entry.pop("data", None)
         nodes.append(NodeConfig(id=node_id, index=index, training=replace(training, **entry),
-                                address=address, partition=part))
+                                address=address, partition=part,
+                                data=str((base / own).resolve()) if own is not None else None))
 
+    if "source" in data and "dataset" in data:
+        raise r.fail("[data] source", "names the data instead of dataset: give one of them")
     if "root" in data:
         data["root"] = str((base / data["root"]).resolve())
     if model.weights is not None:

@@ -73,6 +73,17 @@ def _name(v: Any) -> str:
     return v
 
 
+# flmesh.node.user_code.IMPORT_PATH; topology loads nothing of flmesh.node (tests/test_imports.py)
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def _import_path(v: Any) -> str:
+    if not isinstance(v, str) or not _IMPORT_PATH.match(v):
+        raise Bad("an import path of the form package.module:name")
+    return v
+
+
+MAX_CLASSES = 1_000_000
 _TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
 _SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
 _PENALTY = at_most(number(0), MAX_PENALTY)
@@ -123,6 +134,10 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "shards_per_node": at_most(integer(1), MAX_WIDTH),
         "test_fraction": number(0, 1, lo_open=True, hi_open=True),
         "min_samples": at_most(integer(1), 1_000_000),
+        # user data: a callable that returns it, its keyword arguments, the federation's class
+        # count (labels 0..classes-1) and a node's CSV label column
+        "source": _import_path, "args": table, "classes": at_most(integer(2), MAX_CLASSES),
+        "label_column": string(),
     },
     "model": {
         "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
@@ -131,5 +146,5 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "weights": path_string, "small_input": boolean, "factory": _factory, "args": table,
     },
 }
-NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **TRAINING}
+NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), "data": path_string, **TRAINING}
 REQUIRED = {"federation": ("name", "rounds")}
