@@ -12,7 +12,7 @@ MODULES := $(VENV)/.modules
 
 $(MODULES): FORCE
 	@mkdir -p $(VENV)
-	@find protos topology node coordinator -name '*.py' | sort > $@.new
+	@find api protos topology node coordinator -name '*.py' | sort > $@.new
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
 $(STAMP): pyproject.toml $(MODULES)
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml $(MODULES)
 # CI), every start would otherwise compile every module again, which delays fl-node's
 # launch to SERVING (benchmarks/startup.py). A stale .pyc is only ignored, never wrong.
 PYC := $(VENV)/.compiled
-$(PYC): $(STAMP) $(shell find protos topology node coordinator -name '*.py')
+$(PYC): $(STAMP) $(shell find api protos topology node coordinator -name '*.py')
 	$(PY) -m compileall -q build/__editable__.*
 	touch $(PYC)
 

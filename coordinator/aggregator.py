@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from flmesh.coordinator.aggregator_core import AggregatorCore
 from flmesh.coordinator.aggregator_eval import Evaluator, RemoteEvaluator, UpdateEvaluator, local_evaluator
@@ -31,9 +30,9 @@ from flmesh.node import algorithms
 from flmesh.node.algorithms.base import RefinedServer, ServerContext, trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.format.codec import model_spec
-from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed, load_dataset, public_data
+from flmesh.node.learning.data import ArrayData, load_dataset, public_data
 from flmesh.node.learning.device import select_device
-from flmesh.node.learning.models import build_model
+from flmesh.node.learning.models import federation_model, with_model
 from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
@@ -41,6 +40,9 @@ from flmesh.node.transport import ByteCounter, PeerTransport
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from flmesh.node.learning.models import ModelFactory
     from flmesh.node.wire.tls import Tls
 from flmesh.topology.tasks import task_of
 
@@ -88,23 +90,23 @@ class Aggregator:
     def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
                         transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
                         tests: Callable[[], dict[str, ArrayData]] | None = None,
-                        state_dir: Path | None = None, tls: Tls | None = None) -> Aggregator:
+                        state_dir: Path | None = None, tls: Tls | None = None,
+                        model: ModelFactory | nn.Module | None = None) -> Aggregator:
         """The aggregator of ``federation``; ``dataset`` skips loading the data set again
         (it is read for the model's input shape and the public split that Flashback and
         fedavg_ft train on).
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
         aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``). ``tls``:
-        the aggregator's identity (common name "aggregator") for mTLS on every connection."""
-        fed = federation
+        the aggregator's identity (common name "aggregator") for mTLS on every connection.
+        ``model``: as for :class:`~flmesh.node.node.Node` (the nodes' own)."""
+        fed = with_model(federation, model)
         data = dataset if dataset is not None else load_dataset(fed.data)
         input_shape, num_classes = tuple(data.x.shape[1:]), data.num_classes
         public = public_data(fed, data)
         device = select_device(fed.training.device)
 
-        def factory() -> torch.nn.Module:
-            return build_model(fed.model, input_shape, num_classes, seed=derive_seed(fed.seed, SEED_MODEL))
-
+        factory, _ = federation_model(fed, input_shape, num_classes, data.x[:1] if len(data.x) else None)
         initial = factory()
         params = trainable_spec(initial)
         plugin = algorithms.strategy(fed)

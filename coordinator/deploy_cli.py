@@ -207,6 +207,9 @@ def _notes(federation: Federation) -> list[str]:
         notes.append(f"[data] root {federation.data.root} must exist where every process runs (mount it)")
     if federation.model.weights is not None:
         notes.append(f"[model] weights {federation.model.weights} must exist where every process runs")
+    if isinstance(federation.model.factory, str) and ":" in federation.model.factory:
+        notes.append(f"[model] factory {federation.model.factory} must be importable where every process "
+                     "runs (install its package in the image)")
     return notes
 
 

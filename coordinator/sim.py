@@ -27,10 +27,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes
 from flmesh.topology import Federation
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from flmesh.node.learning.models import ModelFactory
 
 Transport = Literal["memory", "grpc"]
 TRANSPORTS: tuple[Transport, ...] = ("memory", "grpc")
@@ -61,9 +66,12 @@ class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
-                 eval_every: int | None = None, transport: Transport = "memory", tls: bool = False):
-        """``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
-        rounds and after the last (default: ``[federation] eval_every``); star runs still
+                 eval_every: int | None = None, transport: Transport = "memory", tls: bool = False,
+                 model: ModelFactory | nn.Module | None = None):
+        """``model``: what every node and the aggregator build M_0 with instead of the file's
+        ``[model]`` (a factory called as ``[model] factory`` is, or a module every process
+        starts from a copy of). ``eval_every``: compute FA/FF/PFA (and, between peers, write a
+        row) every that many rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
         ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
         127.0.0.1:0). ``tls`` (gRPC only): every process gets a certificate from a throwaway
@@ -77,7 +85,9 @@ class Simulation:
         if tls and transport != "grpc":
             raise ValueError("tls needs the grpc transport (the in-memory transport has no wire to encrypt)")
         from flmesh.coordinator.sim_tls import SimIdentities
+        from flmesh.node.learning.models import with_model
 
+        federation = with_model(federation, model)
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
@@ -186,8 +196,8 @@ class Simulation:
 def base_config(federation: Federation) -> dict[str, Any]:
     """What every summary says about the set-up."""
     fed = federation
-    return {"nodes": fed.node_ids, "dataset": fed.data.dataset,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.name,
+    return {"nodes": fed.node_ids, "dataset": fed.data.origin,
+            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
             "epochs": fed.training.epochs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from flmesh.node.results import RoundRow, Summary
@@ -25,8 +26,8 @@ def title(fed: Federation, out_dir: Path | str) -> str:
     agg = fed.aggregator
     how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
            if agg is not None else f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
-    return (f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.dataset} "
-            f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {fed.model.name}, "
+    return (f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.origin} "
+            f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {escape(fed.model.label)}, "
             f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {out_dir}")
 
 

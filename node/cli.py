@@ -3,10 +3,13 @@
     fl-node --id ID --federation FILE [--listen HOST:PORT] [--peer ID=HOST:PORT ...]
             [--peers-file PATH] [--ready-file PATH] [--aggregator HOST:PORT]
             [--out DIR] [--hello-timeout S] [--cross-eval] [--resume] [--set KEY=VALUE ...]
+            [--data PATH [--label-column NAME] | --data-source package.module:callable]
             [--tls-ca PEM --tls-cert PEM --tls-key PEM | --insecure]
 
 Every node of a real federation runs this with the same federation file. The
-node keeps only its own data share (derived from the file's seed) and learns
+node keeps only its own data share (derived from the file's seed), or with
+``--data`` / ``[nodes.<id>] data`` / ``--data-source`` trains on data it holds
+itself (:mod:`flmesh.node.learning.user_data`: no global partition), and learns
 its peers' addresses from ``--peer``, ``--peers-file`` (re-read while it
 waits, so an orchestrator can fill it in) or ``[nodes.<id>] address``. It
 announces the address it bound (``--listen 127.0.0.1:0`` picks a free port)
@@ -39,6 +42,7 @@ from flmesh.node.errors import PeerError, UnknownPeerError
 from flmesh.node.observe import setup_logging
 
 if TYPE_CHECKING:
+    from flmesh.node.learning.data import NodeData
     from flmesh.node.node_run import NodeRun
     from flmesh.topology import Federation
 
@@ -76,9 +80,50 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a federation-file key, e.g. training.epochs=2")
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in the results folder (after a crash or a stop)")
+    p.add_argument("--data", type=Path, metavar="PATH",
+                   help="this node's own data: .npz (x, y, optional x_test, y_test) or .csv with a label "
+                        "column (default: [nodes.<id>] data; without either, its share of [data])")
+    p.add_argument("--label-column", metavar="NAME",
+                   help='the label column of a .csv --data file (default: [data] label_column, "label")')
+    p.add_argument("--data-source", metavar="package.module:callable",
+                   help="user code returning this node's data; called with node_id= and [data.args]")
     add_ops_options(p)
     add_tls_options(p)
     return p
+
+
+def own_data(args: argparse.Namespace,
+             federation: Federation) -> tuple[Federation, NodeData | None, str | None]:
+    """The node's own data from --data, --data-source or [nodes.<id>] data (None: its share of
+    [data]) and where it came from; the federation with --label-column applied. Raises one-line
+    errors."""
+    from dataclasses import replace
+
+    from flmesh.node.learning.user_data import own_data as read_own
+
+    if args.data is not None and args.data_source is not None:
+        raise UsageError("--data and --data-source both name this node's data: choose one")
+    if args.label_column is not None:
+        if not args.label_column.strip():
+            raise UsageError("--label-column: expected a column name, got ''")
+        federation = replace(federation, data=replace(federation.data, label_column=args.label_column))
+    in_file = federation.node(args.id).data
+    if args.data is not None:
+        path, what, origin = args.data, f"--data {args.data}", str(args.data)
+    elif in_file is not None and args.data_source is None:
+        path, what, origin = Path(in_file), f"{federation.source}: [nodes.{args.id}] data {in_file}", in_file
+    elif args.data_source is not None:
+        path, what, origin = None, "--data-source", args.data_source
+    else:
+        return federation, None, None
+    if federation.tasks is not None:
+        raise UsageError(f"{what}: a continual federation ([tasks]) cuts [data] into tasks; "
+                         "a node's own data cannot be cut that way")
+    data = read_own(federation, args.id, path=path, source=args.data_source, what=what)
+    if federation.data.classes is None:
+        log.warning("[data] classes is not set: %d classes from this node's labels; every node of the "
+                    "federation must build the same model, so set it", data.train.num_classes)
+    return federation, data, origin
 
 
 def check_address(flag: str, address: str, dialled: bool = False) -> str:
@@ -145,6 +190,7 @@ def prepare(args: argparse.Namespace) -> NodeRun:
         raise UsageError(str(exc)) from None
     federation = load_federation(args.federation, args.overrides)
     federation.node(args.id)
+    federation, data, origin = own_data(args, federation)
     if federation.baseline == "joint":
         raise UsageError(f"{federation.source}: [federation] baseline = \"joint\" trains every node's data "
                          "on one node, which a node of a real federation cannot do; run it with fl-sim")
@@ -172,7 +218,7 @@ def prepare(args: argparse.Namespace) -> NodeRun:
     tls = tls_from_args(args, args.id, listen)
     return NodeRun(federation, args.id, listen=listen, peers=peers, aggregator=aggregator, out=out,
                    needed=sorted(needed), cross_eval=args.cross_eval, hello_timeout=args.hello_timeout,
-                   tls=tls, resume=args.resume)
+                   tls=tls, resume=args.resume, data=data, data_origin=origin)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,10 @@ from typing import Any, NoReturn
 
 
 def flmesh_version() -> str:
-    """The installed flmesh's version (the package metadata's)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed flmesh's version (``flmesh.__version__``)."""
+    import flmesh
 
-    try:
-        return version("flmesh")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+    return flmesh.__version__
 
 
 #: The longest wait any flag may ask for (a day): more is a typo, and gRPC deadlines overflow.

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from functools import partial
 
 import torch
 from torch import nn
 
 from flmesh.node.format.specs import ModelSpec, fingerprint, model_spec
-from flmesh.node.learning.data import SEED_MODEL, ArrayData, derive_seed
-from flmesh.node.learning.models import ModelPool, build_model
+from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.models import ModelPool, federation_model
 from flmesh.node.learning.trainer import evaluate
 from flmesh.node.reports import EvalResult
 from flmesh.topology import Federation
@@ -41,10 +40,11 @@ class ModelState:
     @classmethod
     def for_federation(cls, federation: Federation, data: ArrayData, device: torch.device) -> ModelState:
         """The federation's model for samples shaped like ``data``'s, seeded by the federation
-        seed: every node starts from the same M_0."""
-        factory = partial(build_model, federation.model, data.input_shape, data.num_classes,
-                          seed=derive_seed(federation.seed, SEED_MODEL))
-        return cls(factory, device, federation.model.name)
+        seed: every node starts from the same M_0 (:func:`~flmesh.node.learning.models.federation_model`,
+        which checks it on one of ``data``'s samples; raises ModelError)."""
+        sample = data.x[:1] if len(data.x) else None
+        factory, label = federation_model(federation, data.input_shape, data.num_classes, sample)
+        return cls(factory, device, label)
 
     def state_dict(self) -> Tensors:
         """A snapshot of the current weights (CPU copies)."""

@@ -26,6 +26,7 @@ from flmesh.node.results import Final, NodeRound, RoundRow, RunWriter, Summary, 
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:
+    from flmesh.node.learning.data import NodeData
     from flmesh.node.wire.tls import Tls
 
 log = logging.getLogger("flmesh.node")
@@ -49,11 +50,14 @@ def input_errors() -> tuple[type[Exception], ...]:
 class NodeRun:
     def __init__(self, federation: Federation, node_id: str, *, listen: str, peers: dict[str, str],
                  aggregator: str | None, out: Path, needed: list[str], cross_eval: bool,
-                 hello_timeout: float, tls: Tls | None = None, resume: bool = False):
+                 hello_timeout: float, tls: Tls | None = None, resume: bool = False,
+                 data: NodeData | None = None, data_origin: str | None = None):
         self.federation, self.node_id = federation, node_id
         self.listen, self.peers, self.aggregator_address = listen, peers, aggregator
         self.out, self.needed, self.cross_eval, self.hello_timeout = out, needed, cross_eval, hello_timeout
         self.tls, self.resume = tls, resume
+        self.data = data  # the node's own data (fl-node --data); None: its share of [data]
+        self.data_origin = data_origin or federation.data.origin  # its file or source, for the summary
         self.ops = Ops()  # metrics, TensorBoard, progress (cli_ops.start_ops)
         self.first_round = 1  # after --resume: the round after the checkpoint
         self.node: Node
@@ -70,7 +74,8 @@ class NodeRun:
         results folder, serve. Raises input errors (a checkpoint that does not fit included)."""
         from flmesh.node.checkpoint import restore
 
-        self.node = Node.from_federation(self.federation, self.node_id, listen=self.listen, peers=self.peers,
+        self.node = Node.from_federation(self.federation, self.node_id, data=self.data,
+                                         listen=self.listen, peers=self.peers,
                                          aggregator=self.aggregator_address, state_dir=self.out,
                                          tls=self.tls)
         self.node.checkpoint_dir = self.out
@@ -200,13 +205,20 @@ class NodeRun:
             interrupted=self.signal is not None or self.error is not None, node=self.node_id,
             address=self.node.address, resumed_after=[self.first_round - 1] if self.first_round > 1 else [],
             signal=self.signal, error=self.error, final=final, missing_peers=sorted(self.missing_peers),
-            privacy_spent=self._privacy_spent(),
+            privacy_spent=self._privacy_spent(), config={"data": self._data_config()},
             bytes_per_round=mean_bytes(self.writer.rows),
             wall_s=round(self.node.clock.now() - self._started, 3), out_dir=str(self.out),
             host={"pid": os.getpid()})
         self.writer.write_summary(summary)
         self.ops.close()
         self.node.stop(grace=1.0)
+
+    def _data_config(self) -> dict[str, object]:
+        """What this node trained and tested on: its own samples and their labels."""
+        data = self.node.data
+        return {"origin": self.data_origin, "own": self.data is not None, "train_samples": len(data.train),
+                "test_samples": len(data.test), "classes": data.train.num_classes,
+                "label_counts": data.train.label_counts()}
 
     def _privacy_spent(self) -> dict[str, float] | None:
         spent = self.reports[-1].privacy_spent if self.reports else None

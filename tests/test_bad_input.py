@@ -94,6 +94,14 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
     "model-groups": (tiny_raw(model={"groups": 1000}),
                      "[model] groups: expected an integer <= 64 (ResNet's narrowest layer has 64 channels), "
                      "got 1000"),
+    "model-factory-and-name": (tiny_raw(model={"factory": "pkg.models:make"}),
+                               "[model] name: a built-in model's key; with [model] factory the factory "
+                               "builds the model (give its arguments in [model.args])"),
+    "model-factory-malformed": (tiny_raw(model={"factory": "[red]pkg.models:make"}),
+                                "[model] factory: expected an import path package.module:callable or a "
+                                "registered model name, got '[red]pkg.models:make'"),
+    "model-args-alone": (tiny_raw(model={"args": {"width": 8}}),
+                         "[model] args: arguments of [model] factory, which is missing"),
     "training-lr-1e308": (tiny_raw(training={"lr": 1e308}),
                           "[training] lr: expected a number <= 10, got 1e+308"),
     "training-epochs": (tiny_raw(training={"epochs": 10**6}),
@@ -184,6 +192,12 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
         tiny_raw(federation={"eval_sample": 2}, aggregator={"strategy": "fedavg"}),
         "[federation] eval_sample: peer federations only: a star row needs each participant on every test "
         "split (WSM's client forgetting, Flashback's F_k,t); remove it or [aggregator]"),
+    "data-source-not-a-path": (tiny_raw(data={"source": "make_points"}), "[data] source: expected an import "
+                               "path of the form package.module:name, got 'make_points'"),
+    "data-source-and-dataset": (tiny_raw(data={"source": "points:make"}),
+                                "[data] source: names the data instead of dataset: give one of them"),
+    "data-classes-one": (tiny_raw(data={"classes": 1}), "[data] classes: expected an integer >= 2, got 1"),
+    "node-data-nul": (node_tables(3, data="a\x00.npz"), "[nodes.n0] data: expected a path without NUL"),
     "aggregator-strategy-unknown": (tiny_raw(aggregator={"strategy": "fedsgd"}),
                                     "[aggregator] strategy: expected one of 'fedadam', 'fedavg', "),
     "aggregator-strategy-path": (
@@ -275,6 +289,17 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                              "{file}: " + GRAPHS.format("write_graphml")),
     "sim-data-missing": (["{file}", "--out", "{tmp}/new", "--set", 'data.dataset="mnist"',
                           "--set", 'data.root="nowhere"'], "mnist: expected MNIST/raw/"),
+    "sim-source-no-module": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_nowhere:make"'],
+                             "[data] source: 'udata_nowhere:make': no module named 'udata_nowhere' "
+                             "(is its package installed?)"),
+    "sim-source-raises": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:fails"'],
+                          "[data] source 'udata_bad:fails' raised ValueError: no points today"),
+    "sim-source-wrong-type": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:wrong"'],
+                              "[data] source 'udata_bad:wrong' returned a str; expected (x, y) arrays or "
+                              "tensors, ((x, y), (x_test, y_test)), a mapping with x and y, or a torch "
+                              "Dataset of (x, y) items"),
+    "sim-source-nan": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:nan"'],
+                       "[data] source 'udata_bad:nan': x holds NaN or infinity"),
 }
 
 
@@ -291,7 +316,8 @@ def _sim(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize(("argv", "message"), SIM_CASES.values(), ids=SIM_CASES.keys())
-def test_fl_sim_flag_is_refused(tmp_path, capsys, argv, message):
+def test_fl_sim_flag_is_refused(tmp_path, capsys, monkeypatch, argv, message):
+    _data_files(tmp_path, monkeypatch)
     (tmp_path / "tiny.toml").write_text(TINY)
     (tmp_path / "star.toml").write_text(TINY + STAR)
     (tmp_path / "taken.txt").write_text("precious")
@@ -301,6 +327,94 @@ def test_fl_sim_flag_is_refused(tmp_path, capsys, argv, message):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert (tmp_path / "taken.txt").read_text() == "precious", "an --out that is a file is never touched"
     assert not (tmp_path / "new").exists(), "a run that cannot start leaves no empty results folder"
+
+
+USER_MODELS = """
+import math
+from torch import nn
+
+WIDTH = 8
+
+
+def make(*, input_shape, num_classes, width=WIDTH):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), width), nn.ReLU(),
+                         nn.Linear(width, num_classes))
+
+
+def boom(*, input_shape, num_classes):
+    raise RuntimeError("no GPU here")
+
+
+def weights(*, input_shape, num_classes):
+    return {"w": 1}
+
+
+def eleven(*, input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 11))
+"""
+
+# id -> ([model] lines, the stderr line after "fl-sim: error: FILE: "); user_models.py is USER_MODELS,
+# broken.py raises ImportError when imported
+MODEL_CASES: dict[str, tuple[str, str]] = {
+    "model-missing-module": (
+        'factory = "no_such_pkg.models:make"',
+        "[model] factory 'no_such_pkg.models:make': no module named 'no_such_pkg' "
+        "(is its package installed?)"),
+    "model-missing-attribute": (
+        'factory = "user_models:build"',
+        "[model] factory 'user_models:build': user_models has no attribute 'build'"),
+    "model-import-raises": (
+        'factory = "broken:make"',
+        "[model] factory 'broken:make': importing broken failed: ImportError: needs libfoo"),
+    "model-not-callable": (
+        'factory = "user_models:WIDTH"',
+        "[model] factory 'user_models:WIDTH' is a int, not something to call"),
+    "model-factory-raises": (
+        'factory = "user_models:boom"',
+        "[model] factory 'user_models:boom' raised RuntimeError: no GPU here"),
+    "model-not-a-module": (
+        'factory = "user_models:weights"',
+        "[model] factory 'user_models:weights' returned dict, not a torch.nn.Module"),
+    "model-args-unknown": (
+        'factory = "user_models:make"\n[model.args]\ndepth = 3',
+        "[model.args] depth: 'user_models:make' takes no argument 'depth' (it takes width)"),
+    "model-wrong-classes": (
+        'factory = "user_models:eleven"',
+        "[model] factory 'user_models:eleven': the model returns [1, 11] for one sample, the data has "
+        "10 classes (expected [1, 10])"),
+    "model-unknown-name": (
+        'factory = "transformer"',
+        "[model] factory: unknown model 'transformer' (expected an import path package.module:callable "
+        "or one of mlp, cnn, cnn2, resnet18)"),
+}
+
+
+@pytest.fixture
+def user_models(tmp_path, monkeypatch):
+    """user_models.py and broken.py in tmp_path, importable."""
+    (tmp_path / "user_models.py").write_text(USER_MODELS)
+    (tmp_path / "broken.py").write_text('raise ImportError("needs libfoo")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("user_models", "broken"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(("lines", "message"), MODEL_CASES.values(), ids=MODEL_CASES.keys())
+def test_a_bad_model_is_one_line_exit_2(tmp_path, capsys, user_models, lines, message):
+    """fl-sim and fl-node alike, before any training (fl-sim leaves no results folder)."""
+    from flmesh.node.cli import main as node_main
+
+    file = tmp_path / "f.toml"
+    file.write_text(TINY.replace("hidden = [16]", lines))
+    assert _sim([str(file), "--out", str(tmp_path / "new"), "--no-pictures"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fl-sim: error: {file}: {message}\n", err
+    assert not (tmp_path / "new").exists()
+    peers = ["--peer", "node1=127.0.0.1:1", "--peer", "node2=127.0.0.1:1"]
+    assert node_main(["--id", "node0", "--federation", str(file), *peers, "--listen", "127.0.0.1:0",
+                      "--out", str(tmp_path / "node0")]) == 2
+    assert capsys.readouterr().err == f"fl-node node0: error: {file}: {message}\n"
 
 
 @pytest.mark.parametrize(
@@ -317,6 +431,101 @@ def test_fl_sim_process_exits_2_with_one_line(tmp_path, args):
     assert proc.stderr.startswith("fl-sim: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert (tmp_path / "taken.txt").read_text() == "precious"
+
+
+# ----------------------------------------------------------------------------- user data
+
+UDATA = """
+import numpy as np
+def wrong(**kwargs):
+    return "points"
+def fails(**kwargs):
+    raise ValueError("no points today")
+def nan(**kwargs):
+    return np.array([[np.nan, 1.0], [0.0, 1.0]]), np.array([0, 1])
+"""
+
+
+def _data_files(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bad data file the cases name, and the modules their sources import (on sys.path)."""
+    import numpy as np
+
+    np.savez(tmp / "nolabels.npz", x=np.zeros((4, 2)))
+    np.savez(tmp / "big.npz", x=np.zeros((4, 2)), y=np.array([0, 1, 2, 12]))
+    np.savez(tmp / "negative.npz", x=np.zeros((4, 2)), y=np.array([0, -1, 1, 0]))
+    np.savez(tmp / "fractional.npz", x=np.zeros((4, 2)), y=np.array([0, 0.5, 1, 0]))
+    np.savez(tmp / "nan.npz", x=np.array([[0, 1], [np.nan, 1], [1, 1], [2, 2]]), y=np.array([0, 1, 1, 0]))
+    np.savez(tmp / "empty.npz", x=np.zeros((0, 2)), y=np.zeros(0, dtype=np.int64))
+    (tmp / "data.txt").write_text("1,2,0\n")
+    (tmp / "nolabel.csv").write_text("a,b\n1,2\n")
+    (tmp / "cat.csv").write_text("a,label\n1,cat\n")
+    (tmp / "inf.csv").write_text("a,label\ninf,1\n2,0\n")
+    (tmp / "empty.csv").write_text("")
+    (tmp / "udata_bad.py").write_text(UDATA)
+    (tmp / "udata_broken.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp))
+
+
+EXPECTED = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, or a torch "
+            "Dataset of (x, y) items")
+# id -> (fl-node flags with {tmp} to fill in, the stderr line after "fl-node a: error: ")
+NODE_DATA_CASES: dict[str, tuple[list[str], str]] = {
+    "data-missing": (["--data", "{tmp}/nope.npz"], "--data {tmp}/nope.npz: no such file"),
+    "data-format": (["--data", "{tmp}/data.txt"],
+                    "--data {tmp}/data.txt: unknown format '.txt' (expected .npz or .csv)"),
+    "data-no-labels": (["--data", "{tmp}/nolabels.npz"],
+                       "--data {tmp}/nolabels.npz: holds no 'y' array (no labels); its arrays: x"),
+    "data-no-label-column": (["--data", "{tmp}/nolabel.csv"],
+                             "--data {tmp}/nolabel.csv: has no label column 'label' (its columns: a, b); "
+                             "name it with --label-column or [data] label_column"),
+    "data-label-over-classes": (["--data", "{tmp}/big.npz", "--set", "data.classes=10"],
+                                "--data {tmp}/big.npz: y holds the label 12, but [data] classes = 10 "
+                                "(labels 0..9)"),
+    "data-label-negative": (["--data", "{tmp}/negative.npz"],
+                            "--data {tmp}/negative.npz: y holds the label -1, expected labels 0..C-1"),
+    "data-label-fraction": (["--data", "{tmp}/fractional.npz"],
+                            "--data {tmp}/fractional.npz: y holds 0.5, expected integer labels 0..C-1"),
+    "data-label-text": (["--data", "{tmp}/cat.csv"],
+                        "--data {tmp}/cat.csv: line 2, column 'label': 'cat' is not an integer label"),
+    "data-nan": (["--data", "{tmp}/nan.npz"], "--data {tmp}/nan.npz: x holds NaN or infinity"),
+    "data-inf-csv": (["--data", "{tmp}/inf.csv"], "--data {tmp}/inf.csv: x holds NaN or infinity"),
+    "data-empty": (["--data", "{tmp}/empty.npz"], "--data {tmp}/empty.npz: x holds no samples"),
+    "data-empty-csv": (["--data", "{tmp}/empty.csv"],
+                       "--data {tmp}/empty.csv: is empty, expected a header and one row per sample"),
+    "data-in-file-missing": (["--set", 'nodes.a.data="gone.csv"'],
+                             "{tmp}/fed.toml: [nodes.a] data {tmp}/gone.csv: no such file"),
+    "data-and-source": (["--data", "{tmp}/nan.npz", "--data-source", "udata_bad:wrong"],
+                        "--data and --data-source both name this node's data: choose one"),
+    "source-not-a-path": (["--data-source", "udata_bad"], "--data-source: 'udata_bad' is not an import path "
+                          "of the form package.module:name"),
+    "source-no-module": (["--data-source", "udata_nowhere:make"], "--data-source: 'udata_nowhere:make': "
+                         "no module named 'udata_nowhere' (is its package installed?)"),
+    "source-no-attribute": (["--data-source", "udata_bad:missing"],
+                            "--data-source: 'udata_bad:missing': udata_bad has no attribute 'missing'"),
+    "source-import-raises": (["--data-source", "udata_broken:make"], "--data-source: 'udata_broken:make': "
+                             "importing udata_broken failed: RuntimeError: boom"),
+    "source-raises": (["--data-source", "udata_bad:fails"],
+                      "--data-source 'udata_bad:fails' raised ValueError: no points today"),
+    "source-wrong-type": (["--data-source", "udata_bad:wrong"],
+                          f"--data-source 'udata_bad:wrong' returned a str; expected {EXPECTED}"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), NODE_DATA_CASES.values(), ids=NODE_DATA_CASES.keys())
+def test_fl_node_bad_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
+    from flmesh.node.cli import main as node_main
+
+    from procs import federation_file
+
+    _data_files(tmp_path, monkeypatch)
+    fed = federation_file(tmp_path, ["a", "b", "c"], rounds=1)
+    argv = ["--id", "a", "--federation", str(fed), "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1",
+            "--listen", "127.0.0.1:0", "--out", str(tmp_path / "out"), *[_fill(a, tmp_path) for a in args]]
+    assert node_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fl-node a: error: " + _fill(message, tmp_path)), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists(), "nothing ran: no results folder"
 
 
 # ----------------------------------------------------------------------------- fuzzing

@@ -48,7 +48,10 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which data set, and how it is split across nodes and into train/test."""
+    """Which data set, and how it is split across nodes and into train/test.
+
+    ``source`` names user code that returns the data (:mod:`flmesh.node.learning.user_data`),
+    called with ``args``; it replaces ``dataset``."""
 
     dataset: str = "digits"
     root: str | None = None
@@ -58,6 +61,15 @@ class DataConfig:
     shards_per_node: int = 2
     test_fraction: float = 0.2
     min_samples: int = 10
+    source: str | None = None  # "package.module:callable" returning the data (instead of dataset)
+    args: Mapping[str, Any] = field(default_factory=dict)  # the source's keyword arguments
+    classes: int | None = None  # the federation's class count (None: from the labels)
+    label_column: str = "label"  # a node's CSV file: the column holding the labels
+
+    @property
+    def origin(self) -> str:
+        """What the data comes from: the source's import path, or the data set's name."""
+        return self.source or self.dataset
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,11 @@ class ModelConfig:
     For ``resnet18``: ``norm`` "batch" or "group" (GroupNorm with ``groups`` groups) and
     ``small_input`` (3x3 stem without max-pool; None: when H and W <= 64). ``weights`` is a
     local state-dict file any model starts from (absolute once parsed).
+
+    ``factory`` (set: ``name`` and its sizes are not used) is what builds the model instead:
+    an import path ``"package.module:callable"`` or a registered name from the file, or, from
+    Python, a callable or a ``torch.nn.Module``; ``args`` are the callable's keyword
+    arguments (``[model.args]``). See :mod:`flmesh.node.learning.models`.
     """
 
     name: str = "mlp"
@@ -76,6 +93,18 @@ class ModelConfig:
     groups: int = 2
     weights: str | None = None
     small_input: bool | None = None
+    factory: str | Callable[..., Any] | None = None
+    args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def label(self) -> str:
+        """What builds the model, for titles and results: the factory (its import path or
+        registered name, or a Python object's name), else the built-in ``name``."""
+        if self.factory is None:
+            return self.name
+        if isinstance(self.factory, str):
+            return self.factory
+        return str(getattr(self.factory, "__qualname__", type(self.factory).__qualname__))
 
 
 @dataclass(frozen=True)
@@ -143,13 +172,15 @@ class TopologyConfig:
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """One node: its id, optional address (HOST:PORT), partition index and training."""
+    """One node: its id, optional address (HOST:PORT), partition index and training; ``data``
+    is the node's own data file (absolute), which fl-node trains on instead of a partition."""
 
     id: str
     index: int
     training: TrainingConfig
     address: str | None = None
     partition: int | None = None
+    data: str | None = None
 
 
 @dataclass(frozen=True)

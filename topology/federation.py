@@ -13,8 +13,9 @@ Sections (all but ``[federation]`` optional)::
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
                   fedcurv_lambda
     [data]        dataset, root, download, partition, alpha, shards_per_node,
-                  test_fraction, min_samples
-    [model]       name, hidden, channels, norm, groups, weights, small_input
+                  test_fraction, min_samples, source, args, classes, label_column
+    [model]       name, hidden, channels, norm, groups, weights, small_input; or factory and a
+                  [model.args] table (a model from user code)
     [rewind]      mode ("off", "previous", "random"), lambda
     [wire]        dtype ("native", "float16", "bfloat16"), compression ("none", "zstd"), zstd_level,
                   digest ("xxh3_128", "blake3", "sha256")
@@ -22,7 +23,7 @@ Sections (all but ``[federation]`` optional)::
                   clip_norm, params (present: a star federation)
     [aggregator.params]  the strategy's parameters (docs/algorithms.md)
     [algorithm.NAME]     a plug-in's parameters, NAME registered or an import path
-    [nodes.<id>]  address, partition, and any [training] key as a per-node override
+    [nodes.<id>]  address, partition, data (its own file), and any [training] key as a per-node override
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
 fractional (a share of one pass over the node's batches). Numbers have upper bounds
@@ -76,6 +77,15 @@ def model_floor_mib(model: ModelConfig) -> float:
     return weights * 4 / 2**20
 
 
+def _check_factory(r: SectionReader, model: Mapping[str, Any]) -> None:
+    built_in = [k for k in ("name", "hidden", "channels", "norm", "groups", "small_input") if k in model]
+    if "factory" in model and built_in:
+        raise r.fail(f"[model] {built_in[0]}", "a built-in model's key; with [model] factory the "
+                     "factory builds the model (give its arguments in [model.args])")
+    if "args" in model and "factory" not in model:
+        raise r.fail("[model] args", "arguments of [model] factory, which is missing")
+
+
 def _check_model_size(r: SectionReader, model: ModelConfig, max_mib: float) -> None:
     # Layer widths within their bound can still multiply into a model no peer accepts (and
     # that takes the machine's memory to build): say so now, not after the first round.
@@ -106,6 +116,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     training = TrainingConfig(**r.section(raw, "training", TRAINING))
     data = r.section(raw, "data", SECTIONS["data"])
     model = ModelConfig(**r.section(raw, "model", SECTIONS["model"]))
+    _check_factory(r, raw.get("model", {}))
     rewind_raw = r.section(raw, "rewind", SECTIONS["rewind"])
     rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1),
                           scope=rewind_raw.get("scope", "sampled"))
@@ -156,9 +167,13 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
                              f"{partitions_seen[part]!r}")
             partitions_seen[part] = node_id
         address = entry.pop("address", None)
+        own = entry.pop("data", None)
         nodes.append(NodeConfig(id=node_id, index=index, training=replace(training, **entry),
-                                address=address, partition=part))
+                                address=address, partition=part,
+                                data=str((base / own).resolve()) if own is not None else None))
 
+    if "source" in data and "dataset" in data:
+        raise r.fail("[data] source", "names the data instead of dataset: give one of them")
     if "root" in data:
         data["root"] = str((base / data["root"]).resolve())
     if model.weights is not None:

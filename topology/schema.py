@@ -54,6 +54,17 @@ NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ID_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
+FACTORY = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
+
+
+def _factory(v: Any) -> str:
+    # Only the form: the import is tried when the model is built (flmesh.node.user_code). The
+    # value is also printed as rich markup, which "[" would break.
+    if not isinstance(v, str) or not FACTORY.match(v) or len(v) > 1000:
+        raise Bad("an import path package.module:callable or a registered model name")
+    return v
+
+
 def _name(v: Any) -> str:
     # The name becomes a results folder (runs/<name>-...) and is printed as rich markup: a
     # "/" or ".." would write elsewhere, a "[/x]" would crash the printer.
@@ -62,6 +73,17 @@ def _name(v: Any) -> str:
     return v
 
 
+# flmesh.node.user_code.IMPORT_PATH; topology loads nothing of flmesh.node (tests/test_imports.py)
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def _import_path(v: Any) -> str:
+    if not isinstance(v, str) or not _IMPORT_PATH.match(v):
+        raise Bad("an import path of the form package.module:name")
+    return v
+
+
+MAX_CLASSES = 1_000_000
 _TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
 _SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
 _PENALTY = at_most(number(0), MAX_PENALTY)
@@ -113,13 +135,17 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "shards_per_node": at_most(integer(1), MAX_WIDTH),
         "test_fraction": number(0, 1, lo_open=True, hi_open=True),
         "min_samples": at_most(integer(1), 1_000_000),
+        # user data: a callable that returns it, its keyword arguments, the federation's class
+        # count (labels 0..classes-1) and a node's CSV label column
+        "source": _import_path, "args": table, "classes": at_most(integer(2), MAX_CLASSES),
+        "label_column": string(),
     },
     "model": {
         "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
         "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
         "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
-        "weights": path_string, "small_input": boolean,
+        "weights": path_string, "small_input": boolean, "factory": _factory, "args": table,
     },
 }
-NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), **TRAINING}
+NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), "data": path_string, **TRAINING}
 REQUIRED = {"federation": ("name", "rounds")}

@@ -4,8 +4,9 @@ The embedded default is scikit-learn's bundled digits set: 1,797 real 8x8
 grey-scale images of the digits 0-9, available offline. MNIST, Fashion-MNIST,
 EMNIST, CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root``
 (see :mod:`flmesh.node.learning.vision`); "a+b" joins sets into one label
-space. A data set is held in memory as an
-:class:`ArrayData` (inputs as float32 in [0, 1], labels int64).
+space. User data (a ``[data] source`` callable, a node's own file) comes
+through :mod:`flmesh.node.learning.user_data`. A data set is held in memory as an
+:class:`ArrayData` (inputs as float32, in [0, 1] for the built-in sets; labels int64).
 
 Every node derives the same partition from the federation seed, so a node
 needs no message to know its share. :func:`node_data` keeps only that share:
@@ -45,13 +46,15 @@ class ArrayData:
 
     In a continual federation test samples also carry ``task`` (int64 (N,),
     the task they belong to, from 0) and ``num_tasks``, so evaluation can
-    report accuracy per task."""
+    report accuracy per task. ``held_out`` is a test set a ``[data] source`` gave
+    apart from these samples (a subset does not keep it)."""
 
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
     task: torch.Tensor | None = None
     num_tasks: int = 0
+    held_out: ArrayData | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -110,7 +113,12 @@ def load_digits() -> ArrayData:
 
 def load_dataset(cfg: DataConfig) -> ArrayData:
     """The whole data set named by ``cfg.dataset``; "a+b" joins sets into one label space
-    (b's classes after a's, e.g. MNIST + Fashion-MNIST: 20 classes, as Zizzo et al. use)."""
+    (b's classes after a's, e.g. MNIST + Fashion-MNIST: 20 classes, as Zizzo et al. use).
+    With ``cfg.source``, what that user code returns (:mod:`flmesh.node.learning.user_data`)."""
+    if cfg.source is not None:
+        from flmesh.node.learning.user_data import load_source
+
+        return load_source(cfg)
     parts = [_load_one(name, cfg) for name in cfg.dataset.split("+")]
     if len(parts) == 1:
         return parts[0]
@@ -184,23 +192,45 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
     in the federation. The train/test split of partition p uses its own seeded
     stream, so it is the same whichever process computes it. With an
     ``[aggregator]``, its public split is removed first (see :func:`public_split`).
+    A node with a ``[nodes.<id>] data`` file gets that file instead of its partition (the
+    others' partitions do not change). When the data set carries a ``held_out`` test set, a
+    node trains on its whole partition and tests on held-out samples in its partition's label
+    proportions (:func:`~flmesh.node.learning.partitions.proportional`).
     Every share is a copy: nothing returned keeps the whole data set alive.
     """
+    out = _own_files(federation, only)
+    if len(out) == (1 if only is not None else len(federation.nodes)):
+        return out
     data = dataset if dataset is not None else load_dataset(federation.data)
     labels = data.y.numpy()
     _, pool = public_split(labels, federation)
     parts = [pool[p] for p in partition_indices(labels[pool], federation.data, len(federation.nodes),
                                                 federation.seed)]
     largest = max(len(p) for p in parts)
-    out = {}
+    held_out = data.held_out
+    tests = (partitions.proportional([labels[p] for p in parts], held_out.y.numpy(),
+                                     np.random.default_rng([federation.seed, SEED_SPLIT]))
+             if held_out is not None else [])
     for node in federation.nodes:
-        if only is not None and node.id != only:
+        if (only is not None and node.id != only) or node.id in out:
             continue
         p = node.partition if node.partition is not None else node.index
+        if held_out is not None:
+            out[node.id] = NodeData(data.subset(parts[p]), held_out.subset(tests[p]), largest)
+            continue
         rng = np.random.default_rng([federation.seed, SEED_SPLIT, p])
         train_idx, test_idx = partitions.train_test_split(parts[p], federation.data.test_fraction, rng)
         out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx), largest)
     return out
+
+
+def _own_files(federation: Federation, only: str | None) -> dict[str, NodeData]:
+    """The shares of nodes with a ``[nodes.<id>] data`` file: that file, not a partition."""
+    from flmesh.node.learning.user_data import own_data
+
+    return {n.id: own_data(federation, n.id, path=Path(n.data),
+                           what=f"{federation.source}: [nodes.{n.id}] data {n.data}")
+            for n in federation.nodes if n.data is not None and only in (None, n.id)}
 
 
 def node_data(federation: Federation, node_id: str) -> NodeData:

@@ -1,229 +1,177 @@
-"""Models for the federation file's ``[model]`` section (learning wing).
+"""Models for the federation file's ``[model]`` section (learning wing): a registry of model
+factories, the built-in ones registered in it, and the one way every process builds M_0.
 
-``mlp`` and ``cnn`` are small models sized for the digits; ``cnn2`` is the CNN
-of McMahan et al. 2017 and ``resnet18`` torchvision's ResNet-18 with batch or
-group normalisation. Every model returns logits (the softmax is in the loss).
-Any model can start from a local state-dict file (``[model] weights``).
+A model factory is a callable ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``.
+``input_shape`` is one sample's shape, a tuple of ints ((C, H, W) for images, (F,) for feature
+vectors); ``num_classes`` is the data's number of classes, and the model must return logits of
+that width, ``(batch, num_classes)`` (the softmax is in the loss); ``args`` are the
+``[model.args]`` table. The factory runs with torch's global RNG seeded from the federation
+seed (and restored afterwards), so every node and the aggregator draw the same initial
+weights M_0 from it. ``[model] name`` names a built-in (``mlp``, ``cnn``, ``cnn2``,
+``resnet18``; its sizes are the factory's arguments), ``[model] factory`` a registered name or
+an import path ``package.module:callable``. Any model can start from a local state-dict file
+(``[model] weights``).
 """
 
 from __future__ import annotations
 
-import math
+import copy
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from flmesh.node.learning.extras import require
-from flmesh.topology import ModelConfig
+from flmesh.node.learning.architectures import MLP, FedAvgCNN, SmallCNN, resnet18
+from flmesh.node.learning.data import SEED_MODEL, derive_seed
+from flmesh.node.learning.extras import MissingExtra
+from flmesh.node.learning.weights import ModelError as ModelError
+from flmesh.node.learning.weights import load_weights as load_weights
+from flmesh.node.learning.weights import one_line
+from flmesh.node.user_code import UserCodeError, load_callable
+from flmesh.topology import Federation, ModelConfig
+
+ModelFactory = Callable[..., nn.Module]
 
 
-class MLP(nn.Module):
-    """Flatten, then ``hidden`` fully connected ReLU layers, then a linear classifier."""
-
-    def __init__(self, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (64,)):
-        super().__init__()
-        layers: list[nn.Module] = [nn.Flatten()]
-        width = math.prod(input_shape)
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class SmallCNN(nn.Module):
-    """3x3 conv + ReLU blocks (``channels``), one 2x2 max-pool, then a linear classifier.
-
-    Sized for small images such as the 8x8 digits; the pool halves the spatial size once.
-    """
-
-    def __init__(self, input_shape: Sequence[int], num_classes: int,
-                 channels: Sequence[int] = (16, 32)):
-        super().__init__()
-        c, h, w = input_shape
-        layers: list[nn.Module] = []
-        for out in channels:
-            layers += [nn.Conv2d(c, out, 3, padding=1), nn.ReLU()]
-            c = out
-        layers += [nn.MaxPool2d(2), nn.Flatten()]
-        self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(c * (h // 2) * (w // 2), num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x))
-
-
-class FedAvgCNN(nn.Module):
-    """The CNN of McMahan et al. 2017 (FedAvg): two 5x5 conv layers with 32 and 64
-    channels, each followed by ReLU and 2x2 max-pooling, a 512-unit fully connected
-    ReLU layer and a linear output layer (the softmax is in the loss).
-
-    The convolutions use 'same' padding, which gives the paper's 1,663,370
-    parameters on 28x28 grey images; the flattened size follows the input shape
-    (64 * 8 * 8 on 32x32 RGB images).
-    """
-
-    def __init__(self, input_shape: Sequence[int], num_classes: int):
-        super().__init__()
-        c, h, w = input_shape
-        self.features = nn.Sequential(
-            nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(),
-        )
-        self.fc = nn.Sequential(nn.Linear(64 * (h // 2 // 2) * (w // 2 // 2), 512), nn.ReLU())
-        self.classifier = nn.Linear(512, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.fc(self.features(x)))
-
-
-class ModelError(ValueError):
-    """The model cannot be built for this data; the message says why."""
-
-
-RESNET_WIDTHS = (64, 128, 256, 512)
-NORMS = ("batch", "group")
-
-
-def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", groups: int = 2,
-             small_input: bool | None = None) -> nn.Module:
-    """torchvision's ResNet-18 (random initialisation) for (C, H, W) images.
-
-    ``norm = "group"`` puts GroupNorm(``groups``, width) wherever ResNet has
-    BatchNorm2d (the WSM thesis compares the two under non-IID data).
-    ``small_input`` (default: H and W <= 64) swaps the ImageNet stem (7x7 stride-2
-    conv, then 3x3 max-pool) for the usual CIFAR stem (3x3 stride-1 conv, no
-    max-pool); the input conv is also rebuilt when C != 3.
-    """
-    tv_resnet18 = require("torchvision.models", "vision", "model 'resnet18'").resnet18
-
-    c, h, w = input_shape
-    norm_layer: Callable[..., nn.Module]
-    if norm == "batch":
-        norm_layer = nn.BatchNorm2d
-    elif norm == "group":
-        if any(width % groups for width in RESNET_WIDTHS):
-            divisors = [g for g in range(1, 65) if 64 % g == 0]
-            raise ModelError(f"model 'resnet18' with norm = 'group' needs groups dividing 64 "
-                             f"(one of {', '.join(map(str, divisors))}), got {groups}")
-        norm_layer = partial(nn.GroupNorm, groups)
-    else:
-        raise ModelError(f"unknown norm {norm!r} (expected one of {', '.join(NORMS)})")
-    model = tv_resnet18(weights=None, num_classes=num_classes, norm_layer=norm_layer)
-    if small_input is None:
-        small_input = h <= 64 and w <= 64
-    if small_input:
-        model.conv1 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        model.maxpool = nn.Identity()
-    elif c != 3:
-        model.conv1 = nn.Conv2d(c, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    if small_input or c != 3:  # as torchvision initialises its own convolutions
-        nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
-    return model
-
-
-MODELS = ("mlp", "cnn", "cnn2", "resnet18")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _final_linear(model: nn.Module) -> str | None:
-    """The name of the model's last nn.Linear module (its classifier), if any."""
-    last = None
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            last = name
-    return last
-
-
-def _hint(key: str) -> str:
-    if key.rsplit(".", 1)[-1] in ("running_mean", "running_var", "num_batches_tracked"):
-        return " (batch-norm statistics: was the file saved with the same [model] norm?)"
-    if key == "conv1.weight":
-        return " (check [model] small_input: 3x3 small-input stem vs 7x7 ImageNet stem)"
-    return ""
-
-
-def load_weights(model: nn.Module, path: str | Path) -> list[str]:
-    """Copy the tensors of a state-dict file (``torch.save(model.state_dict(), path)``)
-    into ``model``; returns the names it left as they were.
-
-    The file is read with ``torch.load(weights_only=True)``, so it cannot run code.
-    Every tensor must match by name and shape, except the final linear layer,
-    which keeps its fresh initialisation when the file has another number of
-    classes. Anything else raises ModelError naming the file and the first tensor
-    that does not fit; the model is only changed when the whole file fits.
-    """
-    where = f"[model] weights {path}"
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ModelError(f"{where}: file not found") from None
-    except Exception as exc:  # unpickling, zip and torch errors alike: the file is not usable
-        raise ModelError(f"{where}: not a state dict saved with torch.save ({_one_line(exc)})") from None
-    if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-        state = state["state_dict"]  # a checkpoint that wraps the state dict
-    if not isinstance(state, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise ModelError(f"{where}: expected a state dict (tensor name -> tensor), "
-                         f"got {type(state).__name__}")
-    if state and all(k.startswith("module.") for k in state):  # saved from (Distributed)DataParallel
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-
-    own = model.state_dict()
-    head = _final_linear(model)
-    head_keys = {f"{head}.weight", f"{head}.bias"} if head is not None else set()
-    keep: list[str] = []
-    for key, mine in own.items():
-        theirs = state.get(key)
-        if theirs is None:
-            raise ModelError(f"{where} does not fit model: tensor {key!r} is missing from the file"
-                             f"{_hint(key)}")
-        if theirs.shape != mine.shape:
-            if key in head_keys and theirs.shape[1:] == mine.shape[1:]:
-                keep.append(key)  # another number of classes: this layer starts fresh
-                continue
-            raise ModelError(f"{where} does not fit model: tensor {key!r} has shape "
-                             f"{list(theirs.shape)} in the file, the model needs {list(mine.shape)}"
-                             f"{_hint(key)}")
-    extra = next((k for k in state if k not in own), None)
-    if extra is not None:
-        raise ModelError(f"{where} does not fit model: the file has tensor {extra!r}, which the "
-                         f"model lacks{_hint(extra)}")
-    with torch.no_grad():
-        for key, mine in own.items():
-            if key not in keep:
-                mine.copy_(state[key])
-    return keep
-
-
-def _architecture(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    if cfg.name == "mlp":
-        return MLP(input_shape, num_classes, cfg.hidden)
-    if cfg.name not in MODELS:
-        raise ModelError(f"unknown model {cfg.name!r} (expected one of {', '.join(MODELS)})")
+def _images(name: str, input_shape: tuple[int, ...]) -> tuple[int, ...]:
     if len(input_shape) != 3:
-        raise ModelError(f"model {cfg.name!r} needs (C, H, W) images, the data has shape {input_shape}")
-    if cfg.name == "cnn":
-        return SmallCNN(input_shape, num_classes, cfg.channels)
-    if cfg.name == "cnn2":
-        if min(input_shape[1:]) < 4:
-            raise ModelError(f"model 'cnn2' needs images of at least 4x4, the data has shape {input_shape}")
-        return FedAvgCNN(input_shape, num_classes)
-    return resnet18(input_shape, num_classes, norm=cfg.norm, groups=cfg.groups,
-                    small_input=cfg.small_input)
+        raise ModelError(f"model {name!r} needs (C, H, W) images, the data has shape {input_shape}")
+    return input_shape
+
+
+def mlp(*, input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (64,)) -> nn.Module:
+    """:class:`~flmesh.node.learning.architectures.MLP` with ``hidden`` layer widths."""
+    return MLP(input_shape, num_classes, tuple(hidden))
+
+
+def cnn(*, input_shape: tuple[int, ...], num_classes: int, channels: Sequence[int] = (16, 32)) -> nn.Module:
+    """:class:`~flmesh.node.learning.architectures.SmallCNN` with ``channels`` per conv layer."""
+    return SmallCNN(_images("cnn", input_shape), num_classes, tuple(channels))
+
+
+def cnn2(*, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """:class:`~flmesh.node.learning.architectures.FedAvgCNN` (images of at least 4x4)."""
+    if min(_images("cnn2", input_shape)[1:]) < 4:
+        raise ModelError(f"model 'cnn2' needs images of at least 4x4, the data has shape {input_shape}")
+    return FedAvgCNN(input_shape, num_classes)
+
+
+def resnet(*, input_shape: tuple[int, ...], num_classes: int, norm: str = "batch", groups: int = 2,
+           small_input: bool | None = None) -> nn.Module:
+    """:func:`~flmesh.node.learning.architectures.resnet18` (needs the ``vision`` extra)."""
+    return resnet18(_images("resnet18", input_shape), num_classes, norm=norm, groups=groups,
+                    small_input=small_input)
+
+
+#: Model name -> factory: what ``[model] factory = "name"`` builds (and ``[model] name``, for
+#: the built-ins). :func:`register_model` adds to it.
+MODEL_FACTORIES: dict[str, ModelFactory] = {"mlp": mlp, "cnn": cnn, "cnn2": cnn2, "resnet18": resnet}
+MODELS = tuple(MODEL_FACTORIES)  # the built-ins, which [model] name accepts
+_SIZES = {"mlp": ("hidden",), "cnn": ("channels",), "resnet18": ("norm", "groups", "small_input")}
+
+
+def register_model(name: str, factory: ModelFactory) -> None:
+    """Make ``[model] factory = "name"`` build with ``factory``. Not thread-safe: register at
+    import time, before any federation is built. Raises ValueError for a name already taken."""
+    if not name.isidentifier():
+        raise ValueError(f"a model name is a Python identifier, got {name!r}")
+    if MODEL_FACTORIES.get(name, factory) is not factory:
+        raise ValueError(f"model {name!r} is already registered")
+    MODEL_FACTORIES[name] = factory
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """What builds a federation's model: ``label`` (the registered name, the import path, or
+    ``module:qualname`` of a Python object) starts the model's fingerprint; ``key`` is where
+    it was given (for messages)."""
+
+    label: str
+    key: str
+    factory: ModelFactory | nn.Module
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def _check_args(self) -> None:
+        try:
+            params = inspect.signature(self.factory).parameters
+        except (TypeError, ValueError):  # no signature to read (some C callables): the call will say
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        named = [n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY]
+        if not {"input_shape", "num_classes"} <= set(named):
+            raise ModelError(f"{self.key} {self.label!r} must accept the keyword arguments input_shape "
+                             f"and num_classes (it takes {', '.join(named) or 'none'})")
+        unknown = next((a for a in self.args if a not in named), None)
+        if unknown is not None:
+            takes = [n for n in named if n not in ("input_shape", "num_classes")]
+            raise ModelError(f"[model.args] {unknown}: {self.label!r} takes no argument {unknown!r} "
+                             f"(it takes {', '.join(takes) or 'none'})")
+        missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
+                   and n not in ("input_shape", "num_classes", *self.args)
+                   and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        if missing:
+            raise ModelError(f"[model.args]: {self.label!r} needs {', '.join(map(repr, missing))}")
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        """A fresh model (a copy, when the recipe is a module); draws from torch's global RNG."""
+        if isinstance(self.factory, nn.Module):
+            return copy.deepcopy(self.factory)
+        self._check_args()
+        try:
+            model = self.factory(input_shape=input_shape, num_classes=num_classes, **self.args)
+        except (ModelError, MissingExtra):
+            raise
+        except Exception as exc:  # the user's factory failed: one line, not a traceback
+            raise ModelError(f"{self.key} {self.label!r} raised {one_line(exc)}") from None
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"{self.key} {self.label!r} returned {type(model).__name__}, "
+                             "not a torch.nn.Module")
+        return model
+
+
+def model_recipe(cfg: ModelConfig) -> ModelRecipe:
+    """What builds ``cfg``'s model; imports a factory's module (blocking). Raises ModelError."""
+    given = cfg.factory
+    if given is None:
+        factory = MODEL_FACTORIES.get(cfg.name)
+        if factory is None:
+            raise ModelError(f"unknown model {cfg.name!r} (expected one of {', '.join(MODELS)})")
+        return ModelRecipe(cfg.name, "[model] name", factory,
+                           {k: getattr(cfg, k) for k in _SIZES.get(cfg.name, ())})
+    if isinstance(given, str):
+        if ":" not in given:
+            factory = MODEL_FACTORIES.get(given)
+            if factory is None:
+                raise ModelError(f"[model] factory: unknown model {given!r} (expected an import path "
+                                 f"package.module:callable or one of {', '.join(MODEL_FACTORIES)})")
+        else:
+            try:
+                factory = load_callable(given)
+            except UserCodeError as exc:
+                raise ModelError(f"[model] factory {exc}") from None
+        return ModelRecipe(given, "[model] factory", factory, dict(cfg.args))
+    if not callable(given):
+        raise ModelError(f"model: expected a torch.nn.Module or a callable that returns one, "
+                         f"got {type(given).__name__}")
+    named = type(given) if isinstance(given, nn.Module) else given
+    label = f"{getattr(named, '__module__', '?')}:{getattr(named, '__qualname__', type(named).__qualname__)}"
+    return ModelRecipe(label, "model", given, dict(cfg.args))
+
+
+def with_model(federation: Federation, model: ModelFactory | nn.Module | None) -> Federation:
+    """``federation`` whose model ``model`` builds (None: ``federation`` as it is): a factory
+    called as the file's ``[model] factory`` is, or a module whose copies every process
+    starts from."""
+    if model is None:
+        return federation
+    return replace(federation, model=replace(federation.model, factory=model))
 
 
 def build_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int,
@@ -231,13 +179,55 @@ def build_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int,
     """A fresh model. With ``seed``, its initial weights depend only on the seed
     (the global RNG is left as it was), so every node can start from the same M_0.
     With ``cfg.weights``, the model then starts from that file (see :func:`load_weights`)."""
+    recipe = model_recipe(cfg)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        model = _architecture(cfg, tuple(input_shape), num_classes)
+        model = recipe.build(tuple(input_shape), num_classes)
     if cfg.weights is not None:
         load_weights(model, cfg.weights)
     return model
+
+
+def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int) -> None:
+    """One forward pass of ``model`` on ``sample`` (a batch of one), in eval mode without
+    gradients (no weight, statistic or RNG changes); its output must be ``(1, num_classes)``."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except Exception as exc:  # the user's forward failed on the data: one line
+        raise ModelError(f"fails on one sample of shape {list(sample.shape)}: {one_line(exc)}") from None
+    finally:
+        model.train(was_training)
+    got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if got != [1, num_classes]:
+        raise ModelError(f"returns {got} for one sample, the data has {num_classes} classes "
+                         f"(expected [1, {num_classes}])")
+
+
+def federation_model(federation: Federation, input_shape: Sequence[int], num_classes: int,
+                     sample: torch.Tensor | None = None) -> tuple[Callable[[], nn.Module], str]:
+    """The federation's model factory, which every node and the aggregator build M_0 with
+    (each call a fresh model seeded by the federation seed), and its fingerprint label.
+
+    Builds one model and runs it on ``sample`` (one sample shaped ``(1, *input_shape)``;
+    zeros when None) so a bad model fails here, before any training: ModelError, one line
+    naming the file and key. Blocking (imports the factory's module)."""
+    shape = tuple(input_shape)
+    try:
+        recipe = model_recipe(federation.model)
+        factory = partial(build_model, federation.model, shape, num_classes,
+                          seed=derive_seed(federation.seed, SEED_MODEL))
+        model = factory()
+        try:
+            check_output(model, sample if sample is not None else torch.zeros(1, *shape), num_classes)
+        except ModelError as exc:
+            raise ModelError(f"{recipe.key} {recipe.label!r}: the model {exc}") from None
+    except ModelError as exc:
+        raise ModelError(f"{federation.source}: {exc}") from None
+    return factory, recipe.label
 
 
 class ModelPool:

@@ -104,3 +104,20 @@ def train_test_split(indices: np.ndarray, test_fraction: float,
     n_test = int(round(len(shuffled) * test_fraction))
     n_test = min(max(n_test, 1), len(shuffled) - 1) if len(shuffled) > 1 else 0
     return np.sort(shuffled[n_test:]), np.sort(shuffled[:n_test])
+
+
+def proportional(node_labels: list[np.ndarray], test_labels: np.ndarray,
+                 rng: np.random.Generator) -> list[np.ndarray]:
+    """A separate test set dealt out to nodes: each class's test samples (shuffled) split in
+    proportion to how many training samples of that class each node holds, so a node's test
+    split has its training split's label mix. Samples of a class no node trains on are unused."""
+    parts: list[list[np.ndarray]] = [[] for _ in node_labels]
+    for c in np.unique(test_labels):
+        idx = rng.permutation(np.flatnonzero(test_labels == c))
+        weights = np.array([np.count_nonzero(labels == c) for labels in node_labels], dtype=np.float64)
+        if weights.sum() == 0:
+            continue
+        cuts = np.round(np.cumsum(weights)[:-1] / weights.sum() * len(idx)).astype(int)
+        for node, piece in enumerate(np.split(idx, cuts)):
+            parts[node].append(piece)
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, dtype=np.int64) for p in parts]

@@ -1,0 +1,283 @@
+"""Data the user brings: a ``[data] source`` callable, a node's own file, a node's own source.
+
+A source is ``"package.module:callable"`` (:mod:`flmesh.node.user_code`), called with the
+``[data.args]`` table as keyword arguments (a node's ``--data-source`` also gets
+``node_id=``). It returns one of:
+
+- ``(x, y)``: numpy arrays or torch tensors, ``x`` of shape (N, ...) and ``y`` (N,) integer
+  labels 0..C-1;
+- ``((x, y), (x_test, y_test))``, or a mapping with ``x``, ``y`` and optionally ``x_test``,
+  ``y_test``: a separate test pair;
+- a map-style ``torch.utils.data.Dataset`` whose items are ``(x, y)``: it is read item by
+  item, once, into tensors held in memory.
+
+A node's own file (``fl-node --data``, ``[nodes.<id>] data``) is ``.npz`` with arrays ``x``,
+``y`` (optionally ``x_test``, ``y_test``) or ``.csv`` with a header, a label column
+(``[data] label_column``, default "label") and number columns (the features).
+
+Inputs become float32 as they are (no rescaling), labels int64. The class count is
+``[data] classes`` when given, else the largest label + 1. Every problem (a missing file, an
+unknown extension, no labels, labels that are not integers or are out of range, NaN or
+infinity, no samples, a source that cannot be loaded, raises or returns something else) is
+one :class:`~flmesh.node.learning.data.DataError` line naming the file or key. Blocking: it
+reads files and runs user code.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flmesh.node.learning import partitions
+from flmesh.node.learning.data import SEED_SPLIT, ArrayData, DataError, NodeData
+from flmesh.node.user_code import UserCodeError, load_callable
+from flmesh.topology import DataConfig, Federation
+
+Pair = tuple[Any, Any]
+FORMATS = (".npz", ".csv")
+RETURNS = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, "
+           "or a torch Dataset of (x, y) items")
+
+
+def call_source(path: str, what: str, **kwargs: Any) -> tuple[Pair, Pair | None]:
+    """Load and call the source at ``path``; its (train, test or None) pairs. ``what`` names the
+    key or flag in messages."""
+    try:
+        fn = load_callable(path)
+    except UserCodeError as exc:
+        raise DataError(f"{what}: {_one_line(exc)}") from None
+    try:
+        value = fn(**kwargs)
+    except Exception as exc:  # the user's code raised: one line, not a traceback
+        raise DataError(f"{what} {path!r} raised {type(exc).__name__}: {_one_line(exc)}") from None
+    return _pairs(value, f"{what} {path!r}")
+
+
+def _one_line(exc: Exception) -> str:
+    """A user's exception text on one line (its own newlines would break the one-line error)."""
+    return " ".join(str(exc).split())
+
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, np.ndarray | torch.Tensor)
+
+
+def _pairs(value: Any, what: str) -> tuple[Pair, Pair | None]:
+    if isinstance(value, Mapping):
+        if "x" not in value or "y" not in value:
+            raise DataError(f"{what} returned a mapping without 'x' and 'y' (its keys: "
+                            f"{', '.join(map(str, value)) or 'none'})")
+        has_test = ("x_test" in value, "y_test" in value)
+        if any(has_test) and not all(has_test):
+            raise DataError(f"{what}: x_test without y_test, or y_test without x_test")
+        test = (value["x_test"], value["y_test"]) if all(has_test) else None
+        return (value["x"], value["y"]), test
+    if isinstance(value, tuple | list) and len(value) == 2:
+        first, second = value
+        if _is_array(first) and _is_array(second):
+            return (first, second), None
+        if all(isinstance(p, tuple | list) and len(p) == 2 for p in value):
+            return (first[0], first[1]), (second[0], second[1])
+    if isinstance(value, torch.utils.data.Dataset):
+        return _materialise(value, what), None
+    raise DataError(f"{what} returned a {type(value).__name__}; expected {RETURNS}")
+
+
+def _materialise(dataset: Any, what: str) -> Pair:
+    """Every ``(x, y)`` item of a map-style Dataset, stacked (read once, held in memory)."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise DataError(f"{what} returned a Dataset without a length; expected a map-style one") from None
+    xs, ys = [], []
+    for i in range(n):
+        try:
+            item = dataset[i]
+        except Exception as exc:  # the user's Dataset raised
+            raise DataError(f"{what} returned a Dataset whose item {i} raised {type(exc).__name__}: "
+                            f"{_one_line(exc)}") from None
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise DataError(f"{what} returned a Dataset whose item {i} is a {type(item).__name__}, "
+                            "not an (x, y) pair")
+        x, y = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in item)
+        try:
+            xs.append(torch.from_numpy(np.asarray(x, dtype=np.float32)))
+        except (TypeError, ValueError):
+            raise DataError(f"{what} returned a Dataset whose item {i} has an input that is not "
+                            "numbers") from None
+        ys.append(y.item() if isinstance(y, np.ndarray) and y.size == 1 else y)
+    if not xs:
+        return np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
+    shapes = {tuple(x.shape) for x in xs}
+    if len(shapes) != 1:
+        raise DataError(f"{what} returned a Dataset whose inputs differ in shape: {sorted(shapes)[:3]}")
+    if any(not isinstance(y, int | float | np.integer | np.floating) for y in ys):
+        raise DataError(f"{what} returned a Dataset whose labels are not single numbers")
+    return torch.stack(xs), np.asarray(ys)
+
+
+def _inputs(x: Any, what: str, name: str) -> torch.Tensor:
+    array = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        raise DataError(f"{what}: {name} holds {array.dtype} values, expected numbers")
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise DataError(f"{what}: {name} holds complex numbers, expected real ones")
+    if array.ndim == 0:
+        raise DataError(f"{what}: {name} is a single number, expected one row per sample")
+    array = array.astype(np.float32)
+    if array.ndim == 1:
+        array = array[:, None]  # one feature per sample
+    if not np.isfinite(array).all():
+        raise DataError(f"{what}: {name} holds NaN or infinity")
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _labels(y: Any, what: str, name: str, n: int) -> torch.Tensor:
+    array = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    if array.ndim != 1 or len(array) != n:
+        raise DataError(f"{what}: {name} has shape {tuple(array.shape)}, "
+                        f"expected ({n},): one label per sample")
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.isfinite(array).all():
+            raise DataError(f"{what}: {name} holds NaN or infinity")
+        whole = (array == np.round(array)) & (np.abs(array) <= 2**53)
+        if not whole.all():
+            raise DataError(f"{what}: {name} holds {array[~whole][0]:g}, expected integer labels 0..C-1")
+    elif not np.issubdtype(array.dtype, np.integer):
+        raise DataError(f"{what}: {name} holds {array.dtype} values, expected integer labels 0..C-1")
+    labels = array.astype(np.int64)
+    if n and labels.min() < 0:
+        raise DataError(f"{what}: {name} holds the label {labels.min()}, expected labels 0..C-1")
+    return torch.from_numpy(labels)
+
+
+def labelled(train: Pair, test: Pair | None, what: str,
+             classes: int | None) -> tuple[ArrayData, ArrayData | None]:
+    """Checked (train, test) sets from raw pairs; the class count is ``classes`` or the largest
+    label + 1."""
+    sets = []
+    for pair, suffix in ((train, ""), (test, "_test")):
+        if pair is None:
+            continue
+        x = _inputs(pair[0], what, f"x{suffix}")
+        y = _labels(pair[1], what, f"y{suffix}", x.shape[0])
+        if not len(y):
+            raise DataError(f"{what}: x{suffix} holds no samples")
+        sets.append((x, y, suffix))
+    if len(sets) == 2 and sets[0][0].shape[1:] != sets[1][0].shape[1:]:
+        raise DataError(f"{what}: x has samples of shape {tuple(sets[0][0].shape[1:])}, "
+                        f"x_test {tuple(sets[1][0].shape[1:])}")
+    largest = max(int(y.max()) for _, y, _ in sets)
+    if classes is not None and largest >= classes:
+        suffix = next(s for _, y, s in sets if int(y.max()) == largest)
+        raise DataError(f"{what}: y{suffix} holds the label {largest}, but [data] classes = {classes} "
+                        f"(labels 0..{classes - 1})")
+    count = classes if classes is not None else largest + 1
+    out = [ArrayData(x, y, count) for x, y, _ in sets]
+    return out[0], (out[1] if len(out) == 2 else None)
+
+
+def load_source(cfg: DataConfig) -> ArrayData:
+    """``[data] source``'s data set; a separate test pair rides along as ``held_out``."""
+    assert cfg.source is not None
+    train, test = call_source(cfg.source, "[data] source", **cfg.args)
+    data, held_out = labelled(train, test, f"[data] source {cfg.source!r}", cfg.classes)
+    if held_out is None:
+        return data
+    return ArrayData(data.x, data.y, data.num_classes, held_out=held_out)
+
+
+def own_data(federation: Federation, node_id: str, *, path: Path | None = None, source: str | None = None,
+             what: str) -> NodeData:
+    """Node ``node_id``'s own data: the file at ``path`` or what ``source`` returns (called with
+    ``node_id=`` and ``[data.args]``). Without a test pair, a seeded ``test_fraction`` of it is
+    the test split. ``what`` names the flag or key (and file) in messages."""
+    cfg = federation.data
+    if path is not None:
+        train, test = read_file(path, what, cfg.label_column)
+    elif source is not None:
+        train, test = call_source(source, what, node_id=node_id, **cfg.args)
+    else:
+        raise ValueError("own_data needs a path or a source")
+    data, held_out = labelled(train, test, what, cfg.classes)
+    if held_out is not None:
+        return NodeData(data, held_out)
+    if len(data) < 2:
+        raise DataError(f"{what}: holds 1 sample; a node needs 2 or more (to train and to test)")
+    rng = np.random.default_rng([federation.seed, SEED_SPLIT, federation.node(node_id).index])
+    train_idx, test_idx = partitions.train_test_split(np.arange(len(data)), cfg.test_fraction, rng)
+    return NodeData(data.subset(train_idx), data.subset(test_idx))
+
+
+def read_file(path: Path, what: str, label_column: str) -> tuple[Pair, Pair | None]:
+    """A node's own ``.npz`` or ``.csv`` file, unchecked: (train, test or None) pairs."""
+    if path.suffix.lower() not in FORMATS:
+        raise DataError(f"{what}: unknown format {path.suffix or '(no extension)'!r} "
+                        f"(expected {' or '.join(FORMATS)})")
+    if not path.exists():
+        raise DataError(f"{what}: no such file")
+    if not path.is_file():
+        raise DataError(f"{what}: not a regular file")
+    if path.suffix.lower() == ".csv":
+        return _read_csv(path, what, label_column), None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            found = dict(arrays.items())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{what}: cannot read it as .npz: {exc}") from None
+    for key in ("x", "y"):
+        if key not in found:
+            raise DataError(f"{what}: holds no {key!r} array" + (" (no labels)" if key == "y" else "")
+                            + f"; its arrays: {', '.join(found) or 'none'}")
+    return _pairs(found, what)
+
+
+def _read_csv(path: Path, what: str, label_column: str) -> Pair:
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{what}: cannot read it as CSV: {exc}") from None
+    if not rows:
+        raise DataError(f"{what}: is empty, expected a header and one row per sample")
+    header = [h.strip() for h in rows[0]]
+    if label_column not in header:
+        raise DataError(f"{what}: has no label column {label_column!r} (its columns: "
+                        f"{', '.join(header)}); name it with --label-column or [data] label_column")
+    if len(header) < 2:
+        raise DataError(f"{what}: has only the label column {label_column!r}, no feature columns")
+    at = header.index(label_column)
+    x, y = [], []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise DataError(f"{what}: line {line} has {len(row)} fields, the header {len(header)}")
+        label = row[at].strip()
+        try:
+            value = float(label)
+        except ValueError:
+            value = 0.5
+        if not value.is_integer() or abs(value) > 2**53:  # NaN, infinity and 1.5 are not labels
+            raise DataError(f"{what}: line {line}, column {label_column!r}: {label!r} "
+                            "is not an integer label")
+        y.append(int(value))
+        values = []
+        for i, (name, text) in enumerate(zip(header, row, strict=True)):
+            if i == at:
+                continue
+            try:
+                values.append(float(text))
+            except ValueError:
+                raise DataError(f"{what}: line {line}, column {name!r}: {text.strip()!r} "
+                                "is not a number") from None
+        x.append(values)
+    return np.asarray(x, dtype=np.float64).reshape(len(x), len(header) - 1), np.asarray(y, dtype=np.int64)
+
+
+__all__ = ["FORMATS", "call_source", "labelled", "load_source", "own_data", "read_file"]

@@ -1,0 +1,179 @@
+"""User data: a ``[data] source`` in fl-sim's Simulation, and fl-node processes on their own files.
+
+The source is a module the test writes (2-D Gaussian blobs, seeded), imported by its path.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from flmesh.coordinator.sim import Simulation
+from flmesh.node.learning.data import federation_data
+from flmesh.topology import parse_federation
+
+from conftest import tiny_raw
+from procs import federation_file, launch, read_results
+
+BLOBS = textwrap.dedent("""
+    import numpy as np
+    import torch
+
+    def make(n, seed):
+        rng = np.random.default_rng(seed)
+        centres = np.array([[0.0, 4.0], [4.0, 0.0], [-4.0, -4.0]])
+        y = rng.integers(0, 3, n)
+        return (centres[y] + rng.normal(0, 1.5, size=(n, 2))).astype(np.float32), y
+
+    def blobs(n=240, seed=0):
+        return make(n, seed)
+
+    def with_test(n=240, seed=0):
+        x, y = make(n, seed)
+        xt, yt = make(n // 2, seed + 1)
+        return {"x": torch.from_numpy(x), "y": torch.from_numpy(y), "x_test": xt, "y_test": yt}
+
+    class Points(torch.utils.data.Dataset):
+        def __init__(self, n, seed):
+            self.x, self.y = make(n, seed)
+        def __len__(self):
+            return len(self.y)
+        def __getitem__(self, i):
+            return torch.from_numpy(self.x[i]), int(self.y[i])
+
+    def dataset(n=240, seed=0):
+        return Points(n, seed)
+
+    def per_node(node_id, n=240, seed=0):
+        return make(n + 10 * int(node_id[-1]), seed)
+""")
+
+
+@pytest.fixture
+def blobs_module(tmp_path, monkeypatch):
+    (tmp_path / "user_blobs.py").write_text(BLOBS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "user_blobs"
+
+
+def blob_federation(source: str, partition: str = "dirichlet", **args):
+    raw = tiny_raw(rounds=2, data={"partition": partition, "alpha": 1.0, "min_samples": 5},
+                   training={"batch_size": 16, "lr": 0.1})
+    del raw["data"]["dataset"]
+    raw["data"].update(source=source, args={"n": 240, "seed": 7, **args})
+    return parse_federation(raw, source="blobs.toml")
+
+
+def test_a_source_runs_a_peer_federation_reproducibly(tmp_path, blobs_module):
+    fed = blob_federation(f"{blobs_module}:blobs")
+    finals = []
+    for attempt in ("a", "b"):
+        torch.manual_seed(0)
+        with Simulation(fed, tmp_path / attempt) as sim:
+            summary = sim.run()
+        assert summary.config["dataset"] == "user_blobs:blobs"
+        assert summary.final is not None and summary.final.fa is not None
+        finals.append((summary.final.fa, summary.final.ff, summary.final.pfa))
+    assert finals[0] == finals[1]
+    assert finals[0][0] > 0.5, "three well-separated blobs are learnt above chance (1/3)"
+    shares = federation_data(fed)
+    assert sum(len(s.train) + len(s.test) for s in shares.values()) == 240
+    assert all(s.train.input_shape == (2,) and s.train.num_classes == 3 for s in shares.values())
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet", "dirichlet_equal", "shards"])
+def test_every_partition_splits_a_source_disjointly(blobs_module, partition):
+    fed = blob_federation(f"{blobs_module}:blobs", partition)
+    shares = federation_data(fed)
+    seen = [tuple(map(float, row)) for s in shares.values() for part in (s.train, s.test)
+            for row in part.x.numpy()]
+    assert len(seen) == len(set(seen)) == 240
+    again = federation_data(fed)
+    assert all(torch.equal(shares[n].train.x, again[n].train.x) for n in shares)
+
+
+def test_a_torch_dataset_source_is_read_into_the_same_tensors(blobs_module):
+    arrays = federation_data(blob_federation(f"{blobs_module}:blobs"))
+    dataset = federation_data(blob_federation(f"{blobs_module}:dataset"))
+    for node, share in arrays.items():
+        assert torch.equal(share.train.x, dataset[node].train.x)
+        assert torch.equal(share.test.y, dataset[node].test.y)
+
+
+def test_a_separate_test_pair_is_dealt_out_in_each_partitions_label_mix(blobs_module):
+    fed = blob_federation(f"{blobs_module}:with_test")
+    shares = federation_data(fed)
+    assert sum(len(s.train) for s in shares.values()) == 240  # every sample trains
+    assert sum(len(s.test) for s in shares.values()) == 120  # every test sample is used once
+    for share in shares.values():
+        train = np.bincount(share.train.y.numpy(), minlength=3) / len(share.train)
+        test = np.bincount(share.test.y.numpy(), minlength=3) / len(share.test)
+        assert np.abs(train - test).max() < 0.2, (train, test)
+
+
+def test_a_node_source_gets_the_node_id_and_a_seeded_test_split(blobs_module):
+    from flmesh.node.learning.user_data import own_data
+
+    fed = blob_federation(f"{blobs_module}:blobs")
+    shares = [own_data(fed, node, source=f"{blobs_module}:per_node", what="--data-source")
+              for node in ("node1", "node2", "node2")]
+    assert [len(s.train) + len(s.test) for s in shares] == [250, 260, 260]
+    assert len(shares[1].test) == round(0.2 * 260) and shares[1].train.num_classes == 3
+    assert torch.equal(shares[1].test.x, shares[2].test.x), "the split is seeded"
+
+
+def _write_npz(path, n, seed):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 3
+    x = np.array([[0.0, 4.0], [4.0, 0.0], [-4.0, -4.0]])[y] + rng.normal(0, 1.0, size=(n, 2))
+    np.savez(path, x=x.astype(np.float32), y=y)
+    return x, y
+
+
+def test_fl_sim_reads_each_nodes_own_file(tmp_path):
+    sizes = {"a": 30, "b": 45, "c": 60}
+    for i, (node, n) in enumerate(sizes.items()):
+        _write_npz(tmp_path / f"{node}.npz", n, i)
+    raw = tiny_raw(rounds=2, data={"classes": 3})
+    del raw["topology"]["nodes"]
+    raw["nodes"] = {node: {"data": f"{node}.npz"} for node in sizes}
+    fed = parse_federation(raw, source="own.toml", base_dir=tmp_path)
+    shares = federation_data(fed)
+    assert {n: len(s.train) + len(s.test) for n, s in shares.items()} == sizes
+    assert all(s.train.num_classes == 3 and s.train.input_shape == (2,) for s in shares.values())
+    with Simulation(fed, tmp_path / "run") as sim:
+        summary = sim.run()
+    assert summary.final is not None and summary.final.fa is not None and summary.final.fa > 0.5
+
+
+@pytest.mark.slow
+def test_fl_node_processes_train_on_their_own_files(tmp_path):
+    ids = ["a", "b", "c"]
+    sizes = {"a": 40, "b": 60, "c": 90}
+    for i, node in enumerate(ids[:2]):
+        _write_npz(tmp_path / f"{node}.npz", sizes[node], i)
+    x, y = _write_npz(tmp_path / "c.npz", sizes["c"], 2)  # c holds a CSV with its labels in "kind"
+    lines = ["f1,kind,f2", *(f"{a:.6f},{k},{b:.6f}" for (a, b), k in zip(x, y, strict=True))]
+    (tmp_path / "c.csv").write_text("\n".join(lines) + "\n")
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete",
+                          node_extra={"a": 'data = "a.npz"', "b": 'data = "b.npz"', "c": 'data = "c.csv"'})
+    # [data] names a set that is not there: a node with its own data never reads it
+    procs = launch(tmp_path, fed, ids, "--set", "data.classes=3", "--set", 'data.label_column="kind"',
+                   "--set", 'data.dataset="mnist"', "--set", 'data.root="nowhere"')
+    try:
+        outputs = {i: p.communicate(timeout=300) for i, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+    for node in ids:
+        assert procs[node].returncode == 0, outputs[node][1][-3000:]
+        rows, summary = read_results(tmp_path / "runs" / f"procs-{node}")
+        assert [r["round"] for r in rows] == [1, 2] and not summary["interrupted"]
+        data = summary["config"]["data"]
+        assert data["own"] and data["origin"].endswith(f"{node}.{'csv' if node == 'c' else 'npz'}")
+        assert data["train_samples"] + data["test_samples"] == sizes[node]
+        assert data["test_samples"] == round(0.2 * sizes[node]) and data["classes"] == 3
+        assert sum(data["label_counts"]) == data["train_samples"]
