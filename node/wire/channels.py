@@ -2,7 +2,7 @@
 
 One place for message-size limits, keepalive, mTLS (:mod:`~flmesh.node.wire.tls`)
 and the stream guard (:mod:`~flmesh.node.wire.guard`), so no module builds a
-server or channel ad hoc.
+server or channel of its own.
 """
 
 from __future__ import annotations
