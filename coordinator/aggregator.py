@@ -106,8 +106,8 @@ class Aggregator:
         public = public_data(fed, data)
         device = select_device(fed.training.device)
 
-        factory, _ = federation_model(fed, input_shape, num_classes, data.x[:1] if len(data.x) else None)
-        initial = factory()
+        factory, _, initial = federation_model(fed, input_shape, num_classes,
+                                               data.x[:1] if len(data.x) else None)
         params = trainable_spec(initial)
         plugin = algorithms.strategy(fed)
         replay = (ReplayBufferCore(fed, input_shape, num_classes, state_dir=state_dir, clock=clock)

@@ -25,12 +25,14 @@ Tensors = dict[str, torch.Tensor]
 
 
 class ModelState:
-    def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str):
+    def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str,
+                 initial: nn.Module | None = None):
         """``factory``: a fresh model with the initial weights M_0 (on the CPU); ``name``: the
-        architecture's name, the start of its fingerprint."""
+        architecture's name, the start of its fingerprint; ``initial``: a model ``factory``
+        already built, kept as the node's own (None: built here)."""
         self.new_model = factory
         self.device = device
-        self.module = factory()
+        self.module = initial if initial is not None else factory()
         self.module.to(device)
         self.lock = threading.RLock()
         self.spare = ModelPool(factory, device)  # copies that RPC handlers work on
@@ -43,8 +45,8 @@ class ModelState:
         seed: every node starts from the same M_0 (:func:`~flmesh.node.learning.models.federation_model`,
         which checks it on one of ``data``'s samples; raises ModelError)."""
         sample = data.x[:1] if len(data.x) else None
-        factory, label = federation_model(federation, data.input_shape, data.num_classes, sample)
-        return cls(factory, device, label)
+        factory, label, initial = federation_model(federation, data.input_shape, data.num_classes, sample)
+        return cls(factory, device, label, initial)
 
     def state_dict(self) -> Tensors:
         """A snapshot of the current weights (CPU copies)."""

@@ -208,13 +208,14 @@ def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int) -> No
 
 
 def federation_model(federation: Federation, input_shape: Sequence[int], num_classes: int,
-                     sample: torch.Tensor | None = None) -> tuple[Callable[[], nn.Module], str]:
+                     sample: torch.Tensor | None = None) -> tuple[Callable[[], nn.Module], str, nn.Module]:
     """The federation's model factory, which every node and the aggregator build M_0 with
-    (each call a fresh model seeded by the federation seed), and its fingerprint label.
+    (each call a fresh model seeded by the federation seed), its fingerprint label, and one
+    model it built: M_0, for the caller's own use.
 
-    Builds one model and runs it on ``sample`` (one sample shaped ``(1, *input_shape)``;
-    zeros when None) so a bad model fails here, before any training: ModelError, one line
-    naming the file and key. Blocking (imports the factory's module)."""
+    That model is run on ``sample`` (one sample shaped ``(1, *input_shape)``; zeros when
+    None) so a bad model fails here, before any training: ModelError, one line naming the
+    file and key. The check changes no weight. Blocking (imports the factory's module)."""
     shape = tuple(input_shape)
     try:
         recipe = model_recipe(federation.model)
@@ -227,7 +228,7 @@ def federation_model(federation: Federation, input_shape: Sequence[int], num_cla
             raise ModelError(f"{recipe.key} {recipe.label!r}: the model {exc}") from None
     except ModelError as exc:
         raise ModelError(f"{federation.source}: {exc}") from None
-    return factory, recipe.label
+    return factory, recipe.label, model
 
 
 class ModelPool:
