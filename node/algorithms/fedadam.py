@@ -48,10 +48,12 @@ class FedAdam(Algorithm):
     name = "fedadam"
     kind = "strategy"
     params = ADAPTIVE
+    #: the server half built from Algorithm 2's parameters (FedYogi names its own)
+    server_class: type[FedAdamServer] = FedAdamServer
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return self.is_strategy(federation)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         s = self.settings(ctx.federation)
-        return FedAdamServer(s["server_lr"], s["beta1"], s["beta2"], s["tau"])
+        return self.server_class(s["server_lr"], s["beta1"], s["beta2"], s["tau"])

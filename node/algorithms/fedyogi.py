@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from flmesh.node.algorithms.base import Algorithm, ServerContext, ServerHalf
-from flmesh.node.algorithms.fedadam import ADAPTIVE, FedAdamServer
-from flmesh.topology import Federation, TrainingConfig
+from flmesh.node.algorithms.fedadam import FedAdam, FedAdamServer
 
 
 class FedYogiServer(FedAdamServer):
@@ -21,14 +19,6 @@ class FedYogiServer(FedAdamServer):
         return v - (1 - self.beta2) * delta2 * torch.sign(v - delta2)
 
 
-class FedYogi(Algorithm):
+class FedYogi(FedAdam):
     name = "fedyogi"
-    kind = "strategy"
-    params = ADAPTIVE
-
-    def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
-        return self.is_strategy(federation)
-
-    def server(self, ctx: ServerContext) -> ServerHalf:
-        s = self.settings(ctx.federation)
-        return FedYogiServer(s["server_lr"], s["beta1"], s["beta2"], s["tau"])
+    server_class = FedYogiServer
