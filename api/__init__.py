@@ -19,6 +19,9 @@ versions::
   :class:`ServerContext`) and the :class:`Update` a server half aggregates; the
   :class:`Param` declarations of its parameters, and :func:`register_algorithm` to name it
   at run time (docs/algorithms.md).
+- Training: :class:`Learner` (the loop, loss and metrics; subclass it for your own), the
+  :class:`TrainContext` and :class:`EvalContext` it is called with; :func:`register_model`
+  to name a model factory for federation files.
 - Data: :class:`ArrayData` (labelled tensors) and :class:`NodeData` (a node's training and
   test split).
 - :mod:`flmesh.testing`: run a small federation in a test with one call.
@@ -53,6 +56,10 @@ _EXPORTS = {
     "Update": "flmesh.node.algorithms.base",
     "Param": "flmesh.topology.algorithms",
     "register_algorithm": "flmesh.topology.algorithms",
+    "Learner": "flmesh.node.learning.learner",
+    "TrainContext": "flmesh.node.learning.learner",
+    "EvalContext": "flmesh.node.learning.learner",
+    "register_model": "flmesh.node.learning.models",
     "ArrayData": "flmesh.node.learning.data",
     "NodeData": "flmesh.node.learning.data",
 }
@@ -69,6 +76,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from flmesh.node.algorithms.base import Update as Update
     from flmesh.node.learning.data import ArrayData as ArrayData
     from flmesh.node.learning.data import NodeData as NodeData
+    from flmesh.node.learning.learner import EvalContext as EvalContext
+    from flmesh.node.learning.learner import Learner as Learner
+    from flmesh.node.learning.learner import TrainContext as TrainContext
+    from flmesh.node.learning.models import register_model as register_model
     from flmesh.node.node import Node as Node
     from flmesh.topology import Federation as Federation
     from flmesh.topology import FederationError as FederationError

@@ -32,6 +32,7 @@ from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.format.codec import model_spec
 from flmesh.node.learning.data import ArrayData, load_dataset, public_data
 from flmesh.node.learning.device import select_device
+from flmesh.node.learning.learner import load_learner
 from flmesh.node.learning.models import federation_model, with_model
 from flmesh.node.replay_buffer import ReplayBufferCore
 from flmesh.node.reports import EvalResult
@@ -128,7 +129,8 @@ class Aggregator:
             from flmesh.node.wire.peer_client import GrpcPeerTransport
 
             transport = GrpcPeerTransport(counter=counter, tls=tls)
-        evaluator = local_evaluator(tests, factory, device) if tests is not None else None
+        evaluator = (local_evaluator(tests, factory, device, load_learner(fed.training.learner))
+                     if tests is not None else None)
         aggregator = cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
                          evaluator=evaluator)
         aggregator.replay = replay
@@ -222,7 +224,8 @@ class Aggregator:
             outcome, self.federation.node_ids, self.num_classes, global_eval=global_eval,
             start_eval=start_eval,
             local_evals=local_evals, prev_global=self._prev_global, writer="aggregator",
-            wall_s=self.clock.now() - collected.start, bytes_by_kind=collected.bytes_by_kind, task=task)
+            wall_s=self.clock.now() - collected.start, bytes_by_kind=collected.bytes_by_kind, task=task,
+            metric=self.federation.metric)
         if self.replay is not None:  # releases made by this round: those of the tasks before it
             row.privacy_spent = self.replay.ledger.totals(before_task=task)
         self._start_eval = global_eval

@@ -22,6 +22,7 @@ from flmesh.node.algorithms.base import Tensors
 from flmesh.node.errors import PeerError
 from flmesh.node.format.codec import ModelMeta, encode
 from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.learner import Learner
 from flmesh.node.learning.models import ModelPool
 from flmesh.node.learning.trainer import evaluate
 from flmesh.node.reports import EvalResult
@@ -40,14 +41,15 @@ UpdateEvaluator = Callable[[RoundOutcome, int | None], dict[str, dict[str, EvalR
 
 
 def local_evaluator(tests: Callable[[], dict[str, ArrayData]], factory: Callable[[], torch.nn.Module],
-                    device: torch.device) -> Evaluator:
+                    device: torch.device, learner: Learner | None = None) -> Evaluator:
     """Evaluation on test splits held in this process (fl-sim): the numbers ``Evaluate`` gives,
-    without a model transfer per (model, node) pair. ``tests`` says what each node holds now."""
+    without a model transfer per (model, node) pair. ``tests`` says what each node holds now;
+    ``learner`` adds its metrics (the nodes' learner)."""
     pool = ModelPool(factory, device, keep=1)
 
     def run(state: Tensors, max_task: int | None) -> dict[str, EvalResult]:
         with pool.loaded(state) as model:
-            return {node: evaluate(model, test.up_to_task(max_task), device=device)
+            return {node: evaluate(model, test.up_to_task(max_task), device=device, learner=learner)
                     for node, test in tests().items()}
 
     return run

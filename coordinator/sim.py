@@ -35,6 +35,7 @@ from flmesh.topology import Federation
 if TYPE_CHECKING:
     from torch import nn
 
+    from flmesh.node.learning.learner import Learner
     from flmesh.node.learning.models import ModelFactory
 
 Transport = Literal["memory", "grpc"]
@@ -67,11 +68,13 @@ class Simulation:
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
                  eval_every: int | None = None, transport: Transport = "memory", tls: bool = False,
-                 model: ModelFactory | nn.Module | None = None):
+                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
         """``model``: what every node and the aggregator build M_0 with instead of the file's
-        ``[model]`` (a factory called as ``[model] factory`` is, or a module every process
-        starts from a copy of). ``eval_every``: compute FA/FF/PFA (and, between peers, write a
-        row) every that many rounds and after the last (default: ``[federation] eval_every``); star runs still
+        ``[model]`` (a factory called as ``[model] factory`` is, or a module every process starts
+        from a copy of). ``learner``: what every node trains and evaluates with instead of the
+        file's ``[training] learner`` (:class:`~flmesh.node.learning.learner.Learner`).
+        ``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
+        rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
         ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
         127.0.0.1:0). ``tls`` (gRPC only): every process gets a certificate from a throwaway
@@ -85,9 +88,10 @@ class Simulation:
         if tls and transport != "grpc":
             raise ValueError("tls needs the grpc transport (the in-memory transport has no wire to encrypt)")
         from flmesh.coordinator.sim_tls import SimIdentities
+        from flmesh.node.learning.learner import with_learner
         from flmesh.node.learning.models import with_model
 
-        federation = with_model(federation, model)
+        federation = with_learner(with_model(federation, model), learner)
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"

@@ -179,7 +179,8 @@ class PeerDriver:
             cols = evaluated_columns(self.federation, t, trainer.node_id, task)
             with trainer.model_lock:
                 evals = [reported_own(report, n is trainer and task is None) or
-                         evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device)
+                         evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device,
+                                  learner=trainer.learner)
                          if j in cols else None for j, n in enumerate(self.nodes)]
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
@@ -224,7 +225,7 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     task = getattr(next(iter(reports.values())), "task", None)
     scope = _present(federation, task, ids)  # a continual federation counts the nodes already there
     cols = [ids.index(i) for i in scope]
-    acc = np.array([[_accuracy(results[i][j]) for j in cols] for i in cols])
+    acc = np.array([[_score(results[i][j], federation.metric) for j in cols] for i in cols])
     metrics = sampled_federation_metrics(acc)
     done = [r for row in results for r in row if r is not None]
     correct = np.sum([r.per_class_correct for r in done], axis=0)
@@ -239,7 +240,8 @@ def peer_row(federation: Federation, t: int, ids: list[str],
         entry.accuracy = own.accuracy
         entry.per_class_correct = list(own.per_class_correct)
         entry.per_class_total = list(own.per_class_total)
-        entry.cross_accuracy = {j: r.accuracy for j, r in zip(ids, results[i], strict=True) if r is not None}
+        entry.cross_accuracy = {j: r.score(federation.metric) for j, r in zip(ids, results[i], strict=True)
+                                if r is not None}
         nodes[node_id] = entry
     missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
                       for p in (r.missing, None if r.delivered else r.destination) if p})
@@ -253,7 +255,8 @@ def peer_row(federation: Federation, t: int, ids: list[str],
         task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
         seen = _mean([sum(r.correct for r in row) / max(1, sum(r.total for r in row)) for row in pairs])
     sampled = eval_sampled(federation) and len(finished) == len(ids)  # the Joint model: every split
-    return RoundRow(t, "peer", "fl-sim", fa=metrics.fa, ff=metrics.ff, pfa=metrics.pfa,
+    return RoundRow(t, "peer", "fl-sim", metric=federation.metric, fa=metrics.fa, ff=metrics.ff,
+                    pfa=metrics.pfa,
                     accuracy_matrix=Matrix(scope, scope, [[None if np.isnan(v) else v for v in row]
                                                           for row in acc.round(6).tolist()]),
                     eval_sample=federation.eval_sample if sampled else None,
@@ -263,8 +266,8 @@ def peer_row(federation: Federation, t: int, ids: list[str],
                     wall_s=round(max(r.wall_s for r in reports.values()), 4))
 
 
-def _accuracy(result: EvalResult | None) -> float:
-    return math.nan if result is None else result.accuracy
+def _score(result: EvalResult | None, metric: str) -> float:
+    return math.nan if result is None else result.score(metric)
 
 
 def _present(federation: Federation, task: int | None, ids: list[str]) -> list[str]:

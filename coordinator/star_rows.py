@@ -56,8 +56,9 @@ def _first(value: float) -> float | None:
 def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, *, global_eval: Evals,
              start_eval: Evals, local_evals: dict[str, Evals], prev_global: np.ndarray | None,
              writer: str, wall_s: float, bytes_by_kind: dict[str, int],
-             task: int | None = None) -> tuple[RoundRow, np.ndarray]:
-    """The round's row, and the global per-class accuracy (for the next round's F_t)."""
+             task: int | None = None, metric: str = "accuracy") -> tuple[RoundRow, np.ndarray]:
+    """The round's row, and the global per-class accuracy (for the next round's F_t). FA, FF
+    and PFA are over ``metric`` (``[federation] metric``)."""
     glob = pooled(global_eval, num_classes)
     start = pooled(start_eval, num_classes)
     total = sum(r.total for r in global_eval.values())
@@ -69,7 +70,7 @@ def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, *, gl
     fa = ff = pfa = None
     matrix = None
     if participants and cols and all(p in cols for p in participants):
-        acc = np.array([[local_evals[p][c].accuracy for c in cols] for p in participants])
+        acc = np.array([[local_evals[p][c].score(metric) for c in cols] for p in participants])
         metrics = participant_metrics(acc, [cols.index(p) for p in participants])
         fa, ff, pfa = metrics.fa, metrics.ff, metrics.pfa
         matrix = Matrix(participants, cols, acc.round(6).tolist())
@@ -89,11 +90,13 @@ def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, *, gl
             entry.local_per_class_accuracy = _none_if_nan(local_pc)
             own = local_evals[node].get(node)
             entry.accuracy = own.accuracy if own is not None else None
+            entry.metrics = dict(own.metrics) if own is not None and own.metrics else None
         if wsm is not None and node in wsm_nodes:
             entry.client_forgetting = float(wsm.per_client[wsm_nodes.index(node)])
         nodes[node] = entry
     row = RoundRow(
-        outcome.round, "star", writer, fa=fa, ff=ff, pfa=pfa, accuracy_matrix=matrix, accuracy=accuracy,
+        outcome.round, "star", writer, metric=metric, fa=fa, ff=ff, pfa=pfa, accuracy_matrix=matrix,
+        accuracy=accuracy,
         per_class_accuracy=_none_if_nan(glob),
         global_forgetting=_first(global_forgetting(prev_global, glob)) if prev_global is not None else None,
         client_forgetting=wsm.mean if wsm is not None else None,

@@ -24,16 +24,13 @@ from flmesh.node.errors import Refused
 from flmesh.node.format import codec
 from flmesh.node.format.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.inbox import ROUND_WINDOW, InboxKey
-from flmesh.node.learning.trainer import (
-    TrainingStopped,
-    evaluate,
+from flmesh.node.learning.optimizers import (
     load_optimizer_state,
     make_optimizer,
     optimizer_spec,
     optimizer_state,
-    steps_for,
-    train,
 )
+from flmesh.node.learning.trainer import TrainingStopped, evaluate, steps_for, train
 from flmesh.node.local_training import rewind_training
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
@@ -102,7 +99,7 @@ class NodeHandlers:
         federation only the test samples of tasks ``<= max_task``. Thread-safe."""
         test = self.ctx.data.test.up_to_task(max_task)
         with self.ctx.model.spare.loaded(state) as model:
-            return evaluate(model, test, device=self.ctx.model.device)
+            return evaluate(model, test, device=self.ctx.model.device, learner=self.ctx.model.learner)
 
     def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
                      cfg: TrainingConfig | None = None,
@@ -120,7 +117,8 @@ class NodeHandlers:
             load_optimizer_state(optimizer, model, optim_part)
             stats = train(model, self.ctx.data.train, cfg, epochs=epochs, steps=steps or None,
                           seed=self.ctx.settings.train_seed(round, salt=1), device=self.ctx.model.device,
-                          objective=self.ctx.plugins.objective, optimizer=optimizer, stop=stop)
+                          objective=self.ctx.plugins.objective, optimizer=optimizer, stop=stop,
+                          learner=self.ctx.model.learner)
             out = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             out.update(optimizer_state(optimizer, model) if optim_part else {})
             return out, stats.steps

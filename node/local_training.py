@@ -25,15 +25,13 @@ import torch
 
 from flmesh.node.format.codec import MetaValue, ModelMeta, encode
 from flmesh.node.learning.objectives import Regularizer
-from flmesh.node.learning.trainer import (
+from flmesh.node.learning.optimizers import (
     load_optimizer_state,
     make_optimizer,
     optimizer_spec,
     optimizer_state,
-    split_steps,
-    steps_for,
-    train,
 )
+from flmesh.node.learning.trainer import split_steps, steps_for, train
 from flmesh.node.reports import TrainStats
 from flmesh.topology import TrainingConfig
 
@@ -77,7 +75,7 @@ def train_local(ctx: RoundContext, round: int, phase: int, regularizers: Sequenc
             return train(ctx.model.module, ctx.data.train, ctx.settings.training, steps=steps,
                          seed=ctx.settings.train_seed(round, salt=phase), device=ctx.model.device,
                          objective=ctx.plugins.objective, regularizers=regularizers, optimizer=optimizer,
-                         stop=ctx.links.stop_event.is_set)
+                         stop=ctx.links.stop_event.is_set, learner=ctx.model.learner)
     finally:
         if ctx.links.metrics is not None:
             ctx.links.metrics.phase("train", time.monotonic() - started)
@@ -131,5 +129,6 @@ def train_round(ctx: RoundContext, round: int, target: str | None, notes: list[s
     phases.append(train_local(ctx, round, 2, regularizers, steps=last, optimizer=optimizer))
     seen = sum(p.samples for p in phases)
     stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
-                       sum(p.steps for p in phases) + (remote or 0), seen, remote or 0)
+                       sum(p.steps for p in phases) + (remote or 0), seen, remote or 0,
+                       metrics=next((p.metrics for p in reversed(phases) if p.metrics), {}))
     return stats, rewound_to

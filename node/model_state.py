@@ -16,21 +16,24 @@ from torch import nn
 
 from flmesh.node.format.specs import ModelSpec, fingerprint, model_spec
 from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.learner import DEFAULT_LEARNER, Learner, federation_learner
 from flmesh.node.learning.models import ModelPool, federation_model
 from flmesh.node.learning.trainer import evaluate
 from flmesh.node.reports import EvalResult
-from flmesh.topology import Federation
+from flmesh.topology import Federation, TrainingConfig
 
 Tensors = dict[str, torch.Tensor]
 
 
 class ModelState:
     def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str,
-                 initial: nn.Module | None = None):
+                 initial: nn.Module | None = None, learner: Learner = DEFAULT_LEARNER):
         """``factory``: a fresh model with the initial weights M_0 (on the CPU); ``name``: the
         architecture's name, the start of its fingerprint; ``initial``: a model ``factory``
-        already built, kept as the node's own (None: built here)."""
+        already built, kept as the node's own (None: built here); ``learner``: what trains and
+        evaluates it (stateless, shared by every caller)."""
         self.new_model = factory
+        self.learner = learner
         self.device = device
         self.module = initial if initial is not None else factory()
         self.module.to(device)
@@ -40,13 +43,16 @@ class ModelState:
         self.architecture = fingerprint(name, self.spec)  # what Hello and every message compare
 
     @classmethod
-    def for_federation(cls, federation: Federation, data: ArrayData, device: torch.device) -> ModelState:
+    def for_federation(cls, federation: Federation, data: ArrayData, device: torch.device,
+                       training: TrainingConfig | None = None) -> ModelState:
         """The federation's model for samples shaped like ``data``'s, seeded by the federation
         seed: every node starts from the same M_0 (:func:`~flmesh.node.learning.models.federation_model`,
-        which checks it on one of ``data``'s samples; raises ModelError)."""
+        which checks it on one of ``data``'s samples; raises ModelError), and the learner of
+        ``training`` (default: the file's), checked on a copy of it (raises ValueError)."""
         sample = data.x[:1] if len(data.x) else None
         factory, label, initial = federation_model(federation, data.input_shape, data.num_classes, sample)
-        return cls(factory, device, label, initial)
+        learner = federation_learner(federation, training or federation.training, initial, data)
+        return cls(factory, device, label, initial, learner)
 
     def state_dict(self) -> Tensors:
         """A snapshot of the current weights (CPU copies)."""
@@ -60,4 +66,4 @@ class ModelState:
     def evaluate(self, test: ArrayData) -> EvalResult:
         """The current model on ``test``; blocks while the model is in use."""
         with self.lock:
-            return evaluate(self.module, test, device=self.device)
+            return evaluate(self.module, test, device=self.device, learner=self.learner)

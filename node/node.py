@@ -35,6 +35,7 @@ from flmesh.node.handlers import NodeHandlers
 from flmesh.node.inbox import Inbox
 from flmesh.node.learning.data import ArrayData, NodeData
 from flmesh.node.learning.device import select_device
+from flmesh.node.learning.learner import Learner, with_learner
 from flmesh.node.learning.models import with_model
 from flmesh.node.learning.tasks import TaskSource
 from flmesh.node.learning.trainer import TrainingStopped
@@ -65,7 +66,7 @@ class Node(NodeView):
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, transport: PeerTransport,
                  aggregator: AggregatorTransport | None = None, clock: Clock = REAL_CLOCK,
                  members: list[str] | None = None, tasks: TaskSource | None = None,
-                 model: ModelFactory | nn.Module | None = None):
+                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
         """``members``: who may call this node (default: the federation's nodes); the Joint
         baseline's node is not in the federation it serves. Members, and the aggregator of a
         star federation, may evaluate models on this node's test split and read its status.
@@ -74,8 +75,9 @@ class Node(NodeView):
         :class:`~flmesh.node.replay_link.ReplayLink`) once the replay-buffer host is known.
         ``model``: what builds M_0 instead of the file's ``[model]``, a factory called as
         ``[model] factory`` is or a module to start from a copy of (every node of a federation,
-        and its aggregator, needs the same one)."""
-        federation = with_model(federation, model)
+        and its aggregator, needs the same one). ``learner``: what trains and evaluates the model
+        instead of the file's ``[training] learner``."""
+        federation = with_learner(with_model(federation, model), learner)
         settings = Settings.of(federation, node_id, members)
         transport.wire = settings.wire
         if aggregator is not None:
@@ -85,7 +87,8 @@ class Node(NodeView):
         links = Links(transport=transport, aggregator=aggregator, replay=ReplayLink(counter),
                       calls=PeerCalls(node_id, settings.round_timeout_s, clock, stop), counter=counter,
                       clock=clock, stop_event=stop, inbox=Inbox(clock), log=logging.getLogger("flmesh.node"))
-        state = ModelState.for_federation(federation, data.train, select_device(settings.training.device))
+        state = ModelState.for_federation(federation, data.train, select_device(settings.training.device),
+                                          settings.training)
         self.ctx = RoundContext(settings, state, data, links,
                                 ContinualState(tasks) if tasks is not None else None)
         self.handlers = NodeHandlers(self.ctx)
@@ -104,7 +107,8 @@ class Node(NodeView):
                         dataset: ArrayData | None = None, listen: str | None = None,
                         peers: Mapping[str, str] | None = None, aggregator: str | None = None,
                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, state_dir: Path | None = None,
-                        tls: Tls | None = None, model: ModelFactory | nn.Module | None = None) -> Node:
+                        tls: Tls | None = None, model: ModelFactory | nn.Module | None = None,
+                        learner: Learner | None = None) -> Node:
         """Node ``node_id`` of ``federation`` over gRPC: its own data share, M_0, transports.
 
         Every node starts from the same initial model (seeded by the federation
@@ -116,11 +120,13 @@ class Node(NodeView):
         ``aggregator`` (HOST:PORT) makes it a node of a star federation, whose
         aggregator also hosts the replay buffer; a node that hosts it keeps its privacy ledger
         in ``state_dir``. ``tls``: this node's identity, for mTLS on every connection it serves
-        and opens (None: plaintext). ``model``: as for the constructor. Call :meth:`start` to serve.
+        and opens (None: plaintext). ``model``, ``learner``: as for the constructor. Call
+        :meth:`start` to serve.
         """
         from flmesh.node.grpc_node import grpc_node
 
-        return grpc_node(cls, with_model(federation, model), node_id, data=data, dataset=dataset,
+        federation = with_learner(with_model(federation, model), learner)
+        return grpc_node(cls, federation, node_id, data=data, dataset=dataset,
                          listen=listen, peers=peers, aggregator=aggregator, chunk_bytes=chunk_bytes,
                          state_dir=state_dir, tls=tls)
 

@@ -39,12 +39,14 @@ def input_errors() -> tuple[type[Exception], ...]:
     from flmesh.node.learning.data import DataError
     from flmesh.node.learning.device import DeviceError
     from flmesh.node.learning.extras import MissingExtra
+    from flmesh.node.learning.learner import LearnerError
     from flmesh.node.learning.models import ModelError
     from flmesh.node.learning.partitions import PartitionError
+    from flmesh.node.user_code import UserCodeError
     from flmesh.node.wire.channels import BindError
 
     return (DataError, DeviceError, ModelError, PartitionError, BindError, CertError, CheckpointError,
-            StateFileError, MissingExtra)
+            StateFileError, MissingExtra, LearnerError, UserCodeError)
 
 
 class NodeRun:
@@ -157,12 +159,14 @@ class NodeRun:
 
         node, ids = self.node, self.federation.node_ids
         message = node.encode(round, kind="eval")
-        out = {node.node_id: node.evaluate_own().accuracy}
+        metric = self.federation.metric
+        out = {node.node_id: node.evaluate_own().score(metric)}
         for peer in [ids[j] for j in eval_splits(self.federation, round, node.node_id, task)]:
             if peer == node.node_id or not node.transport.knows(peer):
                 continue
             try:
-                out[peer] = node.transport.evaluate(peer, message, timeout=node.round_timeout_s).accuracy
+                result = node.transport.evaluate(peer, message, timeout=node.round_timeout_s)
+                out[peer] = result.score(metric)
             except PeerError as exc:
                 log.warning("%s: round %d: cannot evaluate on %s: %s", node.node_id, round, peer, exc)
         return out

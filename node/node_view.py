@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from flmesh.node.format.specs import ModelSpec
     from flmesh.node.inbox import Inbox
     from flmesh.node.learning.data import NodeData
+    from flmesh.node.learning.learner import Learner
     from flmesh.node.replay_link import ReplayLink
     from flmesh.node.reports import EvalResult
     from flmesh.node.transport import AggregatorTransport, PeerStatus, PeerTransport
@@ -68,6 +69,11 @@ class NodeView:
     def model(self) -> nn.Module:
         """The node's own model; hold :attr:`model_lock` while using it."""
         return self.ctx.model.module
+
+    @property
+    def learner(self) -> Learner:
+        """What trains and evaluates this node's model (stateless; shared by every caller)."""
+        return self.ctx.model.learner
 
     @property
     def model_lock(self) -> threading.RLock:

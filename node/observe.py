@@ -90,4 +90,6 @@ def row_scalars(row: Any) -> dict[str, float | None]:
     for node, entry in row.nodes.items():
         values[f"nodes/{node}/accuracy"] = entry.accuracy
         values[f"nodes/{node}/train_loss"] = entry.train_loss
+        for name, value in (entry.metrics or {}).items():
+            values[f"nodes/{node}/{name}"] = value
     return values

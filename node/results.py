@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flmesh.node.reports import RoundReport, StarReport
+from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
 SCHEMA_VERSION = 2
 
@@ -63,6 +63,8 @@ class NodeRound:
     bytes_received: int = 0
     participated: bool | None = None  # continual federations: False when it sat the round out
     privacy_spent: float | None = None  # DP replay: epsilon this node has released so far
+    # a learner's metrics: its evaluate's on the node's own test split, its train's as train_<name>
+    metrics: dict[str, float] | None = None
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -80,7 +82,8 @@ class NodeRound:
                 rewind_steps=report.train.remote_steps if report.train else None,
                 train_samples=report.train.samples if report.train else None,
                 bytes_sent=report.bytes_sent, bytes_received=report.bytes_received,
-                privacy_spent=report.privacy_spent, wall_s=round(report.wall_s, 4), notes=list(report.notes))
+                privacy_spent=report.privacy_spent, metrics=learner_metrics(report.train, report.local),
+                wall_s=round(report.wall_s, 4), notes=list(report.notes))
         return cls(
             report.node, report.round, accuracy=report.local.accuracy,
             received_accuracy=report.received_accuracy, source=report.source,
@@ -92,7 +95,16 @@ class NodeRound:
             per_class_correct=list(report.local.per_class_correct),
             per_class_total=list(report.local.per_class_total), bytes_sent=report.bytes_sent,
             bytes_received=report.bytes_received, participated=report.participated,
-            privacy_spent=report.privacy_spent, wall_s=round(report.wall_s, 4), notes=list(report.notes))
+            privacy_spent=report.privacy_spent, metrics=learner_metrics(report.train, report.local),
+            wall_s=round(report.wall_s, 4), notes=list(report.notes))
+
+
+def learner_metrics(train: TrainStats | None, local: EvalResult | None) -> dict[str, float] | None:
+    """A learner's metrics for a row: evaluation metrics as named, training ones as ``train_<name>``
+    (None when it returned none)."""
+    out = {f"train_{k}": v for k, v in (train.metrics if train else {}).items()}
+    out.update(local.metrics if local else {})
+    return out or None
 
 
 @dataclass
@@ -112,6 +124,7 @@ class RoundRow:
     round: int
     kind: str  # "peer" (decentralized schedule) or "star" (with an aggregator)
     writer: str  # "fl-sim", "fl-node" or "aggregator"
+    metric: str = "accuracy"  # what FA, FF, PFA and the matrix are over ([federation] metric)
     fa: float | None = None  # FedRewind Eq. 5 over the trained models x test splits
     ff: float | None = None  # Eq. 6
     pfa: float | None = None  # Eq. 7

@@ -96,7 +96,7 @@ MALFORMED = [
     ("seed = 5", "seed = 1.5", "[federation] seed: expected an integer >= 0, got 1.5"),
     ("epochs = 0.5", "epoch = 0.5", "[training] epoch: unknown key (expected one of batch_size,"),
     ("lr = 0.1", "lr = -1", "[training] lr: expected a number > 0, got -1"),
-    ("lr = 0.1", "optimizer = \"rmsprop\"", "[training] optimizer: expected one of 'sgd', 'adam', got"),
+    ("lr = 0.1", "optimizer = \"rmsprop\"", "[training] optimizer: expected one of 'sgd', 'adam', or an"),
     ("alpha = 0.3", "alpha = 0", "[data] alpha: expected a number > 0, got 0"),
     ("alpha = 0.3", "test_fraction = 1.0", "[data] test_fraction: expected a number in (0, 1), got 1.0"),
     ("alpha = 0.3", 'dataset = "imagenet"',

@@ -15,15 +15,8 @@ from flmesh.node.learning import data as data_mod
 from flmesh.node.learning import models, partitions
 from flmesh.node.learning.data import ArrayData, federation_data, load_digits
 from flmesh.node.learning.metrics import federation_metrics
-from flmesh.node.learning.trainer import (
-    evaluate,
-    load_optimizer_state,
-    make_optimizer,
-    optimizer_state,
-    split_steps,
-    steps_for,
-    train,
-)
+from flmesh.node.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_state
+from flmesh.node.learning.trainer import evaluate, split_steps, steps_for, train
 from flmesh.node.local_training import rewind_training
 from flmesh.topology import ModelConfig, TrainingConfig, parse_federation, schema
 from flmesh.topology.algorithms import names

@@ -19,20 +19,25 @@ from conftest import tiny_raw
 
 SURFACE = ["load_federation", "Federation", "FederationError", "Simulation", "Node", "Algorithm",
            "ClientHalf", "ServerHalf", "ClientContext", "ServerContext", "Update", "ArrayData", "NodeData",
-           "Param", "register_algorithm", "__version__"]
+           "Param", "register_algorithm", "Learner", "TrainContext", "EvalContext", "register_model",
+           "__version__"]
 
 SIGNATURES = {
     "load_federation": "(path: 'str | Path', overrides: 'Iterable[str]' = ()) -> 'Federation'",
     "Simulation": "(federation: 'Federation', out_dir: 'Path | None' = None, "
                   "eval_every: 'int | None' = None, transport: 'Transport' = 'memory', tls: 'bool' = False, "
-                  "model: 'ModelFactory | nn.Module | None' = None)",
+                  "model: 'ModelFactory | nn.Module | None' = None, learner: 'Learner | None' = None)",
     "Simulation.run": "(self, on_round: 'Callable[[RoundRow], None] | None' = None) -> 'Summary'",
     "Node.from_federation": "(federation: 'Federation', node_id: 'str', *, data: 'NodeData | None' = None, "
                             "dataset: 'ArrayData | None' = None, listen: 'str | None' = None, "
                             "peers: 'Mapping[str, str] | None' = None, aggregator: 'str | None' = None, "
                             "chunk_bytes: 'int' = 1048576, state_dir: 'Path | None' = None, "
-                            "tls: 'Tls | None' = None, model: 'ModelFactory | nn.Module | None' = None) "
-                            "-> 'Node'",
+                            "tls: 'Tls | None' = None, model: 'ModelFactory | nn.Module | None' = None, "
+                            "learner: 'Learner | None' = None) -> 'Node'",
+    "Learner.train": "(self, model: 'nn.Module', batches: 'Iterable[Batch]', context: 'TrainContext') "
+                     "-> 'Mapping[str, float]'",
+    "Learner.evaluate": "(self, model: 'nn.Module', batches: 'Iterable[Batch]', context: 'EvalContext') "
+                        "-> 'Mapping[str, float]'",
     "Node.run": "(self, rounds: 'int | None' = None, on_round: 'Callable[[Report], None] | None' = None, "
                 "first: 'int' = 1) -> 'list[Report]'",
 }

@@ -33,7 +33,11 @@ class FederationError(ValueError):
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Local training settings. ``epochs`` may be fractional; ``lr`` is per step."""
+    """Local training settings. ``epochs`` may be fractional; ``lr`` is per step.
+
+    ``optimizer`` is "sgd", "adam" or an import path of a callable building one;
+    ``learner`` is what trains and evaluates (None: the default; an import path from the
+    file, or from Python a learner object: :mod:`flmesh.node.learning.learner`)."""
 
     epochs: float = 1.0
     batch_size: int = 32
@@ -44,6 +48,7 @@ class TrainingConfig:
     objective: str = "ce"
     device: str = "auto"
     fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
+    learner: str | Any | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,7 @@ class Federation:
     # > 0: each model evaluated on its own test split and eval_sample - 1 others drawn from
     # (seed, round, node) instead of all N (the N x N cross-evaluation is quadratic); peer only
     eval_sample: int = 0
+    metric: str = "accuracy"  # what FA, FF and PFA average: accuracy or a learner's metric
     # what it was parsed from (overrides applied), so another process can parse the same one
     raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     base_dir: str | None = field(default=None, compare=False, repr=False)

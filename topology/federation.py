@@ -56,7 +56,7 @@ from flmesh.topology.config import (
 )
 from flmesh.topology.continual import read_continual
 from flmesh.topology.graphs import shown
-from flmesh.topology.schema import ID_RULE, NODE_ID, NODE_KEYS, REQUIRED, SECTIONS, TRAINING
+from flmesh.topology.schema import ID_RULE, NODE_ID, NODE_KEYS, OPTIMIZERS, REQUIRED, SECTIONS, TRAINING
 
 DEFAULT_MAX_MODEL_MIB = 512.0
 
@@ -172,6 +172,11 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
                                 address=address, partition=part,
                                 data=str((base / own).resolve()) if own is not None else None))
 
+    if rewind.mode != "off":
+        for label, cfg in [("[training]", training), *((f"[nodes.{n.id}]", n.training) for n in nodes)]:
+            if cfg.optimizer not in OPTIMIZERS:  # the rewind node rebuilds the sender's optimizer
+                raise r.fail(f"{label} optimizer", "[rewind] carries the optimizer's state to the rewind "
+                             "node, which rebuilds 'sgd' or 'adam' only; use one of them or rewind off")
     if "source" in data and "dataset" in data:
         raise r.fail("[data] source", "names the data instead of dataset: give one of them")
     if "root" in data:
@@ -191,6 +196,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         topology=topology, training=training, data=DataConfig(**data), model=model,
         nodes=tuple(nodes), rewind=rewind, baseline=fed.get("baseline", "none"),
         eval_every=fed.get("eval_every", 1), eval_sample=fed.get("eval_sample", 0),
+        metric=fed.get("metric", "accuracy"),
         raw=original, base_dir=str(base),
         wire=WireConfig(**r.section(raw, "wire", SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay, algorithms=algorithms,

@@ -83,6 +83,19 @@ def _import_path(v: Any) -> str:
     return v
 
 
+def _optimizer(v: Any) -> str:
+    if isinstance(v, str) and (v in OPTIMIZERS or _IMPORT_PATH.match(v)):
+        return v
+    raise Bad(f"one of {', '.join(repr(o) for o in OPTIMIZERS)}, or an import path package.module:name "
+              "of a callable f(params, lr=..., weight_decay=...)")
+
+
+def _metric(v: Any) -> str:
+    if not isinstance(v, str) or not v.isidentifier() or len(v) > 100:
+        raise Bad("'accuracy' or the name of a metric the learner's evaluate returns")
+    return v
+
+
 MAX_CLASSES = 1_000_000
 _TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
 _SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
@@ -92,10 +105,11 @@ TRAINING: dict[str, Check] = {
     "epochs": at_most(number(0, lo_open=True), MAX_EPOCHS),
     "batch_size": at_most(integer(1), MAX_BATCH),
     "lr": at_most(number(0, lo_open=True), MAX_LR),
-    "optimizer": string(OPTIMIZERS),
+    "optimizer": _optimizer,
     "momentum": number(0, 1, hi_open=True),
     "weight_decay": at_most(number(0), 1),
     "objective": algorithm_name("objective"),
+    "learner": _import_path,
     "device": device,
     "fedcurv_lambda": _PENALTY,
 }
@@ -106,6 +120,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "rounds": at_most(integer(1), MAX_ROUNDS),
         "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
         "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
+        "metric": _metric,
         "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
     },
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),

@@ -6,7 +6,8 @@ are mean cross-entropy (or the objective's) per sample or step, as each field sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class TrainStats:
     steps: int
     samples: int
     remote_steps: int = 0
+    metrics: Mapping[str, float] = field(default_factory=dict)  # a learner's, beyond the loss
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,15 @@ class EvalResult:
     per_class_total: tuple[int, ...]
     per_task_correct: tuple[int, ...] = ()  # continual federations: by task, from 0
     per_task_total: tuple[int, ...] = ()
+    metrics: Mapping[str, float] = field(default_factory=dict)  # a learner's, beyond accuracy and loss
 
     @property
     def accuracy(self) -> float:
         return self.correct / self.total if self.total else 0.0
+
+    def score(self, metric: str = "accuracy") -> float:
+        """The value of ``metric``: "accuracy" or one of a learner's ``metrics`` (NaN when this
+        result has none of that name)."""
+        if metric == "accuracy":
+            return self.accuracy
+        return self.metrics.get(metric, float("nan"))

@@ -9,19 +9,29 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from flmesh.node.learning.data import ArrayData
+from flmesh.node.learning.learner import (
+    DEFAULT_LEARNER,
+    Batch,
+    EvalContext,
+    Learner,
+    TrainContext,
+    check_metrics,
+    eval_batches,
+)
 from flmesh.node.learning.objectives import Objective, Regularizer, cross_entropy
+from flmesh.node.learning.optimizers import make_optimizer
 from flmesh.node.learning.stats import EvalResult, TrainStats
 from flmesh.topology import TrainingConfig
 
-__all__ = ["EvalResult", "Regularizer", "TrainStats", "compute", "evaluate", "host_nodes",
-           "load_optimizer_state", "make_optimizer", "optimizer_spec", "optimizer_state", "serialize_compute",
-           "split_steps", "steps_for", "train"]
+__all__ = ["EvalResult", "Regularizer", "TrainStats", "TrainingStopped", "compute", "evaluate", "host_nodes",
+           "serialize_compute", "split_steps", "steps_for", "train"]
 
 _gate: threading.RLock | None = None  # see serialize_compute
 
@@ -77,15 +87,6 @@ def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
     return max(1, round(epochs * per_epoch))
 
 
-def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
-
-
 def _place(model: nn.Module, device: torch.device) -> nn.Module:
     """``model`` on ``device``; ``Module.to`` only when a parameter is elsewhere (it walks every
     module and tensor even when nothing moves: a fifth of fl-sim's Python time in evaluation)."""
@@ -102,15 +103,16 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
           steps: int | None = None, seed: int = 0, device: torch.device | None = None,
           objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = (),
           optimizer: torch.optim.Optimizer | None = None,
-          stop: Callable[[], bool] | None = None) -> TrainStats:
-    """Train ``model`` in place on ``data``: ``steps`` optimizer steps, or ``epochs`` passes
-    (default ``cfg.epochs``, see :func:`steps_for`).
+          stop: Callable[[], bool] | None = None, learner: Learner | None = None) -> TrainStats:
+    """Train ``model`` in place on ``data`` with ``learner`` (default: :class:`Learner`):
+    ``steps`` optimizer steps, or ``epochs`` passes (default ``cfg.epochs``, see :func:`steps_for`).
 
-    The loss of a batch is ``objective(logits, labels) + sum(r(model, x, logits))``.
+    The default loss of a batch is ``objective(logits, labels) + sum(r(model, x, logits))``.
     Each pass visits the samples in a fresh order drawn from ``seed``. Without an
     ``optimizer`` one starts fresh, as local training does in each FL round; pass
     one (built for ``model``) to continue its state across calls (FedRewind's
-    three phases are one local run). ``TrainStats.loss`` is the mean total loss.
+    three phases are one local run). ``TrainStats.loss`` is the learner's ``"loss"``
+    metric (the default: the mean total loss); its other metrics go in ``TrainStats.metrics``.
     ``stop`` is asked before every step; True raises :class:`TrainingStopped` (the node
     stops, or the peer that asked for the training went away).
     """
@@ -120,41 +122,76 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
         steps = steps_for(epochs, len(data), cfg.batch_size)
     if steps <= 0 or len(data) == 0:
         return TrainStats(0.0, 0, 0)
+    learner = learner or DEFAULT_LEARNER
     _place(model, device).train()
     optimizer = optimizer or make_optimizer(model, cfg)
-    gen = torch.Generator().manual_seed(seed)
-    x, y = data.x, data.y
-    total_loss, seen, done = 0.0, 0, 0
-    while done < steps:
-        order = torch.randperm(len(data), generator=gen)
-        for start in range(0, len(order), cfg.batch_size):
-            if done == steps:
-                break
-            if stop is not None and stop():
-                raise TrainingStopped(f"training stopped after {done} of {steps} steps")
-            idx = order[start:start + cfg.batch_size]
-            with compute():  # one step at a time per process when serialize_compute() is on
-                xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
-                optimizer.zero_grad(set_to_none=True)
-                logits = model(xb)
-                loss = objective(logits, yb)
-                for regularizer in regularizers:
-                    loss = loss + regularizer(model, xb, logits)
-                loss.backward()
-                optimizer.step()
-                total_loss += float(loss.detach()) * len(idx)
-            seen += len(idx)
-            done += 1
-    return TrainStats(total_loss / max(seen, 1), done, seen)
+    batches = _Batches(data, steps, cfg.batch_size, seed, device, stop)
+    try:
+        out = learner.train(model, batches, TrainContext(optimizer, steps, device, cfg, objective,
+                                                         tuple(regularizers)))
+    finally:
+        batches.close()
+    metrics = check_metrics(learner, "train", out)
+    return TrainStats(metrics.pop("loss", math.nan), batches.done, batches.seen, metrics=metrics)
+
+
+class _Batches:
+    """The batches of one training call: ``steps`` of them, in passes over ``data`` each in a
+    fresh order drawn from ``seed``. While the learner works on a batch this thread holds the
+    gate of :func:`serialize_compute`, as the default loop held it for a step."""
+
+    def __init__(self, data: ArrayData, steps: int, batch_size: int, seed: int, device: torch.device,
+                 stop: Callable[[], bool] | None):
+        self.data, self.steps, self.batch_size = data, steps, batch_size
+        self.seed, self.device, self.stop = seed, device, stop
+        self.done = self.seen = 0  # batches handed out, and their samples
+        self._iterator: Generator[Batch] | None = None
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._iterator is not None:
+            raise RuntimeError("a training call's batches can be iterated once")
+        self._iterator = self._generate()
+        return self._iterator
+
+    def close(self) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+
+    def _generate(self) -> Generator[Batch]:
+        gen = torch.Generator().manual_seed(self.seed)
+        x, y, n = self.data.x, self.data.y, len(self.data)
+        while True:
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, self.batch_size):
+                if self.done == self.steps:
+                    return
+                if self.stop is not None and self.stop():
+                    raise TrainingStopped(f"training stopped after {self.done} of {self.steps} steps")
+                idx = order[start:start + self.batch_size]
+                self.done += 1
+                self.seen += len(idx)
+                with compute():  # one step at a time per process when serialize_compute() is on
+                    yield x[idx].to(self.device, non_blocking=True), y[idx].to(self.device, non_blocking=True)
 
 
 def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
-             batch_size: int = 1024) -> EvalResult:
+             batch_size: int = 1024, learner: Learner | None = None) -> EvalResult:
     """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``
-    (and per-task counts when its samples carry task ids). One evaluation at a time per
-    process when :func:`serialize_compute` is on."""
+    (and per-task counts when its samples carry task ids), with the metrics ``learner``'s
+    ``evaluate`` adds (a second pass; none for the default learner). One evaluation at a
+    time per process when :func:`serialize_compute` is on."""
     with compute():
-        return _evaluate(model, data, device, batch_size)
+        result = _evaluate(model, data, device, batch_size)
+        if learner is None or type(learner).evaluate is Learner.evaluate:
+            return result
+        device = device or torch.device("cpu")
+        with torch.no_grad():
+            out = learner.evaluate(model, eval_batches(data.x, data.y, device, batch_size),
+                                   EvalContext(device, data.num_classes))
+        return replace(result, metrics=check_metrics(learner, "evaluate", out))
 
 
 @torch.no_grad()
@@ -166,9 +203,8 @@ def _evaluate(model: nn.Module, data: ArrayData, device: torch.device | None, ba
     tasks = data.num_tasks if data.task is not None else 0
     task_correct = torch.zeros(tasks, dtype=torch.long)
     loss_sum = 0.0
-    for start in range(0, len(data), batch_size):
-        xb = data.x[start:start + batch_size].to(device)
-        yb = data.y[start:start + batch_size].to(device)
+    for start, (xb, yb) in zip(range(0, len(data), batch_size),
+                               eval_batches(data.x, data.y, device, batch_size), strict=True):
         logits = model(xb)
         loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         hits = (logits.argmax(dim=1) == yb).cpu()
@@ -191,46 +227,3 @@ def split_steps(total: int, lam: float) -> tuple[int, int, int]:
     first = round((1 - 2 * lam) * total)
     second = round((1 - lam) * total) - first
     return first, second, total - first - second
-
-
-def optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The optimizer's per-parameter state as named tensors ``optim/<param>/<key>`` (zeros where
-    it has none yet: for SGD momentum and Adam a zero state is the same as no state)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    out: dict[str, torch.Tensor] = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for key, like in _state_shapes(optimizer, p).items():
-                value = optimizer.state.get(p, {}).get(key)
-                tensor = value if isinstance(value, torch.Tensor) else torch.zeros_like(like)
-                out[f"optim/{names[id(p)]}/{key}"] = tensor.detach().to("cpu", torch.float32).clone()
-    return out
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, model: nn.Module,
-                         tensors: dict[str, torch.Tensor]) -> None:
-    """Put :func:`optimizer_state`'s tensors back (the names must match the model's parameters)."""
-    params = dict(model.named_parameters())
-    for name, tensor in tensors.items():
-        _, param, key = name.split("/", 2) if name.count("/") >= 2 else ("", "", "")
-        if param not in params:
-            raise ValueError(f"optimizer state {name!r} names no parameter of the model")
-        p = params[param]
-        value = tensor.to(p.device)
-        optimizer.state.setdefault(p, {})[key] = value if key == "step" else value.to(p.dtype)
-
-
-def optimizer_spec(cfg: TrainingConfig, model: nn.Module) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """Names, dtypes and shapes of :func:`optimizer_state` for ``cfg``'s optimizer on ``model``."""
-    probe = make_optimizer(model, cfg)
-    return {f"optim/{n}/{key}": (torch.float32, tuple(like.shape))
-            for n, p in model.named_parameters() if p.requires_grad
-            for key, like in _state_shapes(probe, p).items()}
-
-
-def _state_shapes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, torch.Tensor]:
-    if isinstance(optimizer, torch.optim.Adam):
-        return {"exp_avg": p, "exp_avg_sq": p, "step": torch.zeros(())}
-    if isinstance(optimizer, torch.optim.SGD) and optimizer.defaults.get("momentum", 0) > 0:
-        return {"momentum_buffer": p}
-    return {}

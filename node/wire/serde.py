@@ -42,7 +42,7 @@ def evaluate_reply(node_id: str, result: EvalResult) -> peer_pb2.EvaluateReply:
                 for t, (k, n) in enumerate(zip(result.per_task_correct, result.per_task_total, strict=True))]
     return peer_pb2.EvaluateReply(node_id=node_id, accuracy=result.accuracy, correct=result.correct,
                                   total=result.total, loss=result.loss, per_class=per_class,
-                                  per_task=per_task)
+                                  per_task=per_task, metrics=dict(result.metrics))
 
 
 def eval_result(reply: peer_pb2.EvaluateReply) -> EvalResult:
@@ -50,4 +50,5 @@ def eval_result(reply: peer_pb2.EvaluateReply) -> EvalResult:
     tasks = sorted(reply.per_task, key=lambda t: t.task)
     return EvalResult(reply.correct, reply.total, reply.loss,
                       tuple(c.correct for c in counts), tuple(c.total for c in counts),
-                      tuple(t.correct for t in tasks), tuple(t.total for t in tasks))
+                      tuple(t.correct for t in tasks), tuple(t.total for t in tasks),
+                      {k: v for k, v in reply.metrics.items() if k.isidentifier()})

@@ -82,7 +82,14 @@ class TaskCount(_message.Message):
     def __init__(self, task: _Optional[int] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class EvaluateReply(_message.Message):
-    __slots__ = ("node_id", "accuracy", "correct", "total", "loss", "per_class", "per_task")
+    __slots__ = ("node_id", "accuracy", "correct", "total", "loss", "per_class", "per_task", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +97,7 @@ class EvaluateReply(_message.Message):
     LOSS_FIELD_NUMBER: _ClassVar[int]
     PER_CLASS_FIELD_NUMBER: _ClassVar[int]
     PER_TASK_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     accuracy: float
     correct: int
@@ -97,7 +105,8 @@ class EvaluateReply(_message.Message):
     loss: float
     per_class: _containers.RepeatedCompositeFieldContainer[ClassCount]
     per_task: _containers.RepeatedCompositeFieldContainer[TaskCount]
-    def __init__(self, node_id: _Optional[str] = ..., accuracy: _Optional[float] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ..., loss: _Optional[float] = ..., per_class: _Optional[_Iterable[_Union[ClassCount, _Mapping]]] = ..., per_task: _Optional[_Iterable[_Union[TaskCount, _Mapping]]] = ...) -> None: ...
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, node_id: _Optional[str] = ..., accuracy: _Optional[float] = ..., correct: _Optional[int] = ..., total: _Optional[int] = ..., loss: _Optional[float] = ..., per_class: _Optional[_Iterable[_Union[ClassCount, _Mapping]]] = ..., per_task: _Optional[_Iterable[_Union[TaskCount, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
