@@ -302,8 +302,10 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                        "[data] source 'udata_bad:nan': x holds NaN or infinity"),
     "sim-learner-missing": (["{file}", "--out", "{tmp}/new", "--set", 'training.learner="nope_mod:L"'],
                             "{file}: [training] learner: 'nope_mod:L': no module named 'nope_mod'"),
-    "sim-optimizer-missing": (["{file}", "--out", "{tmp}/new", "--set", 'training.optimizer="torch.optim:Nope"'],
-                              "{file}: [training] optimizer: 'torch.optim:Nope': torch.optim has no attribute"),
+    "sim-optimizer-missing": (["{file}", "--out", "{tmp}/new", "--set",
+                               'training.optimizer="torch.optim:Nope"'],
+                              "{file}: [training] optimizer: 'torch.optim:Nope': torch.optim has no "
+                              "attribute"),
     "sim-metric-missing": (["{file}", "--out", "{tmp}/new", "--set", 'federation.metric="f1"', "--set",
                             'training.learner="flmesh:Learner"'],
                            "{file}: [training] learner: [federation] metric = 'f1', but Learner.evaluate "

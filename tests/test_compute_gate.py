@@ -34,15 +34,11 @@ def _model() -> nn.Module:
 
 def _taken_elsewhere() -> bool:
     """Whether another thread finds the gate taken (it tries without waiting)."""
-    gate = trainer._gate
-    assert gate is not None
     got: list[bool] = []
 
     def attempt() -> None:
-        acquired = gate.acquire(blocking=False)
-        got.append(acquired)
-        if acquired:
-            gate.release()
+        with trainer.compute(blocking=False) as granted:
+            got.append(granted)
 
     probe = threading.Thread(target=attempt)
     probe.start()
@@ -86,17 +82,19 @@ def test_the_gate_changes_no_number():
 
 def test_without_the_gate_compute_is_a_no_op():
     trainer.serialize_compute(False)
-    with trainer.compute():
-        assert trainer._gate is None
+    with trainer.compute() as granted:
+        assert granted and not _taken_elsewhere()
 
 
 def test_a_process_hosting_several_nodes_gates_compute_and_one_hosting_one_does_not():
     threads = torch.get_num_threads()
     try:
         trainer.host_nodes(1)
-        assert trainer._gate is None and torch.get_num_threads() == threads
+        with trainer.compute():
+            assert not _taken_elsewhere() and torch.get_num_threads() == threads
         trainer.host_nodes(3)
-        assert trainer._gate is not None and torch.get_num_threads() == 1
+        with trainer.compute():
+            assert _taken_elsewhere() and torch.get_num_threads() == 1
     finally:
         trainer.serialize_compute(False)
         torch.set_num_threads(threads)

@@ -64,15 +64,22 @@ def host_nodes(count: int) -> None:
 
 
 @contextlib.contextmanager
-def compute() -> Iterator[None]:
-    """Hold the gate of :func:`serialize_compute` (reentrant; nothing when it is off). Blocks
-    while another thread of this process trains or evaluates."""
+def compute(blocking: bool = True) -> Iterator[bool]:
+    """Hold the gate of :func:`serialize_compute` for the ``with`` block (reentrant; always
+    granted when it is off); yields whether it was granted. Blocks while another thread of
+    this process trains or evaluates, unless ``blocking`` is False (then it yields False
+    and holds nothing)."""
     gate = _gate
     if gate is None:
-        yield
+        yield True
         return
-    with gate:
-        yield
+    if not gate.acquire(blocking):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        gate.release()
 
 
 def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
