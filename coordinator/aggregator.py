@@ -50,6 +50,13 @@ from flmesh.topology.tasks import task_of
 log = logging.getLogger("flmesh.aggregator")
 
 
+def accuracy_text(accuracy: float | None) -> str:
+    """The global model's accuracy for a log line, or that no node's test split answered."""
+    if accuracy is None:
+        return "global accuracy not evaluated (no test split answered)"
+    return f"global accuracy {100 * accuracy:.1f}%"
+
+
 @dataclass(frozen=True)
 class Collected:
     """A closed, aggregated round that is not evaluated yet: its outcome, when it began (the
@@ -229,7 +236,7 @@ class Aggregator:
         if self.replay is not None:  # releases made by this round: those of the tasks before it
             row.privacy_spent = self.replay.ledger.totals(before_task=task)
         self._start_eval = global_eval
-        self.core.finish_round(round, row.accuracy or 0.0)
+        self.core.finish_round(round, row.accuracy if row.accuracy is not None else self.core.last_accuracy)
         self.rounds_done = round
         return row
 
@@ -281,7 +288,8 @@ class Aggregator:
             from flmesh.coordinator.aggregator_checkpoint import save
 
             save(self, t, self.checkpoint_dir)
-        log.info("round %d/%d: global accuracy %.1f%%, %d/%d updates%s", t, fed.rounds,
-                 100 * (row.accuracy or 0.0), len(row.received or []), len(row.selected or []),
+        log.info("round %d/%d: %s, %d/%d updates%s%s", t, fed.rounds, accuracy_text(row.accuracy),
+                 len(row.received or []), len(row.selected or []),
+                 "" if row.aggregated else " (nothing aggregated: the global model is unchanged)",
                  f"; missing {', '.join(row.missing)}" if row.missing else "")
         return True

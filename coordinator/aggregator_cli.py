@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # heavy imports after the flags are read (``--help`` and bad flags answer at once)
-    from flmesh.coordinator.aggregator import Aggregator
+    from flmesh.coordinator.aggregator import Aggregator, accuracy_text
     from flmesh.coordinator.aggregator_checkpoint import restore
     from flmesh.coordinator.pictures import draw
     from flmesh.node.checkpoint import CHECKPOINT
@@ -172,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if stopped[0] == "SIGTERM" else 130
     if error is not None:
         return 1
-    accuracy = f", global accuracy {100 * (rows[-1].accuracy or 0.0):.1f}%" if rows else ""
+    accuracy = f", {accuracy_text(rows[-1].accuracy)}" if rows else ""
+    if rows and not any(r.aggregated for r in rows):
+        needed = fed.aggregator.min_updates
+        print(f"{prog}: error: no round aggregated an update ({len(rows)} rounds{accuracy}; fewer than "
+              f"[aggregator] min_updates = {needed} arrived each round); results in {out}", file=sys.stderr)
+        return 1
     print(f"{prog}: done, {len(rows)} rounds{accuracy}; results in {out}", file=sys.stderr)
     return 0

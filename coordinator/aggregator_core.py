@@ -70,6 +70,7 @@ class AggregatorCore:
         self._message: EncodedModel | None = None
         self._updates: dict[str, Update] = {}
         self._joined: dict[str, str] = {}  # node -> address
+        self._declared: dict[str, int] = {}  # node -> the sample count it declared at Join
         self._state = "waiting"
         self._done = False
         self._selected: dict[int, tuple[str, ...]] = {}  # round -> its sample (see selected)
@@ -101,8 +102,10 @@ class AggregatorCore:
     def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
              address: str) -> JoinInfo:
         self._member(node_id, caller)
+        self._within_bound(node_id, num_samples, "Join")
         with self._cond:
             self._joined[node_id] = address
+            self._declared[node_id] = num_samples
             self._cond.notify_all()
             return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
 
@@ -149,6 +152,7 @@ class AggregatorCore:
         late = self._check_open(meta.sender, meta.round)
         if late is not None:
             return late
+        self._within_bound(meta.sender, meta.num_samples, "SubmitUpdate")
         try:
             decoded = codec.decode(stream, self.update_spec, self.max_model_bytes, wire=self.wire)
         except codec.CodecError as exc:
@@ -166,6 +170,20 @@ class AggregatorCore:
             self._updates[update.node] = update
             self._cond.notify_all()
         return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
+
+    def _within_bound(self, node: str, count: int, call: str) -> None:
+        """Refuse a sample count over ``[aggregator] max_samples`` or, in an update of a federation
+        whose data does not change, over what ``node`` declared when it joined: FedAvg weighs by
+        it, so an unbounded claim would let one member take over the global model."""
+        bound = self.config.max_samples
+        if bound and count > bound:
+            raise Refused("INVALID_ARGUMENT", f"aggregator: {call} from {node} claims {count} samples, over "
+                          f"[aggregator] max_samples = {bound}")
+        declared = self._declared.get(node)
+        if call == "SubmitUpdate" and self.federation.tasks is None and declared is not None \
+                and count > declared:
+            raise Refused("INVALID_ARGUMENT", f"aggregator: SubmitUpdate from {node} claims {count} samples, "
+                          f"over the {declared} it declared when it joined")
 
     def _check_open(self, node: str, round: int) -> SubmitResult | None:
         """None when ``node`` may submit for ``round`` now; the late or duplicate answer, or a

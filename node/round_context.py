@@ -35,6 +35,7 @@ from flmesh.node.inbox import Inbox
 from flmesh.node.learning.data import SEED_TRAIN, NodeData, derive_seed
 from flmesh.node.model_state import ModelState
 from flmesh.node.peer_calls import PeerCalls
+from flmesh.node.peer_guard import DistanceGuard
 from flmesh.node.plugins import NodePlugins
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import AggregatorTransport, ByteCounter, PeerStatus, PeerTransport
@@ -109,6 +110,8 @@ class RoundContext:
         self.activity = Activity()
         self.continual = continual
         self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
+        self.guard = DistanceGuard(settings.federation.distance_guard,  # what a peer may hand it
+                                   lambda: model.new_model().state_dict())
         self.plugins = NodePlugins.build(settings.federation, settings.node_id, settings.training,
                                          lambda: self.data.train, model.new_model, model.spec, model.device,
                                          links.replay)

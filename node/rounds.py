@@ -121,7 +121,12 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
     ctx.activity.set_state("waiting", hop.source)
     if hop.source is not None:
         sender, incoming = wait_for_source(ctx, round, notes)
-        if incoming is not None:
+        refused = (ctx.guard.check(ctx.model.state_dict(), incoming.state_dict, incoming.meta.sender)
+                   if incoming is not None else None)
+        if refused is not None:
+            ctx.links.log.warning("%s: round %d: %s", ctx.settings.node_id, round, refused)
+            notes.append(refused)
+        elif incoming is not None:
             ctx.model.load_state(incoming.state_dict)
             received = True
             received_accuracy = ctx.evaluate_own().accuracy

@@ -276,3 +276,34 @@ def test_only_in_process_evaluation_without_tasks_runs_beside_the_next_round():
     assert Aggregator.from_federation(plain, dataset=digits, tests=tests).overlap_evaluation
     assert not Aggregator.from_federation(plain, dataset=digits).overlap_evaluation
     assert not Aggregator.from_federation(continual, dataset=digits, tests=tests).overlap_evaluation
+
+
+def test_a_claimed_sample_count_over_the_joined_one_is_refused_and_later_updates_keep_their_weight():
+    core, clock = _core(rounds=2)
+    for node, count in (("a", 10), ("b", 10), ("c", 10)):
+        core.join(None, node, count, [count, 0], f"127.0.0.1:{5000 + ord(node)}")
+    core.open_round(1)
+    with pytest.raises(Refused, match="SubmitUpdate from a claims 1099511627776 samples, over the 10 it "
+                                      "declared when it joined") as exc:
+        _submit(core, "a", 1, 100.0, samples=2**40)
+    assert exc.value.code == "INVALID_ARGUMENT"
+    for node in "abc":
+        assert _submit(core, node, 1, 1.0 if node == "a" else 4.0, samples=10).accepted
+    core.wait_for_updates(1, clock.now() + 30)
+    core.close_round(1)
+    assert torch.allclose(core.global_state["w"], torch.full((2,), 3.0)), "a keeps its declared weight"
+
+
+def test_max_samples_bounds_join_and_updates():
+    raw = tiny_raw(nodes=3, rounds=1, aggregator={"max_samples": 50})
+    raw["nodes"] = {n: {} for n in "abc"}
+    del raw["topology"]["nodes"]
+    state = {"w": torch.zeros(2)}
+    core = AggregatorCore(parse_federation(raw), initial=state, server=FedAvgServer(), strategy="fedavg",
+                          model_spec=model_spec(state), update_spec={}, clock=ManualClock())
+    with pytest.raises(Refused, match=r"Join from a claims 51 samples, over \[aggregator\] max_samples = 50"):
+        core.join(None, "a", 51, [51, 0], "127.0.0.1:5001")
+    core.open_round(1)
+    with pytest.raises(Refused, match=r"SubmitUpdate from b claims 60 samples, over \[aggregator\] max_"):
+        _submit(core, "b", 1, 1.0, samples=60)
+    assert _submit(core, "b", 1, 1.0, samples=50).accepted

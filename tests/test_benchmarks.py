@@ -157,6 +157,17 @@ def test_forgetting(tmp_path):
         assert one_seed(row["final"]) and one_seed(row["mean_global_forgetting"], lambda v: number(v, -1))
 
 
+def test_dishonest(tmp_path):
+    results = run(tmp_path, "dishonest.py", "--nodes", "4", "--ring", "3")
+    assert [(c["kind"], c["defence"]) for c in results["cells"]] == [
+        ("star", "FedAvg"), ("star", "median"), ("star", "trimmed mean (0.2)"),
+        ("star", "FedAvg + clip_norm 1"),
+        ("peer", "CWT, no guard"), ("peer", "CWT, distance_guard 5")]
+    for cell in results["cells"]:
+        assert one_seed(cell["honest"]) and one_seed(cell["dishonest"])
+        assert cell["refused_honest"] == 0 and isinstance(cell["refused_dishonest"], int)
+
+
 def test_wsm(tmp_path):
     results = run(tmp_path, "wsm.py", "--rounds", "2", "--nodes", "20")  # C = 0.1: 2 participants
     assert [(c["fraction"], c["method"]) for c in results["cells"]] == [

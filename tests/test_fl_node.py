@@ -262,3 +262,32 @@ budget = 50.0
     assert sorted(r["client"] for r in ledger["releases"]) == ["a", "b"]
     d_rows, _ = read_results(tmp_path / "runs/procs-d")
     assert any("replayed" in note for note in d_rows[-1]["nodes"]["d"]["notes"]), "d got the global buffer"
+
+
+def test_an_aggregator_that_aggregated_nothing_says_so_and_exits_non_zero(tmp_path, capsys):
+    """No node ever joins: every round closes at its deadline with nothing to aggregate and no
+    test split to evaluate on. The rows say so, and the process does not end as a success."""
+    fed = tmp_path / "star.toml"
+    fed.write_text(STAR_ALONE)
+    code = entry_main(["--role", "aggregator", "--federation", str(fed), "--listen", "127.0.0.1:0",
+                       "--join-timeout", "0.05", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "error: no round aggregated an update (2 rounds, global accuracy not evaluated" in err
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["aggregated"], r["accuracy"]) for r in rows] == [(False, None), (False, None)]
+
+
+STAR_ALONE = """
+[federation]
+name = "alone"
+rounds = 2
+round_timeout_s = 1
+[topology]
+nodes = 2
+graph = "complete"
+[data]
+dataset = "digits"
+[aggregator]
+deadline_s = 0.05
+"""

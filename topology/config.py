@@ -138,6 +138,8 @@ class AggregatorConfig:
     aggregator's labelled public split (Flashback's server distillation), never
     overlapping client data. ``clip_norm`` > 0 scales every update's change from the
     global model down to that L2 norm before any strategy aggregates (0: no clipping).
+    ``max_samples`` bounds the sample count a node may claim (at Join and in every update;
+    0: no bound beyond the count the node declared when it joined).
     ``strategy`` is a registered name or an import path ``package.module:Class``;
     ``params`` its parameters (``[aggregator.params]`` over the strategy's declared
     defaults; docs/algorithms.md lists the built-ins').
@@ -150,6 +152,7 @@ class AggregatorConfig:
     deadline_s: float = 120.0
     public_fraction: float = 0.1
     clip_norm: float = 0.0
+    max_samples: int = 0
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -211,6 +214,8 @@ class Federation:
     # (seed, round, node) instead of all N (the N x N cross-evaluation is quadratic); peer only
     eval_sample: int = 0
     metric: str = "accuracy"  # what FA, FF and PFA average: accuracy or a learner's metric
+    # > 0: a peer's model farther from the node's own than this many recent medians is refused
+    distance_guard: float = 0.0
     # what it was parsed from (overrides applied), so another process can parse the same one
     raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     base_dir: str | None = field(default=None, compare=False, repr=False)

@@ -121,6 +121,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
         "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
         "metric": _metric,
+        "distance_guard": at_most(number(0), 1e6),
         "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
     },
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
@@ -129,6 +130,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "strategy": algorithm_name("strategy"), "address": address, "fraction": number(0, 1, lo_open=True),
         "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
         "public_fraction": number(0, 1, hi_open=True), "clip_norm": at_most(number(0), 1e6),
+        "max_samples": at_most(integer(0), 2**53, "2^53"),
         "params": table,  # the strategy's parameters, checked against what it declares
         # Deprecated: the built-in strategies' parameters before they moved to [aggregator.params].
         "server_epochs": _SERVER_EPOCHS, "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
