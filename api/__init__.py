@@ -9,7 +9,7 @@ versions::
     with flmesh.Simulation(fed, "runs/mine") as sim:       # every node in this process
         summary = sim.run(on_round=print)
 
-    node = flmesh.Node.from_federation(fed, "node0", listen="127.0.0.1:50051")
+    node = flmesh.Node.from_federation(fed, "node0", listen="127.0.0.1:50051", tls=identity)
 
 - Federations: :func:`load_federation`, :class:`Federation`, :class:`FederationError`.
 - Running them: :class:`Simulation` (a whole federation in one process, on the in-memory

@@ -3,7 +3,8 @@
 :class:`Cluster` holds a federation's nodes (and aggregator) over one transport and runs them
 round by round from the caller's thread: ``Cluster(fed, "memory")`` wires every node through
 the in-memory transport with a manual clock (no sockets, no sleeps, timeouts cost nothing);
-``Cluster(fed, "grpc")`` starts real gRPC servers on 127.0.0.1:0. The round logic is the same
+``Cluster(fed, "grpc")`` starts real gRPC servers on 127.0.0.1:0, each with an mTLS identity
+from a throwaway CA made for the cluster, as a deployment has. The round logic is the same
 code either way. :func:`run` runs every round of a federation and returns the final models;
 :func:`run_resumed` stops after a round, checkpoints every node, rebuilds the federation from
 the checkpoints and finishes it, as a restarted deployment would.
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from flmesh.coordinator.aggregator import Aggregator
+from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.node.checkpoint import restore, save
 from flmesh.node.clock import REAL_CLOCK, Clock, ManualClock
 from flmesh.node.learning.data import federation_data, load_dataset
@@ -45,6 +47,7 @@ class Cluster:
         star = federation.aggregator is not None
         self.aggregator: Aggregator | None = None
         self.network: MemoryNetwork | None = None
+        self.identities: SimIdentities | None = None  # gRPC: every process's mTLS identity
         self.clock: Clock
         if transport == "memory":
             net = self.network = MemoryNetwork()
@@ -60,11 +63,13 @@ class Cluster:
         else:
             self.clock = REAL_CLOCK
             address = None
+            ids = self.identities = SimIdentities([*federation.node_ids, "aggregator"], enabled=True)
             if star:
-                self.aggregator = Aggregator.from_federation(federation, dataset=dataset)
+                self.aggregator = Aggregator.from_federation(federation, dataset=dataset,
+                                                             tls=ids.for_id("aggregator"))
                 address = self.aggregator.serve("127.0.0.1:0")
             self.nodes = [Node.from_federation(federation, nid, data=data[nid], dataset=dataset,
-                                               listen="127.0.0.1:0", aggregator=address)
+                                               listen="127.0.0.1:0", aggregator=address, tls=ids.for_id(nid))
                           for nid in federation.node_ids]
             addresses = {n.node_id: n.start() for n in self.nodes}
             for n in self.nodes:
@@ -112,6 +117,8 @@ class Cluster:
             self.aggregator.close(grace=0)
         for n in self.nodes:
             n.stop(grace=0)
+        if self.identities is not None:
+            self.identities.close()
 
     def __enter__(self) -> Cluster:
         return self

@@ -80,6 +80,7 @@ class Aggregator:
         self.clock = clock
         self.address: str | None = None
         self.tls: Tls | None = None  # the aggregator's mTLS identity (from_federation sets it)
+        self.insecure = False  # True: serve() may serve plaintext
         self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
         # open the next round before evaluating this one (run()); from_federation decides
         self.overlap_evaluation = False
@@ -98,7 +99,7 @@ class Aggregator:
     def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
                         transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
                         tests: Callable[[], dict[str, ArrayData]] | None = None,
-                        state_dir: Path | None = None, tls: Tls | None = None,
+                        state_dir: Path | None = None, tls: Tls | None = None, insecure: bool = False,
                         model: ModelFactory | nn.Module | None = None) -> Aggregator:
         """The aggregator of ``federation``; ``dataset`` skips loading the data set again
         (it is read for the model's input shape and the public split that Flashback and
@@ -106,7 +107,8 @@ class Aggregator:
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
         aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``). ``tls``:
-        the aggregator's identity (common name "aggregator") for mTLS on every connection.
+        the aggregator's identity (common name "aggregator") for mTLS on every connection;
+        without one, :meth:`serve` refuses unless ``insecure`` is True (plaintext, logged).
         ``model``: as for :class:`~flmesh.node.node.Node` (the nodes' own)."""
         fed = with_model(federation, model)
         data = dataset if dataset is not None else load_dataset(fed.data)
@@ -141,7 +143,7 @@ class Aggregator:
         aggregator = cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
                          evaluator=evaluator)
         aggregator.replay = replay
-        aggregator.tls = tls
+        aggregator.tls, aggregator.insecure = tls, insecure
         # In-process evaluation (fl-sim) takes no node's time and moves no bytes, so it may run
         # beside the next round. Not in a continual federation: there a node's test split
         # changes when it enters the next round's task. Not over Evaluate RPCs: those would
@@ -151,8 +153,12 @@ class Aggregator:
 
     # ------------------------------------------------------------------ life cycle
     def serve(self, listen: str) -> str:
-        """Serve the Aggregator and health services on ``listen``; the bound HOST:PORT."""
+        """Serve the Aggregator and health services on ``listen``; the bound HOST:PORT. Raises
+        InsecureError without an mTLS identity unless built ``insecure``."""
         from flmesh.coordinator.aggregator_service import serve
+        from flmesh.node.plaintext import require_identity
+
+        require_identity("aggregator", listen, self.tls is not None, self.insecure)
 
         self._server, self._health, self.address = serve(self.core, listen, len(self.federation.nodes),
                                                          self.replay, tls=self.tls)

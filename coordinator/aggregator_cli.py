@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--out {out} holds a checkpoint of an earlier run: pass --resume to continue "
                              "it, or another --out to start afresh (nothing there is overwritten)")
         tls = tls_from_args(args, "aggregator", listen)
-        aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls)
+        aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
         ops = start_ops(args, "aggregator", listen)
         if ops.metrics is not None:

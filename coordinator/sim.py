@@ -67,7 +67,7 @@ class Simulation:
     """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
-                 eval_every: int | None = None, transport: Transport = "memory", tls: bool = False,
+                 eval_every: int | None = None, transport: Transport = "memory", insecure: bool = False,
                  model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
         """``model``: what every node and the aggregator build M_0 with instead of the file's
         ``[model]`` (a factory called as ``[model] factory`` is, or a module every process starts
@@ -77,16 +77,16 @@ class Simulation:
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
         ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
-        127.0.0.1:0). ``tls`` (gRPC only): every process gets a certificate from a throwaway
-        CA and every call is mTLS with the same checks as a deployment."""
+        127.0.0.1:0): every process gets a certificate from a throwaway CA and every call is
+        mTLS with the same checks as a deployment, unless ``insecure`` (plaintext, logged)."""
         if eval_every is not None:
             if eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {eval_every}")
             federation = replace(federation, eval_every=eval_every)
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-        if tls and transport != "grpc":
-            raise ValueError("tls needs the grpc transport (the in-memory transport has no wire to encrypt)")
+        if insecure and transport != "grpc":
+            raise ValueError("insecure needs the grpc transport (the in-memory transport has no wire)")
         from flmesh.coordinator.sim_tls import SimIdentities
         from flmesh.node.learning.learner import with_learner
         from flmesh.node.learning.models import with_model
@@ -96,7 +96,8 @@ class Simulation:
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
         self.transport = transport
-        self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
+        self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"],
+                                        enabled=transport == "grpc" and not insecure)
         self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
         self.driver: Driver
         if self.kind == "star":

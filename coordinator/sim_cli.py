@@ -1,6 +1,6 @@
 """``fl-sim``: run a whole federation on localhost from one federation file.
 
-    fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--transport memory|grpc [--tls]]
+    fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--transport memory|grpc [--insecure]]
                [--tensorboard DIR] [--log-format F]
     fl-sim report RUN_DIR
     fl-sim compare RUN_DIR... [--out PNG]
@@ -53,9 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how the nodes talk: memory (default: handlers called directly, models "
                              "still encoded and checked) or grpc (every node a gRPC server on 127.0.0.1, "
                              "to rehearse a deployment)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="with --transport grpc: plaintext gRPC (default: mTLS on every call, with "
+                             "certificates from a throwaway CA made for the run)")
     parser.add_argument("--tls", action="store_true",
-                        help="with --transport grpc: mTLS on every call, with certificates from a "
-                             "throwaway CA (default: plaintext on 127.0.0.1)")
+                        help="deprecated: mTLS is the default over gRPC")
     parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
     parser.add_argument("--no-pictures", action="store_true",
                         help="draw no pictures (fl-sim report DIR draws them later); matplotlib is "
@@ -78,6 +80,10 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
 
     if args.tls and args.transport != "grpc":
         return "--tls: needs --transport grpc (the in-memory transport has no wire to encrypt)"
+    if args.insecure and args.transport != "grpc":
+        return "--insecure: needs --transport grpc (the in-memory transport has no wire)"
+    if args.insecure and args.tls:
+        return "--insecure and --tls contradict each other: choose one"
     if args.eval_sample is not None and not (args.eval_sample == 0 or 2 <= args.eval_sample <= MAX_NODES):
         return (f"--eval-sample: expected 0 (every test split) or an integer from 2 to {MAX_NODES}, "
                 f"got {args.eval_sample}")
@@ -167,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         made = writable_folder(out, "--out" if args.out is not None else "results folder")
         started: Simulation | None = None
         try:
-            sim = started = Simulation(federation, out, transport=args.transport, tls=args.tls)
+            sim = started = Simulation(federation, out, transport=args.transport, insecure=args.insecure)
             sim.draw_pictures = not args.no_pictures
             sim.start()
             if args.tensorboard is not None:

@@ -98,7 +98,7 @@ class PeerDriver:
     def __init__(self, federation: Federation, transport: str = "memory",
                  identities: SimIdentities | None = None):
         """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
-        process (gRPC with ``fl-sim --tls``); None: plaintext. Rows are written every
+        process (gRPC unless ``fl-sim --insecure``); None: plaintext. Rows are written every
         ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
         self.eval_every = federation.eval_every

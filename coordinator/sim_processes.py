@@ -51,7 +51,8 @@ class SimProcesses:
                 self.network.register_replay(agg.replay)
             return agg
         agg = Aggregator.from_federation(fed, dataset=dataset, tests=tests,
-                                         tls=self.identities.for_id("aggregator"))
+                                         tls=self.identities.for_id("aggregator"),
+                                         insecure=not self.identities.enabled)
         self._aggregator_address = agg.serve("127.0.0.1:0")
         return agg
 
@@ -65,7 +66,8 @@ class SimProcesses:
         from flmesh.node.wire.limits import StreamLimits
 
         nodes = [Node.from_federation(fed, nid, data=data[nid], dataset=dataset, listen="127.0.0.1:0",
-                                      aggregator=self._aggregator_address, tls=self.identities.for_id(nid))
+                                      aggregator=self._aggregator_address, tls=self.identities.for_id(nid),
+                                      insecure=not self.identities.enabled)
                  for nid in fed.node_ids]
         limits = StreamLimits.for_simulation(len(fed.nodes), fed.round_timeout_s)
         for node in nodes:

@@ -35,7 +35,7 @@ class StarDriver:
     def __init__(self, federation: Federation, transport: str = "memory",
                  identities: SimIdentities | None = None):
         """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
-        process (gRPC with ``fl-sim --tls``); None: plaintext."""
+        process (gRPC unless ``fl-sim --insecure``); None: plaintext."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation

@@ -1,4 +1,5 @@
-"""Throwaway mTLS identities for a federation simulated on one host (``fl-sim --tls``).
+"""Throwaway mTLS identities for a federation simulated on one host (``fl-sim --transport grpc``,
+unless ``--insecure``).
 
 A fresh CA and one certificate per process (every node and the aggregator) are made
 in a private temporary directory that lives as long as the run; nothing is

@@ -96,6 +96,7 @@ class Node(NodeView):
         self.listen = "127.0.0.1:0"  # where start() serves; from_federation sets the configured one
         self.joined = False  # a star node has joined its aggregator
         self.tls: Tls | None = None  # this node's mTLS identity (from_federation sets it)
+        self.insecure = False  # True: start() may serve plaintext (from_federation's insecure)
         self.stream_limits: StreamLimits | None = None  # the server's stream guard (None: defaults)
         self.replay_host: ReplayBufferCore | None = None  # the replay buffer, when this node hosts it
         self._server: Any = None
@@ -107,7 +108,8 @@ class Node(NodeView):
                         dataset: ArrayData | None = None, listen: str | None = None,
                         peers: Mapping[str, str] | None = None, aggregator: str | None = None,
                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, state_dir: Path | None = None,
-                        tls: Tls | None = None, model: ModelFactory | nn.Module | None = None,
+                        tls: Tls | None = None, insecure: bool = False,
+                        model: ModelFactory | nn.Module | None = None,
                         learner: Learner | None = None) -> Node:
         """Node ``node_id`` of ``federation`` over gRPC: its own data share, M_0, transports.
 
@@ -120,20 +122,27 @@ class Node(NodeView):
         ``aggregator`` (HOST:PORT) makes it a node of a star federation, whose
         aggregator also hosts the replay buffer; a node that hosts it keeps its privacy ledger
         in ``state_dir``. ``tls``: this node's identity, for mTLS on every connection it serves
-        and opens (None: plaintext). ``model``, ``learner``: as for the constructor. Call
+        and opens; without one, :meth:`start` refuses to serve unless ``insecure`` is True
+        (plaintext, logged as a warning). ``model``, ``learner``: as for the constructor. Call
         :meth:`start` to serve.
         """
         from flmesh.node.grpc_node import grpc_node
 
         federation = with_learner(with_model(federation, model), learner)
-        return grpc_node(cls, federation, node_id, data=data, dataset=dataset,
+        node = grpc_node(cls, federation, node_id, data=data, dataset=dataset,
                          listen=listen, peers=peers, aggregator=aggregator, chunk_bytes=chunk_bytes,
                          state_dir=state_dir, tls=tls)
+        node.insecure = insecure
+        return node
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
-        """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking."""
+        """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking.
+        Raises InsecureError without an mTLS identity unless the node was built ``insecure``."""
+        from flmesh.node.plaintext import require_identity
         from flmesh.node.wire.server import serve_peer
+
+        require_identity(self.node_id, self.listen, self.tls is not None, self.insecure)
 
         self._server, self._health, self.address = serve_peer(
             self.handlers, self.listen, self.replay_host, tls=self.tls, limits=self.stream_limits)

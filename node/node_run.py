@@ -79,7 +79,7 @@ class NodeRun:
         self.node = Node.from_federation(self.federation, self.node_id, data=self.data,
                                          listen=self.listen, peers=self.peers,
                                          aggregator=self.aggregator_address, state_dir=self.out,
-                                         tls=self.tls)
+                                         tls=self.tls, insecure=self.tls is None)
         self.node.checkpoint_dir = self.out
         if self.ops.metrics is not None:
             self.node.set_metrics(self.ops.metrics)

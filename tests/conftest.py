@@ -34,13 +34,14 @@ def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
 
 
 def started_nodes(fed: Federation, tls: dict[str, Tls] | None = None) -> list[Node]:
-    """Every node of ``fed`` serving on 127.0.0.1:0 (with ``tls``: each its mTLS identity),
-    connected to the others. The caller stops them."""
+    """Every node of ``fed`` serving on 127.0.0.1:0 (with ``tls``: each its mTLS identity;
+    without, plaintext, as wire tests ask for it), connected to the others. The caller stops them."""
     from flmesh.node.learning.data import federation_data
 
     data = federation_data(fed)
     nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0",
-                                  tls=tls[n] if tls is not None else None) for n in fed.node_ids]
+                                  tls=tls[n] if tls is not None else None, insecure=tls is None)
+             for n in fed.node_ids]
     addresses = {n.node_id: n.start() for n in nodes}
     for n in nodes:
         n.connect(addresses)

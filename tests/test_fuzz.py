@@ -38,7 +38,7 @@ CRASH = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 def peer():
     fed = parse_federation(tiny_raw(nodes=3, rounds=4, rewind={"mode": "previous"}), source="f")
     data = federation_data(fed)
-    node = Node.from_federation(fed, "node1", data=data["node1"], listen="127.0.0.1:0")
+    node = Node.from_federation(fed, "node1", data=data["node1"], listen="127.0.0.1:0", insecure=True)
     node.start()
     channel = make_channel(node.address or "")
     yield node, channel
@@ -52,7 +52,7 @@ def aggregator():
                                     tasks={"scenario": "novel_targets", "tasks": 2, "rounds_per_task": 2,
                                            "classes_per_task": 2},
                                     replay={"mode": "client", "epsilon": 10.0}), source="f")
-    agg = Aggregator.from_federation(fed, dataset=load_dataset(fed.data))
+    agg = Aggregator.from_federation(fed, dataset=load_dataset(fed.data), insecure=True)
     address = agg.serve("127.0.0.1:0")
     channel = make_channel(address)
     yield agg, channel

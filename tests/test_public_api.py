@@ -25,14 +25,15 @@ SURFACE = ["load_federation", "Federation", "FederationError", "Simulation", "No
 SIGNATURES = {
     "load_federation": "(path: 'str | Path', overrides: 'Iterable[str]' = ()) -> 'Federation'",
     "Simulation": "(federation: 'Federation', out_dir: 'Path | None' = None, "
-                  "eval_every: 'int | None' = None, transport: 'Transport' = 'memory', tls: 'bool' = False, "
+                  "eval_every: 'int | None' = None, transport: 'Transport' = 'memory', insecure: 'bool' = False, "
                   "model: 'ModelFactory | nn.Module | None' = None, learner: 'Learner | None' = None)",
     "Simulation.run": "(self, on_round: 'Callable[[RoundRow], None] | None' = None) -> 'Summary'",
     "Node.from_federation": "(federation: 'Federation', node_id: 'str', *, data: 'NodeData | None' = None, "
                             "dataset: 'ArrayData | None' = None, listen: 'str | None' = None, "
                             "peers: 'Mapping[str, str] | None' = None, aggregator: 'str | None' = None, "
                             "chunk_bytes: 'int' = 1048576, state_dir: 'Path | None' = None, "
-                            "tls: 'Tls | None' = None, model: 'ModelFactory | nn.Module | None' = None, "
+                            "tls: 'Tls | None' = None, insecure: 'bool' = False, "
+                            "model: 'ModelFactory | nn.Module | None' = None, "
                             "learner: 'Learner | None' = None) -> 'Node'",
     "Learner.train": "(self, model: 'nn.Module', batches: 'Iterable[Batch]', context: 'TrainContext') "
                      "-> 'Mapping[str, float]'",

@@ -279,7 +279,8 @@ def test_node_refuses_a_plan_with_an_unknown_address_before_training():
 def test_embedding_api_runs_every_round_with_a_callback():
     f = fed(nodes=3, rounds=2)
     data = federation_data(f)
-    nodes = [Node.from_federation(f, nid, data=data[nid], listen="127.0.0.1:0") for nid in f.node_ids]
+    nodes = [Node.from_federation(f, nid, data=data[nid], listen="127.0.0.1:0", insecure=True)
+             for nid in f.node_ids]
     addresses = {n.node_id: n.start() for n in nodes}
     seen: dict[str, list[int]] = {n.node_id: [] for n in nodes}
     try:

@@ -64,8 +64,9 @@ def test_a_federation_runs_over_mtls_with_the_same_numbers_as_plaintext(tmp_path
     for extra in ({"rewind": {"mode": "previous"}}, {"aggregator": {"fraction": 1.0}}):
         fed = parse_federation(tiny_raw(nodes=3, rounds=2, **extra), source="t.toml")
         finals = []
-        for tls in (False, True):
-            with Simulation(fed, tmp_path / f"{tls}-{len(extra)}", transport="grpc", tls=tls) as sim:
+        for insecure in (True, False):
+            out = tmp_path / f"{insecure}-{len(extra)}"
+            with Simulation(fed, out, transport="grpc", insecure=insecure) as sim:
                 summary = sim.run()
             assert summary.final is not None and not summary.missing_peers
             finals.append((summary.final.fa, summary.final.pfa, summary.final.accuracy))

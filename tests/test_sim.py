@@ -267,12 +267,14 @@ def test_star_run_through_the_cli_is_reproducible(tmp_path, capsys):
     assert (tmp_path / "a" / "local_forgetting.png").exists()
 
 
-def test_tls_flag_runs_every_call_over_mtls(tiny_file, tmp_path):
-    out = tmp_path / "run"
-    assert main([str(tiny_file), "--transport", "grpc", "--tls", "--rounds", "1", "--out", str(out),
-                 "--quiet"]) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds"] == 1 and not summary["missing_peers"]
+def test_grpc_is_mtls_unless_insecure_and_plaintext_says_so(tiny_file, tmp_path, caplog):
+    for flags, tls in (([], True), (["--insecure"], False)):
+        out = tmp_path / f"run{tls}"
+        assert main([str(tiny_file), "--transport", "grpc", *flags, "--rounds", "1", "--out", str(out),
+                     "--quiet"]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["rounds"] == 1 and not summary["missing_peers"] and summary["config"]["tls"] is tls
+    assert "INSECURE: " in caplog.text and "serves plaintext gRPC" in caplog.text
 
 
 @pytest.mark.slow
@@ -284,12 +286,12 @@ def test_both_transports_give_the_same_numbers_between_peers(tiny_file, tmp_path
     rows = {}
     for transport in ("memory", "grpc"):
         out = tmp_path / transport
-        tls = ["--tls"] if transport == "grpc" else []
-        assert main([str(tiny_file), "--transport", transport, *tls, "--rounds", "3", "--out", str(out),
+        assert main([str(tiny_file), "--transport", transport, "--rounds", "3", "--out", str(out),
                      "--quiet", "--set", 'rewind.mode="previous"',
                      "--set", f"federation.eval_sample={eval_sample}"]) == 0
         rows[transport], summary = read_run(out)
-        assert summary["config"]["transport"] == transport and summary["config"]["tls"] == bool(tls)
+        assert summary["config"]["transport"] == transport
+        assert summary["config"]["tls"] == (transport == "grpc")
     same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "eval_sample", "bytes_by_kind")
     assert [[r[k] for k in same] for r in rows["memory"]] == [[r[k] for k in same] for r in rows["grpc"]]
     if eval_sample:
@@ -316,11 +318,14 @@ def test_both_transports_give_the_same_numbers_around_an_aggregator(tmp_path):
         [{n: [e[k] for k in own] for n, e in r["nodes"].items()} for r in rows["grpc"]]
 
 
-def test_tls_without_grpc_is_refused_in_one_line(tiny_file, capsys):
+def test_tls_or_insecure_without_grpc_is_refused_in_one_line(tiny_file, capsys):
     assert main([str(tiny_file), "--tls"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("fl-sim: error: --tls: needs --transport grpc "
                    "(the in-memory transport has no wire to encrypt)")
+    assert main([str(tiny_file), "--insecure"]) == 2
+    assert capsys.readouterr().err.strip() == ("fl-sim: error: --insecure: needs --transport grpc "
+                                               "(the in-memory transport has no wire)")
 
 
 def test_version_flag(capsys):

@@ -127,7 +127,8 @@ def test_a_module_given_to_node_is_its_m0_and_its_fingerprint():
     assert states_equal(node.state_dict(), module.state_dict())
     assert node.ctx.model.architecture.startswith("torch.nn.modules.container:Sequential:")
     assert lone_node(fed, data).ctx.model.architecture.startswith("mlp:")
-    grpc = Node.from_federation(fed, "node0", data=data, listen="127.0.0.1:0", model=module)
+    grpc = Node.from_federation(fed, "node0", data=data, listen="127.0.0.1:0", model=module,
+                                insecure=True)
     try:
         assert states_equal(grpc.state_dict(), module.state_dict())
         assert grpc.ctx.model.architecture == node.ctx.model.architecture

@@ -36,7 +36,7 @@ def federation():
 @pytest.fixture
 def nodes(federation):
     data = federation_data(federation)
-    started = [Node.from_federation(federation, nid, data=data[nid], listen="127.0.0.1:0")
+    started = [Node.from_federation(federation, nid, data=data[nid], listen="127.0.0.1:0", insecure=True)
                for nid in federation.node_ids]
     addresses = {n.node_id: n.start() for n in started}
     for n in started:
@@ -137,8 +137,8 @@ def test_hello_refuses_a_node_with_another_model():
     mine = parse_federation(base, source="a.toml")
     other = parse_federation(tiny_raw(nodes=2, rounds=1, model={"hidden": [32]}), source="b.toml")
     data = federation_data(mine)
-    a = Node.from_federation(mine, "node0", data=data["node0"], listen="127.0.0.1:0")
-    b = Node.from_federation(other, "node1", data=data["node1"], listen="127.0.0.1:0")
+    a = Node.from_federation(mine, "node0", data=data["node0"], listen="127.0.0.1:0", insecure=True)
+    b = Node.from_federation(other, "node1", data=data["node1"], listen="127.0.0.1:0", insecure=True)
     try:
         b.connect({"node0": a.start()})
         with pytest.raises(PeerError, match="FAILED_PRECONDITION: node0 runs model mlp:.*the caller 'node1' "

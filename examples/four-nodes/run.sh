@@ -6,6 +6,8 @@
 # file; once all have, this script writes their addresses into one peers file,
 # which the nodes read while they wait for each other. (On separate machines, use
 # the addresses in federation.toml, or --listen / --peer, instead.)
+# Every call is mTLS: fl-certs makes a throwaway CA and one certificate per node
+# for the run (deleted with it). Pass --insecure to run in plaintext instead.
 # Usage: examples/four-nodes/run.sh [federation.toml] [extra fl-node flags...]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,13 +15,22 @@ file=${1:-$here/federation.toml}
 shift || true
 fl_node=${FL_NODE:-fl-node}
 command -v "$fl_node" >/dev/null || fl_node="$here/../../.venv/bin/fl-node"
+fl_certs=$(dirname "$(command -v "$fl_node" || echo "$fl_node")")/fl-certs
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+insecure=0
+for flag in "$@"; do [ "$flag" = "--insecure" ] && insecure=1; done
+if [ "$insecure" -eq 0 ]; then
+  "$fl_certs" federation "$file" --out "$work/pki" >/dev/null || exit 1
+fi
 
 ids=$(python3 -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["nodes"]))' "$file")
 pids=()
 for id in $ids; do
-  "$fl_node" --id "$id" --federation "$file" --listen 127.0.0.1:0 \
+  tls=()
+  [ "$insecure" -eq 0 ] && tls=(--tls-ca "$work/pki/ca.pem" --tls-cert "$work/pki/$id.pem" --tls-key "$work/pki/$id.key")
+  "$fl_node" --id "$id" --federation "$file" --listen 127.0.0.1:0 "${tls[@]}" \
     --ready-file "$work/$id.addr" --peers-file "$work/peers.json" "$@" &
   pids+=($!)
 done
