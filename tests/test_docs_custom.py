@@ -116,23 +116,34 @@ class Shell:
         self.started[node] = (proc, log)
 
     def wait(self, block: Block) -> None:
+        """Hand out the started nodes' addresses, then wait until all exit 0. A node that fails
+        stops the others at once: the failure, not their wait for it, is what the test shows."""
         addr = self.folder / ".addr"
         procs, self.started = self.started, {}
+
+        def failed() -> bool:
+            return any(p.poll() not in (None, 0) for p, _ in procs.values())
+
         try:
-            wait_until(lambda: all((addr / n).exists() or p.poll() is not None
-                                   for n, (p, _) in procs.items()), timeout=DEADLINE_S)
-            if all((addr / n).exists() for n in procs):
+            wait_until(lambda: failed() or all((addr / n).exists() for n in procs), timeout=DEADLINE_S,
+                       interval=0.1)
+            if not failed():
                 peers = {n: (addr / n).read_text().strip() for n in procs}
                 (addr / ".peers.json").write_text(json.dumps(peers))
                 os.replace(addr / ".peers.json", addr / "peers.json")
-            for node, (proc, log) in procs.items():
-                code = proc.wait(timeout=DEADLINE_S)
-                assert code == 0, (f"{block.where}: fl-node --id {node} exited {code}\n"
-                                   f"{log.read_text()[-3000:]}")
+                wait_until(lambda: failed() or all(p.poll() is not None for p, _ in procs.values()),
+                           timeout=DEADLINE_S, interval=0.1)
         finally:
-            for proc, _ in procs.values():
-                proc.kill()
+            stopped = set()
+            for node, (proc, _) in procs.items():
+                if proc.poll() is None:
+                    stopped.add(node)
+                    proc.kill()
                 proc.wait()
+        bad = {n: (p.returncode, log) for n, (p, log) in procs.items()
+               if p.returncode != 0 and n not in stopped}  # the failures, not the nodes stopped after them
+        assert not bad, f"{block.where}: " + "\n".join(
+            f"fl-node --id {n} exited {code}:\n{log.read_text()[-2000:]}" for n, (code, log) in bad.items())
 
 
 def run_doc(folder: Path) -> None:
