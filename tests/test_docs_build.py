@@ -22,6 +22,18 @@ def test_the_api_page_names_every_public_name():
     assert "flmesh.testing" in entries
 
 
+def own_docstring(obj: object) -> str:
+    """``obj``'s docstring, not one a class inherits or one dataclass writes (its signature)."""
+    doc = obj.__dict__.get("__doc__") if isinstance(obj, type) else obj.__doc__
+    name = getattr(obj, "__name__", "")
+    return "" if not doc or doc.startswith(f"{name}(") else doc
+
+
+def test_every_public_name_has_its_own_docstring():
+    bare = [name for name in PUBLIC if not own_docstring(getattr(flmesh, name))]
+    assert not bare, f"public names without a docstring of their own: {bare}"
+
+
 def test_the_site_builds_strictly_with_every_public_name(tmp_path):
     site = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
