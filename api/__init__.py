@@ -25,6 +25,7 @@ versions::
 - Data: :class:`ArrayData` (labelled tensors) and :class:`NodeData` (a node's training and
   test split).
 - :mod:`flmesh.testing`: run a small federation in a test with one call.
+- ``__version__``: the installed version ("unknown" in a source tree never installed).
 
 Attributes load on first use, so ``import flmesh`` itself imports neither torch nor grpc.
 Thread-safety and blocking are documented on each class.

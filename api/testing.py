@@ -113,6 +113,7 @@ class Cluster:
         return {n.node_id: n.state_dict() for n in self.nodes}
 
     def close(self) -> None:
+        """Stop every node and the aggregator, with no grace period."""
         if self.aggregator is not None:
             self.aggregator.close(grace=0)
         for n in self.nodes:

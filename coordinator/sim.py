@@ -122,6 +122,8 @@ class Simulation:
         self.driver.stop()
 
     def close(self) -> None:
+        """Stop the run, every node and the aggregator (their servers too) and drop the throwaway
+        TLS identities. Blocks until the round in progress ends (up to the round timeout)."""
         self.driver.close()
         self.identities.close()
 
@@ -134,6 +136,7 @@ class Simulation:
 
     @property
     def rounds_done(self) -> int:
+        """How many rounds have finished so far. Thread-safe."""
         return self.driver.rounds_done
 
     def run(self, on_round: Callable[[RoundRow], None] | None = None) -> Summary:

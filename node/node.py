@@ -61,7 +61,15 @@ Report = RoundReport | StarReport
 
 
 class Node(NodeView):
-    """A federation node; see the module docstring for the life cycle."""
+    """A federation node: its model, data and algorithms, served to its peers, and the round loop.
+
+    Life cycle: :meth:`from_federation` (a node over gRPC) or the constructor (any transport),
+    :meth:`start` to serve (gRPC), :meth:`connect` to give it its peers' addresses, :meth:`run`
+    for every round, :meth:`stop`. Threading: ``start`` serves RPCs on a thread pool; ``run``
+    blocks the calling thread and must be called from one thread at a time; ``cancel`` and
+    ``stop`` may be called from any thread. Handlers never touch the node's own model: they
+    work on fresh copies.
+    """
 
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, transport: PeerTransport,
                  aggregator: AggregatorTransport | None = None, clock: Clock = REAL_CLOCK,

@@ -233,8 +233,11 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str], source: str =
 def load_federation(path: str | Path, overrides: Iterable[str] = ()) -> Federation:
     """Read, override and validate the federation file at ``path``.
 
-    Relative paths inside the file are resolved against the file's folder.
-    Raises FederationError (one line, naming the file) on any problem.
+    ``overrides`` are ``SECTION.KEY=VALUE`` strings applied before validation, as
+    ``fl-sim --set`` takes them (``"federation.rounds=2"``; VALUE is read as TOML).
+    Relative paths inside the file are resolved against the file's folder. Blocking: it
+    reads the file and imports the algorithm plug-ins it names. Raises FederationError
+    (one line, naming the file) on any problem.
     """
     path = Path(path)
     try:

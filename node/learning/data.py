@@ -82,6 +82,12 @@ class ArrayData:
 
 @dataclass(frozen=True)
 class NodeData:
+    """One node's data: the split it trains on and the split its models are evaluated on.
+
+    ``largest_share`` is the sample count of the federation's largest partition (0:
+    unknown); it bounds the work a peer's rewind request may ask of this node. Immutable.
+    """
+
     train: ArrayData
     test: ArrayData
     largest_share: int = 0  # samples in the federation's largest partition (0: unknown)

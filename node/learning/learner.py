@@ -84,7 +84,20 @@ class EvalContext:
 
 
 class Learner:
-    """The default learner, and the base class of a user's (see the module docstring)."""
+    """The default learner, and the base class of a user's.
+
+    flmesh decides how much a node trains (the round's step budget, the seeded order of the
+    samples) and what the algorithm adds to the loss; a learner decides how one step is taken
+    (:meth:`train`) and what to measure beyond accuracy and loss (:meth:`evaluate`). The
+    default's loss is the algorithm's objective (cross-entropy unless a plug-in replaces it)
+    plus every extra term, and it measures nothing more. A federation file names a subclass
+    with ``[training] learner = "package.module:callable"`` (called with no arguments);
+    Python passes an object (``Simulation(fed, learner=...)``).
+
+    Thread-safety: one learner object serves every model of a process (a node's own, the
+    copies a rewind or an evaluation request trains or evaluates), from several threads;
+    keep no per-call state on ``self``. Blocking: both methods run on the calling thread.
+    """
 
     def train(self, model: nn.Module, batches: Iterable[Batch], context: TrainContext) -> Mapping[str, float]:
         """Take one optimizer step per batch of ``batches`` on ``model`` (already in train mode
