@@ -311,6 +311,8 @@ def test_issue_refuses_names_that_are_another_members(pki: Path) -> None:
         ("node2", [], ["10.0.0.9"], ["10.0.0.9", "node2"], "IP '10.0.0.9': is the id of another member"),
         ("node2", ["aggregator"], [], ["aggregator"], "DNS name 'aggregator': is the id of another member"),
         ("Node0", [], [], [], "'Node0': differs from the member 'node0' only in case"),
+        ("node0.flmesh.invalid", [], [], [], "'node0.flmesh.invalid': a node id in .flmesh.invalid reads as "
+         "another node's identity name; rename it"),
     ]
     for node_id, dns, ips, members, message in cases:
         with pytest.raises(NameTaken) as exc:

@@ -93,8 +93,12 @@ def issued_ids(*folders: Path) -> set[str]:
 
 
 def check_names(node_id: str, names: Sequence[str], ips: Sequence[str], members: set[str]) -> None:
-    """Raise :class:`NameTaken` when ``node_id`` differs from a member's id only in case, or an extra
-    DNS name or IP of its certificate names another process (:func:`check_own_names`)."""
+    """Raise :class:`NameTaken` when ``node_id`` is in the identity names' domain or differs from a
+    member's id only in case, or an extra DNS name or IP of its certificate names another process
+    (:func:`check_own_names`)."""
+    if is_identity_name(node_id):  # its certificate names it too: it would read as another's identity name
+        raise NameTaken(f"{node_id!r}: a node id in .{IDENTITY_DOMAIN} reads as another node's identity "
+                        "name; rename it")
     twins = sorted(m for m in members if m != node_id and m.lower() == node_id.lower())
     if twins:
         raise NameTaken(f"{node_id!r}: differs from the member {twins[0]!r} only in case, and TLS compares "
