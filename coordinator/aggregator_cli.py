@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         tls = tls_from_args(args, "aggregator", listen)
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
-        ops = start_ops(args, "aggregator", listen)
+        ops = start_ops(args, "aggregator")
         if ops.metrics is not None:
             aggregator.core.metrics = ops.metrics
         done = restore(aggregator, out) if args.resume else 0
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    if ops.metrics_address is not None:
-        print(f"{prog}: metrics on http://{ops.metrics_address}/metrics", flush=True)
+    if ops.metrics_url is not None:
+        print(f"{prog}: metrics on {ops.metrics_url}", flush=True)
     print(f"{prog}: listening on {address}", flush=True)
     if args.ready_file is not None:
         try:

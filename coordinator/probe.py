@@ -80,7 +80,7 @@ def _channel(args: argparse.Namespace) -> tuple[grpc.Channel, str]:
         raise ValueError(str(exc)) from None
     peer = args.peer_id or tls.node_id
     channel = grpc.secure_channel(args.address, tls.channel_credentials(),
-                                  options=[("grpc.ssl_target_name_override", peer)])
+                                  options=tls.channel_options(peer))
     return channel, f"mTLS as {tls.node_id}, expecting {peer}"
 
 

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                                               FederationError, OSError, ValueError)
     try:
         run = prepare(args)
-        run.ops = start_ops(args, args.id, run.listen)
+        run.ops = start_ops(args, args.id)
         run.start()
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -1,10 +1,17 @@
 """The operations flags every long-running flmesh process shares (``fl-node``, its aggregator
-role): log level and format, a Prometheus ``/metrics`` port, a TensorBoard folder, and a
-live progress line on a terminal. Light to import: the libraries load when a flag asks."""
+role): log level and format, a Prometheus ``/metrics`` endpoint, a TensorBoard folder, and a
+live progress line on a terminal. Light to import: the libraries load when a flag asks.
+
+The metrics endpoint binds to 127.0.0.1 unless ``--metrics-port HOST:PORT`` names a host:
+what it serves (peer ids, bytes per peer, privacy budget spent) is for the operator, not for
+whoever reaches the node's gRPC port. With mTLS (``--tls-*``) it is HTTPS with the process's
+certificate and asks every scraper for a client certificate from the federation CA."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -21,8 +28,9 @@ def add_ops_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     g.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="text: human lines (default); json: one object per line for machines")
-    g.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve Prometheus /metrics on this port (0 picks one), on the --listen host")
+    g.add_argument("--metrics-port", metavar="[HOST:]PORT",
+                   help="serve Prometheus /metrics on PORT of 127.0.0.1 (0 picks a port), or of HOST; with "
+                   "--tls-* over HTTPS, asking for a client certificate from the federation CA")
     g.add_argument("--tensorboard", type=Path, metavar="DIR",
                    help="write per-round metrics for TensorBoard here (needs flmesh[tensorboard])")
 
@@ -33,7 +41,8 @@ class Ops:
 
     metrics: Metrics | None = None
     board: Board | None = None
-    metrics_address: str | None = None
+    metrics_url: str | None = None  # http(s)://HOST:PORT/metrics once serving
+    metrics_server: Any = None  # Metrics.serve's server; a daemon thread, left to end with the process
     _progress: threading.Event = field(default_factory=threading.Event)
 
     def close(self) -> None:
@@ -42,23 +51,60 @@ class Ops:
             self.board.close()
 
 
-def start_ops(args: argparse.Namespace, identity: str, listen: str) -> Ops:
-    """Start what the flags ask for. Raises OSError (one line) when the metrics port cannot be
-    bound, ValueError for a port out of range, MissingExtra without tensorboard."""
+def metrics_endpoint(value: str) -> tuple[str, int]:
+    """``--metrics-port``'s (host, port): ``PORT`` is 127.0.0.1:PORT; ``HOST:PORT`` and ``[V6]:PORT``
+    name the host. Raises ValueError (one line)."""
+    host, sep, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]") if sep else "127.0.0.1"
+    expected = (f"--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got "
+                f"{value[:80]!r}")
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) < 65536 and host):
+        raise ValueError(expected)
+    if ":" in host:  # IPv6: brackets are how a port is told apart from the address
+        if not value.startswith("["):
+            raise ValueError(f"{expected} (write an IPv6 host in brackets: [::1]:PORT)")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(expected) from None
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def start_ops(args: argparse.Namespace, identity: str) -> Ops:
+    """Start what the flags ask for. The metrics endpoint is HTTPS with mTLS when ``--tls-*`` are
+    given (checked before by :func:`~flmesh.node.cli_tls.tls_from_args`). Raises OSError (one
+    line) when the metrics endpoint cannot be bound, ValueError for a bad ``--metrics-port``,
+    MissingExtra without tensorboard."""
     ops = Ops()
     if args.metrics_port is not None:
-        if not 0 <= args.metrics_port < 65536:
-            raise ValueError(f"--metrics-port: expected a port from 0 to 65535, got {args.metrics_port}")
-        from flmesh.node.metrics import Metrics
+        host, port = metrics_endpoint(str(args.metrics_port))
+        from flmesh.node.metrics import Metrics, MetricsTls
 
-        host = listen.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        ca, cert, key = (getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key"))
+        tls = MetricsTls(ca, cert, key) if ca and cert and key else None
         ops.metrics = Metrics(identity)
         try:
-            server = ops.metrics.serve(args.metrics_port, host)
+            server = ops.metrics.serve(port, host, tls=tls)
         except OSError as exc:
-            raise OSError(f"--metrics-port {args.metrics_port}: cannot listen on {host}: "
+            raise OSError(f"--metrics-port {args.metrics_port}: cannot serve on {host}: "
                           f"{exc.strerror or exc}") from None
-        ops.metrics_address = f"{host}:{server.server_port}"
+        ops.metrics_server = server
+        bound, bound_port = server.server_address[:2]
+        shown = f"[{bound}]" if ":" in bound else bound
+        ops.metrics_url = f"{'https' if tls else 'http'}://{shown}:{bound_port}/metrics"
+        if tls is None and not _is_loopback(bound):
+            logging.getLogger("flmesh.node").warning(
+                "metrics on %s over plain HTTP without authentication: whoever reaches it reads peer ids, "
+                "bytes per peer and the privacy budget spent (docs/operations.md)", ops.metrics_url)
     if args.tensorboard is not None:
         from flmesh.node.observe import Board
 

@@ -1,15 +1,15 @@
 """The mTLS flags every long-running flmesh process shares (``fl-node``, its aggregator role).
 
-Plaintext is allowed on loopback only, or with an explicit ``--insecure`` that
-the log repeats at start; a process that listens anywhere else without
-certificates refuses to start (identity is the certificate). Certificate problems
-are one line naming the file (:class:`~flmesh.node.wire.certs.CertError`).
+Plaintext only with an explicit ``--insecure``, which the log repeats at start
+(:mod:`flmesh.node.plaintext`); without certificates or that flag a process refuses
+to start, loopback included: on a shared host any local process can connect, and
+identity is the certificate. Certificate problems are one line naming the file
+(:class:`~flmesh.node.wire.certs.CertError`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,18 +30,8 @@ def add_tls_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-cert", type=Path, metavar="PEM", help="this process's certificate (fl-certs issue)")
     g.add_argument("--tls-key", type=Path, metavar="PEM", help="this process's private key")
     g.add_argument("--insecure", action="store_true",
-                   help="serve and call in plaintext even on a non-loopback address (not for real use)")
-
-
-def is_loopback(address: str) -> bool:
-    """Is HOST:PORT on the loopback interface (127.0.0.0/8, ::1, localhost)?"""
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+                   help="serve and call in plaintext: any process that reaches the address can pose as "
+                        "a member (not for real use)")
 
 
 def tls_from_args(args: argparse.Namespace, identity: str, listen: str) -> Tls | None:
@@ -55,13 +45,10 @@ def tls_from_args(args: argparse.Namespace, identity: str, listen: str) -> Tls |
     if given and args.insecure:
         raise TlsUsageError("--insecure and --tls-* contradict each other: choose one")
     if not given:
-        if not is_loopback(listen) and not args.insecure:
-            raise TlsUsageError(f"--listen {listen} is not a loopback address: give --tls-ca, --tls-cert and "
-                                "--tls-key (fl-certs makes them), or --insecure to serve in plaintext")
-        if args.insecure:
-            log.warning("INSECURE: plaintext gRPC on %s; any process that reaches it can claim to be "
-                        "any node", listen)
-        return None
+        if not args.insecure:
+            raise TlsUsageError(f"--listen {listen}: give --tls-ca, --tls-cert and --tls-key (fl-certs makes "
+                                "them), or --insecure to serve in plaintext (loopback included)")
+        return None  # the server warns once when it starts (flmesh.node.plaintext)
     from flmesh.node.wire.tls import load_tls
 
     tls, warnings = load_tls(args.tls_ca, args.tls_cert, args.tls_key, expected_id=identity)

@@ -1,7 +1,9 @@
 """Prometheus metrics of one flmesh process (``--metrics-port``), with prometheus-client.
 
 Every node (and the aggregator, and a replay-buffer host) may serve ``/metrics``
-over HTTP. The names (all prefixed ``flmesh_``) and labels are listed in
+over HTTP, or over HTTPS with its own certificate, refusing a scraper without a
+certificate from the federation CA (:class:`MetricsTls`). The names (all
+prefixed ``flmesh_``) and labels, and what they reveal, are listed in
 docs/operations.md. The registry is per process (not the library's global one),
 so several simulated processes never share counters. Thread-safe: the
 prometheus-client metrics are.
@@ -9,13 +11,31 @@ prometheus-client metrics are.
 
 from __future__ import annotations
 
+import socket
+import socketserver
+import ssl
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+#: Seconds a scraper has for its TLS handshake, and between the bytes of its request.
+CLIENT_TIMEOUT_S = 10.0
 #: Seconds buckets for train / evaluate / transfer times.
 BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True)
+class MetricsTls:
+    """The PEM files for HTTPS: the CA whose certificates a scraper must present, and the
+    process's own certificate and key (its ``--tls-*`` files)."""
+
+    ca: Path
+    cert: Path
+    key: Path
 
 
 @dataclass
@@ -67,8 +87,53 @@ class Metrics:
         if privacy is not None:
             self.privacy.labels(self.node).set(privacy)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
-        """Serve ``/metrics`` on ``host:port`` (0 picks a port) from a daemon thread; the server
-        (its ``server_port`` is the bound port). Raises OSError when it cannot listen."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1", *, tls: MetricsTls | None = None) -> Any:
+        """Serve ``/metrics`` on ``host:port`` (0 picks a port; default host loopback) from daemon
+        threads, one per scrape; returns the server: ``server_address`` is the bound address
+        (host first, port second), ``shutdown()`` then ``server_close()`` stop it. With ``tls``,
+        HTTPS that refuses a client without a certificate from ``tls.ca``. Raises OSError
+        (ssl.SSLError included) when it cannot listen or load the files."""
+        context = None
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=str(tls.ca))
+            context.load_cert_chain(certfile=str(tls.cert), keyfile=str(tls.key))
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server = _MetricsServer((host, port), family, context)
+        server.set_app(make_wsgi_app(self.registry))
+        threading.Thread(target=server.serve_forever, name="flmesh-metrics", daemon=True).start()
         return server
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = CLIENT_TIMEOUT_S  # a scraper that stalls mid-request lets its thread go
+
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not log lines
+        pass
+
+
+class _MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
+    """WSGIServer with a thread per connection, where a TLS handshake runs (with a timeout),
+    so a client that connects and never speaks holds only its own thread, never the listener."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily,
+                 context: ssl.SSLContext | None) -> None:
+        self.address_family = family  # read when the listening socket is made (IPv4 or IPv6)
+        self.context = context
+        super().__init__(address, _QuietHandler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.context is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(CLIENT_TIMEOUT_S)
+        try:
+            conn = self.context.wrap_socket(request, server_side=True)
+        except OSError:  # no certificate, another CA, plain HTTP, a timeout: nothing is served
+            return
+        with conn:
+            super().finish_request(conn, client_address)

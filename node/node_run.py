@@ -97,8 +97,8 @@ class NodeRun:
     def announce(self, ready_file: Path | None) -> None:
         """Say where this node serves: a stdout line, and ``ready_file`` (written atomically).
         With ``--metrics-port``, a line naming the metrics URL comes first."""
-        if self.ops.metrics_address is not None:
-            print(f"fl-node {self.node_id}: metrics on http://{self.ops.metrics_address}/metrics", flush=True)
+        if self.ops.metrics_url is not None:
+            print(f"fl-node {self.node_id}: metrics on {self.ops.metrics_url}", flush=True)
         print(f"fl-node {self.node_id}: listening on {self.node.address}", flush=True)
         if ready_file is not None:
             write_atomic(ready_file, f"{self.node.address}\n")

@@ -61,9 +61,10 @@ def launch(tmp_path: Path, fed: Path, ids: list[str], *extra: str) -> dict[str, 
     """Start one fl-node per id on port 0; once all announced, write the peers file they read."""
     work = tmp_path / "addr"
     work.mkdir(exist_ok=True)
+    plain = [] if any(e.startswith("--tls") for e in extra) else ["--insecure"]  # mTLS: the caller's flags
     procs = {i: subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed), "--listen", "127.0.0.1:0",
                                   "--ready-file", str(work / f"{i}.addr"), "--peers-file",
-                                  str(work / "peers.json"), *extra],
+                                  str(work / "peers.json"), *plain, *extra],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in ids}
     wait_until(lambda: all((work / f"{i}.addr").exists() or procs[i].poll() is not None for i in ids),
@@ -82,7 +83,7 @@ def run_star(tmp_path: Path, fed: Path, ids: list[str]) -> Star:
     end: (aggregator, its stdout, its stderr, the nodes, each node's stderr)."""
     ready = tmp_path / "agg.addr"
     agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
-                            "127.0.0.1:0", "--ready-file", str(ready)], cwd=tmp_path,
+                            "127.0.0.1:0", "--insecure", "--ready-file", str(ready)], cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs: dict[str, subprocess.Popen] = {}
     try:

@@ -423,7 +423,7 @@ def test_a_bad_model_is_one_line_exit_2(tmp_path, capsys, user_models, lines, me
     assert not (tmp_path / "new").exists()
     peers = ["--peer", "node1=127.0.0.1:1", "--peer", "node2=127.0.0.1:1"]
     assert node_main(["--id", "node0", "--federation", str(file), *peers, "--listen", "127.0.0.1:0",
-                      "--out", str(tmp_path / "node0")]) == 2
+                      "--insecure", "--out", str(tmp_path / "node0")]) == 2
     assert capsys.readouterr().err == f"fl-node node0: error: {file}: {message}\n"
 
 
@@ -530,7 +530,8 @@ def test_fl_node_bad_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args
     _data_files(tmp_path, monkeypatch)
     fed = federation_file(tmp_path, ["a", "b", "c"], rounds=1)
     argv = ["--id", "a", "--federation", str(fed), "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1",
-            "--listen", "127.0.0.1:0", "--out", str(tmp_path / "out"), *[_fill(a, tmp_path) for a in args]]
+            "--listen", "127.0.0.1:0", "--insecure", "--out", str(tmp_path / "out"),
+            *[_fill(a, tmp_path) for a in args]]
     assert node_main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("fl-node a: error: " + _fill(message, tmp_path)), err

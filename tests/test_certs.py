@@ -21,6 +21,7 @@ from flmesh.node.wire import cert_files
 from flmesh.node.wire.certs import (
     CertError,
     Identity,
+    NameTaken,
     create_ca,
     describe,
     federation_pki,
@@ -29,6 +30,7 @@ from flmesh.node.wire.certs import (
     peer_id_from_auth_context,
     verify_certificate,
 )
+from flmesh.node.wire.tls import Tls
 
 from conftest import REPO
 
@@ -50,6 +52,11 @@ def load(ca_dir: Path, node: str, expected_id: str | None = None) -> Identity:
                          expected_id=expected_id, now=T)
 
 
+def ca_key_warning(path: Path) -> str:
+    return (f"{path}: a CA private key beside this process's certificate files; whoever reads it can issue "
+            "any identity: keep it off the nodes (deploy/CERTIFICATES.md)")
+
+
 def one_line(exc: pytest.ExceptionInfo[CertError]) -> str:
     message = str(exc.value)
     assert "\n" not in message
@@ -59,10 +66,10 @@ def one_line(exc: pytest.ExceptionInfo[CertError]) -> str:
 def test_round_trip(pki: Path) -> None:
     identity = load_identity(pki / "node0.pem", pki / "node0.key", pki / "ca.pem", expected_id="node0", now=T)
     assert identity.node_id == "node0"
-    assert identity.dns == ("node0", "node0.flmesh.svc")
+    assert identity.dns == ("node0", "node0.flmesh.invalid", "node0.flmesh.svc")
     assert identity.ips == ("127.0.0.1", "::1")
     assert identity.not_after == T + timedelta(days=365)
-    assert identity.warnings == ()
+    assert identity.warnings == (ca_key_warning(pki / "ca.key"),)  # the fixture issues beside the CA key
     assert identity.cert_pem == (pki / "node0.pem").read_bytes()
     assert identity.ca_pem == (pki / "ca.pem").read_bytes()
     assert identity.key_pem.startswith(b"-----BEGIN PRIVATE KEY-----")
@@ -165,10 +172,11 @@ def test_a_ca_bundle_trusts_both_cas_while_the_ca_changes(tmp_path: Path) -> Non
     bundle.write_bytes((old / "ca.pem").read_bytes() + (new / "ca.pem").read_bytes())
     for folder in (old, new):
         identity = load_identity(folder / "node0.pem", folder / "node0.key", bundle, now=T)
-        assert identity.warnings == () and identity.ca_pem == bundle.read_bytes()
+        assert identity.ca_pem == bundle.read_bytes()
+        assert [w for w in identity.warnings if "holds a CA certificate" in w] == []
     later = T + timedelta(days=31)
     identity = load_identity(new / "node0.pem", new / "node0.key", bundle, now=later)
-    assert identity.warnings == (f"{bundle}: holds a CA certificate (CN=old CA) that expired on "
+    assert identity.warnings[1:] == (f"{bundle}: holds a CA certificate (CN=old CA) that expired on "
                                  "2031-06-05T12:00:00Z; remove it",)
     with pytest.raises(CertError, match=r"/ca\.pem: expired on 2031-06-05"):
         load_identity(old / "node0.pem", old / "node0.key", bundle, now=later)
@@ -231,7 +239,7 @@ def test_key_readable_by_others_is_a_warning(pki: Path) -> None:
     os.chmod(pki / "node0.key", 0o644)
     identity = load(pki, "node0")
     assert identity.warnings == (f"{pki}/node0.key: private key readable by group/others (mode 0644); "
-                                 f"run chmod 600 {pki}/node0.key",)
+                                 f"run chmod 600 {pki}/node0.key", ca_key_warning(pki / "ca.key"))
 
 
 def test_wrong_identity_and_not_a_ca(pki: Path) -> None:
@@ -248,11 +256,25 @@ def test_names_and_usages_flmesh_needs(pki: Path) -> None:
     _custom(pki, "nodns", cn="node2", dns=["elsewhere"], eku=both)
     with pytest.raises(CertError) as exc:
         load(pki, "nodns")
-    assert one_line(exc).startswith(f"{pki}/nodns.pem: has no DNS name 'node2' (SANs: DNS:elsewhere)")
-    _custom(pki, "serveronly", cn="node3", dns=["node3"], eku=[ExtendedKeyUsageOID.SERVER_AUTH])
+    assert one_line(exc).startswith(f"{pki}/nodns.pem: has no DNS name 'node2.flmesh.invalid' (SANs: "
+                                    "DNS:elsewhere); peers check that name")
+    # What fl-certs issued before identity names: the bare id only. Peers would refuse it.
+    _custom(pki, "bare", cn="node2", dns=["node2"], eku=both)
+    with pytest.raises(CertError) as exc:
+        load(pki, "bare")
+    assert one_line(exc).startswith(f"{pki}/bare.pem: has no DNS name 'node2.flmesh.invalid' "
+                                    "(SANs: DNS:node2)")
+    _custom(pki, "two", cn="node2", dns=["node2.flmesh.invalid", "node0.flmesh.invalid"], eku=both)
+    with pytest.raises(CertError) as exc:
+        load(pki, "two")
+    assert one_line(exc) == (f"{pki}/two.pem: names another identity, 'node0.flmesh.invalid', besides its "
+                             "own 'node2.flmesh.invalid': a certificate names one process (names in "
+                             ".flmesh.invalid are identities)")
+    _custom(pki, "serveronly", cn="node3", dns=["node3.flmesh.invalid"],
+            eku=[ExtendedKeyUsageOID.SERVER_AUTH])
     with pytest.raises(CertError, match=r"serveronly\.pem: its extended key usage lacks clientAuth"):
         load(pki, "serveronly")
-    _custom(pki, "anyuse", cn="node4", dns=["node4"], eku=[])  # no EKU at all: any use (RFC 5280)
+    _custom(pki, "anyuse", cn="node4", dns=["node4.flmesh.invalid"], eku=[])  # no EKU at all: any use
     assert load(pki, "anyuse").node_id == "node4"
     _custom(pki, "badcn", cn="not a node", dns=["not-a-node"], eku=both)
     with pytest.raises(CertError, match=r"badcn\.pem: subject 'CN=not a node' has no common name"):
@@ -276,6 +298,31 @@ def test_issue_rejects_bad_input(pki: Path, kwargs: dict, message: str) -> None:
         issue(pki, args.pop("node_id"), now=T, **args)
     assert one_line(exc).startswith(message)
     assert not (pki / "node9.key").exists()
+
+
+def test_issue_refuses_names_that_are_another_members(pki: Path) -> None:
+    cases = [  # (id, dns, ips, members) -> the refusal
+        ("node2", ["node0"], [], [], "DNS name 'node0': is the id of another member ('node0'); a certificate "
+         "names only its own process"),  # node0.pem is in the folder: a member
+        ("node2", ["NODE1"], [], [], "DNS name 'NODE1': is the id of another member ('node1')"),
+        ("node2", ["node1.flmesh.invalid"], [], [], "DNS name 'node1.flmesh.invalid': names in "
+         ".flmesh.invalid are identities, and 'node2' is 'node2.flmesh.invalid' (added by itself)"),
+        ("node2", ["x.Flmesh.Invalid"], [], [], "DNS name 'x.Flmesh.Invalid': names in .flmesh.invalid"),
+        ("node2", [], ["10.0.0.9"], ["10.0.0.9", "node2"], "IP '10.0.0.9': is the id of another member"),
+        ("node2", ["aggregator"], [], ["aggregator"], "DNS name 'aggregator': is the id of another member"),
+        ("Node0", [], [], [], "'Node0': differs from the member 'node0' only in case"),
+        ("node0.flmesh.invalid", [], [], [], "'node0.flmesh.invalid': a node id in .flmesh.invalid reads as "
+         "another node's identity name; rename it"),
+    ]
+    for node_id, dns, ips, members, message in cases:
+        with pytest.raises(NameTaken) as exc:
+            issue(pki, node_id, dns=dns, ips=ips, members=members, now=T)
+        assert one_line(exc).startswith(message), (node_id, dns, ips)
+        assert not (pki / f"{node_id}.pem").exists()
+    # its own id and identity name are its own; names of processes that are not members are free
+    done = issue(pki, "node2", dns=["node2", "node2.flmesh.invalid", "node5"], now=T)
+    assert done.dns == ("node2", "node2.flmesh.invalid", "node5")
+    issue(pki, "node0", dns=["node0.flmesh.svc"], now=T, force=True)  # re-issuing a member is no clash
 
 
 def test_issue_refuses_to_outlive_the_ca_and_needs_its_key(tmp_path: Path) -> None:
@@ -311,6 +358,12 @@ def test_federation_pki(tmp_path: Path) -> None:
         assert p.ca == tmp_path / "ca.pem"
         left = identity.not_after - datetime.now(UTC)
         assert timedelta(days=1, hours=23) < left <= timedelta(days=2)
+        assert identity.warnings == ()
+    # a throwaway CA's key is never written: nothing more can be issued from it
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["ca.pem", *(f"{i}.{ext}" for i in paths for ext in ("pem", "key"))])
+    with pytest.raises(CertError, match="only in case"):
+        federation_pki(tmp_path / "twins", ["node0", "NODE0"])
     with pytest.raises(CertError, match="duplicate node ids"):
         federation_pki(tmp_path / "dup", ["a", "a"])
     with pytest.raises(CertError, match="'b c': not a node id"):
@@ -326,7 +379,8 @@ def test_describe(pki: Path) -> None:
     assert f"serial:      {cert.serial_number:x}" in text
     assert "not before:  2031-05-06T11:59:00Z" in text
     assert "not after:   2032-05-05T12:00:00Z (365 days left)" in text
-    assert "DNS names:   node0, node0.flmesh.svc" in text and "IPs:         127.0.0.1, ::1" in text
+    assert "DNS names:   node0, node0.flmesh.invalid, node0.flmesh.svc" in text
+    assert "IPs:         127.0.0.1, ::1" in text
     assert "key:         EC secp256r1 (256 bits)" in text and "CA:          no" in text
     assert "CA:          yes" in describe(pki / "ca.pem", now=T)
     assert "EXPIRED 1 days ago" in describe(pki / "node0.pem", now=T + timedelta(days=366))
@@ -334,14 +388,16 @@ def test_describe(pki: Path) -> None:
 
 def test_peer_id_from_auth_context() -> None:
     ok = {"transport_security_type": [b"ssl"], "x509_common_name": [b"node0"],
-          "x509_subject_alternative_name": [b"node0", b"127.0.0.1"]}
+          "x509_subject_alternative_name": [b"node0", b"node0.flmesh.invalid", b"127.0.0.1"]}
     assert peer_id_from_auth_context(ok) == "node0"
     assert peer_id_from_auth_context({}) is None
     assert peer_id_from_auth_context({"transport_security_type": [b"insecure"]}) is None
     assert peer_id_from_auth_context({**ok, "x509_common_name": [b"node0", b"node1"]}) is None
     assert peer_id_from_auth_context({**ok, "x509_common_name": [b"bad id"]}) is None
     assert peer_id_from_auth_context({**ok, "x509_common_name": [b"\xff"]}) is None
-    assert peer_id_from_auth_context({**ok, "x509_subject_alternative_name": [b"node1"]}) is None
+    san = "x509_subject_alternative_name"
+    assert peer_id_from_auth_context({**ok, san: [b"node1.flmesh.invalid"]}) is None
+    assert peer_id_from_auth_context({**ok, san: [b"node0"]}) is None  # no identity name: not flmesh's
     assert peer_id_from_auth_context({k: v for k, v in ok.items()
                                       if k != "x509_subject_alternative_name"}) is None
 
@@ -359,10 +415,14 @@ def test_cli_init_issue_show(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch.chdir(tmp_path)
     assert main(["init", "certs", "--name", "demo CA", "--days", "30"]) == 0
     out = capsys.readouterr().out
-    assert "wrote certs/ca.pem" in out and "wrote certs/ca.key" in out and "CA 'demo CA' expires 20" in out
+    assert "wrote certs/ca.pem" in out and "wrote certs/ca-private/ca.key" in out
+    assert "CA 'demo CA' expires 20" in out and not Path("certs/ca.key").exists()
+    assert stat.S_IMODE(Path("certs/ca-private").stat().st_mode) == 0o700
+    assert stat.S_IMODE(Path("certs/ca-private/ca.key").stat().st_mode) == 0o600
     assert main(["issue", "node0", "--dns", "node0.flmesh", "--ip", "10.1.2.3", "--days", "7"]) == 0
     out = capsys.readouterr().out
-    assert "wrote certs/node0.pem" in out and "SANs: DNS:node0, DNS:node0.flmesh, IP:10.1.2.3" in out
+    assert "wrote certs/node0.pem" in out
+    assert "SANs: DNS:node0, DNS:node0.flmesh.invalid, DNS:node0.flmesh, IP:10.1.2.3" in out
     assert main(["issue", "node1", "--out", "n1", "--days", "7"]) == 0
     capsys.readouterr()
     assert load_identity(Path("n1/node1.pem"), Path("n1/node1.key"), Path("certs/ca.pem")).node_id == "node1"
@@ -392,6 +452,70 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(argv) == 1
     captured = capsys.readouterr()
     assert captured.err.startswith(message) and captured.err.count("\n") == 1 and captured.out == ""
+
+
+def test_cli_refuses_a_name_of_another_member_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "certs"]) == 0 and main(["issue", "a"]) == 0
+    capsys.readouterr()
+    assert main(["issue", "b", "--dns", "a"]) == 2  # b with a's name: it could pose as a
+    captured = capsys.readouterr()
+    assert captured.err == ("fl-certs: DNS name 'a': is the id of another member ('a'); a certificate names "
+                            "only its own process\n") and captured.out == ""
+    assert main(["issue", "b", "--dns", "a.flmesh.invalid"]) == 2
+    assert "names in .flmesh.invalid are identities" in capsys.readouterr().err
+    fed = tmp_path / "fed.toml"
+    fed.write_text(FEDERATION)
+    assert main(["issue", "node9", "--out", "elsewhere", "--ip", "10.0.0.1", "--dns", "node2",
+                 "--federation", str(fed)]) == 2
+    assert capsys.readouterr().err == ("fl-certs: DNS name 'node2': is the id of another member ('node2'); "
+                                       "a certificate names only its own process\n")
+    assert not Path("elsewhere").exists() and not Path("certs/b.pem").exists()
+    # fl-certs federation: an address that is another member's id; nothing is written
+    fed.write_text(FEDERATION.replace('"node2.example.org:50053"', '"node0:50053"'))
+    assert main(["federation", str(fed), "--out", "fedcerts"]) == 2
+    assert capsys.readouterr().err == (f"fl-certs: {fed}: [nodes.node2] address: DNS name 'node0': is the "
+                                       "id of another member ('node0'); a certificate names only its own "
+                                       "process\n")
+    assert not Path("fedcerts").exists()
+
+
+def test_cli_warns_when_the_ca_key_is_beside_the_nodes_files(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    create_ca(tmp_path, "CA")  # the layout fl-certs wrote before ca-private/: ca.key among the nodes' files
+    assert main(["issue", "node0", "--ca-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == (f"fl-certs: warning: {tmp_path}/ca.key: the CA key is beside the "
+                                       f"nodes' files; move it to {tmp_path}/ca-private/ (mode 0700) or "
+                                       "offline\n")
+    os.makedirs(tmp_path / "ca-private", mode=0o700)
+    os.replace(tmp_path / "ca.key", tmp_path / "ca-private" / "ca.key")  # moved as told: issue finds it
+    assert main(["issue", "node1", "--ca-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_node_starting_beside_a_ca_key_logs_one_warning(tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    import argparse
+
+    from flmesh.node.cli_tls import tls_from_args
+
+    create_ca(tmp_path, "CA")
+    issue(tmp_path, "node0")
+    os.makedirs(tmp_path / "only-mine")
+    for name in ("ca.pem", "node0.pem", "node0.key"):
+        os.link(tmp_path / name, tmp_path / "only-mine" / name)
+
+    def start(folder: Path) -> list[str]:
+        caplog.clear()
+        args = argparse.Namespace(tls_ca=folder / "ca.pem", tls_cert=folder / "node0.pem",
+                                  tls_key=folder / "node0.key", insecure=False)
+        with caplog.at_level("WARNING", logger="flmesh.node"):
+            assert tls_from_args(args, "node0", "0.0.0.0:1") is not None
+        return [r.getMessage() for r in caplog.records]
+
+    assert start(tmp_path) == [ca_key_warning(tmp_path / "ca.key")]
+    assert start(tmp_path / "only-mine") == []
 
 
 def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -459,13 +583,20 @@ def test_cli_federation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert f"wrote {out_dir}/ca.pem" in out
     rows = {line.split()[0]: line for line in out.splitlines()[2:]}
     assert set(rows) == {"node0", "node1", "node2", "node3", "aggregator"}
-    assert re.search(r"DNS:node0, IP:10\.0\.0\.1\s+20\d\d-", rows["node0"])
+    assert re.search(r"DNS:node0, DNS:node0\.flmesh\.invalid, IP:10\.0\.0\.1\s+20\d\d-", rows["node0"])
+    # the CA key is kept apart from the nodes' files: ca-private/, mode 0700
+    others = [p.name for p in out_dir.iterdir() if not p.name.endswith((".pem", ".key"))]
+    assert others == ["ca-private"]
+    assert not (out_dir / "ca.key").exists() and (out_dir / "ca-private" / "ca.key").exists()
+    assert stat.S_IMODE((out_dir / "ca-private").stat().st_mode) == 0o700
     expected = {"node0": ((), ("10.0.0.1",)), "node1": ((), ("::1",)), "node2": (("node2.example.org",), ()),
                 "node3": ((), ()), "aggregator": (("agg.flmesh.svc",), ())}
     for node_id, (dns, ips) in expected.items():
         identity = load_identity(out_dir / f"{node_id}.pem", out_dir / f"{node_id}.key", out_dir / "ca.pem",
                                  expected_id=node_id)
-        assert identity.dns == (node_id, *dns) and identity.ips == ips
+        assert identity.dns == (node_id, f"{node_id}.flmesh.invalid", *dns) and identity.ips == ips
+        # run from this folder, a node says the CA key is there (copy it only its own files)
+        assert identity.warnings == (ca_key_warning(out_dir / "ca-private" / "ca.key"),)
     ca_before = (out_dir / "ca.pem").read_bytes()
     assert main(["federation", str(fed), "--out", str(out_dir)]) == 1
     assert "already exists (--force replaces it)" in capsys.readouterr().err
@@ -518,7 +649,7 @@ def test_certificates_work_for_grpc_mutual_tls(tmp_path: Path) -> None:
                                                  private_key=key.read_bytes(),
                                                  certificate_chain=client.read_bytes())
             return grpc.secure_channel(f"127.0.0.1:{port}", creds,
-                                       options=[("grpc.ssl_target_name_override", name)])
+                                       options=Tls.channel_options(name))
 
         good = paths["node1"]
         with channel(good.cert, good.ca, good.key, "node0") as ch:

@@ -147,8 +147,9 @@ def test_an_aggregator_that_cannot_draw_its_pictures_says_so_in_one_line(tmp_pat
         (["--set", "nodes.a.lr=-2"], "[nodes.a] lr: expected a number > 0, got -2"),
         (["--tls-ca", "ca.pem"], "TLS needs --tls-ca, --tls-cert and --tls-key together; missing --tls-cert, "
                                  "--tls-key"),
-        (["--listen", "0.0.0.0:0"], "--listen 0.0.0.0:0 is not a loopback address: give --tls-ca, --tls-cert "
-                                    "and --tls-key (fl-certs makes them), or --insecure"),
+        (["--listen", "127.0.0.1:0"], "--listen 127.0.0.1:0: give --tls-ca, --tls-cert and --tls-key "
+                                      "(fl-certs makes them), or --insecure to serve in plaintext (loopback "
+                                      "included)"),
         (["--insecure", "--tls-ca", "a", "--tls-cert", "b", "--tls-key", "c"],
          "--insecure and --tls-* contradict each other"),
         (["--tls-ca", "nope/ca.pem", "--tls-cert", "nope/a.pem", "--tls-key", "nope/a.key"], "nope/"),
@@ -162,6 +163,8 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, message):
         base += ["--peer", "b=127.0.0.1:1"]
     if "--listen" not in args:
         base += ["--listen", "127.0.0.1:0"]
+    if "--insecure" not in message and not any(a.startswith(("--tls", "--insecure")) for a in args):
+        base += ["--insecure"]  # plaintext, so that the case's own check is the one that speaks
     for name in ("CHECKPOINT_OF_ANOTHER", "WITH_A_CHECKPOINT"):  # results folders holding a checkpoint
         if name in args:
             from flmesh.node.state_file import write_state
@@ -186,14 +189,14 @@ def test_unknown_id_missing_address_and_unwritable_out(tmp_path, capsys):
     fed = federation_file(tmp_path, ["a", "b", "c"], rounds=2)
     assert main(["--id", "zz", "--federation", str(fed)]) == 2
     assert "unknown node 'zz'" in capsys.readouterr().err
-    assert main(["--id", "a", "--federation", str(fed), "--listen", "127.0.0.1:0"]) == 2
+    assert main(["--id", "a", "--federation", str(fed), "--listen", "127.0.0.1:0", "--insecure"]) == 2
     assert "no address for peer 'b': pass --peer b=HOST:PORT" in capsys.readouterr().err
     peers = ["--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1"]
     assert main(["--id", "a", "--federation", str(fed), *peers]) == 2
     assert "no address to listen on: pass --listen HOST:PORT" in capsys.readouterr().err
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert main(["--id", "a", "--federation", str(fed), *peers, "--listen", "127.0.0.1:0",
+    assert main(["--id", "a", "--federation", str(fed), *peers, "--listen", "127.0.0.1:0", "--insecure",
                  "--out", str(blocker / "out")]) == 2
     err = capsys.readouterr().err
     assert f"--out {blocker / 'out'}: cannot write results there" in err and err.count("\n") == 1
@@ -204,7 +207,7 @@ def test_silent_peers_are_named_after_the_hello_deadline(tmp_path, capsys):
     ready = tmp_path / "a.addr"
     code = main(["--id", "a", "--federation", str(fed), "--hello-timeout", "1", "--listen", "127.0.0.1:0",
                  "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1", "--out", str(tmp_path / "out"),
-                 "--ready-file", str(ready)])
+                 "--ready-file", str(ready), "--insecure"])
     assert code == 1
     out, err = capsys.readouterr()
     assert "peers did not answer Hello within 1s: " in err
@@ -270,7 +273,7 @@ def test_an_aggregator_that_aggregated_nothing_says_so_and_exits_non_zero(tmp_pa
     fed = tmp_path / "star.toml"
     fed.write_text(STAR_ALONE)
     code = entry_main(["--role", "aggregator", "--federation", str(fed), "--listen", "127.0.0.1:0",
-                       "--join-timeout", "0.05", "--out", str(tmp_path / "out")])
+                       "--insecure", "--join-timeout", "0.05", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 1
     assert "error: no round aggregated an update (2 rounds, global accuracy not evaluated" in err

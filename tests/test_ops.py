@@ -3,17 +3,23 @@ lines, TensorBoard event files, and the run tools (fl-sim report / compare)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import socket
+import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from flmesh.coordinator import run_tools
 from flmesh.coordinator.sim_cli import main as sim_main
+from flmesh.node.cli_ops import metrics_endpoint, start_ops
 from flmesh.node.metrics import Metrics
 from flmesh.node.observe import JsonFormatter
+from flmesh.node.wire.certs import federation_pki
 
 from conftest import wait_until
 from procs import federation_file, launch, metrics_url, scrape, total
@@ -85,6 +91,86 @@ def test_metrics_count_calls_retries_and_phases_per_peer():
     assert total(after, "flmesh_inbox_depth") == 2
     assert total(after, "flmesh_privacy_spent_epsilon") == 0.5
     assert total(after, "flmesh_seconds_count", phase="transfer") == 2
+
+
+def page(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.read()
+
+
+def ops_args(metrics_port: str, tls: dict[str, Path] | None = None) -> argparse.Namespace:
+    files = tls or {}
+    return argparse.Namespace(metrics_port=metrics_port, tensorboard=None, tls_ca=files.get("ca"),
+                              tls_cert=files.get("cert"), tls_key=files.get("key"))
+
+
+def test_metrics_bind_to_loopback_unless_an_address_is_given(caplog):
+    ops = start_ops(ops_args("0"), "n1")  # a port alone: 127.0.0.1, whatever --listen is
+    try:
+        assert ops.metrics_server.server_address[0] == "127.0.0.1"
+        assert ops.metrics_url == f"http://127.0.0.1:{ops.metrics_server.server_address[1]}/metrics"
+        assert b"# HELP flmesh_rounds_completed_total" in page(ops.metrics_url)
+    finally:
+        ops.metrics_server.shutdown()
+        ops.metrics_server.server_close()
+    server = Metrics("n1").serve(0)  # the library's default too
+    assert server.server_address[0] == "127.0.0.1"
+    server.shutdown()
+    server.server_close()
+    with caplog.at_level("WARNING", logger="flmesh.node"):
+        ops = start_ops(ops_args("0.0.0.0:0"), "n1")  # an explicit address is honoured, and said
+    try:
+        port = ops.metrics_server.server_address[1]
+        assert ops.metrics_server.server_address[0] == "0.0.0.0"
+        assert ops.metrics_url == f"http://0.0.0.0:{port}/metrics"
+        assert b"# HELP flmesh_rounds_completed_total" in page(f"http://127.0.0.1:{port}/metrics")
+        assert [r.getMessage() for r in caplog.records] == [
+            f"metrics on http://0.0.0.0:{port}/metrics over plain HTTP without authentication: whoever "
+            "reaches it reads peer ids, bytes per peer and the privacy budget spent (docs/operations.md)"]
+    finally:
+        ops.metrics_server.shutdown()
+        ops.metrics_server.server_close()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("http", "--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got 'http'"),
+    ("70000", "--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got '70000'"),
+    ("-1", "--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got '-1'"),
+    (":9100", "--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got ':9100'"),
+    ("9" * 5000, "--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got '9999"),
+    ("::1:9100", "--metrics-port: expected PORT or HOST:PORT with a port from 0 to 65535, got '::1:9100' "
+     "(write an IPv6 host in brackets: [::1]:PORT)"),
+])
+def test_a_bad_metrics_address_is_one_line(value, message):
+    with pytest.raises(ValueError) as err:
+        start_ops(ops_args(value), "n1")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    assert metrics_endpoint("[::1]:9100") == ("::1", 9100)
+    assert metrics_endpoint("9100") == ("127.0.0.1", 9100)
+
+
+def test_with_tls_metrics_are_https_and_ask_for_a_federation_certificate(tmp_path):
+    pki = federation_pki(tmp_path, ["n1", "prometheus"])
+    node, scraper = pki["n1"], pki["prometheus"]
+    ops = start_ops(ops_args("0", {"ca": node.ca, "cert": node.cert, "key": node.key}), "n1")
+    server = ops.metrics_server
+    try:
+        port = server.server_address[1]
+        assert ops.metrics_url == f"https://127.0.0.1:{port}/metrics"
+        stalled = socket.create_connection(("127.0.0.1", port))  # connects and never speaks
+        context = ssl.create_default_context(cafile=str(node.ca))  # checks the node's certificate
+        context.load_cert_chain(str(scraper.cert), str(scraper.key))
+        with urllib.request.urlopen(ops.metrics_url, context=context, timeout=10) as reply:
+            assert b"flmesh_rounds_completed_total" in reply.read()
+        no_certificate = ssl.create_default_context(cafile=str(node.ca))
+        with pytest.raises(OSError):
+            urllib.request.urlopen(ops.metrics_url, context=no_certificate, timeout=10).read()
+        with pytest.raises(OSError):  # plain HTTP gets nothing
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        stalled.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_json_formatter_carries_round_and_peer_from_extra():

@@ -204,3 +204,57 @@ def _guard_free(address: str) -> bool:
     finally:
         channel.close()
     return True
+
+
+def test_a_member_whose_certificate_also_names_another_is_refused_as_that_server(tmp_path):
+    """b's certificate carries "a" as an extra DNS name (`fl-certs issue b --dns a`, issued where
+    fl-certs could not know a was a member): a client that means to reach a refuses it in the
+    handshake, because it checks a's identity name, not the names b's certificate lists."""
+    from grpc_health.v1 import health, health_pb2
+
+    from flmesh.node.wire.certs import create_ca, issue
+    from flmesh.node.wire.channels import bind, make_server
+    from flmesh.node.wire.tls import load_tls
+
+    ca = tmp_path / "ca"
+    create_ca(ca, "test CA")
+    files = {"a": issue(ca, "a", out_dir=tmp_path / "a"),
+             "b": issue(ca, "b", dns=["a"], ips=["127.0.0.1"], out_dir=tmp_path / "b"),
+             "c": issue(ca, "c", out_dir=tmp_path / "c")}
+    assert files["b"].dns == ("b", "b.flmesh.invalid", "a")
+    tls = {i: load_tls(ca / "ca.pem", f.cert, f.key, expected_id=i)[0] for i, f in files.items()}
+    servers, addresses = [], {}
+    for node_id in ("a", "b"):
+        server = make_server()
+        health_servicer = health.HealthServicer()
+        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        addresses[node_id] = f"127.0.0.1:{bind(server, '127.0.0.1:0', tls[node_id])}"
+        server.start()
+        servers.append(server)
+
+    def check(address: str, meant: str) -> grpc.StatusCode:
+        channel = make_channel(address, tls["c"], meant)
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()
+        finally:
+            channel.close()
+        return grpc.StatusCode.OK
+
+    try:
+        assert check(addresses["a"], "a") == grpc.StatusCode.OK  # the real a
+        assert check(addresses["b"], "b") == grpc.StatusCode.OK  # b, reached as b
+        assert check(addresses["b"], "a") == grpc.StatusCode.UNAVAILABLE  # b answering for a: no handshake
+        assert check(addresses["a"], "b") == grpc.StatusCode.UNAVAILABLE
+        # the peer transport every node uses: a's address list points at b
+        impostor = GrpcPeerTransport({"a": addresses["b"]}, tls=tls["c"])
+        try:
+            with pytest.raises(PeerError, match="UNAVAILABLE"):
+                impostor.status("a", timeout=5)
+        finally:
+            impostor.close()
+    finally:
+        for server in servers:
+            server.stop(0)

@@ -21,10 +21,15 @@ from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, Pub
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from flmesh.node.wire.cert_files import (
+    CA_KEY,
+    CA_PRIVATE,
+    IDENTITY_DOMAIN,
     NODE_ID,
     CertError,
     common_name,
     format_sans,
+    identity_name,
+    is_identity_name,
     iso,
     key_mode_warning,
     load_certs,
@@ -127,10 +132,12 @@ def load_identity(cert: Path, key: Path, ca: Path, *, expected_id: str | None = 
     certificates (one, or a bundle while the CA changes); the key matches the
     certificate; one of those CAs signed it; that CA and the certificate are
     valid at ``now`` (default: the current time); its CN is a node
-    id (and ``expected_id`` when given) and one of its DNS SANs; an extended key
-    usage, when present, allows serverAuth and clientAuth (RFC 5280: absent
-    means any use). A key file readable by group/others, or an expired CA in
-    the bundle, is a warning.
+    id (and ``expected_id`` when given) and its identity name
+    ``<id>.flmesh.invalid`` is a DNS SAN, and no other identity name is; an
+    extended key usage, when present, allows serverAuth and clientAuth (RFC
+    5280: absent means any use). A key file readable by group/others, a CA
+    private key beside the key or the CA certificate (:func:`ca_key_nearby`),
+    or an expired CA in the bundle, is a warning.
     """
     at = utc(now)
     ca_pem, cert_pem = read_bytes(ca), read_bytes(cert)  # read once: what is checked is what is returned
@@ -155,16 +162,31 @@ def load_identity(cert: Path, key: Path, ca: Path, *, expected_id: str | None = 
         raise CertError(f"{cert}: its extended key usage lacks {' and '.join(missing)} "
                         "(a process both serves and dials; issue it with fl-certs issue)")
     dns, ips = subject_alt_names(leaf)
-    if node_id not in dns:
-        raise CertError(f"{cert}: has no DNS name {node_id!r} (SANs: {format_sans(dns, ips)}); "
-                        "peers check the node id as the server name")
-    warnings = [w for w in [key_mode_warning(key)] if w]
+    own = identity_name(node_id)
+    if own not in dns:
+        raise CertError(f"{cert}: has no DNS name {own!r} (SANs: {format_sans(dns, ips)}); peers check "
+                        f"that name, so issue the certificate again with fl-certs issue {node_id}")
+    foreign = [d for d in dns if is_identity_name(d) and d != own]
+    if foreign:
+        raise CertError(f"{cert}: names another identity, {foreign[0]!r}, besides its own {own!r}: a "
+                        f"certificate names one process (names in .{IDENTITY_DOMAIN} are identities)")
+    warnings = [w for w in [key_mode_warning(key), *ca_key_nearby(key, ca)] if w]
     # An expired CA left in a bundle after a CA change trusts nothing any more: say so, do not stop.
     warnings += [f"{ca}: holds a CA certificate ({other.subject.rfc4514_string()}) that expired on "
                  f"{iso(other.not_valid_after_utc)}; remove it" for other in cas
                  if other.not_valid_after_utc < at]
     return Identity(node_id=node_id, cert_pem=cert_pem, key_pem=key_pem, ca_pem=ca_pem,
                     not_after=leaf.not_valid_after_utc, dns=dns, ips=ips, warnings=tuple(warnings))
+
+
+def ca_key_nearby(*files: Path) -> list[str]:
+    """A warning for each CA private key (``ca.key``, ``ca-private/ca.key``) in the folder of one of
+    ``files`` (a process's key, its CA certificate): folders meant for a node hold no CA key."""
+    found = dict.fromkeys(path for file in files for path in (file.parent / CA_KEY,
+                                                               file.parent / CA_PRIVATE / CA_KEY)
+                          if path.exists())
+    return [f"{path}: a CA private key beside this process's certificate files; whoever reads it can "
+            "issue any identity: keep it off the nodes (deploy/CERTIFICATES.md)" for path in found]
 
 
 def key_description(public: PublicKeyTypes) -> str:
@@ -209,9 +231,10 @@ def peer_id_from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> str | None
     gRPC fills ``x509_common_name`` only after it verified the client's
     certificate against the server's root certificates (mutual TLS), so the CN
     is the peer's identity. None on plaintext, for a subject with no or several
-    CNs, a CN that is not a node id, or a CN missing from the DNS SANs (every
-    certificate this CA issues carries both; anything else was not issued by
-    flmesh and is not trusted to name a node). Pure: no I/O.
+    CNs, a CN that is not a node id, or a CN whose identity name
+    ``<id>.flmesh.invalid`` is not among the SANs (every certificate flmesh
+    issues carries both; anything else was not issued by flmesh and is not
+    trusted to name a node). Pure: no I/O.
     """
     names = auth.get("x509_common_name") or []
     if len(names) != 1:
@@ -223,6 +246,6 @@ def peer_id_from_auth_context(auth: Mapping[str, Sequence[bytes]]) -> str | None
     if not NODE_ID.match(node_id):
         return None
     sans = auth.get("x509_subject_alternative_name") or []
-    if node_id.encode("ascii") not in [bytes(s) for s in sans]:
+    if identity_name(node_id).encode("ascii") not in [bytes(s) for s in sans]:
         return None
     return node_id

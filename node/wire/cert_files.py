@@ -11,7 +11,7 @@ import ipaddress
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,9 +32,78 @@ NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOSTNAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 
+CA_CERT = "ca.pem"
+CA_KEY = "ca.key"
+#: The folder, beside the nodes' files, that ``fl-certs`` writes the CA key into (mode 0700).
+CA_PRIVATE = "ca-private"
 CERT_MODE = 0o644  # certificates are public: every process reads the CA's and its peers' names
 KEY_MODE = 0o600  # private keys: the owner only
+PRIVATE_DIR_MODE = 0o700  # the folder that holds a CA key: the owner only
 
+#: The DNS domain of identity names: ``<id>.flmesh.invalid`` is node ``id``'s name in every
+#: certificate flmesh issues, and the name a client checks a server's certificate against.
+#: ``.invalid`` is reserved (RFC 6761): no host is ever reached by it, so no address a
+#: process is given can collide with another process's identity.
+IDENTITY_DOMAIN = "flmesh.invalid"
+
+
+class NameTaken(CertError):
+    """A certificate would name another process: a DNS name or IP that is another member's id or
+    an identity name. A usage error (``fl-certs`` exits 2)."""
+
+
+def identity_name(node_id: str) -> str:
+    """The DNS name that identifies node ``node_id`` in its certificate: ``<id>.flmesh.invalid``."""
+    return f"{node_id}.{IDENTITY_DOMAIN}"
+
+
+def is_identity_name(name: str) -> bool:
+    """Whether ``name`` is in the identity names' domain (DNS names compare case-insensitively)."""
+    return name.lower().rstrip(".").endswith("." + IDENTITY_DOMAIN)
+
+
+def check_own_names(node_id: str, dns: Sequence[str], ips: Sequence[str], members: Iterable[str]) -> None:
+    """Raise :class:`NameTaken` when an extra DNS name or IP of ``node_id``'s certificate is an identity
+    name or another member's id (compared case-insensitively, as TLS compares host names)."""
+    others = {m.lower(): m for m in members if m != node_id}
+    for kind, value in [*(("DNS name", d) for d in dns), *(("IP", i) for i in ips)]:
+        if is_identity_name(value) and value.lower() != identity_name(node_id).lower():
+            raise NameTaken(f"{kind} {value!r}: names in .{IDENTITY_DOMAIN} are identities, and "
+                            f"{node_id!r} is {identity_name(node_id)!r} (added by itself)")
+        if value.lower() in others:
+            raise NameTaken(f"{kind} {value!r}: is the id of another member ({others[value.lower()]!r}); "
+                            "a certificate names only its own process")
+
+
+def ca_key_path(ca_dir: Path) -> Path:
+    """Where the key of the CA in ``ca_dir`` is: ``ca-private/ca.key`` if there, else ``ca.key``."""
+    private = ca_dir / CA_PRIVATE / CA_KEY
+    return private if private.exists() else ca_dir / CA_KEY
+
+
+def issued_ids(*folders: Path) -> set[str]:
+    """The node ids whose certificates (``<id>.pem``) are in ``folders``: the members issued so far."""
+    found: set[str] = set()
+    for folder in folders:
+        try:
+            found.update(p.stem for p in folder.glob("*.pem") if p.name != CA_CERT and NODE_ID.match(p.stem))
+        except OSError:
+            continue
+    return found
+
+
+def check_names(node_id: str, names: Sequence[str], ips: Sequence[str], members: set[str]) -> None:
+    """Raise :class:`NameTaken` when ``node_id`` is in the identity names' domain or differs from a
+    member's id only in case, or an extra DNS name or IP of its certificate names another process
+    (:func:`check_own_names`)."""
+    if is_identity_name(node_id):  # its certificate names it too: it would read as another's identity name
+        raise NameTaken(f"{node_id!r}: a node id in .{IDENTITY_DOMAIN} reads as another node's identity "
+                        "name; rename it")
+    twins = sorted(m for m in members if m != node_id and m.lower() == node_id.lower())
+    if twins:
+        raise NameTaken(f"{node_id!r}: differs from the member {twins[0]!r} only in case, and TLS compares "
+                        "names case-insensitively: one could pose as the other; rename one")
+    check_own_names(node_id, names, ips, members)
 
 
 def check_node_id(node_id: str) -> str:

@@ -142,9 +142,10 @@ def bind(server: grpc.Server, address: str, tls: Tls | None = None) -> int:
 
 
 def make_channel(address: str, tls: Tls | None = None, peer_id: str | None = None) -> grpc.Channel:
-    """A channel to ``peer_id`` at ``address`` with flmesh's options: mTLS with ``tls``, the
-    server's certificate checked against ``peer_id`` (required with ``tls``). Thread-safe;
-    close when done."""
+    """A channel to ``peer_id`` at ``address`` with flmesh's options: mTLS with ``tls``, where
+    the handshake accepts only a certificate that names ``peer_id`` (its identity name,
+    :meth:`Tls.channel_options`; required with ``tls``), whatever answers at ``address``.
+    Thread-safe; close when done."""
     global _made
     _made = True
     if tls is None:
@@ -152,4 +153,4 @@ def make_channel(address: str, tls: Tls | None = None, peer_id: str | None = Non
     if not peer_id:
         raise ValueError("a TLS channel needs the id of the peer it reaches")
     return grpc.secure_channel(address, tls.channel_credentials(),
-                               options=[*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", peer_id)])
+                               options=[*_CHANNEL_OPTIONS, *tls.channel_options(peer_id)])

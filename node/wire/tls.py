@@ -2,11 +2,15 @@
 
 A process's identity is its certificate from the federation's CA
 (:mod:`flmesh.node.wire.certs`, ``fl-certs``): the certificate's common name
-is its node id ("aggregator" for the aggregator). Servers require a client
-certificate from the same CA; clients check the server's certificate against
-the *peer id* they mean to reach (``grpc.ssl_target_name_override``: every
-certificate carries its id as a DNS name), so an address that answers with
-another node's certificate is refused whatever the address is.
+is its node id ("aggregator" for the aggregator), and it carries the identity
+name ``<id>.flmesh.invalid`` as a DNS name. Servers require a client
+certificate from the same CA and know the caller by its common name. Clients
+set ``grpc.ssl_target_name_override`` to the identity name of the peer they
+mean to reach (:meth:`Tls.channel_options`), so the handshake fails unless the
+server's certificate names that peer, whatever the address is. The addresses
+in a certificate play no part: an identity name is in the reserved ``.invalid``
+domain, which no address is, and ``fl-certs`` refuses to put another member's
+id or identity name in a certificate.
 """
 
 from __future__ import annotations
@@ -38,11 +42,20 @@ class Tls:
         return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem,
                                             certificate_chain=self.cert_pem)
 
+    @staticmethod
+    def channel_options(peer_id: str) -> list[tuple[str, str]]:
+        """The channel options that make the handshake accept only ``peer_id``'s certificate: the
+        server name checked is its identity name, ``<peer_id>.flmesh.invalid``."""
+        from flmesh.node.wire.cert_files import identity_name
+
+        return [("grpc.ssl_target_name_override", identity_name(peer_id))]
+
 
 def load_tls(ca: Path, cert: Path, key: Path, expected_id: str | None = None) -> tuple[Tls, tuple[str, ...]]:
     """Read and check a process's certificate files (:func:`flmesh.node.wire.certs.load_identity`:
-    readable, the key matches, signed by the CA, valid now, its id as a DNS name). Returns the
-    material and warnings (e.g. a key file others can read). Raises CertError (one line)."""
+    readable, the key matches, signed by the CA, valid now, its identity name as a DNS name).
+    Returns the material and warnings (a key file others can read, a CA key beside it). Raises
+    CertError (one line)."""
     from flmesh.node.wire.certs import load_identity
 
     identity = load_identity(cert, key, ca, expected_id=expected_id)
@@ -62,7 +75,7 @@ def caller_of(context: grpc.ServicerContext) -> str | None:
 
     Raises Refused(UNAUTHENTICATED) for a TLS connection without a usable identity (the
     handshake requires a certificate from the federation CA, so this means a certificate
-    that flmesh did not issue: no common name, or one that is not also a DNS name)."""
+    that flmesh did not issue: no common name, or no identity name for it)."""
     if auth_values(context, "transport_security_type") != [b"ssl"]:
         return None
     from flmesh.node.wire.cert_checks import peer_id_from_auth_context
@@ -70,6 +83,6 @@ def caller_of(context: grpc.ServicerContext) -> str | None:
     caller = peer_id_from_auth_context({k: auth_values(context, k)
                                         for k in ("x509_common_name", "x509_subject_alternative_name")})
     if caller is None:
-        raise Refused("UNAUTHENTICATED", "the caller's certificate names no node id (one common name that "
-                      "is also a DNS name)")
+        raise Refused("UNAUTHENTICATED", "the caller's certificate names no node id (one common name "
+                      "whose identity name ID.flmesh.invalid is a DNS name)")
     return caller
