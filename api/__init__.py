@@ -9,11 +9,13 @@ versions::
     with flmesh.Simulation(fed, "runs/mine") as sim:       # every node in this process
         summary = sim.run(on_round=print)
 
+    identity = flmesh.load_tls_identity("certs/ca.pem", "certs/node0.pem", "certs/node0.key", "node0")
     node = flmesh.Node.from_federation(fed, "node0", listen="127.0.0.1:50051", tls=identity)
 
 - Federations: :func:`load_federation`, :class:`Federation`, :class:`FederationError`.
 - Running them: :class:`Simulation` (a whole federation in one process, on the in-memory
-  transport or gRPC), :class:`Node` (one node, embeddable; ``fl-node`` runs it).
+  transport or gRPC), :class:`Node` (one node, embeddable; ``fl-node`` runs it), and
+  :func:`load_tls_identity` (a node's mTLS identity from the files ``fl-certs`` makes).
 - Writing an algorithm: :class:`Algorithm` with its :class:`ClientHalf` and
   :class:`ServerHalf`, the contexts they are built with (:class:`ClientContext`,
   :class:`ServerContext`) and the :class:`Update` a server half aggregates; the
@@ -57,6 +59,7 @@ _EXPORTS = {
     "Update": "flmesh.node.algorithms.base",
     "Param": "flmesh.topology.algorithms",
     "register_algorithm": "flmesh.topology.algorithms",
+    "load_tls_identity": "flmesh.node.wire.tls",
     "Learner": "flmesh.node.learning.learner",
     "TrainContext": "flmesh.node.learning.learner",
     "EvalContext": "flmesh.node.learning.learner",
@@ -82,6 +85,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from flmesh.node.learning.learner import TrainContext as TrainContext
     from flmesh.node.learning.models import register_model as register_model
     from flmesh.node.node import Node as Node
+    from flmesh.node.wire.tls import load_tls_identity as load_tls_identity
     from flmesh.topology import Federation as Federation
     from flmesh.topology import FederationError as FederationError
     from flmesh.topology import load_federation as load_federation

@@ -91,7 +91,7 @@ class Shell:
             self.wait(block)
         elif name == "fl-node" and background:
             self.start(words, block)
-        elif name in ("fl-sim", "python") and not background:
+        elif name in ("fl-sim", "fl-certs", "python") and not background:
             program = sys.executable if name == "python" else str(BIN / name)
             done = subprocess.run([program, *words[1:]], cwd=self.folder, env=self.env, capture_output=True,
                                   text=True, timeout=DEADLINE_S)

@@ -69,7 +69,8 @@ def test_kill_9_a_node_mid_run_and_resume_it(tmp_path):
         procs["n3"].wait(timeout=30)
         address = (tmp_path / "addr" / "n3.addr").read_text().strip()
         again = subprocess.Popen([FL_NODE, "--id", "n3", "--federation", str(fed), "--listen", address,
-                                  "--peers-file", str(tmp_path / "addr" / "peers.json"), "--resume", "--insecure"],
+                                  "--peers-file", str(tmp_path / "addr" / "peers.json"), "--resume",
+                                  "--insecure"],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         errs = {i: p.communicate(timeout=600)[1] for i, p in procs.items() if i != "n3"}
         errs["n3"] = again.communicate(timeout=600)[1]
@@ -94,7 +95,8 @@ def test_kill_9_the_aggregator_and_resume_it(tmp_path):
     out = tmp_path / "runs" / "procs-aggregator"
 
     def aggregator(*extra: str) -> subprocess.Popen:
-        return subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--insecure", *extra],
+        return subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--insecure",
+                                 *extra],
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     ready = tmp_path / "agg.addr"

@@ -20,12 +20,14 @@ from conftest import tiny_raw
 SURFACE = ["load_federation", "Federation", "FederationError", "Simulation", "Node", "Algorithm",
            "ClientHalf", "ServerHalf", "ClientContext", "ServerContext", "Update", "ArrayData", "NodeData",
            "Param", "register_algorithm", "Learner", "TrainContext", "EvalContext", "register_model",
+           "load_tls_identity",
            "__version__"]
 
 SIGNATURES = {
     "load_federation": "(path: 'str | Path', overrides: 'Iterable[str]' = ()) -> 'Federation'",
     "Simulation": "(federation: 'Federation', out_dir: 'Path | None' = None, "
-                  "eval_every: 'int | None' = None, transport: 'Transport' = 'memory', insecure: 'bool' = False, "
+                  "eval_every: 'int | None' = None, transport: 'Transport' = 'memory', "
+                  "insecure: 'bool' = False, "
                   "model: 'ModelFactory | nn.Module | None' = None, learner: 'Learner | None' = None)",
     "Simulation.run": "(self, on_round: 'Callable[[RoundRow], None] | None' = None) -> 'Summary'",
     "Node.from_federation": "(federation: 'Federation', node_id: 'str', *, data: 'NodeData | None' = None, "

@@ -15,6 +15,7 @@ id or identity name in a certificate.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,18 @@ def load_tls(ca: Path, cert: Path, key: Path, expected_id: str | None = None) ->
     identity = load_identity(cert, key, ca, expected_id=expected_id)
     return (Tls(identity.node_id, identity.ca_pem, identity.cert_pem, identity.key_pem),
             tuple(identity.warnings))
+
+
+def load_tls_identity(ca: str | Path, cert: str | Path, key: str | Path, node_id: str) -> Tls:
+    """Process ``node_id``'s mTLS identity from the files ``fl-certs`` made (the federation's
+    ``ca.pem``, the process's ``ID.pem`` and ``ID.key``), checked as :func:`load_tls` checks
+    them; its warnings (a key others can read, a CA key beside it) go to the log. Pass the
+    result as ``tls=`` to :meth:`flmesh.Node.from_federation`. Blocking (reads the files);
+    raises CertError (one line naming the file)."""
+    tls, warnings = load_tls(Path(ca), Path(cert), Path(key), expected_id=node_id)
+    for warning in warnings:
+        logging.getLogger("flmesh.security").warning("%s", warning)
+    return tls
 
 
 def auth_values(context: grpc.ServicerContext, key: str) -> list[bytes]:
