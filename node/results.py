@@ -2,10 +2,10 @@
 
 Every writer (``fl-sim`` for both kinds of federation, ``fl-node``, the
 aggregator) builds these dataclasses and writes them with :class:`RunWriter`:
-``rounds.jsonl`` (one :class:`RoundRow` per line) and ``summary.json`` (a
-:class:`Summary`), each replaced atomically (temporary file, then rename), so a
-reader never sees a half-written file, even after a crash. Every object
-carries ``schema_version``. Fields and units: docs/results-schema.md.
+``rounds.jsonl`` (one :class:`RoundRow` per line, appended whole) and
+``summary.json`` (a :class:`Summary`, replaced atomically: temporary file, then
+rename), so a reader never sees a half-written row or summary, even after a
+crash. Every object carries ``schema_version``. Fields and units: docs/results-schema.md.
 Accuracies and forgetting are fractions in [0, 1]; times are seconds; bytes
 are model-stream bytes.
 
@@ -18,14 +18,14 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flmesh.node.reports import RoundReport, StarReport
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -106,6 +106,30 @@ class Matrix:
 
 
 @dataclass
+class SparseMatrix:
+    """A labelled matrix of which only some cells are known: ``pairs[r][c]`` for row ``r`` and
+    column ``c`` (ids from ``rows`` and ``cols``); a pair that is not there was not evaluated.
+    A peer row with ``[federation] eval_sample = K`` holds N x K numbers this way, not N x N."""
+
+    rows: list[str]
+    cols: list[str]
+    pairs: dict[str, dict[str, float]]
+
+
+def matrix_values(matrix: Mapping[str, Any]) -> list[list[float | None]]:
+    """The grid of a matrix as read from rounds.jsonl, either form: ``values[i][j]`` for
+    ``rows[i]`` and ``cols[j]``, None for a pair a sparse matrix does not have."""
+    if "values" in matrix:
+        return list(matrix["values"])
+    index = {c: j for j, c in enumerate(matrix["cols"])}
+    grid: list[list[float | None]] = [[None] * len(index) for _ in matrix["rows"]]
+    for i, r in enumerate(matrix["rows"]):
+        for c, v in matrix["pairs"].get(r, {}).items():
+            grid[i][index[c]] = v
+    return grid
+
+
+@dataclass
 class RoundRow:
     """One line of rounds.jsonl: the federation (or one node, for fl-node) after a round."""
 
@@ -115,7 +139,7 @@ class RoundRow:
     fa: float | None = None  # FedRewind Eq. 5 over the trained models x test splits
     ff: float | None = None  # Eq. 6
     pfa: float | None = None  # Eq. 7
-    accuracy_matrix: Matrix | None = None  # trained model (row) on test split (column)
+    accuracy_matrix: Matrix | SparseMatrix | None = None  # trained model (row) on test split (column)
     eval_sample: int | None = None  # peer: test splits per model when sampled (own + others); None: all
     accuracy: float | None = None  # star: the global model on the union of the nodes' test splits
     per_class_accuracy: list[float | None] | None = None

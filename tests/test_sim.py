@@ -72,7 +72,7 @@ def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
     assert summary["final"]["fa"] == pytest.approx(rows[-1]["fa"])
     assert summary["final"]["pfa"] == pytest.approx(rows[-1]["pfa"])
     assert summary["kind"] == "peer" and summary["writer"] == "fl-sim"
-    assert all(r["schema_version"] == summary["schema_version"] == 2 for r in rows)
+    assert all(r["schema_version"] == summary["schema_version"] == 3 for r in rows)
     assert summary["bytes_per_round"] > 0 and summary["final"]["round"] == 2
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "per_class.png").stat().st_size > 0
     assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
@@ -293,8 +293,7 @@ def test_both_transports_give_the_same_numbers_between_peers(tiny_file, tmp_path
     same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "eval_sample", "bytes_by_kind")
     assert [[r[k] for k in same] for r in rows["memory"]] == [[r[k] for k in same] for r in rows["grpc"]]
     if eval_sample:
-        assert all(sum(v is not None for v in values) == 2
-                   for r in rows["grpc"] for values in r["accuracy_matrix"]["values"])
+        assert all(len(pairs) == 2 for r in rows["grpc"] for pairs in r["accuracy_matrix"]["pairs"].values())
 
 
 @pytest.mark.slow
