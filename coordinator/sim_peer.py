@@ -111,6 +111,7 @@ class PeerDriver:
         self._trained = Lockstep(lambda: len(self.trainers))  # before an evaluated round's N x N
         self._round_over = Lockstep(lambda: len(self.trainers))  # before the next round
         self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
+        self._spans: dict[int, tuple[float, float]] = {}  # round -> its first start, its last end
         self._next = 1  # the next round whose row is due
         self._rounds_done = 0
         self._rows = RowQueue()
@@ -166,6 +167,7 @@ class PeerDriver:
         cores nor with other nodes' round t, whose ``wall_s`` it would inflate (more so the more
         nodes there are).
         The numbers do not depend on them; a stop ends the waits."""
+        ended = trainer.clock.now()
         if self._stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         t = report.round
@@ -183,18 +185,21 @@ class PeerDriver:
                                   device=trainer.device) for j in sorted(cols)}
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
+            first, last = self._spans.get(t, (math.inf, -math.inf))
+            self._spans[t] = (min(first, ended - report.wall_s), max(last, ended))
             self._done[t] = self._done.get(t, 0) + 1
             while self._done.get(self._next, 0) == len(self.trainers):
                 finished = self._pending.pop(self._next)
+                first, last = self._spans.pop(self._next)
                 del self._done[self._next]
                 if self._evaluated(self._next):
-                    self._rows.put(self._row(self._next, finished))
+                    self._rows.put(self._row(self._next, finished, last - first))
                 self._rounds_done = self._next
                 self._next += 1
         self._round_over.meet(t)
 
-    def _row(self, t: int, finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
-        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)
+    def _row(self, t: int, finished: dict[str, tuple[Report, Evals]], span_s: float) -> RoundRow:
+        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished, span_s)
 
     def _runner(self, trainer: Node) -> Callable[[], object]:
         def on_round(report: Report) -> None:
@@ -209,13 +214,16 @@ class PeerDriver:
 
 
 def peer_row(federation: Federation, t: int, ids: list[str],
-             finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
+             finished: dict[str, tuple[Report, Evals]], span_s: float | None = None) -> RoundRow:
     """Round ``t``'s row from each trainer's report and its model's evaluations on the test
     splits (by index in ``ids``; absent where ``eval_sample`` did not draw the split); one
     trainer for several nodes is the Joint baseline. FA/FF are estimated from the evaluated
     pairs (see ``sampled_federation_metrics``), PFA is over the diagonal (always evaluated).
     A sampled row's matrix is a :class:`SparseMatrix` of the evaluated pairs; the work beyond
-    the N x N array of the metrics is O(evaluated pairs)."""
+    the N x N array of the metrics is O(evaluated pairs). ``wall_s`` is ``span_s``, seconds
+    from the first trainer's start of the round to the last one's end, when given (the node
+    threads of one process start a round one after the other, each clocking only its own
+    part); else the slowest trainer's round."""
     if len(finished) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
         report, evals = next(iter(finished.values()))
         results = [evals] * len(ids)
@@ -274,7 +282,7 @@ def peer_row(federation: Federation, t: int, ids: list[str],
                     task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
                     per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
                     bytes_by_kind=by_kind, nodes=nodes,
-                    wall_s=round(max(r.wall_s for r in reports.values()), 4))
+                    wall_s=round(max(r.wall_s for r in reports.values()) if span_s is None else span_s, 4))
 
 
 def _present(federation: Federation, task: int | None, ids: list[str]) -> list[str]:

@@ -240,7 +240,9 @@ class RunWriter:
     A crash can leave only a torn last line, without its newline; :func:`complete_lines`
     drops it for every reader. summary.json is replaced atomically. ``append=True`` keeps the
     rows already in rounds.jsonl (a resumed run), those of rounds up to ``upto`` when it is
-    given (a round after the checkpoint runs again). Not thread-safe: one writer per run.
+    given (a round after the checkpoint runs again). The rows are kept as their JSON lines (a
+    few bytes per number, and nothing for Python's cyclic collector to walk) and parsed when
+    :attr:`rows` is read. Not thread-safe: one writer per run.
     """
 
     def __init__(self, out_dir: Path, append: bool = False, upto: int | None = None):
@@ -248,23 +250,25 @@ class RunWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rounds_path = self.out_dir / "rounds.jsonl"
         self.summary_path = self.out_dir / "summary.json"
-        self.rows: list[dict[str, Any]] = []
-        lines: list[str] = []
+        self._lines: list[str] = []
         if append and self.rounds_path.exists():
             lines = complete_lines(self.rounds_path.read_text(encoding="utf-8"))
-            rows = [json.loads(line) for line in lines]
-            keep = [upto is None or row.get("round", 0) <= upto for row in rows]
-            lines = [line for line, k in zip(lines, keep, strict=True) if k]
-            self.rows = [row for row, k in zip(rows, keep, strict=True) if k]
-        write_atomic(self.rounds_path, "".join(line + "\n" for line in lines))
+            self._lines = [line for line in lines if upto is None or json.loads(line).get("round", 0) <= upto]
+        write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row in rounds.jsonl so far, parsed anew on each read (O(rows))."""
+        return [json.loads(line) for line in self._lines]
 
     def write_round(self, row: RoundRow) -> None:
-        data = to_json(row)
-        self.rows.append(data)
-        line = (json.dumps(data) + "\n").encode("utf-8")
+        """Append ``row`` as one line and fsync it. Blocks on the disk."""
+        line = json.dumps(to_json(row))
+        self._lines.append(line)
         fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND)
         try:
-            os.write(fd, line)  # one call: a reader sees the whole line or none of its newline
+            # one call: a reader sees the whole line or none of its newline
+            os.write(fd, (line + "\n").encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)
