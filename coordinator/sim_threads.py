@@ -48,6 +48,11 @@ class Lockstep:
         everyone.wait()  # set by the last arrival or by stop(), which sets every event under the lock
         return not self._stopped.is_set()
 
+    def arrived(self, round: int) -> int:
+        """Threads waiting for ``round`` now (0 before the first and once all have arrived)."""
+        with self._lock:
+            return self._arrived.get(round, 0)
+
     def stop(self) -> None:
         """Release every waiter now (their meet returns False). Idempotent."""
         self._stopped.set()  # before the lock: a meet that takes the lock after this returns at once
