@@ -9,10 +9,10 @@ schedule, 0.5 epoch per round on an iid split of digits (1,797 samples: at 1000 
 node holds one or two). Above 100 nodes each model is evaluated on its own test split and
 K - 1 others drawn from the seed (``[federation] eval_sample``, default K = 10), not on all
 N. Seconds per round is the median of the rounds' own wall times (``wall_s`` in
-rounds.jsonl: the slowest node's round, not the evaluation after it), the first and the
-last round left out (start-up, the end). Peak RSS is the kernel's ``ru_maxrss`` of the
-fl-sim process. Prints, per size: seconds per round, milliseconds per node and round, peak
-RSS, and RSS per extra node over the smallest size.
+rounds.jsonl: from the first node's start of the round to the last node's end, not the
+evaluation after it), the first and the last round left out (start-up, the end). Peak RSS
+is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: seconds per round,
+milliseconds per node and round, peak RSS, and RSS per extra node over the smallest size.
 """
 
 from __future__ import annotations

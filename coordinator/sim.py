@@ -22,6 +22,7 @@ Blocking; use from one thread. ``stop()`` may be called from another thread
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import platform
 import time
 from collections.abc import Callable, Iterator
@@ -147,13 +148,23 @@ class Simulation:
         writer = RunWriter(self.out_dir)
         started = time.monotonic()
         rows: list[RoundRow] = []
+        frozen = False
         try:
             for row in self.driver.rows():
                 rows.append(row)
                 writer.write_round(row)
+                if not frozen and gc.get_freeze_count() == 0:
+                    # What exists after the first row mostly lives for the whole run (every node's
+                    # model and data, the torch modules imported on first use). Frozen, Python's
+                    # full collections stop walking it again: with N nodes a round's objects reach
+                    # the oldest generation more often, and each walk cost O(N) per node-round.
+                    gc.freeze()
+                    frozen = True
                 if on_round is not None:
                     on_round(row)
         finally:
+            if frozen:
+                gc.unfreeze()  # collectable again once the run is over
             summary = self.summary(rows, writer.rows, time.monotonic() - started)
             writer.write_summary(summary)
             if self.draw_pictures:

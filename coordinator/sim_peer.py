@@ -39,14 +39,14 @@ from flmesh.node.learning.metrics import sampled_federation_metrics
 from flmesh.node.learning.trainer import evaluate
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import EvalResult, RoundReport, StarReport
-from flmesh.node.results import Matrix, NodeRound, RoundRow
+from flmesh.node.results import Matrix, NodeRound, RoundRow, SparseMatrix
 from flmesh.node.transport import PeerTransport
 from flmesh.topology import Federation, NodeConfig
 from flmesh.topology.sampling import eval_sampled, eval_splits
 from flmesh.topology.tasks import present
 
 JOINT_ID = "joint"
-Evals = list[EvalResult | None]  # one model on each node's test split, in federation order (None: not drawn)
+Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
 
 
 def evaluated_columns(federation: Federation, round: int, trainer: str, task: int | None) -> set[int]:
@@ -111,6 +111,7 @@ class PeerDriver:
         self._trained = Lockstep(lambda: len(self.trainers))  # before an evaluated round's N x N
         self._round_over = Lockstep(lambda: len(self.trainers))  # before the next round
         self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
+        self._spans: dict[int, tuple[float, float]] = {}  # round -> its first start, its last end
         self._next = 1  # the next round whose row is due
         self._rounds_done = 0
         self._rows = RowQueue()
@@ -166,10 +167,11 @@ class PeerDriver:
         cores nor with other nodes' round t, whose ``wall_s`` it would inflate (more so the more
         nodes there are).
         The numbers do not depend on them; a stop ends the waits."""
+        ended = trainer.clock.now()
         if self._stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         t = report.round
-        evals: Evals = []
+        evals: Evals = {}
         if self._evaluated(t) and not self._trained.meet(t):
             return  # stopped while waiting for the others
         if self._evaluated(t):
@@ -177,25 +179,27 @@ class PeerDriver:
             # node gives (tests/test_sim.py checks it), without N model transfers per trainer
             task = getattr(report, "task", None)
             cols = evaluated_columns(self.federation, t, trainer.node_id, task)
-            with trainer.model_lock:
-                evals = [reported_own(report, n is trainer and task is None) or
-                         evaluate(trainer.model, n.data.test.up_to_task(task), device=trainer.device,
-                                  learner=trainer.learner)
-                         if j in cols else None for j, n in enumerate(self.nodes)]
+            with trainer.model_lock:  # only the drawn columns: a node's share stays O(K), not O(N)
+                evals = {j: reported_own(report, self.nodes[j] is trainer and task is None) or
+                         evaluate(trainer.model, self.nodes[j].data.test.up_to_task(task),
+                                  device=trainer.device, learner=trainer.learner) for j in sorted(cols)}
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
+            first, last = self._spans.get(t, (math.inf, -math.inf))
+            self._spans[t] = (min(first, ended - report.wall_s), max(last, ended))
             self._done[t] = self._done.get(t, 0) + 1
             while self._done.get(self._next, 0) == len(self.trainers):
                 finished = self._pending.pop(self._next)
+                first, last = self._spans.pop(self._next)
                 del self._done[self._next]
                 if self._evaluated(self._next):
-                    self._rows.put(self._row(self._next, finished))
+                    self._rows.put(self._row(self._next, finished, last - first))
                 self._rounds_done = self._next
                 self._next += 1
         self._round_over.meet(t)
 
-    def _row(self, t: int, finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
-        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished)
+    def _row(self, t: int, finished: dict[str, tuple[Report, Evals]], span_s: float) -> RoundRow:
+        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished, span_s)
 
     def _runner(self, trainer: Node) -> Callable[[], object]:
         def on_round(report: Report) -> None:
@@ -210,11 +214,16 @@ class PeerDriver:
 
 
 def peer_row(federation: Federation, t: int, ids: list[str],
-             finished: dict[str, tuple[Report, Evals]]) -> RoundRow:
+             finished: dict[str, tuple[Report, Evals]], span_s: float | None = None) -> RoundRow:
     """Round ``t``'s row from each trainer's report and its model's evaluations on the test
-    splits (in ``ids`` order; None where ``eval_sample`` did not draw the split); one trainer for
-    several nodes is the Joint baseline. FA/FF are estimated from the evaluated pairs (see
-    ``sampled_federation_metrics``), PFA is over the diagonal (always evaluated)."""
+    splits (by index in ``ids``; absent where ``eval_sample`` did not draw the split); one
+    trainer for several nodes is the Joint baseline. FA/FF are estimated from the evaluated
+    pairs (see ``sampled_federation_metrics``), PFA is over the diagonal (always evaluated).
+    A sampled row's matrix is a :class:`SparseMatrix` of the evaluated pairs; the work beyond
+    the N x N array of the metrics is O(evaluated pairs). ``wall_s`` is ``span_s``, seconds
+    from the first trainer's start of the round to the last one's end, when given (the node
+    threads of one process start a round one after the other, each clocking only its own
+    part); else the slowest trainer's round."""
     if len(finished) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
         report, evals = next(iter(finished.values()))
         results = [evals] * len(ids)
@@ -224,10 +233,16 @@ def peer_row(federation: Federation, t: int, ids: list[str],
         reports = {i: finished[i][0] for i in ids}
     task = getattr(next(iter(reports.values())), "task", None)
     scope = _present(federation, task, ids)  # a continual federation counts the nodes already there
-    cols = [ids.index(i) for i in scope]
-    acc = np.array([[_score(results[i][j], federation.metric) for j in cols] for i in cols])
+    position = {node: j for j, node in enumerate(ids)}
+    cols = [position[i] for i in scope]
+    at = {j: k for k, j in enumerate(cols)}  # federation index -> index in the matrix
+    evaluated = [sorted((j, r) for j, r in results[i].items() if j in at) for i in cols]
+    acc = np.full((len(cols), len(cols)), math.nan)
+    for k, pairs in enumerate(evaluated):
+        for j, r in pairs:
+            acc[k, at[j]] = r.score(federation.metric)
     metrics = sampled_federation_metrics(acc)
-    done = [r for row in results for r in row if r is not None]
+    done = [r for row in results for r in row.values()]
     correct = np.sum([r.per_class_correct for r in done], axis=0)
     total = np.sum([r.per_class_total for r in done], axis=0)
     per_class = np.divide(correct, total, out=np.zeros(len(total)), where=total > 0)
@@ -235,13 +250,12 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     for i, node_id in enumerate(ids):
         entry = NodeRound.from_report(reports[node_id])
         entry.node = node_id
-        own = results[i][i]
+        own = results[i].get(i)
         assert own is not None, "every model is evaluated on its own split (eval_splits)"
         entry.accuracy = own.accuracy
         entry.per_class_correct = list(own.per_class_correct)
         entry.per_class_total = list(own.per_class_total)
-        entry.cross_accuracy = {j: r.score(federation.metric) for j, r in zip(ids, results[i], strict=True)
-                                if r is not None}
+        entry.cross_accuracy = {ids[j]: r.score(federation.metric) for j, r in sorted(results[i].items())}
         nodes[node_id] = entry
     missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
                       for p in (r.missing, None if r.delivered else r.destination) if p})
@@ -250,24 +264,25 @@ def peer_row(federation: Federation, t: int, ids: list[str],
              if isinstance(r, RoundReport) and r.privacy_spent is not None}
     task_acc = seen = None
     if task is not None:  # the models of the nodes present, on every task seen so far (pairs evaluated)
-        pairs = [[r for j in cols if (r := results[i][j]) is not None] for i in cols]
-        per_model = [task_accuracy(row) for row in pairs]
+        per_model = [task_accuracy([r for _, r in pairs]) for pairs in evaluated]
         task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
-        seen = _mean([sum(r.correct for r in row) / max(1, sum(r.total for r in row)) for row in pairs])
+        seen = _mean([sum(r.correct for _, r in row) / max(1, sum(r.total for _, r in row))
+                      for row in evaluated])
     sampled = eval_sampled(federation) and len(finished) == len(ids)  # the Joint model: every split
+    rounded = acc.round(6)
+    matrix: Matrix | SparseMatrix
+    if sampled:
+        matrix = SparseMatrix(scope, scope, {scope[k]: {ids[j]: float(rounded[k, at[j]]) for j, _ in pairs}
+                                             for k, pairs in enumerate(evaluated)})
+    else:
+        matrix = Matrix(scope, scope, [[None if np.isnan(v) else v for v in row] for row in rounded.tolist()])
     return RoundRow(t, "peer", "fl-sim", metric=federation.metric, fa=metrics.fa, ff=metrics.ff,
-                    pfa=metrics.pfa,
-                    accuracy_matrix=Matrix(scope, scope, [[None if np.isnan(v) else v for v in row]
-                                                          for row in acc.round(6).tolist()]),
+                    pfa=metrics.pfa, accuracy_matrix=matrix,
                     eval_sample=federation.eval_sample if sampled else None,
                     task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
                     per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
                     bytes_by_kind=by_kind, nodes=nodes,
-                    wall_s=round(max(r.wall_s for r in reports.values()), 4))
-
-
-def _score(result: EvalResult | None, metric: str) -> float:
-    return math.nan if result is None else result.score(metric)
+                    wall_s=round(max(r.wall_s for r in reports.values()) if span_s is None else span_s, 4))
 
 
 def _present(federation: Federation, task: int | None, ids: list[str]) -> list[str]:

@@ -16,15 +16,16 @@ from collections.abc import Callable, Iterator
 
 from flmesh.node.results import RoundRow
 
-#: How often a waiting thread wakes (Ctrl-C and a stop are noticed then), in seconds.
+#: How often the runner's thread wakes while it waits for a row (Ctrl-C is noticed then), in seconds.
 WAKE_S = 0.2
 
 
 class Lockstep:
     """Where ``parties()`` threads meet once per round: :meth:`meet` returns when all of them
     have arrived for that round, or at :meth:`stop`. One event per round, set by its last
-    arrival, so each waiter wakes once per round (a condition notified on every arrival woke
-    all N waiters N times: N^2 per round). Thread-safe."""
+    arrival (or by :meth:`stop`), so each waiter wakes once per round: a condition notified on
+    every arrival, or a wait that wakes on a timeout to look for a stop, woke the N waiters
+    O(N) times a round each. Thread-safe."""
 
     def __init__(self, parties: Callable[[], int]):
         self._parties = parties
@@ -34,20 +35,27 @@ class Lockstep:
         self._stopped = threading.Event()
 
     def meet(self, round: int) -> bool:
-        """Arrive for ``round`` and wait for the others; False when stopped first. Blocks."""
+        """Arrive for ``round`` and wait for the others; False when stopped first. Blocks (never
+        call it from the main thread: the wait has no timeout, so Ctrl-C would not end it)."""
         with self._lock:
+            if self._stopped.is_set():
+                return False
             self._arrived[round] = self._arrived.get(round, 0) + 1
             everyone = self._everyone.setdefault(round, threading.Event())
             if self._arrived[round] >= self._parties():
                 everyone.set()
                 del self._everyone[round], self._arrived[round]
-        while not everyone.wait(WAKE_S) and not self._stopped.is_set():
-            pass
+        everyone.wait()  # set by the last arrival or by stop(), which sets every event under the lock
         return not self._stopped.is_set()
+
+    def arrived(self, round: int) -> int:
+        """Threads waiting for ``round`` now (0 before the first and once all have arrived)."""
+        with self._lock:
+            return self._arrived.get(round, 0)
 
     def stop(self) -> None:
         """Release every waiter now (their meet returns False). Idempotent."""
-        self._stopped.set()
+        self._stopped.set()  # before the lock: a meet that takes the lock after this returns at once
         with self._lock:
             for everyone in self._everyone.values():
                 everyone.set()

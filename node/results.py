@@ -2,10 +2,10 @@
 
 Every writer (``fl-sim`` for both kinds of federation, ``fl-node``, the
 aggregator) builds these dataclasses and writes them with :class:`RunWriter`:
-``rounds.jsonl`` (one :class:`RoundRow` per line) and ``summary.json`` (a
-:class:`Summary`), each replaced atomically (temporary file, then rename), so a
-reader never sees a half-written file, even after a crash. Every object
-carries ``schema_version``. Fields and units: docs/results-schema.md.
+``rounds.jsonl`` (one :class:`RoundRow` per line, appended whole) and
+``summary.json`` (a :class:`Summary`, replaced atomically: temporary file, then
+rename), so a reader never sees a half-written row or summary, even after a
+crash. Every object carries ``schema_version``. Fields and units: docs/results-schema.md.
 Accuracies and forgetting are fractions in [0, 1]; times are seconds; bytes
 are model-stream bytes.
 
@@ -18,14 +18,14 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flmesh.node.reports import EvalResult, RoundReport, StarReport, TrainStats
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -118,6 +118,30 @@ class Matrix:
 
 
 @dataclass
+class SparseMatrix:
+    """A labelled matrix of which only some cells are known: ``pairs[r][c]`` for row ``r`` and
+    column ``c`` (ids from ``rows`` and ``cols``); a pair that is not there was not evaluated.
+    A peer row with ``[federation] eval_sample = K`` holds N x K numbers this way, not N x N."""
+
+    rows: list[str]
+    cols: list[str]
+    pairs: dict[str, dict[str, float]]
+
+
+def matrix_values(matrix: Mapping[str, Any]) -> list[list[float | None]]:
+    """The grid of a matrix as read from rounds.jsonl, either form: ``values[i][j]`` for
+    ``rows[i]`` and ``cols[j]``, None for a pair a sparse matrix does not have."""
+    if "values" in matrix:
+        return list(matrix["values"])
+    index = {c: j for j, c in enumerate(matrix["cols"])}
+    grid: list[list[float | None]] = [[None] * len(index) for _ in matrix["rows"]]
+    for i, r in enumerate(matrix["rows"]):
+        for c, v in matrix["pairs"].get(r, {}).items():
+            grid[i][index[c]] = v
+    return grid
+
+
+@dataclass
 class RoundRow:
     """One line of rounds.jsonl: the federation (or one node, for fl-node) after a round."""
 
@@ -128,7 +152,7 @@ class RoundRow:
     fa: float | None = None  # FedRewind Eq. 5 over the trained models x test splits
     ff: float | None = None  # Eq. 6
     pfa: float | None = None  # Eq. 7
-    accuracy_matrix: Matrix | None = None  # trained model (row) on test split (column)
+    accuracy_matrix: Matrix | SparseMatrix | None = None  # trained model (row) on test split (column)
     eval_sample: int | None = None  # peer: test splits per model when sampled (own + others); None: all
     accuracy: float | None = None  # star: the global model on the union of the nodes' test splits
     per_class_accuracy: list[float | None] | None = None
@@ -195,19 +219,22 @@ class Summary:
 
 
 def _clean(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become null (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    """JSON-safe, in one pass: dataclasses become dicts, tuples lists, NaN and infinities null
+    (JSON has neither); unlike ``dataclasses.asdict``, it copies no leaf."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _clean(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
 
 
 def to_json(obj: Any) -> dict[str, Any]:
-    """A dataclass as a JSON-ready dict (nested dataclasses included)."""
-    out: dict[str, Any] = _clean(dataclasses.asdict(obj))
+    """A dataclass as a JSON-ready dict (nested dataclasses included). O(size of ``obj``)."""
+    out: dict[str, Any] = _clean(obj)
     return out
 
 
@@ -229,7 +256,9 @@ class RunWriter:
     A crash can leave only a torn last line, without its newline; :func:`complete_lines`
     drops it for every reader. summary.json is replaced atomically. ``append=True`` keeps the
     rows already in rounds.jsonl (a resumed run), those of rounds up to ``upto`` when it is
-    given (a round after the checkpoint runs again). Not thread-safe: one writer per run.
+    given (a round after the checkpoint runs again). The rows are kept as their JSON lines (a
+    few bytes per number, and nothing for Python's cyclic collector to walk) and parsed when
+    :attr:`rows` is read. Not thread-safe: one writer per run.
     """
 
     def __init__(self, out_dir: Path, append: bool = False, upto: int | None = None):
@@ -237,23 +266,25 @@ class RunWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rounds_path = self.out_dir / "rounds.jsonl"
         self.summary_path = self.out_dir / "summary.json"
-        self.rows: list[dict[str, Any]] = []
-        lines: list[str] = []
+        self._lines: list[str] = []
         if append and self.rounds_path.exists():
             lines = complete_lines(self.rounds_path.read_text(encoding="utf-8"))
-            rows = [json.loads(line) for line in lines]
-            keep = [upto is None or row.get("round", 0) <= upto for row in rows]
-            lines = [line for line, k in zip(lines, keep, strict=True) if k]
-            self.rows = [row for row, k in zip(rows, keep, strict=True) if k]
-        write_atomic(self.rounds_path, "".join(line + "\n" for line in lines))
+            self._lines = [line for line in lines if upto is None or json.loads(line).get("round", 0) <= upto]
+        write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row in rounds.jsonl so far, parsed anew on each read (O(rows))."""
+        return [json.loads(line) for line in self._lines]
 
     def write_round(self, row: RoundRow) -> None:
-        data = to_json(row)
-        self.rows.append(data)
-        line = (json.dumps(data) + "\n").encode("utf-8")
+        """Append ``row`` as one line and fsync it. Blocks on the disk."""
+        line = json.dumps(to_json(row))
+        self._lines.append(line)
         fd = os.open(self.rounds_path, os.O_WRONLY | os.O_APPEND)
         try:
-            os.write(fd, line)  # one call: a reader sees the whole line or none of its newline
+            # one call: a reader sees the whole line or none of its newline
+            os.write(fd, (line + "\n").encode("utf-8"))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -23,6 +23,7 @@ from flmesh.node.learning.metrics import (
     sampled_federation_metrics,
 )
 from flmesh.node.reports import EvalResult, RoundReport, TrainStats
+from flmesh.node.results import Matrix, SparseMatrix, matrix_values
 from flmesh.topology import load_federation, parse_federation
 from flmesh.topology.sampling import eval_columns, eval_sampled, eval_splits
 
@@ -154,16 +155,18 @@ def test_peer_row_with_a_partial_matrix_uses_only_the_evaluated_pairs():
     finished = {}
     counts = {}
     for i, node in enumerate(ids):
-        evals: list[EvalResult | None] = [None] * 4
+        evals: dict[int, EvalResult] = {}
         for j in (i, (i + 1) % 4):
             counts[i, j] = ((i + j) % 5, 1 + j), (10, 10)
             evals[j] = _eval(*counts[i, j])
         finished[node] = (_report(node, 1), evals)
     row = peer_row(fed, 1, ids, finished)
     assert row.eval_sample == 2
-    values = row.accuracy_matrix.values
+    assert isinstance(row.accuracy_matrix, SparseMatrix), "a sampled row keeps only the evaluated pairs"
+    pairs = row.accuracy_matrix.pairs
     for i in range(4):
-        assert [j for j in range(4) if values[i][j] is not None] == sorted({i, (i + 1) % 4})
+        assert set(pairs[ids[i]]) == {ids[i], ids[(i + 1) % 4]}
+        assert pairs[ids[i]][ids[i]] == pytest.approx(sum(counts[i, i][0]) / sum(counts[i, i][1]))
         assert set(row.nodes[ids[i]].cross_accuracy) == {ids[i], ids[(i + 1) % 4]}
     acc = {(i, j): sum(c) / sum(t) for (i, j), (c, t) in counts.items()}
     diag = [acc[i, i] for i in range(4)]
@@ -183,12 +186,13 @@ def test_peer_row_with_a_partial_matrix_uses_only_the_evaluated_pairs():
 
 def test_peer_row_of_a_full_matrix_says_nothing_was_sampled():
     fed = parse_federation(tiny_raw(nodes=3), source="f.toml")
-    finished = {n: (_report(n, None), [_eval((i + j,), (10,)) for j in range(3)])
+    finished = {n: (_report(n, None), {j: _eval((i + j,), (10,)) for j in range(3)})
                 for i, n in enumerate(fed.node_ids)}
     row = peer_row(fed, 1, fed.node_ids, finished)
     acc = np.array([[(i + j) / 10 for j in range(3)] for i in range(3)])
     exact = federation_metrics(acc)
     assert row.eval_sample is None and (row.fa, row.ff, row.pfa) == (exact.fa, exact.ff, exact.pfa)
+    assert isinstance(row.accuracy_matrix, Matrix)
     assert all(v is not None for r in row.accuracy_matrix.values for v in r)
 
 
@@ -244,19 +248,21 @@ def test_a_sampled_run_evaluates_each_model_on_its_split_and_one_drawn_other(run
         assert row["eval_sample"] == 2
         matrix = row["accuracy_matrix"]
         assert matrix["rows"] == matrix["cols"] == fed.node_ids
+        assert "values" not in matrix and sum(len(p) for p in matrix["pairs"].values()) == 4 * 2
+        values = matrix_values(matrix)
         diag, off = [], []
         for i, node in enumerate(matrix["rows"]):
-            evaluated = [j for j, v in enumerate(matrix["values"][i]) if v is not None]
+            evaluated = [j for j, v in enumerate(values[i]) if v is not None]
             assert i in evaluated and len(evaluated) == 2
             assert evaluated == eval_splits(fed, row["round"], node)  # the seeded draw, nothing else
             assert set(row["nodes"][node]["cross_accuracy"]) == {fed.node_ids[j] for j in evaluated}
-            assert row["nodes"][node]["accuracy"] == pytest.approx(matrix["values"][i][i], abs=1e-6)
-            diag.append(matrix["values"][i][i])
-            off += [matrix["values"][i][j] for j in evaluated if j != i]
+            assert row["nodes"][node]["accuracy"] == pytest.approx(values[i][i], abs=1e-6)
+            diag.append(values[i][i])
+            off += [values[i][j] for j in evaluated if j != i]
         assert row["fa"] == pytest.approx(np.mean(diag) / 4 + np.mean(off) * 3 / 4, abs=1e-6)
-        full = np.array([[np.nan if v is None else v for v in r] for r in matrix["values"]])
+        full = np.array([[np.nan if v is None else v for v in r] for r in values])
         assert row["ff"] == pytest.approx(sampled_federation_fairness(full), abs=1e-6)
-        assert row["pfa"] == pytest.approx(np.mean([matrix["values"][i][i] for i in range(4)]), abs=1e-6)
+        assert row["pfa"] == pytest.approx(np.mean([values[i][i] for i in range(4)]), abs=1e-6)
 
 
 def test_a_sampled_run_is_reproducible(runs):

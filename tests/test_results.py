@@ -13,7 +13,9 @@ from flmesh.node.results import (
     NodeRound,
     RoundRow,
     RunWriter,
+    SparseMatrix,
     Summary,
+    matrix_values,
     read_rows,
 )
 
@@ -34,6 +36,17 @@ def test_rows_are_appended_and_the_summary_replaced_atomically_and_versioned(tmp
     assert summary["final"]["fa"] == 0.5 and summary["schema_version"] == SCHEMA_VERSION
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["rounds.jsonl", "summary.json"], "no temporary files are left behind"
+
+
+def test_a_sparse_matrix_keeps_only_its_pairs_and_reads_back_as_a_grid(tmp_path):
+    sparse = SparseMatrix(["a", "b", "c"], ["a", "b", "c"], {"a": {"a": 0.5, "c": 0.25}, "b": {"b": 1.0},
+                                                             "c": {"c": 0.75}})
+    RunWriter(tmp_path).write_round(RoundRow(1, "peer", "fl-sim", accuracy_matrix=sparse, eval_sample=2))
+    matrix = read_rows(tmp_path / "rounds.jsonl")[0]["accuracy_matrix"]
+    assert matrix == {"rows": ["a", "b", "c"], "cols": ["a", "b", "c"], "pairs": sparse.pairs}
+    assert matrix_values(matrix) == [[0.5, None, 0.25], [None, 1.0, None], [None, None, 0.75]]
+    dense = {"rows": ["a", "b"], "cols": ["a", "b"], "values": [[0.5, None], [None, 1.0]]}
+    assert matrix_values(dense) == dense["values"]
 
 
 def test_a_resumed_writer_appends(tmp_path):

@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from flmesh.coordinator.sim_cli import main
+from flmesh.coordinator.sim_threads import Lockstep
 
 from conftest import wait_until
 
@@ -52,6 +54,30 @@ def read_run(out: Path):
     return rows, json.loads((out / "summary.json").read_text())
 
 
+def _meeting(step: Lockstep, round: int, met: list[bool]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: met.append(step.meet(round)), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_lockstep_lets_everyone_through_when_all_arrive_and_releases_waiters_on_stop():
+    met: list[bool] = []
+    both = Lockstep(lambda: 2)
+    for t in [_meeting(both, 1, met), _meeting(both, 1, met)]:
+        t.join(timeout=30)
+        assert not t.is_alive()
+    assert met == [True, True]
+    met.clear()
+    short = Lockstep(lambda: 3)
+    waiters = [_meeting(short, 1, met), _meeting(short, 1, met)]
+    wait_until(lambda: short.arrived(1) == 2, timeout=30)
+    short.stop()
+    for t in waiters:
+        t.join(timeout=30)
+        assert not t.is_alive(), "stop() releases a waiter that has no timeout of its own"
+    assert met == [False, False] and short.meet(2) is False, "after stop() a meet returns at once"
+
+
 def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
     out = tmp_path / "run"
     assert main([str(tiny_file), "--out", str(out)]) == 0
@@ -67,12 +93,14 @@ def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
         assert row["fa"] == pytest.approx(sum(map(sum, values)) / 9, abs=1e-5)
         for i, node_id in enumerate(row["accuracy_matrix"]["rows"]):
             assert row["nodes"][node_id]["accuracy"] == pytest.approx(values[i][i], abs=1e-5)
+        # the round's span, from the first node's start to the last node's end, holds each node's round
+        assert row["wall_s"] >= max(n["wall_s"] for n in row["nodes"].values())
     assert rows[1]["nodes"]["node1"]["source"] == "node0" and rows[1]["nodes"]["node1"]["received"]
     assert summary["federation"] == "tiny" and summary["rounds"] == 2 and not summary["interrupted"]
     assert summary["final"]["fa"] == pytest.approx(rows[-1]["fa"])
     assert summary["final"]["pfa"] == pytest.approx(rows[-1]["pfa"])
     assert summary["kind"] == "peer" and summary["writer"] == "fl-sim"
-    assert all(r["schema_version"] == summary["schema_version"] == 2 for r in rows)
+    assert all(r["schema_version"] == summary["schema_version"] == 3 for r in rows)
     assert summary["bytes_per_round"] > 0 and summary["final"]["round"] == 2
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "per_class.png").stat().st_size > 0
     assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
@@ -295,8 +323,7 @@ def test_both_transports_give_the_same_numbers_between_peers(tiny_file, tmp_path
     same = ("round", "fa", "ff", "pfa", "accuracy_matrix", "eval_sample", "bytes_by_kind")
     assert [[r[k] for k in same] for r in rows["memory"]] == [[r[k] for k in same] for r in rows["grpc"]]
     if eval_sample:
-        assert all(sum(v is not None for v in values) == 2
-                   for r in rows["grpc"] for values in r["accuracy_matrix"]["values"])
+        assert all(len(pairs) == 2 for r in rows["grpc"] for pairs in r["accuracy_matrix"]["pairs"].values())
 
 
 @pytest.mark.slow
