@@ -218,8 +218,9 @@ def test_a_streamed_dataset_repeats_and_trains_as_its_tensors_do(tmp_path, blobs
 
 
 def test_dataloader_workers_give_the_numbers_of_the_training_thread(tmp_path, blobs_module):
-    one = _finals(streamed_federation(f"{blobs_module}:dataset", rounds=1), tmp_path / "w0")
-    assert _finals(streamed_federation(f"{blobs_module}:dataset", rounds=1, workers=2), tmp_path / "w2") == one
+    source = f"{blobs_module}:dataset"
+    one = _finals(streamed_federation(source, rounds=1), tmp_path / "w0")
+    assert _finals(streamed_federation(source, rounds=1, workers=2), tmp_path / "w2") == one
 
 
 LABELLED = textwrap.dedent("""
