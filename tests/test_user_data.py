@@ -264,3 +264,17 @@ def test_federations_that_need_in_memory_data_refuse_a_streamed_one(blobs_module
     joint = dataclasses.replace(streamed_federation(f"{blobs_module}:dataset"), baseline="joint")
     with pytest.raises(DataError, match='baseline = "joint" joins every node'):
         federation_data(joint)
+
+
+def test_a_star_federation_tunes_on_a_streamed_public_split(tmp_path, blobs_module):
+    from flmesh.node.learning.data import public_data
+    from flmesh.node.learning.streamed import DatasetData
+
+    raw = tiny_raw(rounds=2, data={"stream": True, "source": f"{blobs_module}:dataset", "partition": "iid",
+                                   "args": {"n": 240, "seed": 7}},
+                   aggregator={"strategy": "fedavg_ft", "public_fraction": 0.1})
+    del raw["data"]["dataset"]
+    fed = parse_federation(raw, source="star.toml")
+    public = public_data(fed)
+    assert isinstance(public, DatasetData) and 20 <= len(public) <= 28
+    assert _finals(fed, tmp_path / "run")[0] > 0.5
