@@ -52,14 +52,14 @@ class _Items(Dataset[Batch]):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> Batch:
-        x = as_input(pair(self.dataset, i, self.what)[0], self.what, i)
+        x = as_input(item_pair(self.dataset, i, self.what)[0], self.what, i)
         if tuple(x.shape) != self.shape:
             raise DataError(f"{self.what}: item {i} has an input of shape {tuple(x.shape)}, "
                             f"item 0 {self.shape}")
         return x, self.labels[i]
 
 
-def pair(dataset: Any, i: int, what: str) -> tuple[Any, Any]:
+def item_pair(dataset: Any, i: int, what: str) -> tuple[Any, Any]:
     """Item ``i`` of ``dataset``, checked to be an ``(x, y)`` pair."""
     try:
         item = dataset[i]
@@ -161,18 +161,19 @@ def streamed(dataset: Any, what: str, classes: int | None, workers: int = 0,
         raise DataError(f"{what}: a Dataset without a length; expected a map-style one") from None
     if n == 0:
         raise DataError(f"{what}: holds no samples")
-    first = pair(dataset, 0, what)
+    first = item_pair(dataset, 0, what)
     shape = tuple(as_input(first[0], what, 0).shape)
     if labels is None:
         targets = getattr(dataset, "targets", None)
         labels = (_label_array(targets, what, "targets") if targets is not None
-                  else [_single(pair(dataset, i, what)[1], what, i) for i in range(n)])
+                  else [label_of(item_pair(dataset, i, what)[1], what, i) for i in range(n)])
     y = _check_labels(_label_array(labels, what, "labels"), n, what, classes)
     count = classes if classes is not None else int(y.max()) + 1
     return DatasetData(dataset, torch.from_numpy(y), count, shape, workers=workers, what=what)
 
 
-def _single(y: Any, what: str, i: int) -> Any:
+def label_of(y: Any, what: str, i: int) -> Any:
+    """An item's label ``y`` as a Python number; DataError unless it is a single number."""
     value = y
     if (isinstance(y, torch.Tensor) and y.numel() == 1) or (isinstance(y, np.ndarray) and y.size == 1):
         value = y.item()

@@ -39,7 +39,14 @@ import torch
 from flmesh.node.learning import partitions
 from flmesh.node.learning.data import SEED_SPLIT, ArrayData, DataError, NodeData
 from flmesh.node.learning.image_folder import read_image_folder
-from flmesh.node.learning.streamed import DatasetData, check_streamable, streamed
+from flmesh.node.learning.streamed import (
+    DatasetData,
+    as_input,
+    check_streamable,
+    item_pair,
+    label_of,
+    streamed,
+)
 from flmesh.node.user_code import UserCodeError, load_callable
 from flmesh.topology import DataConfig, Federation
 
@@ -114,31 +121,14 @@ def _materialise(dataset: Any, what: str) -> Pair:
         n = len(dataset)
     except TypeError:
         raise DataError(f"{what} returned a Dataset without a length; expected a map-style one") from None
-    xs, ys = [], []
-    for i in range(n):
-        try:
-            item = dataset[i]
-        except Exception as exc:  # the user's Dataset raised
-            raise DataError(f"{what} returned a Dataset whose item {i} raised {type(exc).__name__}: "
-                            f"{_one_line(exc)}") from None
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise DataError(f"{what} returned a Dataset whose item {i} is a {type(item).__name__}, "
-                            "not an (x, y) pair")
-        x, y = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in item)
-        try:
-            xs.append(torch.from_numpy(np.asarray(x, dtype=np.float32)))
-        except (TypeError, ValueError):
-            raise DataError(f"{what} returned a Dataset whose item {i} has an input that is not "
-                            "numbers") from None
-        ys.append(y.item() if isinstance(y, np.ndarray) and y.size == 1 else y)
+    items = [item_pair(dataset, i, what) for i in range(n)]
+    xs = [as_input(x, what, i) for i, (x, _) in enumerate(items)]
     if not xs:
         return np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
     shapes = {tuple(x.shape) for x in xs}
     if len(shapes) != 1:
         raise DataError(f"{what} returned a Dataset whose inputs differ in shape: {sorted(shapes)[:3]}")
-    if any(not isinstance(y, int | float | np.integer | np.floating) for y in ys):
-        raise DataError(f"{what} returned a Dataset whose labels are not single numbers")
-    return torch.stack(xs), np.asarray(ys)
+    return torch.stack(xs), np.asarray([label_of(y, what, i) for i, (_, y) in enumerate(items)])
 
 
 def _inputs(x: Any, what: str, name: str) -> torch.Tensor:
