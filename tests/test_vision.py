@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -730,3 +731,20 @@ def test_an_image_folder_without_torchvision_names_the_extra(tmp_path, monkeypat
     needs = r"^--data a \(a folder of images\) needs torchvision.*flmesh\[vision\]"
     with pytest.raises(MissingExtra, match=needs):
         own_data(fed, "a", path=tmp_path / "a", what="--data a")
+
+
+def test_an_image_damaged_past_its_header_is_named_when_a_batch_reads_it(tmp_path):
+    from flmesh.node.learning.data import DataError
+    from flmesh.node.learning.image_folder import read_image_folder
+    from flmesh.node.learning.trainer import train
+
+    write_images(tmp_path / "a", per_class=2, seed=0)
+    damaged = tmp_path / "a" / "red" / "1.png"
+    damaged.write_bytes(damaged.read_bytes()[:60])  # the header stays: the check before training passes
+    fed = image_federation(tmp_path, {"a": "a", "b": "a"})
+    data, test = read_image_folder(tmp_path / "a", "--data a", fed.data)
+    assert test is None and len(data) == 6
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 3))
+    named = rf"^--data a: item \d raised DataError: {re.escape(str(damaged))}: cannot be read as an image"
+    with pytest.raises(DataError, match=named):
+        train(model, data, fed.training, epochs=1)

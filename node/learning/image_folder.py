@@ -56,7 +56,7 @@ def read_image_folder(folder: Path, what: str, cfg: DataConfig) -> tuple[Dataset
         if unknown:
             raise DataError(f"{label}: class subfolders that train/ lacks: {', '.join(unknown)}")
         try:
-            ds = datasets.ImageFolder(str(path))
+            ds = datasets.ImageFolder(str(path), loader=_rgb)
         except (FileNotFoundError, OSError) as exc:  # a class subfolder without an image file
             raise DataError(f"{label}: {' '.join(str(exc).split())}") from None
         _check_headers(ds.samples)
@@ -69,6 +69,17 @@ def read_image_folder(folder: Path, what: str, cfg: DataConfig) -> tuple[Dataset
         labels = [classes.index(ds.classes[t]) for t in ds.targets]  # by name: test/ may lack a class
         out.append(streamed(ds, label, cfg.classes or len(classes), cfg.workers, labels=labels))
     return out[0], (out[1] if split else None)
+
+
+def _rgb(path: str) -> Any:
+    """The image at ``path`` as RGB (what ImageFolder's default loader does), or a DataError
+    naming the file: an image damaged past its header fails here, when a batch reads it."""
+    image: Any = require("PIL.Image", "vision", "an image folder")
+    try:
+        with image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
 
 
 def _check_headers(samples: list[tuple[str, int]]) -> None:
