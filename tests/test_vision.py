@@ -695,7 +695,7 @@ def test_fl_node_processes_train_on_their_image_folders(tmp_path):
     procs = {i: subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed), "--listen", "127.0.0.1:0",
                                   "--ready-file", str(work / f"{i}.addr"), "--peers-file",
                                   str(work / "peers.json"), "--data", f"images_{i}",
-                                  "--set", "data.classes=3", "--set", "data.workers=1"],
+                                  "--set", "data.classes=3"],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in ids}
     try:
