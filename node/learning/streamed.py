@@ -13,7 +13,8 @@ subset is a ``torch.utils.data.Subset``. Its inputs are read when a batch needs 
 training draws ``[training] batch_size`` batches from a DataLoader with ``[data] workers``
 worker processes (0, the default: read in the training thread), in the order in-memory data
 would be visited with the same seed, so the numbers are deterministic for a seed and do not
-depend on the worker count; evaluation reads in order.
+depend on the worker count; evaluation reads in order. Workers start anew for each pass and
+each evaluation: they pay off when reading a batch costs more than starting a process.
 
 Continual federations (``[tasks]``), replay buffers (``[replay]``) and the joint baseline
 need in-memory data: :func:`check_streamable` refuses them with one line. Blocking: reading
