@@ -278,3 +278,15 @@ def test_a_star_federation_tunes_on_a_streamed_public_split(tmp_path, blobs_modu
     public = public_data(fed)
     assert isinstance(public, DatasetData) and 20 <= len(public) <= 28
     assert _finals(fed, tmp_path / "run")[0] > 0.5
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet", "dirichlet_equal", "shards"])
+def test_every_partition_splits_a_streamed_dataset_into_subsets_by_its_labels(blobs_module, partition):
+    from torch.utils.data import Subset
+
+    shares = federation_data(streamed_federation(f"{blobs_module}:dataset", partition=partition))
+    arrays = federation_data(blob_federation(f"{blobs_module}:blobs", partition))
+    for node, share in shares.items():
+        assert isinstance(share.train.dataset, Subset)
+        for mine, theirs in ((share.train, arrays[node].train), (share.test, arrays[node].test)):
+            assert torch.equal(mine.y, theirs.y) and torch.equal(mine.x[:], theirs.x)
