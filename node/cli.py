@@ -9,7 +9,8 @@
 Every node of a real federation runs this with the same federation file. The
 node keeps only its own data share (derived from the file's seed), or with
 ``--data`` / ``[nodes.<id>] data`` / ``--data-source`` trains on data it holds
-itself (:mod:`flmesh.node.learning.user_data`: no global partition), and learns
+itself (:mod:`flmesh.node.learning.user_data`: no global partition; a folder of images
+is streamed, :mod:`flmesh.node.learning.image_folder`), and learns
 its peers' addresses from ``--peer``, ``--peers-file`` (re-read while it
 waits, so an orchestrator can fill it in) or ``[nodes.<id>] address``. It
 announces the address it bound (``--listen 127.0.0.1:0`` picks a free port)
@@ -81,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in the results folder (after a crash or a stop)")
     p.add_argument("--data", type=Path, metavar="PATH",
-                   help="this node's own data: .npz (x, y, optional x_test, y_test) or .csv with a label "
-                        "column (default: [nodes.<id>] data; without either, its share of [data])")
+                   help="this node's own data: .npz (x, y, optional x_test, y_test), .csv with a label "
+                        "column, or a folder of images in one subfolder per class, streamed from disk "
+                        "([data] image_size, workers; needs flmesh[vision]) (default: [nodes.<id>] data; "
+                        "without either, its share of [data])")
     p.add_argument("--label-column", metavar="NAME",
                    help='the label column of a .csv --data file (default: [data] label_column, "label")')
     p.add_argument("--data-source", metavar="package.module:callable",

@@ -641,3 +641,79 @@ def test_control_characters_in_a_value_are_escaped_in_the_one_line_error(value):
     if value == "\r":
         assert text.endswith("\\r: unknown graph file type '' (expected one of .edgelist, .edges, .graphml, "
                              ".txt, .xml)"), text
+
+
+# ----------------------------------------------------------------------------- streamed data
+
+UDATA_STREAMED = """
+import torch
+class Triples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return torch.zeros(2), 0, "extra"
+class Labelled(torch.utils.data.Dataset):
+    targets = [0, 1, 5, 2]
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return torch.zeros(2), self.targets[i]
+def triples(**kwargs):
+    return Triples()
+def big_labels(**kwargs):
+    return Labelled()
+"""
+
+
+def _streamed_files(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image folders and Dataset sources STREAMED_CASES name."""
+    from PIL import Image
+
+    (tmp / "empty").mkdir()
+    (tmp / "flat").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp / "flat" / "0.png")
+    for name in ("cat", "dog", "eel"):
+        (tmp / "three" / name).mkdir(parents=True)
+        Image.new("RGB", (4, 4)).save(tmp / "three" / name / "0.png")
+    (tmp / "broken" / "cat").mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(tmp / "broken" / "cat" / "0.png")
+    (tmp / "broken" / "cat" / "1.png").write_bytes(b"not a png")
+    (tmp / "udata_streamed.py").write_text(UDATA_STREAMED)
+    monkeypatch.syspath_prepend(str(tmp))
+
+
+FOLDERS = "expected one subfolder of images per class: FOLDER/<class>/<image>"
+STREAM = ["--set", "data.stream=true"]
+# id -> (fl-node flags with {tmp} to fill in, the stderr line after "fl-node a: error: ")
+STREAMED_CASES: dict[str, tuple[list[str], str]] = {
+    "folder-empty": (["--data", "{tmp}/empty"], f"--data {{tmp}}/empty: is empty; {FOLDERS}"),
+    "folder-no-classes": (["--data", "{tmp}/flat"],
+                          f"--data {{tmp}}/flat: holds no class subfolders; {FOLDERS}"),
+    "folder-over-classes": (["--data", "{tmp}/three", "--set", "data.classes=2"],
+                            "--data {tmp}/three: 3 class subfolders, but [data] classes = 2"),
+    "folder-bad-image": (["--data", "{tmp}/broken"],
+                         "{tmp}/broken/cat/1.png: cannot be read as an image (cannot identify image file"),
+    "folder-missing": (["--data", "{tmp}/nowhere"], "--data {tmp}/nowhere: no such file or folder"),
+    "dataset-not-pairs": (["--data-source", "udata_streamed:triples", *STREAM],
+                          "--data-source 'udata_streamed:triples': item 0 is a tuple, not an (x, y) pair"),
+    "dataset-label-over-classes": (["--data-source", "udata_streamed:big_labels", "--set", "data.classes=3",
+                                    *STREAM], "--data-source 'udata_streamed:big_labels': holds the label 5, "
+                                   "but [data] classes = 3 (labels 0..2)"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), STREAMED_CASES.values(), ids=STREAMED_CASES.keys())
+def test_fl_node_bad_streamed_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
+    from flmesh.node.cli import main as node_main
+
+    from procs import federation_file
+
+    _streamed_files(tmp_path, monkeypatch)
+    fed = federation_file(tmp_path, ["a", "b", "c"], rounds=1)
+    argv = ["--id", "a", "--federation", str(fed), "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1",
+            "--listen", "127.0.0.1:0", "--out", str(tmp_path / "out"), *[_fill(a, tmp_path) for a in args]]
+    assert node_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fl-node a: error: " + _fill(message, tmp_path)), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists(), "nothing ran: no results folder"

@@ -5,6 +5,7 @@ The source is a module the test writes (2-D Gaussian blobs, seeded), imported by
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -177,3 +178,115 @@ def test_fl_node_processes_train_on_their_own_files(tmp_path):
         assert data["train_samples"] + data["test_samples"] == sizes[node]
         assert data["test_samples"] == round(0.2 * sizes[node]) and data["classes"] == 3
         assert sum(data["label_counts"]) == data["train_samples"]
+
+
+# ----------------------------------------------------------------------------- streamed Datasets
+
+def streamed_federation(source: str, rounds: int = 2, **data):
+    raw = tiny_raw(rounds=rounds, data={"partition": "dirichlet", "alpha": 1.0, "min_samples": 5,
+                                        "stream": True, **data},
+                   training={"batch_size": 16, "lr": 0.1})
+    del raw["data"]["dataset"]
+    raw["data"].update(source=source, args={"n": 240, "seed": 7})
+    return parse_federation(raw, source="blobs.toml")
+
+
+def _finals(fed, out):
+    torch.manual_seed(0)
+    with Simulation(fed, out) as sim:
+        summary = sim.run()
+    assert summary.final is not None and summary.final.fa is not None
+    return summary.final.fa, summary.final.ff, summary.final.pfa
+
+
+def test_a_streamed_dataset_repeats_and_trains_as_its_tensors_do(tmp_path, blobs_module):
+    from flmesh.node.learning.streamed import DatasetData
+
+    fed = streamed_federation(f"{blobs_module}:dataset")
+    shares, arrays = federation_data(fed), federation_data(blob_federation(f"{blobs_module}:blobs"))
+    for node, share in shares.items():
+        assert isinstance(share.train, DatasetData) and isinstance(share.test, DatasetData)
+        assert share.train.input_shape == (2,) and share.train.num_classes == 3
+        assert torch.equal(share.train.y, arrays[node].train.y), "split by the same labels"
+        assert torch.equal(share.train.x[:], arrays[node].train.x), "the same samples, read on demand"
+    streamed = [_finals(fed, tmp_path / attempt) for attempt in ("a", "b")]
+    assert streamed[0] == streamed[1]
+    assert streamed[0][0] > 0.5, "three well-separated blobs are learnt above chance (1/3)"
+    # The DataLoader is handed the order the in-memory path indexes with (one seeded permutation
+    # per pass) and reads the same float32 inputs, so the numbers are the same, not just close.
+    assert _finals(blob_federation(f"{blobs_module}:blobs"), tmp_path / "tensors") == streamed[0]
+
+
+def test_dataloader_workers_give_the_numbers_of_the_training_thread(tmp_path, blobs_module):
+    source = f"{blobs_module}:dataset"
+    one = _finals(streamed_federation(source, rounds=1), tmp_path / "w0")
+    assert _finals(streamed_federation(source, rounds=1, workers=2), tmp_path / "w2") == one
+
+
+LABELLED = textwrap.dedent("""
+    import torch
+
+    class Counted(torch.utils.data.Dataset):
+        reads = 0
+        def __init__(self, n):
+            self.targets = [i % 3 for i in range(n)]
+        def __len__(self):
+            return len(self.targets)
+        def __getitem__(self, i):
+            Counted.reads += 1
+            return torch.full((4,), float(self.targets[i])), self.targets[i]
+""")
+
+
+def test_labels_come_from_targets_without_reading_the_items(tmp_path, monkeypatch):
+    from flmesh.node.learning.streamed import streamed
+
+    (tmp_path / "user_counted.py").write_text(LABELLED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import user_counted
+
+    data = streamed(user_counted.Counted(30), "counted", classes=None)
+    assert user_counted.Counted.reads == 1, "item 0 only, for the input shape"
+    assert data.label_counts() == [10, 10, 10] and data.input_shape == (4,)
+    part = data.subset(np.array([4, 5]))
+    assert part.y.tolist() == [1, 2] and torch.equal(part.x[:], torch.tensor([[1.0] * 4, [2.0] * 4]))
+
+
+def test_federations_that_need_in_memory_data_refuse_a_streamed_one(blobs_module):
+    from flmesh.node.learning.data import DataError
+
+    raw = tiny_raw(nodes=4, rounds=4, tasks={"tasks": 2, "rounds_per_task": 2},
+                   data={"stream": True, "source": f"{blobs_module}:dataset", "args": {"n": 240, "seed": 7}})
+    del raw["data"]["dataset"]
+    with pytest.raises(DataError, match=r"^\[data\] source 'user_blobs:dataset' is streamed from disk, "
+                                        r"but a continual federation \(\[tasks\]\) cuts the data into tasks"):
+        federation_data(parse_federation(raw, source="c.toml"))
+    joint = dataclasses.replace(streamed_federation(f"{blobs_module}:dataset"), baseline="joint")
+    with pytest.raises(DataError, match='baseline = "joint" joins every node'):
+        federation_data(joint)
+
+
+def test_a_star_federation_tunes_on_a_streamed_public_split(tmp_path, blobs_module):
+    from flmesh.node.learning.data import public_data
+    from flmesh.node.learning.streamed import DatasetData
+
+    raw = tiny_raw(rounds=2, data={"stream": True, "source": f"{blobs_module}:dataset", "partition": "iid",
+                                   "args": {"n": 240, "seed": 7}},
+                   aggregator={"strategy": "fedavg_ft", "public_fraction": 0.1})
+    del raw["data"]["dataset"]
+    fed = parse_federation(raw, source="star.toml")
+    public = public_data(fed)
+    assert isinstance(public, DatasetData) and 20 <= len(public) <= 28
+    assert _finals(fed, tmp_path / "run")[0] > 0.5
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet", "dirichlet_equal", "shards"])
+def test_every_partition_splits_a_streamed_dataset_into_subsets_by_its_labels(blobs_module, partition):
+    from torch.utils.data import Subset
+
+    shares = federation_data(streamed_federation(f"{blobs_module}:dataset", partition=partition))
+    arrays = federation_data(blob_federation(f"{blobs_module}:blobs", partition))
+    for node, share in shares.items():
+        assert isinstance(share.train.dataset, Subset)
+        for mine, theirs in ((share.train, arrays[node].train), (share.test, arrays[node].test)):
+            assert torch.equal(mine.y, theirs.y) and torch.equal(mine.x[:], theirs.x)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -606,3 +607,144 @@ def test_without_torchvision_the_core_runs_and_vision_names_the_extra(monkeypatc
     with pytest.raises(MissingExtra, match="flmesh.vision."):
         require("torchvision.datasets", "vision", "data set MNIST")
     assert build_model(ModelConfig(hidden=(8,)), (1, 8, 8), 10, seed=1) is not None
+
+
+# ------------------------------------------------------------------ a node's own image folder
+
+COLOURS = {"blue": 2, "green": 1, "red": 0}  # class name -> the channel its images are bright in
+
+
+def write_images(folder: Path, per_class: int, seed: int, size: tuple[int, int] = (8, 8),
+                 classes: tuple[str, ...] = ("red", "green", "blue")) -> None:
+    """Tiny PNGs, ``folder/<class>/<i>.png``: noise with one channel bright per class; every
+    third image ``size`` + 2 pixels a side (resized when read)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name in classes:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            h, w = (size[0] + 2, size[1] + 2) if i % 3 == 2 else size
+            pixels = rng.integers(0, 90, size=(h, w, 3), dtype=np.uint8)
+            pixels[..., COLOURS[name]] += 160
+            Image.fromarray(pixels).save(folder / name / f"{i}.png")
+
+
+def image_federation(tmp_path: Path, folders: dict[str, str], **data):
+    raw = tiny_raw(rounds=2, data={"classes": 3, **data}, training={"batch_size": 8, "lr": 0.1})
+    del raw["topology"]["nodes"]
+    raw["nodes"] = {node: {"data": folder} for node, folder in folders.items()}
+    return parse_federation(raw, source="own.toml", base_dir=tmp_path)
+
+
+def test_an_image_folder_streams_with_sorted_classes_one_size_and_a_seeded_split(tmp_path):
+    from flmesh.node.learning.streamed import DatasetData
+    from flmesh.node.learning.user_data import own_data
+
+    write_images(tmp_path / "a", per_class=5, seed=0)
+    fed = image_federation(tmp_path, {"a": "a", "b": "a"}, image_size=[6, 7])
+    share = own_data(fed, "a", path=tmp_path / "a", what="--data a")
+    assert isinstance(share.train, DatasetData) and share.train.num_classes == 3
+    assert len(share.train) + len(share.test) == 15 and len(share.test) == 3
+    assert share.train.input_shape == (3, 6, 7), "RGB, resized to [data] image_size"
+    x = share.train.x[:]
+    assert x.shape == (12, 3, 6, 7) and 0 <= float(x.min()) and float(x.max()) <= 1
+    # ImageFolder's order: blue, green, red are labels 0, 1, 2; each is bright in its channel
+    bright = x.mean(dim=(2, 3)).argmax(dim=1)
+    assert torch.equal(bright, torch.tensor([COLOURS[n] for n in ("blue", "green", "red")])[share.train.y])
+    again = own_data(fed, "a", path=tmp_path / "a", what="--data a")
+    assert torch.equal(again.test.y, share.test.y) and torch.equal(again.test.x[:], share.test.x[:])
+    unsized = own_data(image_federation(tmp_path, {"a": "a", "b": "a"}), "a", path=tmp_path / "a", what="a")
+    assert unsized.train.input_shape == (3, 8, 8), "without image_size: the first image's size"
+
+
+def test_train_and_test_subfolders_are_the_split_matched_by_class_name(tmp_path):
+    from flmesh.node.learning.user_data import own_data
+
+    write_images(tmp_path / "a" / "train", per_class=4, seed=0)
+    write_images(tmp_path / "a" / "test", per_class=2, seed=1, classes=("red", "blue"))
+    share = own_data(image_federation(tmp_path, {"a": "a", "b": "a"}), "a", path=tmp_path / "a", what="a")
+    assert len(share.train) == 12 and share.train.label_counts() == [4, 4, 4]
+    assert share.test.label_counts() == [2, 0, 2], "test/ has no green: blue and red keep train's labels"
+
+
+def test_fl_sim_trains_nodes_on_their_image_folders(tmp_path):
+    for i, node in enumerate("abc"):
+        write_images(tmp_path / node, per_class=6, seed=i)
+    fed = image_federation(tmp_path, {n: n for n in "abc"})
+    from flmesh.coordinator.sim import Simulation
+
+    with Simulation(fed, tmp_path / "run") as sim:
+        summary = sim.run()
+    assert summary.final is not None and summary.final.fa is not None and summary.final.fa > 0.5
+
+
+@pytest.mark.slow
+def test_fl_node_processes_train_on_their_image_folders(tmp_path):
+    import os
+    import subprocess
+
+    from procs import FL_NODE, federation_file, read_results, wait_until
+
+    ids = ["a", "b", "c"]
+    for i, node in enumerate(ids):
+        write_images(tmp_path / f"images_{node}", per_class=6, seed=i)
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete")
+    work = tmp_path / "addr"
+    work.mkdir()
+    procs = {i: subprocess.Popen([FL_NODE, "--id", i, "--federation", str(fed), "--listen", "127.0.0.1:0",
+                                  "--ready-file", str(work / f"{i}.addr"), "--peers-file",
+                                  str(work / "peers.json"), "--data", f"images_{i}",
+                                  "--set", "data.classes=3", "--insecure"],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in ids}
+    try:
+        wait_until(lambda: all((work / f"{i}.addr").exists() or procs[i].poll() is not None for i in ids),
+                   timeout=120)
+        addresses = {i: (work / f"{i}.addr").read_text().strip() for i in ids}
+        (work / ".peers.json").write_text(json.dumps(addresses))
+        os.replace(work / ".peers.json", work / "peers.json")
+        outputs = {i: p.communicate(timeout=300) for i, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+    for node in ids:
+        assert procs[node].returncode == 0, outputs[node][1][-3000:]
+        rows, summary = read_results(tmp_path / "runs" / f"procs-{node}")
+        assert [r["round"] for r in rows] == [1, 2] and not summary["interrupted"]
+        data = summary["config"]["data"]
+        assert data["own"] and data["origin"] == f"images_{node}" and data["classes"] == 3
+        assert data["train_samples"] + data["test_samples"] == 18
+
+
+def test_an_image_folder_without_torchvision_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from flmesh.node.learning.extras import MissingExtra
+    from flmesh.node.learning.user_data import own_data
+
+    write_images(tmp_path / "a", per_class=2, seed=0)
+    fed = image_federation(tmp_path, {"a": "a", "b": "a"})
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    needs = r"^--data a \(a folder of images\) needs torchvision.*flmesh\[vision\]"
+    with pytest.raises(MissingExtra, match=needs):
+        own_data(fed, "a", path=tmp_path / "a", what="--data a")
+
+
+def test_an_image_damaged_past_its_header_is_named_when_a_batch_reads_it(tmp_path):
+    from flmesh.node.learning.data import DataError
+    from flmesh.node.learning.image_folder import read_image_folder
+    from flmesh.node.learning.trainer import train
+
+    write_images(tmp_path / "a", per_class=2, seed=0)
+    damaged = tmp_path / "a" / "red" / "1.png"
+    damaged.write_bytes(damaged.read_bytes()[:60])  # the header stays: the check before training passes
+    fed = image_federation(tmp_path, {"a": "a", "b": "a"})
+    data, test = read_image_folder(tmp_path / "a", "--data a", fed.data)
+    assert test is None and len(data) == 6
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 3))
+    named = rf"^--data a: item \d raised DataError: {re.escape(str(damaged))}: cannot be read as an image"
+    with pytest.raises(DataError, match=named):
+        train(model, data, fed.training, epochs=1)

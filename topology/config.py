@@ -70,6 +70,9 @@ class DataConfig:
     args: Mapping[str, Any] = field(default_factory=dict)  # the source's keyword arguments
     classes: int | None = None  # the federation's class count (None: from the labels)
     label_column: str = "label"  # a node's CSV file: the column holding the labels
+    stream: bool = False  # a source's Dataset is streamed from disk, not read into memory
+    workers: int = 0  # DataLoader worker processes reading a streamed set (0: the training thread)
+    image_size: tuple[int, int] | None = None  # an image folder's (H, W) (None: its first image's)
 
     @property
     def origin(self) -> str:

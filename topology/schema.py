@@ -77,6 +77,17 @@ def _name(v: Any) -> str:
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
+MAX_WORKERS = 64
+MAX_IMAGE_SIDE = 4096
+
+
+def _image_size(v: Any) -> tuple[int, int]:
+    if (not isinstance(v, list) or len(v) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_IMAGE_SIDE for s in v)):
+        raise Bad(f"[height, width]: two integers from 1 to {MAX_IMAGE_SIDE}")
+    return v[0], v[1]
+
+
 def _import_path(v: Any) -> str:
     if not isinstance(v, str) or not _IMPORT_PATH.match(v):
         raise Bad("an import path of the form package.module:name")
@@ -156,6 +167,10 @@ SECTIONS: dict[str, dict[str, Check]] = {
         # count (labels 0..classes-1) and a node's CSV label column
         "source": _import_path, "args": table, "classes": at_most(integer(2), MAX_CLASSES),
         "label_column": string(),
+        # streamed data (flmesh.node.learning.streamed): a source's Dataset read batch by batch,
+        # the DataLoader's worker processes, an image folder's image size [H, W]
+        "stream": boolean, "workers": at_most(integer(0), MAX_WORKERS, "each is a process"),
+        "image_size": _image_size,
     },
     "model": {
         "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),

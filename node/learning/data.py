@@ -6,7 +6,10 @@ EMNIST, CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root``
 (see :mod:`flmesh.node.learning.vision`); "a+b" joins sets into one label
 space. User data (a ``[data] source`` callable, a node's own file) comes
 through :mod:`flmesh.node.learning.user_data`. A data set is held in memory as an
-:class:`ArrayData` (inputs as float32, in [0, 1] for the built-in sets; labels int64).
+:class:`ArrayData` (inputs as float32, in [0, 1] for the built-in sets; labels int64), or,
+for an image folder or a Dataset with ``[data] stream = true``, streamed from disk as its
+subclass :class:`~flmesh.node.learning.streamed.DatasetData` (labels in memory, inputs read
+per batch).
 
 Every node derives the same partition from the federation seed, so a node
 needs no message to know its share. :func:`node_data` keeps only that share:
@@ -208,6 +211,10 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
     if len(out) == (1 if only is not None else len(federation.nodes)):
         return out
     data = dataset if dataset is not None else load_dataset(federation.data)
+    from flmesh.node.learning.streamed import DatasetData, check_streamable
+
+    if isinstance(data, DatasetData):
+        check_streamable(federation, f"[data] source {federation.data.source!r}")
     labels = data.y.numpy()
     _, pool = public_split(labels, federation)
     parts = [pool[p] for p in partition_indices(labels[pool], federation.data, len(federation.nodes),

@@ -1,4 +1,5 @@
-"""Local training and evaluation of a model on in-memory data (learning wing).
+"""Local training and evaluation of a model on its data (learning wing): in-memory sets
+are indexed directly, streamed ones (:mod:`flmesh.node.learning.streamed`) read by a DataLoader.
 
 Blocking, CPU/GPU bound; not thread-safe for one model (each caller trains its
 own model object). Deterministic for a given seed on a given device.
@@ -28,6 +29,7 @@ from flmesh.node.learning.learner import (
 from flmesh.node.learning.objectives import Objective, Regularizer, cross_entropy
 from flmesh.node.learning.optimizers import make_optimizer
 from flmesh.node.learning.stats import EvalResult, TrainStats
+from flmesh.node.learning.streamed import DatasetData
 from flmesh.topology import TrainingConfig
 
 __all__ = ["EvalResult", "Regularizer", "TrainStats", "TrainingStopped", "compute", "evaluate", "host_nodes",
@@ -169,19 +171,26 @@ class _Batches:
 
     def _generate(self) -> Generator[Batch]:
         gen = torch.Generator().manual_seed(self.seed)
-        x, y, n = self.data.x, self.data.y, len(self.data)
+        data, n = self.data, len(self.data)
         while True:
             order = torch.randperm(n, generator=gen)
-            for start in range(0, n, self.batch_size):
+            if isinstance(data, DatasetData):  # read from disk by a DataLoader, in the same order
+                source = data.batches(self.batch_size, order.tolist(), pin_memory=self.device.type == "cuda")
+            else:
+                source = ((data.x[idx], data.y[idx]) for idx in order.split(self.batch_size))
+            while True:
                 if self.done == self.steps:
                     return
                 if self.stop is not None and self.stop():
                     raise TrainingStopped(f"training stopped after {self.done} of {self.steps} steps")
-                idx = order[start:start + self.batch_size]
+                batch = next(source, None)
+                if batch is None:
+                    break  # the pass is over: a fresh order
+                xb, yb = batch
                 self.done += 1
-                self.seen += len(idx)
+                self.seen += len(yb)
                 with compute():  # one step at a time per process when serialize_compute() is on
-                    yield x[idx].to(self.device, non_blocking=True), y[idx].to(self.device, non_blocking=True)
+                    yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
 
 def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
@@ -196,7 +205,7 @@ def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None =
             return result
         device = device or torch.device("cpu")
         with torch.no_grad():
-            out = learner.evaluate(model, eval_batches(data.x, data.y, device, batch_size),
+            out = learner.evaluate(model, _in_order(data, device, batch_size),
                                    EvalContext(device, data.num_classes))
         return replace(result, metrics=check_metrics(learner, "evaluate", out))
 
@@ -211,7 +220,7 @@ def _evaluate(model: nn.Module, data: ArrayData, device: torch.device | None, ba
     task_correct = torch.zeros(tasks, dtype=torch.long)
     loss_sum = 0.0
     for start, (xb, yb) in zip(range(0, len(data), batch_size),
-                               eval_batches(data.x, data.y, device, batch_size), strict=True):
+                               _in_order(data, device, batch_size), strict=True):
         logits = model(xb)
         loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         hits = (logits.argmax(dim=1) == yb).cpu()
@@ -223,6 +232,14 @@ def _evaluate(model: nn.Module, data: ArrayData, device: torch.device | None, ba
     return EvalResult(int(correct.sum()), n, loss_sum / n if n else 0.0,
                       tuple(correct.tolist()), tuple(total.tolist()),
                       tuple(task_correct.tolist()), tuple(task_total.tolist()))
+
+
+def _in_order(data: ArrayData, device: torch.device, batch_size: int) -> Iterator[Batch]:
+    """``data``'s samples in order, ``batch_size`` at a time, on ``device`` (a streamed set's
+    read by its DataLoader)."""
+    if not isinstance(data, DatasetData):
+        return eval_batches(data.x, data.y, device, batch_size)
+    return ((x.to(device), y.to(device)) for x, y in data.batches(batch_size))
 
 
 def split_steps(total: int, lam: float) -> tuple[int, int, int]:

@@ -9,11 +9,14 @@ A source is ``"package.module:callable"`` (:mod:`flmesh.node.user_code`), called
 - ``((x, y), (x_test, y_test))``, or a mapping with ``x``, ``y`` and optionally ``x_test``,
   ``y_test``: a separate test pair;
 - a map-style ``torch.utils.data.Dataset`` whose items are ``(x, y)``: it is read item by
-  item, once, into tensors held in memory.
+  item, once, into tensors held in memory; with ``[data] stream = true`` it stays a Dataset
+  and is streamed from disk batch by batch (:mod:`flmesh.node.learning.streamed`).
 
 A node's own file (``fl-node --data``, ``[nodes.<id>] data``) is ``.npz`` with arrays ``x``,
 ``y`` (optionally ``x_test``, ``y_test``) or ``.csv`` with a header, a label column
-(``[data] label_column``, default "label") and number columns (the features).
+(``[data] label_column``, default "label") and number columns (the features); a node's own
+folder holds images, one subfolder per class, and is always streamed
+(:mod:`flmesh.node.learning.image_folder`).
 
 Inputs become float32 as they are (no rescaling), labels int64. The class count is
 ``[data] classes`` when given, else the largest label + 1. Every problem (a missing file, an
@@ -35,6 +38,15 @@ import torch
 
 from flmesh.node.learning import partitions
 from flmesh.node.learning.data import SEED_SPLIT, ArrayData, DataError, NodeData
+from flmesh.node.learning.image_folder import read_image_folder
+from flmesh.node.learning.streamed import (
+    DatasetData,
+    as_input,
+    check_streamable,
+    item_pair,
+    label_of,
+    streamed,
+)
 from flmesh.node.user_code import UserCodeError, load_callable
 from flmesh.topology import DataConfig, Federation
 
@@ -47,6 +59,11 @@ RETURNS = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with
 def call_source(path: str, what: str, **kwargs: Any) -> tuple[Pair, Pair | None]:
     """Load and call the source at ``path``; its (train, test or None) pairs. ``what`` names the
     key or flag in messages."""
+    return _pairs(_call(path, what, kwargs), f"{what} {path!r}")
+
+
+def _call(path: str, what: str, kwargs: dict[str, Any]) -> Any:
+    """What the source at ``path`` returns, unchecked."""
     try:
         fn = load_callable(path)
     except UserCodeError as exc:
@@ -55,7 +72,17 @@ def call_source(path: str, what: str, **kwargs: Any) -> tuple[Pair, Pair | None]
         value = fn(**kwargs)
     except Exception as exc:  # the user's code raised: one line, not a traceback
         raise DataError(f"{what} {path!r} raised {type(exc).__name__}: {_one_line(exc)}") from None
-    return _pairs(value, f"{what} {path!r}")
+    return value
+
+
+def _sets(value: Any, called: str, what: str, cfg: DataConfig) -> tuple[ArrayData, ArrayData | None]:
+    """What a source returned as checked (train, test or None) sets: a Dataset streamed when
+    ``[data] stream`` is on, everything else in memory. ``called`` names the source in messages
+    about what it returned, ``what`` in those about the labels and inputs."""
+    if cfg.stream and isinstance(value, torch.utils.data.Dataset):
+        return streamed(value, called, cfg.classes, cfg.workers), None
+    train, test = _pairs(value, called)
+    return labelled(train, test, what, cfg.classes)
 
 
 def _one_line(exc: Exception) -> str:
@@ -94,31 +121,14 @@ def _materialise(dataset: Any, what: str) -> Pair:
         n = len(dataset)
     except TypeError:
         raise DataError(f"{what} returned a Dataset without a length; expected a map-style one") from None
-    xs, ys = [], []
-    for i in range(n):
-        try:
-            item = dataset[i]
-        except Exception as exc:  # the user's Dataset raised
-            raise DataError(f"{what} returned a Dataset whose item {i} raised {type(exc).__name__}: "
-                            f"{_one_line(exc)}") from None
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            raise DataError(f"{what} returned a Dataset whose item {i} is a {type(item).__name__}, "
-                            "not an (x, y) pair")
-        x, y = (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in item)
-        try:
-            xs.append(torch.from_numpy(np.asarray(x, dtype=np.float32)))
-        except (TypeError, ValueError):
-            raise DataError(f"{what} returned a Dataset whose item {i} has an input that is not "
-                            "numbers") from None
-        ys.append(y.item() if isinstance(y, np.ndarray) and y.size == 1 else y)
+    items = [item_pair(dataset, i, what) for i in range(n)]
+    xs = [as_input(x, what, i) for i, (x, _) in enumerate(items)]
     if not xs:
         return np.zeros((0, 1), np.float32), np.zeros(0, np.int64)
     shapes = {tuple(x.shape) for x in xs}
     if len(shapes) != 1:
         raise DataError(f"{what} returned a Dataset whose inputs differ in shape: {sorted(shapes)[:3]}")
-    if any(not isinstance(y, int | float | np.integer | np.floating) for y in ys):
-        raise DataError(f"{what} returned a Dataset whose labels are not single numbers")
-    return torch.stack(xs), np.asarray(ys)
+    return torch.stack(xs), np.asarray([label_of(y, what, i) for i, (_, y) in enumerate(items)])
 
 
 def _inputs(x: Any, what: str, name: str) -> torch.Tensor:
@@ -185,8 +195,8 @@ def labelled(train: Pair, test: Pair | None, what: str,
 def load_source(cfg: DataConfig) -> ArrayData:
     """``[data] source``'s data set; a separate test pair rides along as ``held_out``."""
     assert cfg.source is not None
-    train, test = call_source(cfg.source, "[data] source", **cfg.args)
-    data, held_out = labelled(train, test, f"[data] source {cfg.source!r}", cfg.classes)
+    what = f"[data] source {cfg.source!r}"
+    data, held_out = _sets(_call(cfg.source, "[data] source", dict(cfg.args)), what, what, cfg)
     if held_out is None:
         return data
     return ArrayData(data.x, data.y, data.num_classes, held_out=held_out)
@@ -194,17 +204,25 @@ def load_source(cfg: DataConfig) -> ArrayData:
 
 def own_data(federation: Federation, node_id: str, *, path: Path | None = None, source: str | None = None,
              what: str) -> NodeData:
-    """Node ``node_id``'s own data: the file at ``path`` or what ``source`` returns (called with
-    ``node_id=`` and ``[data.args]``). Without a test pair, a seeded ``test_fraction`` of it is
-    the test split. ``what`` names the flag or key (and file) in messages."""
+    """Node ``node_id``'s own data: the file or image folder at ``path`` or what ``source``
+    returns (called with ``node_id=`` and ``[data.args]``). Without a test pair, a seeded
+    ``test_fraction`` of it is the test split. ``what`` names the flag or key (and file) in
+    messages."""
     cfg = federation.data
-    if path is not None:
+    data: ArrayData
+    held_out: ArrayData | None
+    if path is not None and path.is_dir():
+        data, held_out = read_image_folder(path, what, cfg)
+    elif path is not None:
         train, test = read_file(path, what, cfg.label_column)
+        data, held_out = labelled(train, test, what, cfg.classes)
     elif source is not None:
-        train, test = call_source(source, what, node_id=node_id, **cfg.args)
+        data, held_out = _sets(_call(source, what, {**cfg.args, "node_id": node_id}), f"{what} {source!r}",
+                               what, cfg)
     else:
         raise ValueError("own_data needs a path or a source")
-    data, held_out = labelled(train, test, what, cfg.classes)
+    if isinstance(data, DatasetData):
+        check_streamable(federation, what)
     if held_out is not None:
         return NodeData(data, held_out)
     if len(data) < 2:
@@ -216,6 +234,8 @@ def own_data(federation: Federation, node_id: str, *, path: Path | None = None, 
 
 def read_file(path: Path, what: str, label_column: str) -> tuple[Pair, Pair | None]:
     """A node's own ``.npz`` or ``.csv`` file, unchecked: (train, test or None) pairs."""
+    if not path.suffix and not path.exists():
+        raise DataError(f"{what}: no such file or folder")
     if path.suffix.lower() not in FORMATS:
         raise DataError(f"{what}: unknown format {path.suffix or '(no extension)'!r} "
                         f"(expected {' or '.join(FORMATS)})")
