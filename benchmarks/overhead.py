@@ -12,7 +12,11 @@ ways, alternated so that all three see the same phases of the machine:
 - ``plain, 1 thread``: the same with ``OMP_NUM_THREADS=1``. Its CPU time is what the
   training itself needs (the default's extra threads spin between operators): the honest
   baseline for fl-sim's CPU;
-- ``fl-sim``: ``fl-sim FILE --out DIR --quiet``, as shipped (pictures included).
+- ``fl-sim``: ``fl-sim FILE --out DIR --quiet``, as shipped (pictures included);
+- ``fl-sim, factory``: the same with the file's ``[model]`` replaced by the same MLP from a
+  user's import path (``factory = "flmesh.node.learning.models:mlp"`` and its
+  ``[model.args]``): what bringing one's own model costs (it should be nothing: the same
+  weights, the same numbers).
 
 Reports medians of wall seconds, CPU seconds (user + system) and peak memory (Pss summed
 over the process and its descendants, from /proc/PID/smaps_rollup every 0.25 s), and the
@@ -35,13 +39,14 @@ from typing import Any
 from _common import BIN, REPO, Measured, add_json_flag, measure, write_json
 
 JOBS = {"fedavg": REPO / "examples/fedavg.toml", "quickstart": REPO / "examples/quickstart.toml"}
-WAYS = ("plain", "plain, 1 thread", "fl-sim")
+WAYS = ("plain", "plain, 1 thread", "fl-sim", "fl-sim, factory")
+FACTORY = '[model]\nfactory = "flmesh.node.learning.models:mlp"\n\n[model.args]\nhidden = \\1\n'
 PSS_EVERY_S = 0.25  # smaps_rollup walks page tables: sampled more often, it slows what it measures
 
 
 def final_accuracy(way: str, done: Measured, out: Path) -> float | None:
     """The job's final global accuracy (star) or FA (peer) as ``way`` reported it."""
-    if way == "fl-sim":
+    if way.startswith("fl-sim"):
         final = json.loads((out / "summary.json").read_text()).get("final") or {}
     else:
         final = json.loads(done.stdout.strip().splitlines()[-1])
@@ -60,14 +65,25 @@ def job_file(name: str, rounds: int | None, work: Path) -> Path:
     return work / f"{name}.toml"
 
 
+def factory_file(file: Path, work: Path) -> Path:
+    """``file`` with its built-in MLP named through an import-path factory instead."""
+    pattern = r'(?m)^\[model\]\nname = "mlp"\nhidden = (\[[\d, ]*\])\n'
+    text, found = re.subn(pattern, FACTORY, file.read_text())
+    if found != 1:
+        raise SystemExit(f"{file}: no [model] section of name = \"mlp\" and hidden = [...] to replace")
+    (work / f"factory-{file.name}").write_text(text)
+    return work / f"factory-{file.name}"
+
+
 def run_job(name: str, file: Path, repeats: int, work: Path) -> dict[str, Any]:
     runs: dict[str, list[Measured]] = {w: [] for w in WAYS}
     accuracy: dict[str, float | None] = {}
     for i in range(repeats):
         for way in WAYS:
             out = work / f"{name}-{i}"
-            if way == "fl-sim":
-                argv = [str(BIN / "fl-sim"), str(file), "--out", str(out), "--quiet"]
+            if way.startswith("fl-sim"):
+                job = factory_file(file, work) if way == "fl-sim, factory" else file
+                argv = [str(BIN / "fl-sim"), str(job), "--out", str(out), "--quiet"]
             else:
                 argv = [sys.executable, str(REPO / "benchmarks/plain_loop.py"), str(file)]
             env = {"OMP_NUM_THREADS": "1"} if way == "plain, 1 thread" else None
@@ -82,9 +98,12 @@ def run_job(name: str, file: Path, repeats: int, work: Path) -> dict[str, Any]:
                 "runs": [{"wall_s": r.wall_s, "cpu_s": r.cpu_s, "peak_pss_mib": r.peak_pss_mib} for r in rs]}
             for w, rs in runs.items()}
     sim, plain, one = med["fl-sim"], med["plain"], med["plain, 1 thread"]
+    factory = med["fl-sim, factory"]
     ratios = {"wall_vs_plain": sim["wall_s"] / plain["wall_s"],
               "cpu_vs_plain_1_thread": sim["cpu_s"] / one["cpu_s"],
-              "pss_vs_plain": sim["peak_pss_mib"] / plain["peak_pss_mib"]}
+              "pss_vs_plain": sim["peak_pss_mib"] / plain["peak_pss_mib"],
+              "factory_wall_vs_plain": factory["wall_s"] / plain["wall_s"],
+              "factory_cpu_vs_plain_1_thread": factory["cpu_s"] / one["cpu_s"]}
     return {"file": str(JOBS[name].relative_to(REPO)), "ways": ways, "ratios": ratios}
 
 
@@ -110,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             acc = "-" if m["final_accuracy"] is None else f"{100 * m['final_accuracy']:.2f}"
             print(f"| {name} | {way} | {m['wall_s']:.1f} | {m['cpu_s']:.1f} | {m['peak_pss_mib']:.0f} "
                   f"| {acc} |")
-    print("\n| job | wall: fl-sim / plain | CPU: fl-sim / plain on 1 thread | peak Pss: fl-sim / plain |")
-    print("|---|---:|---:|---:|")
+    print("\n| job | wall: fl-sim / plain | CPU: fl-sim / plain on 1 thread | peak Pss: fl-sim / plain "
+          "| factory MLP: wall / plain, CPU / 1 thread |")
+    print("|---|---:|---:|---:|---:|")
     for name, job in jobs.items():
         r = job["ratios"]
         print(f"| {name} | {r['wall_vs_plain']:.2f}x | {r['cpu_vs_plain_1_thread']:.2f}x "
-              f"| {r['pss_vs_plain']:.2f}x |")
+              f"| {r['pss_vs_plain']:.2f}x | {r['factory_wall_vs_plain']:.2f}x, "
+              f"{r['factory_cpu_vs_plain_1_thread']:.2f}x |")
     seeds = sorted({int(m) for f in JOBS.values()
                     for m in re.findall(r"(?m)^seed = (\d+)", f.read_text())})
     write_json(args.json, "overhead", {"repeats": repeats, "rounds": rounds, "jobs": jobs}, seeds)

@@ -54,7 +54,7 @@ def test_overhead(tmp_path):
     assert set(results["jobs"]) == {"fedavg", "quickstart"}
     for job in results["jobs"].values():
         ways = job["ways"]
-        assert set(ways) == {"plain", "plain, 1 thread", "fl-sim"}
+        assert set(ways) == {"plain", "plain, 1 thread", "fl-sim", "fl-sim, factory"}
         for way in ways.values():
             assert number(way["wall_s"], 0) and number(way["cpu_s"], 0) and number(way["peak_pss_mib"], 1)
             assert share(way["final_accuracy"]) and len(way["runs"]) == 1
@@ -63,6 +63,7 @@ def test_overhead(tmp_path):
         ratios = job["ratios"]
         assert ratios["wall_vs_plain"] == ways["fl-sim"]["wall_s"] / ways["plain"]["wall_s"]
         assert ratios["cpu_vs_plain_1_thread"] == ways["fl-sim"]["cpu_s"] / ways["plain, 1 thread"]["cpu_s"]
+        assert ratios["factory_wall_vs_plain"] == ways["fl-sim, factory"]["wall_s"] / ways["plain"]["wall_s"]
         assert ratios["pss_vs_plain"] == ways["fl-sim"]["peak_pss_mib"] / ways["plain"]["peak_pss_mib"]
 
 
