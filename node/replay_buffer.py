@@ -177,13 +177,13 @@ class ReplayBufferCore:
         joined = joined_task(stream, self.federation.node_ids, sender)
         if joined is None or joined > task:
             raise self._refuse("PERMISSION_DENIED", f"{sender} holds no data of task {task}")
-        self._check_reached(sender, task)
         epsilon = meta.metadata["epsilon"]
         if not math.isclose(float(epsilon), cfg.epsilon, rel_tol=1e-12):
             raise self._refuse("INVALID_ARGUMENT", f"epsilon {epsilon!r} differs from the federation's "
                                f"{cfg.epsilon:g}")
         if (counts < 0).any():
             raise self._refuse("INVALID_ARGUMENT", "counts must be >= 0")
+        self._check_reached(sender, task)
         if meta.metadata.get("withheld", False) is True:
             if (counts > 0).any():
                 raise self._refuse("INVALID_ARGUMENT", "a withheld release carries no means")
