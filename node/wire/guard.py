@@ -15,8 +15,9 @@ An admitted stream is ended when it waits on its caller longer than
 ``idle_s``: no request message arrives (DEADLINE_EXCEEDED naming the idle
 limit), or a reply message is not taken (cancelled: such a caller reads
 nothing). Time the server spends on its own work (training a rewind,
-waiting for releases) is not idle. A stream that outlives ``deadline_s`` is
-cancelled whatever it does.
+waiting for releases) is not idle. The limit is per message (gRPC shows no
+single bytes): a sender slower than one chunk per ``idle_s`` is cut. A
+stream that outlives ``deadline_s`` is cancelled whatever it does.
 
 A stream that ends because its caller went away or a limit cut it ends
 quietly (one log line, no traceback): nothing is left to answer.
