@@ -154,3 +154,19 @@ def test_the_in_memory_transport_refuses_the_same_releases():
     assert err.details == "replay buffer: the release claims to come from 'node0' but was sent by 'node1'"
     assert host.untouched()
     assert node0.contribute(release("node0"), timeout=10).accepted
+
+
+def test_a_continual_star_federation_over_mtls_releases_and_fetches_as_before(tmp_path):
+    """The host's progress (the aggregator's round) and the caller checks let every honest
+    release and fetch through."""
+    from flmesh.coordinator.sim import Simulation
+
+    raw = tiny_raw(nodes=4, rounds=4, data={"partition": "iid"},
+                   tasks={"scenario": "novel_targets", "tasks": 2, "rounds_per_task": 2, "initial_clients": 2,
+                          "joining_clients": 2, "participation": "full"},
+                   aggregator={"fraction": 1.0, "deadline_s": 60})
+    raw["replay"] = {"mode": "client", "epsilon": 10.0}
+    with Simulation(parse_federation(raw, source="c.toml"), tmp_path, transport="grpc", tls=True) as sim:
+        summary = sim.run()
+    assert summary.final is not None and not summary.missing_peers
+    assert summary.privacy_spent == {"node0": 10.0, "node1": 10.0}, "both initial clients released task 0"
