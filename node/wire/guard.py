@@ -59,8 +59,9 @@ _END = object()
 
 class _Reader:
     """A request stream read on a thread of its own, one message each time the RPC asks for
-    one, so that the RPC's wait for its caller can end (:class:`StreamIdle`) after
-    ``idle_s`` seconds. Iterated by one thread (the RPC's); ``close`` from that thread."""
+    one (never ahead: a refused stream is not read further), so that the RPC's wait for its
+    caller can end (:class:`StreamIdle`) after ``idle_s`` seconds: gRPC's request iterator
+    has no timeout. Iterated by one thread (the RPC's); ``close`` from that thread."""
 
     def __init__(self, requests: Iterator[Any], idle_s: float, what: str):
         self._requests, self._idle_s, self._what = requests, idle_s, what
