@@ -134,6 +134,8 @@ class Aggregator:
                               model_spec=model_spec(initial.state_dict()),
                               update_spec=plugin.update_spec(params),
                               clock=clock, counter=counter)
+        if replay is not None:  # a node enters a round, and releases, before the aggregator opens it
+            replay.progress = lambda: core.status(None).round + 1
         if transport is None:
             from flmesh.node.wire.peer_client import GrpcPeerTransport
 

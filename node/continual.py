@@ -116,6 +116,7 @@ def wire_replay(ctx: RoundContext, aggregator: str | None, chunk_bytes: int, sta
     first node), which serves the buffer itself (its privacy ledger in ``state_dir``): the
     buffer it serves then, else None. With ``tls`` the channel is mTLS and checks the
     host's certificate."""
+    from flmesh.node.inbox import ROUND_WINDOW
     from flmesh.node.replay_buffer import ReplayBufferCore
     from flmesh.node.replay_link import local_replay
     from flmesh.node.wire.replay_client import GrpcReplayTransport
@@ -135,7 +136,8 @@ def wire_replay(ctx: RoundContext, aggregator: str | None, chunk_bytes: int, sta
         return None
     if host == ctx.settings.node_id:
         core = ReplayBufferCore(fed, ctx.data.train.input_shape, ctx.data.train.num_classes,
-                                state_dir=state_dir, clock=ctx.links.clock)
+                                state_dir=state_dir, clock=ctx.links.clock,
+                                progress=lambda: ctx.activity.last_round + 1 + ROUND_WINDOW)
         ctx.links.replay.target = local_replay(core, ctx.settings.node_id, ctx.links.counter)
         return core
     ctx.links.replay.host, ctx.links.replay.factory = host, remote

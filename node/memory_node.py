@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from flmesh.node.clock import REAL_CLOCK, Clock
 from flmesh.node.continual import empty_share
+from flmesh.node.inbox import ROUND_WINDOW
 from flmesh.node.learning.data import ArrayData, NodeData
 from flmesh.node.learning.tasks import TaskSource
 from flmesh.node.memory import (
@@ -55,7 +56,8 @@ def memory_node(federation: Federation, node_id: str, network: MemoryNetwork, *,
         node.replay.target = MemoryReplayTransport(network, node_id, counter)
         if not star and (replay.host or federation.node_ids[0]) == node_id:
             node.replay_host = ReplayBufferCore(federation, node.data.train.input_shape,
-                                                node.data.train.num_classes, clock=clock)
+                                                node.data.train.num_classes, clock=clock,
+                                                progress=lambda: node.last_round + 1 + ROUND_WINDOW)
             network.register_replay(node.replay_host)
     network.register(node_id, node.handlers)
     return node

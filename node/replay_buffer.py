@@ -3,11 +3,20 @@
 Hosted by the aggregator of a star federation, or by the node ``[replay]
 host`` names in one without (so it lives beside the node, not in the
 coordinator). Every contribution is checked before it touches anything:
-shape and dtype (the codec), finite values inside the clip range, classes of
-the task the sender is releasing, counts of at least ``min_count``, the
-federation's epsilon, a member present in that task, one release per
-(sender, task), and the sender's budget. A refused contribution leaves the
-buffer and the ledger as they were.
+shape and dtype (the codec), metadata of the right types (``task`` an
+integer, ``epsilon`` a number, ``withheld`` true or false, nothing else),
+finite values inside the clip range, classes of the task the sender is
+releasing, counts of at least ``min_count``, the federation's epsilon, a
+member present in that task, a task that has ended (its release comes on
+the change into the next task: a release or a withheld marker for a task the
+client has not left would block its real one), one release per (sender,
+task), and the sender's budget. A refused contribution leaves the buffer and
+the ledger as they were.
+
+Who releases: under mTLS the caller's certificate must name the client the
+release is for, so no other process can spend a client's budget. In
+plaintext (loopback or ``--insecure``) the claimed sender is all there is:
+any process that reaches the host can release as any member.
 
 The **privacy ledger** records every release (client, task, epsilon); a
 client's spend is the sum (sequential composition; one release of all its
@@ -27,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,6 +56,11 @@ SEED_REGROUP = 24
 
 #: The longest one FetchBuffer waits on the server, whatever the caller asks.
 MAX_FETCH_WAIT_S = 30.0
+
+#: What a contribution's metadata holds, and the type each value must have.
+CONTRIBUTION_METADATA: dict[str, tuple[tuple[type, ...], str]] = {
+    "task": ((int,), "an integer"), "epsilon": ((float, int), "a number"),
+    "withheld": ((bool,), "true or false")}
 
 
 class PrivacyLedger:
@@ -87,11 +102,19 @@ def contribution_spec(num_classes: int, input_shape: tuple[int, ...]) -> ModelSp
 
 class ReplayBufferCore:
     def __init__(self, federation: Federation, input_shape: tuple[int, ...], num_classes: int, *,
-                 state_dir: Path | None = None, clock: Clock = REAL_CLOCK):
+                 state_dir: Path | None = None, clock: Clock = REAL_CLOCK,
+                 progress: Callable[[], int] | None = None):
+        """``progress()``: the latest round any client can be in, as far as the host knows
+        (the one after the aggregator's open round; a hosting node's own round plus the
+        rounds a peer may be ahead of it). A release for task t is taken once that round has reached the first
+        round of task t + 1, where clients make it; without ``progress`` only releases for
+        tasks that never end in this federation are refused. May also be set later
+        (``core.progress``), before the first release. Called from RPC threads."""
         if federation.replay is None or federation.tasks is None:
             raise ValueError("a replay buffer needs [replay] and [tasks] sections")
         self.federation, self.cfg, self.stream = federation, federation.replay, federation.tasks
         self.input_shape, self.num_classes, self.clock = input_shape, num_classes, clock
+        self.progress = progress
         self.spec = contribution_spec(num_classes, input_shape)
         self.ledger = PrivacyLedger(state_dir / "privacy_ledger.json" if state_dir is not None else None)
         # class -> [(task, sender's place in the federation, mean)]: the buffer orders them by the
@@ -111,10 +134,10 @@ class ReplayBufferCore:
         except codec.CodecError as exc:
             raise Refused(exc.code, f"replay buffer: {exc}") from None
         meta = model.meta
-        sender, task = meta.sender, int(meta.metadata.get("task", -1))
+        sender = meta.sender
         means, counts = model.state_dict["means"], model.state_dict["counts"]
-        self._check(caller, meta, sender, task, means, counts)
-        withheld = bool(meta.metadata.get("withheld", False))
+        task = self._check(caller, meta, sender, means, counts)
+        withheld = meta.metadata.get("withheld", False) is True
         released = [c for c in range(self.num_classes) if int(counts[c]) > 0]
         with self._cond:
             if (task, sender) in self._reported:
@@ -136,8 +159,9 @@ class ReplayBufferCore:
             self._cond.notify_all()
         return ContributeResult(not withheld, spent, self.cfg.budget, 0 if withheld else len(released))
 
-    def _check(self, caller: str | None, meta: ModelMeta, sender: str, task: int, means: torch.Tensor,
-               counts: torch.Tensor) -> None:
+    def _check(self, caller: str | None, meta: ModelMeta, sender: str, means: torch.Tensor,
+               counts: torch.Tensor) -> int:
+        """Every check of a contribution but the once-per-task and budget ones; its task."""
         stream, cfg = self.stream, self.cfg
         if sender not in self.federation.node_ids:
             raise self._refuse("PERMISSION_DENIED", f"unknown node {sender!r}")
@@ -146,22 +170,24 @@ class ReplayBufferCore:
                                f"the release claims to come from {sender!r} but was sent by {caller!r}")
         if meta.kind != "contribution":
             raise self._refuse("INVALID_ARGUMENT", f"Contribute takes kind 'contribution', not {meta.kind!r}")
+        task = self._check_metadata(meta)
         if not 0 <= task < stream.tasks:
             raise self._refuse("INVALID_ARGUMENT", f"task {task} is not a task of the stream "
                                f"(0..{stream.tasks - 1})")
         joined = joined_task(stream, self.federation.node_ids, sender)
         if joined is None or joined > task:
             raise self._refuse("PERMISSION_DENIED", f"{sender} holds no data of task {task}")
-        epsilon = meta.metadata.get("epsilon")
-        if not isinstance(epsilon, float) or not math.isclose(epsilon, cfg.epsilon, rel_tol=1e-12):
+        epsilon = meta.metadata["epsilon"]
+        if not math.isclose(float(epsilon), cfg.epsilon, rel_tol=1e-12):
             raise self._refuse("INVALID_ARGUMENT", f"epsilon {epsilon!r} differs from the federation's "
                                f"{cfg.epsilon:g}")
         if (counts < 0).any():
             raise self._refuse("INVALID_ARGUMENT", "counts must be >= 0")
-        if meta.metadata.get("withheld", False):
+        self._check_reached(sender, task)
+        if meta.metadata.get("withheld", False) is True:
             if (counts > 0).any():
                 raise self._refuse("INVALID_ARGUMENT", "a withheld release carries no means")
-            return
+            return task
         allowed = set(task_classes(stream, task, self.num_classes))
         for c in range(self.num_classes):
             n = int(counts[c])
@@ -180,6 +206,37 @@ class ReplayBufferCore:
             if float(row.min()) < lo or float(row.max()) > hi:
                 raise self._refuse("INVALID_ARGUMENT", f"class {c}: values {float(row.min()):g}.."
                                    f"{float(row.max()):g} lie outside the clip range [{lo:g}, {hi:g}]")
+        return task
+
+    def _check_metadata(self, meta: ModelMeta) -> int:
+        """Each metadata value of the type it must have (a bool is no integer here); the task."""
+        for key, value in meta.metadata.items():
+            if key not in CONTRIBUTION_METADATA:
+                raise self._refuse("INVALID_ARGUMENT", f"metadata {key[:40]!r} is not one of "
+                                   f"{', '.join(CONTRIBUTION_METADATA)}")
+            kinds, expected = CONTRIBUTION_METADATA[key]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise self._refuse("INVALID_ARGUMENT", f"metadata {key}: expected {expected}, got "
+                                   f"{str(value)[:40]!r} ({type(value).__name__})")
+        for key in ("task", "epsilon"):
+            if key not in meta.metadata:
+                raise self._refuse("INVALID_ARGUMENT", f"metadata {key}: missing")
+        task = meta.metadata["task"]
+        assert isinstance(task, int)
+        return task
+
+    def _check_reached(self, sender: str, task: int) -> None:
+        """Clients release task t on their change into task t + 1: refuse a release (or a
+        withheld marker) for the last task, which no change follows, or for a task that the
+        host's progress says no client has left yet."""
+        stream = self.stream
+        if task == stream.tasks - 1:
+            raise self._refuse("INVALID_ARGUMENT", f"task {task} is the stream's last: no release follows it")
+        made_in = (task + 1) * stream.rounds_per_task + 1  # the first round of task t + 1
+        latest = self.progress() if self.progress is not None else None
+        if latest is not None and made_in > latest:
+            raise self._refuse("INVALID_ARGUMENT", f"{sender} has not reached the end of task {task}: its "
+                               f"release comes in round {made_in}, and no client is past round {latest}")
 
     # ------------------------------------------------------------------ the global buffer
     def expected(self, task: int) -> list[str]:
@@ -215,14 +272,21 @@ class ReplayBufferCore:
     def fetch(self, caller: str | None, node_id: str, task: int, wait_s: float) -> EncodedModel:
         if node_id not in self.federation.node_ids:
             raise self._refuse("PERMISSION_DENIED", f"unknown node {node_id!r}")
+        if caller is not None and caller != node_id:
+            raise self._refuse("PERMISSION_DENIED", f"{caller!r} may not fetch for {node_id!r}")
         if not 0 <= task < self.stream.tasks:
             raise self._refuse("INVALID_ARGUMENT", f"task {task} is not a task of the stream")
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise self._refuse("INVALID_ARGUMENT",
+                               f"wait_s: expected a number of seconds >= 0, got {wait_s!r}")
         self.wait_for(task, min(wait_s, MAX_FETCH_WAIT_S))
         x, filled = self.buffer(task)
         return codec.encode({"x": x, "filled": filled},
                             ModelMeta(round=0, sender="replay", kind="buffer", metadata={"task": task}))
 
     def status(self, caller: str | None) -> ReplayStatus:
+        if caller is not None and caller not in self.federation.node_ids:
+            raise self._refuse("PERMISSION_DENIED", f"{caller!r} is not in this federation")
         with self._cond:
             fills = {c: len(rows) for c, rows in self._means.items()}
             return ReplayStatus(self._version, {c: min(k, self.cfg.global_means) for c, k in fills.items()},

@@ -76,8 +76,8 @@ def test_regroup_averages_into_at_most_n_means():
 # ------------------------------------------------------------------ the service
 
 def _fed(**replay):
-    raw = tiny_raw(nodes=4, rounds=4, data={"partition": "iid"},
-                   tasks={"tasks": 2, "rounds_per_task": 2, "initial_clients": 2, "joining_clients": 2})
+    raw = tiny_raw(nodes=4, rounds=6, data={"partition": "iid"},
+                   tasks={"tasks": 3, "rounds_per_task": 2, "initial_clients": 2, "joining_clients": 1})
     raw["replay"] = {"mode": "client", "epsilon": 10.0, "min_count": 3, **replay}
     return parse_federation(raw, source="r.toml")
 

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+#: Streams one caller may hold on a server at once: a member has at most a Deliver (or its
+#: extras), an Evaluate and a Rewind in flight to one peer, and a busy refusal is retried.
+PER_CALLER = 4
 
 
 @dataclass(frozen=True)
 class StreamLimits:
     """How many streaming RPCs a server runs at once (``total``, and ``per_peer`` from one
-    caller: an authenticated identity under TLS, one connection in plaintext), how long one
-    may last (``deadline_s``, seconds), and how many workers stay free for unary calls
-    (``reserve``). See :mod:`flmesh.node.wire.guard`."""
+    caller: the certificate's node id under mTLS, one connection in plaintext), how long one
+    may last (``deadline_s``, seconds), how long it may wait on its caller (``idle_s``,
+    seconds: no request message arrives, or a reply message is not taken), and how many
+    workers stay free for unary calls (``reserve``). See :mod:`flmesh.node.wire.guard`."""
 
     total: int = 16
-    per_peer: int = 4
+    per_peer: int = PER_CALLER
     deadline_s: float = 900.0
     reserve: int = 8
+    idle_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.total < 1 or self.per_peer < 1 or self.reserve < 1 or not self.deadline_s > 0:
+        if (self.total < 1 or self.per_peer < 1 or self.reserve < 1 or not self.deadline_s > 0
+                or not (self.idle_s > 0 and math.isfinite(self.idle_s))):
             raise ValueError(f"stream limits must be positive, got {self}")
 
     @property
@@ -27,8 +35,8 @@ class StreamLimits:
 
     @classmethod
     def for_simulation(cls, nodes: int, round_timeout_s: float) -> StreamLimits:
-        """A node of ``fl-sim``: every process is on this host and trusted, and one connection
-        carries every node's calls, so the guard only bounds the total (each trainer may
-        evaluate on every node at once)."""
+        """A node of ``fl-sim``: each trainer may evaluate on every node at once, so the total
+        grows with the federation; one caller still holds at most :data:`PER_CALLER` streams,
+        so a member that stalls leaves the others their slots."""
         total = max(16, 2 * nodes + 8)
-        return cls(total=total, per_peer=total, deadline_s=max(60.0, 2 * round_timeout_s))
+        return cls(total=total, per_peer=min(total, PER_CALLER), deadline_s=max(60.0, 2 * round_timeout_s))

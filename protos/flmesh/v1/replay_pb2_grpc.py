@@ -60,9 +60,13 @@ class ReplayBufferServicer:
         stream of kind CONTRIBUTION with tensors "means" (C, *input) float32 and
         "counts" (C,) int64 (0: no mean for that class), metadata "task" (int),
         "epsilon" (double) and "withheld" (bool: the client released nothing,
-        e.g. its privacy budget is spent). Refused, buffer unchanged, when the
-        shape, dtype, values, classes, counts or epsilon are not what the
-        federation declares, or the sender is not a member present in that task.
+        e.g. its privacy budget is spent), and no other key. Refused, buffer and
+        ledger unchanged: INVALID_ARGUMENT when a metadata value has another type,
+        the shape, dtype, values, classes, counts or epsilon are not what the
+        federation declares, or the task has not ended (the last task, or one
+        whose next task no client can be in yet, by the host's progress);
+        PERMISSION_DENIED when the sender is not a member present in that task,
+        or, under mTLS, not the caller.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,7 +77,8 @@ class ReplayBufferServicer:
         BUFFER with tensors "x" (C, N, *input) float32 and "filled" (C,) int64
         (how many of the N means of each class are real). Waits, at most
         `wait_s` and the server's own bound, until every client that held the
-        previous task's data has contributed or withheld.
+        previous task's data has contributed or withheld. `wait_s` must be finite
+        and >= 0; under mTLS `node_id` must be the caller.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
