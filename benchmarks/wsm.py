@@ -96,15 +96,16 @@ def main(argv: list[str] | None = None) -> int:
             for method in METHODS:
                 for seed in seeds:
                     done = run(federation(method, c, seed, args), Path(tmp) / f"{c}-{method}-{seed}")
-                    got = {"steps": done.steps_per_round(),
-                           "first": done.mean_accuracy(slice(0, first)),
-                           "mid": done.mean_accuracy(slice(mid - last, mid)),
-                           "last": done.mean_accuracy(slice(-last, None)),
-                           "fk": done.mean_client_forgetting(),
-                           "ft": done.summary.mean_global_forgetting or 0.0,
-                           "curve": done.accuracy_curve(),
-                           "per_class_last": mean_rows([r.per_class_accuracy for r in done.rows[-last:]
-                                                        if r.per_class_accuracy is not None])}
+                    got: dict[str, Any] = {
+                        "steps": done.steps_per_round(),
+                        "first": done.mean_accuracy(slice(0, first)),
+                        "mid": done.mean_accuracy(slice(mid - last, mid)),
+                        "last": done.mean_accuracy(slice(-last, None)),
+                        "fk": done.mean_client_forgetting(),
+                        "ft": done.summary.mean_global_forgetting or 0.0,
+                        "curve": done.accuracy_curve(),
+                        "per_class_last": mean_rows([r.per_class_accuracy for r in done.rows[-last:]
+                                                     if r.per_class_accuracy is not None])}
                     results.setdefault((c, method), []).append(got)
                     progress(f"C={c:<4g} {method:<13} seed={seed}: {got['steps']:.1f} steps/round, "
                              f"first-{first} {100 * got['first']:.2f}%, "
