@@ -11,6 +11,7 @@ federation of that seed uses (no training here; seconds):
   each node's gradient over its whole training split, weighted by its sample
   count as FedAvg weights updates) over the norm of the same mean for plain
   cross-entropy; and the mean over nodes of each node's own ratio;
+- the mean softmax probability M_0 gives a sample's own class (0.1 = uniform);
 - the per-class signal s_c: the mean of 1 - alpha_{k,c} over the class-c
   training samples, alpha_k the class proportions of the node k holding the
   sample. At M_0's near-uniform softmax a class-c sample pushes its own logit
@@ -58,6 +59,8 @@ def measure(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     mean_grad = {"ce": [torch.zeros_like(p) for p in params], "wsm": [torch.zeros_like(p) for p in params]}
     node_ratios: list[float] = []
     signal_sum, signal_n = [0.0] * classes, [0] * classes
+    with torch.no_grad():  # how near uniform M_0's softmax is: the mean probability of the true class
+        true_p = torch.cat([F.softmax(model(s.x), dim=1).gather(1, s.y[:, None]).squeeze(1) for s in shares])
     for share in (s for s in shares if len(s)):
         counts = share.label_counts()
         grads = {}
@@ -72,7 +75,7 @@ def measure(seed: int, args: argparse.Namespace) -> dict[str, Any]:
             signal_n[c] += n
     held = [sum(1 for n in s.label_counts() if n) for s in shares]
     return {"seed": seed, "grad_ratio": _norm(mean_grad["wsm"]) / _norm(mean_grad["ce"]),
-            "node_ratio_mean": statistics.fmean(node_ratios),
+            "node_ratio_mean": statistics.fmean(node_ratios), "true_class_p": float(true_p.mean()),
             "signal": [s / n if n else None for s, n in zip(signal_sum, signal_n, strict=True)],
             "single_class_shares": sum(1 for h in held if h == 1), "shares": len(held),
             "classes_per_share": statistics.fmean(held),
@@ -127,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     share = "equal-size" if args.partition == "dirichlet_equal" else "unequal-size"
     print(f"\nDigits, {args.nodes} nodes, {share} Dirichlet(alpha = {args.alpha:g}) shares, at M_0; "
           f"seeds {', '.join(map(str, seeds))}\n")
-    print("| seed | ‖mean WSM grad‖ / ‖mean CE grad‖ | mean of each node's ratio | single-class shares "
+    print("| seed | ‖mean WSM grad‖ / ‖mean CE grad‖ | mean of each node's ratio | M_0's p(true class) "
+          "| single-class shares "
           "| classes per share | training samples per share |"
           + (" r(signal, FedAvg acc) | r(signal, WSM acc) |" if runs else ""))
-    print("|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if runs else ""))
+    print("|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if runs else ""))
     for got in found:
         line = (f"| {got['seed']} | {got['grad_ratio']:.3f} | {got['node_ratio_mean']:.3f} "
+                f"| {got['true_class_p']:.3f} "
                 f"| {got['single_class_shares']} of {got['shares']} | {got['classes_per_share']:.1f} "
                 f"| {got['share_sizes']['min']}-{got['share_sizes']['max']} |")
         if runs is not None:

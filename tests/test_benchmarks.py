@@ -205,7 +205,7 @@ def test_wsm_mechanism_at_m0(tmp_path):
     results = run(tmp_path, "wsm_mechanism.py", "--nodes", "20")
     assert results["partition"] == "dirichlet_equal" and results["runs"] is None
     [got] = results["per_seed"]
-    assert 0 < got["grad_ratio"] < 1 and 0 < got["node_ratio_mean"] < 1
+    assert 0 < got["grad_ratio"] < 1 and 0 < got["node_ratio_mean"] < 1 and share(got["true_class_p"])
     assert len(got["signal"]) == 10 and all(s is None or 0 <= s < 1 for s in got["signal"])
     assert got["shares"] == 20 and 0 <= got["single_class_shares"] <= 20
     assert 1 <= got["classes_per_share"] <= 10
