@@ -169,13 +169,66 @@ def test_dishonest(tmp_path):
         assert cell["refused_honest"] == 0 and isinstance(cell["refused_dishonest"], int)
 
 
-def test_wsm(tmp_path):
-    results = run(tmp_path, "wsm.py", "--rounds", "2", "--nodes", "20")  # C = 0.1: 2 participants
+@pytest.fixture(scope="module")
+def wsm_quick(tmp_path_factory: Any) -> tuple[Any, dict[str, Any]]:
+    """benchmarks/wsm.py --quick at 2 rounds of 20 nodes (C = 0.1: 2 participants): its folder
+    and results."""
+    tmp = tmp_path_factory.mktemp("wsm")
+    return tmp, run(tmp, "wsm.py", "--rounds", "2", "--nodes", "20")
+
+
+def test_wsm(wsm_quick):
+    results = wsm_quick[1]
     assert [(c["fraction"], c["method"]) for c in results["cells"]] == [
         (0.1, "FedAvg"), (0.1, "FedAvg + WSM"), (0.5, "FedAvg"), (0.5, "FedAvg + WSM")]
+    assert (results["epochs"], results["partition"], results["rounds"]) == (1.0, "dirichlet_equal", 2)
     for cell in results["cells"]:
-        assert one_seed(cell["first"]) and one_seed(cell["last"])
+        assert one_seed(cell["first"]) and one_seed(cell["mid"]) and one_seed(cell["last"])
         assert one_seed(cell["fk"], lambda v: number(v, -1)) and one_seed(cell["ft"], lambda v: number(v, -1))
+        assert one_seed(cell["steps"], lambda v: number(v, 1))
+        [curve] = cell["curves"]
+        assert len(curve) == 2 and all(share(a) for a in curve)
+        assert sum(curve) / 2 == pytest.approx(cell["last"]["mean"])
+        [per_class] = cell["per_class_last"]
+        assert len(per_class) == 10 and all(a is None or share(a) for a in per_class)
+
+
+def test_wsm_more_local_epochs_take_more_steps(tmp_path, wsm_quick):
+    results = run(tmp_path, "wsm.py", "--rounds", "2", "--nodes", "20", "--fractions", "0.1", "--epochs", "3")
+    assert [(c["fraction"], c["method"]) for c in results["cells"]] == [
+        (0.1, "FedAvg"), (0.1, "FedAvg + WSM")]
+    assert results["epochs"] == 3
+    one_epoch = wsm_quick[1]["cells"][0]["steps"]["mean"]
+    assert all(c["steps"]["mean"] > 2 * one_epoch for c in results["cells"])
+
+
+def test_wsm_mechanism_at_m0(tmp_path):
+    results = run(tmp_path, "wsm_mechanism.py", "--nodes", "20")
+    assert results["partition"] == "dirichlet_equal" and results["runs"] is None
+    [got] = results["per_seed"]
+    assert 0 < got["grad_ratio"] < 1 and 0 < got["node_ratio_mean"] < 1 and share(got["true_class_p"])
+    assert len(got["signal"]) == 10 and all(s is None or 0 <= s < 1 for s in got["signal"])
+    assert got["shares"] == 20 and 0 <= got["single_class_shares"] <= 20
+    assert 1 <= got["classes_per_share"] <= 10
+    assert got["share_sizes"]["max"] - got["share_sizes"]["min"] <= 1  # equal-size shares
+    assert "accuracy" not in got
+
+
+def test_wsm_mechanism_unequal_split(tmp_path):
+    results = run(tmp_path, "wsm_mechanism.py", "--nodes", "20", "--partition", "dirichlet")
+    [got] = results["per_seed"]
+    assert got["share_sizes"]["max"] > got["share_sizes"]["min"] + 1
+
+
+def test_wsm_mechanism_joins_a_wsm_result(tmp_path, wsm_quick):
+    runs = wsm_quick[0] / "result.json"
+    results = run(tmp_path, "wsm_mechanism.py", "--runs", str(runs), "--fraction", "0.5")
+    assert results["nodes"] == 20 and results["fraction"] == 0.5
+    [got] = results["per_seed"]
+    cells = {c["method"]: c for c in wsm_quick[1]["cells"] if c["fraction"] == 0.5}
+    assert got["accuracy"] == {m: c["per_class_last"][0] for m, c in cells.items()}
+    assert set(got["correlation"]) == {"FedAvg", "FedAvg + WSM"}
+    assert all(r is None or -1 <= r <= 1 for r in got["correlation"].values())
 
 
 def test_dp_replay(tmp_path):
