@@ -15,6 +15,7 @@ import functools
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 from flmesh_custom_example.data import generate
@@ -54,7 +55,7 @@ def nodes(rounds: int) -> None:
         addresses = {node.node_id: node.start() for node in started}
         for node in started:
             node.connect(addresses)
-        reports: dict[str, list] = {}
+        reports: dict[str, list[Any]] = {}
         failures: list[BaseException] = []
 
         def run(node: flmesh.Node) -> None:
