@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import flmesh
 from flmesh.node.results import read_rows
 
 from conftest import REPO
-
-pytestmark = pytest.mark.slow
 
 EXAMPLE = REPO / "examples" / "custom"
 IDS = ("wave0", "wave1", "wave2")
@@ -69,10 +69,30 @@ def assert_macro_f1(rows: list[dict], nodes: int, train_metric: bool) -> None:
         assert all(m["train_grad_norm"] > 0 for m in measured), measured
 
 
+def test_its_rfa_strategy_is_not_dragged_by_one_far_update(monkeypatch):
+    """The package's aggregation rule, imported from the source tree (no entry point involved)."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    try:
+        from flmesh_custom_example.algorithm import RfaServer
+    finally:
+        for name in [m for m in sys.modules if m.startswith("flmesh_custom_example")]:
+            del sys.modules[name]  # another test imports it from its own installation
+    points = [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (100.0, 100.0)]  # the last one is far off
+    updates = [flmesh.Update(f"n{i}", 1, {"w": torch.tensor(p), "steps": torch.tensor(7)}, 10, ())
+               for i, p in enumerate(points)]
+    state = RfaServer(iterations=50, nu=1e-6).aggregate(1, {}, updates)
+    assert torch.linalg.vector_norm(state["w"]) < 1.0, state  # the mean is at (25.25, 25.25)
+    assert state["w"].dtype == torch.float32 and int(state["steps"]) == 7
+    few = RfaServer(iterations=0, nu=1e-6).aggregate(1, {}, updates)
+    assert torch.allclose(few["w"], torch.tensor([25.25, 25.25])), "no iteration: the weighted mean"
+
+
+@pytest.mark.slow
 def test_the_custom_example_installs_and_runs_everywhere(tmp_path):
     bin_dir = throwaway_env(tmp_path / "env")
     example = tmp_path / "custom"
-    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("runs", "data", "build", "*.egg-info"))
+    shutil.copytree(EXAMPLE, example,
+                    ignore=shutil.ignore_patterns("runs", "data", "dist", "build", "*.egg-info"))
     out = tmp_path / "runs"
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(out)}
     done = subprocess.run(["bash", str(example / "run.sh")], cwd=tmp_path, env=env, capture_output=True,
