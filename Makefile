@@ -15,9 +15,11 @@ $(MODULES): FORCE
 	@find api protos topology node coordinator -name '*.py' | sort > $@.new
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
+# setuptools >= 70.1 builds wheels by itself: examples/custom/run.sh (make test) installs the
+# example package with it, offline (--no-build-isolation).
 $(STAMP): pyproject.toml $(MODULES)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=70.1"
 	$(PY) -m pip install --quiet -e ".[dev,vision,tensorboard]" --config-settings editable_mode=strict
 	touch $(STAMP)
 

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         check_days(args.days)
         plan = {"compose": _compose, "k8s": _k8s, "systemd": _systemd}[args.command](args, federation)
         graph = federation.topology.file
-        config = derived(raw, federation, plan.addresses, graph.name if graph else None, args.command)
+        config = derived(raw, federation, plan.addresses, graph.name if graph else None, args.command,
+                         plan.data)
         if graph is not None:
             if graph.name in [*plan.files, "federation.toml"] or not _CONFIG_KEY.match(graph.name):
                 raise DeployError(f"{federation.source}: [topology] file {graph.name!r}: rename the graph "
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # mostly: --out cannot be written
         print(f"fl-deploy: error: {_os_error(exc, args.out)}", file=sys.stderr)
         return 1
-    for note in _notes(federation):
+    for note in _notes(federation, args.command):
         print(f"note: {note}")
     wrote = f"wrote {len(plan.files)} files to {args.out}"
     print(wrote if certs is None else f"{wrote}, certificates to {args.out / 'certs'}")
@@ -126,7 +127,7 @@ def _check_common(args: argparse.Namespace) -> None:
 
 
 def _compose(args: argparse.Namespace, federation: Federation) -> Plan:
-    from flmesh.coordinator.deploy_compose import addresses, compose
+    from flmesh.coordinator.deploy_compose import addresses, compose, data_mounts
 
     _check_common(args)
     root = os.geteuid() == 0
@@ -137,9 +138,15 @@ def _compose(args: argparse.Namespace, federation: Federation) -> Plan:
         raise DeployError(f"--uid {uid}: only root can hand the files to another user; omit --uid")
     gid = uid if root else os.getegid()
     plan = Plan(addresses(federation, args.port), owner=(uid, gid) if root else None)
+    mounts = data_mounts(federation)
+    for node_id, (host, _) in mounts.items():
+        if not Path(host).is_file():
+            raise DeployError(f"{federation.source}: [nodes.{node_id}] data {host}: no such file here "
+                              f"(it is mounted into {node_id}'s container)")
+    plan.data = {node_id: inside for node_id, (_, inside) in mounts.items()}
     graph = federation.topology.file
     doc = compose(federation, image=args.image, port=args.port, tls=not args.insecure, user=f"{uid}:{gid}",
-                  graph_file=graph.name if graph else None)
+                  graph_file=graph.name if graph else None, data=mounts)
     plan.files["compose.yaml"] = _yaml(doc, "fl-deploy compose: one container per process of the federation")
     plan.dirs = [f"state/{node_id}" for node_id in plan.addresses]
     plan.next_steps = ("start it: cd {out} && podman-compose up -d   (or docker compose up -d); "
@@ -201,7 +208,7 @@ def _os_error(exc: OSError, out: Path) -> str:
     return f"--out {out}: cannot write {name}: {reason}" if inside else f"{name}: {reason}"
 
 
-def _notes(federation: Federation) -> list[str]:
+def _notes(federation: Federation, kind: str) -> list[str]:
     notes = []
     if federation.data.root is not None:
         notes.append(f"[data] root {federation.data.root} must exist where every process runs (mount it)")
@@ -209,7 +216,13 @@ def _notes(federation: Federation) -> list[str]:
         notes.append(f"[model] weights {federation.model.weights} must exist where every process runs")
     if isinstance(federation.model.factory, str) and ":" in federation.model.factory:
         notes.append(f"[model] factory {federation.model.factory} must be importable where every process "
-                     "runs (install its package in the image)")
+                     "runs (install its package in the image: deploy/README.md)")
+    code = (("[training] learner", federation.training.learner), ("[data] source", federation.data.source))
+    notes += [f"{key} {value} must be importable where every process runs (install its package)"
+              for key, value in code if isinstance(value, str)]
+    if kind != "compose":  # compose mounts each node's file into its container
+        where = "that node's pod (mount it there)" if kind == "k8s" else "that node's machine"
+        notes += [f"[nodes.{n.id}] data {n.data} must exist in {where}" for n in federation.nodes if n.data]
     return notes
 
 

@@ -39,16 +39,21 @@ class Plan:
     owner: tuple[int, int] | None = None  # chown the certificates and state folders to this (compose)
     dirs: list[str] = field(default_factory=list)
     next_steps: str = ""
+    data: dict[str, str] = field(default_factory=dict)  # node id -> where its process reads its own file
 
 
 def derived(raw: dict[str, Any], federation: Federation, addresses: dict[str, str], graph: str | None,
-            kind: str) -> str:
+            kind: str, data: dict[str, str] | None = None) -> str:
     """The federation file with every process's address in this deployment (and paths that still
-    resolve), as TOML."""
+    resolve), as TOML. ``data``: where a node's process reads its own data file, when not at
+    its absolute path on this host (a container's mount)."""
     out = copy.deepcopy(raw)
     nodes = out.get("nodes") or {}
     out["nodes"] = {node_id: {**nodes.get(node_id, {}), "address": addresses[node_id]}
                     for node_id in federation.node_ids}
+    for node in federation.nodes:
+        if node.data is not None:
+            out["nodes"][node.id]["data"] = (data or {}).get(node.id, node.data)
     if federation.aggregator is not None:
         out["aggregator"]["address"] = addresses["aggregator"]
     if graph is not None:

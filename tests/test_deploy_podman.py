@@ -7,7 +7,8 @@ missing (``FLMESH_DEPLOY_REQUIRED=1``, which test-deploy.sh sets, makes that a f
 podman runs with the private configuration of ``deploy/build-image.sh`` (runc, explicit
 ulimits, storage under ``FLMESH_PODMAN_DIR``). Every container and network a test makes is
 named with ``FLMESH_DEPLOY_PREFIX`` and removed at its end. Four nodes, CWT with rewind,
-mTLS on, the digits MLP with 16 hidden units: about two minutes in all.
+mTLS on, the digits MLP with 16 hidden units; and examples/custom's image and nodes.toml, each
+node's own data file mounted into its container only.
 
 Waits poll what can be observed (container states, files on the volumes, probes) with
 deadlines; no assertion bounds wall-clock time.
@@ -30,7 +31,7 @@ import yaml
 from flmesh.node.checkpoint import CHECKPOINT
 from flmesh.node.results import read_rows
 
-from conftest import wait_until
+from conftest import REPO, wait_until
 
 pytestmark = pytest.mark.deploy
 
@@ -115,14 +116,17 @@ hidden = [16]
 
 
 class Compose:
-    """One fl-deploy compose deployment under podman-compose, torn down (containers, network) at exit."""
+    """One fl-deploy compose deployment under podman-compose, torn down (containers, network) at exit:
+    FEDERATION on ``image``, or the federation file ``fed`` with the nodes ``ids``."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, fed: Path | None = None, ids: list[str] = IDS, image: str = IMAGE):
         self.project = f"{PREFIX}c{uuid.uuid4().hex[:8]}"
         self.dir = root / self.project
-        fed = root / "federation.toml"
-        fed.write_text(FEDERATION)
-        done = subprocess.run([FL_DEPLOY, "compose", str(fed), "--out", str(self.dir), "--image", IMAGE],
+        self.ids = ids
+        if fed is None:
+            fed = root / "federation.toml"
+            fed.write_text(FEDERATION)
+        done = subprocess.run([FL_DEPLOY, "compose", str(fed), "--out", str(self.dir), "--image", image],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
 
@@ -144,12 +148,12 @@ class Compose:
 
     def wait_all_exited(self, timeout: float) -> None:
         def exited() -> bool:
-            return all(self.state(i)["Status"] == "exited" for i in IDS)
+            return all(self.state(i)["Status"] == "exited" for i in self.ids)
         try:
             wait_until(exited, timeout=timeout, interval=1)
         except AssertionError:
             raise AssertionError("not every container finished: " + "\n".join(
-                f"{i}: {self.state(i)['Status']}\n{self.logs(i)}" for i in IDS)) from None
+                f"{i}: {self.state(i)['Status']}\n{self.logs(i)}" for i in self.ids)) from None
 
     def results(self, node_id: str) -> tuple[list[dict], dict]:
         out = self.dir / "state" / node_id
@@ -158,7 +162,7 @@ class Compose:
     def down(self) -> None:
         subprocess.run(["podman-compose", "down", "-t", "5"], cwd=self.dir, capture_output=True, env=ENV,
                        timeout=300)
-        for node_id in IDS:
+        for node_id in self.ids:
             podman("rm", "-f", "-t", "0", self.container(node_id), check=False)
         podman("network", "rm", "-f", f"{self.project}_flmesh", check=False)
 
@@ -238,6 +242,71 @@ def test_a_crashed_container_restarts_and_resumes_from_its_checkpoint(deployment
         rows, summary = deployment.results(node_id)
         assert summary["rounds"] == summary["rounds_planned"] == ROUNDS, (node_id, summary)
         assert not summary["interrupted"], summary
+
+
+# ------------------------------------------------------------ a user's package, each node's own file
+CUSTOM_IDS = ["wave0", "wave1", "wave2"]
+CUSTOM_IMAGE = f"localhost/{PREFIX}-custom:latest"
+
+
+def _wheel(package: Path, out: Path) -> None:
+    """The package's wheel in ``out``, built with this environment's setuptools when it can make
+    wheels (offline), else with one pip fetches."""
+    offline = subprocess.run([sys.executable, "-c", "import setuptools.command.bdist_wheel"],
+                             capture_output=True).returncode == 0
+    flags = ["--no-build-isolation"] if offline else []
+    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *flags, "--wheel-dir", str(out)]
+    done = subprocess.run([*command, str(package)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture
+def custom_example(tmp_path: Path) -> Iterator[Path]:
+    """A copy of examples/custom with its data files written and its image built (removed after)."""
+    copy = tmp_path / "custom"
+    shutil.copytree(REPO / "examples" / "custom", copy,
+                    ignore=shutil.ignore_patterns("runs", "data", "dist", "build", "*.egg-info"))
+    _wheel(copy, copy / "dist")
+    podman("build", "--format", "docker", "--network=none", "--build-arg", f"FLMESH_IMAGE={IMAGE}",
+           "-t", CUSTOM_IMAGE, "-f", str(copy / "Containerfile"), str(copy), timeout=600)
+    done = subprocess.run([sys.executable, str(copy / "make_data.py"), str(copy / "data")],
+                          capture_output=True, text=True, env={**ENV, "PYTHONPATH": str(copy)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    try:
+        yield copy
+    finally:
+        podman("rmi", "-f", CUSTOM_IMAGE, check=False)
+
+
+def test_each_node_trains_on_its_own_file_in_its_own_container(tmp_path: Path, custom_example: Path):
+    """examples/custom's Containerfile on the flmesh image (the user's package installed), and its
+    nodes.toml (three nodes, each on its own .npz file) deployed by fl-deploy compose: each file is
+    mounted into its node's container only."""
+    example = custom_example
+    deployment = Compose(tmp_path, example / "nodes.toml", CUSTOM_IDS, CUSTOM_IMAGE)
+    try:
+        services = yaml.safe_load((deployment.dir / "compose.yaml").read_text())["services"]
+        for node_id, service in services.items():
+            data = [v for v in service["volumes"] if "/etc/flmesh/data/" in v]
+            assert data == [f"{example / 'data' / node_id}.npz:/etc/flmesh/data/{node_id}.npz:ro"], data
+        deployment.compose("up", "-d")
+        for node_id in CUSTOM_IDS:  # what the running container has: its own file, no other node's
+            mounts = json.loads(podman("inspect", deployment.container(node_id)).stdout)[0]["Mounts"]
+            data = {m["Destination"]: m["Source"] for m in mounts if "/etc/flmesh/data" in m["Destination"]}
+            own = f"{node_id}.npz"
+            assert data == {f"/etc/flmesh/data/{own}": str(example / "data" / own)}, mounts
+        deployment.wait_all_exited(timeout=900)
+        for node_id in CUSTOM_IDS:
+            assert deployment.state(node_id)["ExitCode"] == 0, deployment.logs(node_id)
+            rows, summary = deployment.results(node_id)
+            assert [r["round"] for r in rows] == [1, 2, 3, 4] and not summary["interrupted"]
+            data = summary["config"]["data"]
+            assert data["own"] and data["origin"] == f"/etc/flmesh/data/{node_id}.npz", data
+            assert (data["train_samples"], data["test_samples"]) == (240, 60)
+            # the package's model and learner ran in the container: its metric is in every row
+            assert all(0 <= r["nodes"][node_id]["metrics"]["macro_f1"] <= 1 for r in rows), rows[-1]
+    finally:
+        deployment.down()
 
 
 # ------------------------------------------------------------------- the Kubernetes pods, kubelet-style
