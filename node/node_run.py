@@ -184,7 +184,8 @@ class NodeRun:
             if self.cross_eval:
                 entry.cross_accuracy = self._cross_evaluate(report.round, report.task)
         kind = "star" if isinstance(report, StarReport) else "peer"
-        row = RoundRow(report.round, kind, "fl-node", nodes={self.node_id: entry},
+        row = RoundRow(report.round, kind, "fl-node", metric=self.federation.metric,
+                       nodes={self.node_id: entry},
                        missing=sorted(p for p in (getattr(report, "missing", None),) if p),
                        bytes_by_kind={"sent": report.bytes_sent, "received": report.bytes_received},
                        wall_s=round(report.wall_s, 4), notes=list(report.notes))

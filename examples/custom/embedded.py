@@ -2,9 +2,10 @@
 
 1. :class:`flmesh.Simulation` runs peer.toml with a model factory and a learner given here
    (they replace the file's ``[model]`` and ``[training] learner``).
-2. Three :class:`flmesh.Node` objects serve over gRPC on 127.0.0.1 in this process, each
-   with its own :class:`flmesh.NodeData` made from arrays (nodes.toml's ids and settings;
-   its data files are not read).
+2. Three :class:`flmesh.Node` objects serve over gRPC with mTLS on 127.0.0.1 in this process
+   (certificates from ``fl-certs``, read with :func:`flmesh.load_tls_identity`), each with its
+   own :class:`flmesh.NodeData` made from arrays (nodes.toml's ids and settings; its data
+   files are not read).
 
     python examples/custom/embedded.py [OUT_DIR]      (default: examples/custom/runs/embedded)
 """
@@ -12,7 +13,10 @@
 from __future__ import annotations
 
 import functools
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -47,8 +51,12 @@ def nodes(rounds: int) -> None:
     torch.set_num_threads(1)  # three nodes train in this process: one torch thread each
     federation = flmesh.load_federation(HERE / "nodes.toml")
     mixes = [(4, 4, 1, 1), (1, 4, 4, 1), (1, 1, 4, 4)]
+    pki = Path(tempfile.mkdtemp(prefix="embedded-pki-"))  # a throwaway CA, one certificate per node
+    subprocess.run([str(Path(sys.executable).with_name("fl-certs")), "federation", str(HERE / "nodes.toml"),
+                    "--out", str(pki)], check=True, stdout=subprocess.DEVNULL)
     started = [flmesh.Node.from_federation(
         federation, node_id, listen="127.0.0.1:0", model=wave_cnn, learner=ClippedLearner(),
+        tls=flmesh.load_tls_identity(pki / "ca.pem", pki / f"{node_id}.pem", pki / f"{node_id}.key", node_id),
         data=flmesh.NodeData(arrays(200, 300 + i, mixes[i]), arrays(50, 400 + i, mixes[i])))
         for i, node_id in enumerate(federation.node_ids)]
     try:
@@ -74,6 +82,7 @@ def nodes(rounds: int) -> None:
     finally:
         for node in started:
             node.stop()
+        shutil.rmtree(pki, ignore_errors=True)
     for node_id, done in reports.items():
         last = done[-1].local
         print(f"Node {node_id}: {len(done)} rounds, accuracy {last.accuracy:.3f}, "

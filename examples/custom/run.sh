@@ -2,7 +2,8 @@
 # Install this package into the active Python environment, then run everything it offers:
 #   1. fl-sim peer.toml   (a CWT ring of 3 peers)
 #   2. fl-sim star.toml   (3 nodes and an aggregator using the package's "rfa" strategy)
-#   3. make_data.py, then nodes.toml as three fl-node processes on 127.0.0.1, each on its own file
+#   3. make_data.py, then nodes.toml as three fl-node processes on 127.0.0.1, each on its own file,
+#      over mTLS with certificates from a throwaway CA (fl-certs)
 #   4. embedded.py        (the same pieces as Python objects)
 # Exits non-zero when any step fails. Results: $OUT (default examples/custom/runs/).
 # Usage: examples/custom/run.sh       (with the venv that has flmesh active, or its bin/ first on PATH)
@@ -34,9 +35,11 @@ ids=$(python -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[
   "$here/nodes.toml")
 # three processes share this machine's cores: one torch thread each, not one per core each
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+fl-certs federation "$here/nodes.toml" --out "$work/pki" >/dev/null  # a CA and a certificate per node
 for id in $ids; do
   # each node binds a free port and announces it in its ready file; the peers file gathers them
   fl-node --id "$id" --federation "$here/nodes.toml" --out "$out/nodes-$id" --listen 127.0.0.1:0 \
+    --tls-ca "$work/pki/ca.pem" --tls-cert "$work/pki/$id.pem" --tls-key "$work/pki/$id.key" \
     --ready-file "$work/$id.addr" --peers-file "$work/peers.json" --hello-timeout 60 &
   pids+=($!)
 done
