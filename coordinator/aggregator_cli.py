@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             rounds=len(every), rounds_planned=fed.rounds, interrupted=bool(stopped) or error is not None,
             config={"strategy": fed.aggregator.strategy, "fraction": fed.aggregator.fraction},
             address=address, signal=stopped[0] if stopped else None, error=error,
-            final=Final(last.round, last.fa, last.ff, last.pfa, last.accuracy) if last else None,
+            final=Final(last.round, last.fa, last.ff, last.pfa, last.accuracy,
+                        node_metrics={n: e.metrics for n, e in last.nodes.items() if e.metrics})
+            if last else None,
             accuracy_curve=[r["accuracy"] for r in every if r.get("accuracy") is not None],
             mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
             task_accuracy=last.task_accuracy if last else None,

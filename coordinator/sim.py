@@ -193,7 +193,8 @@ class Simulation:
         final = None
         if last is not None:
             final = Final(last.round, last.fa, last.ff, last.pfa, last.accuracy,
-                          {n: e.accuracy for n, e in last.nodes.items() if e.accuracy is not None})
+                          {n: e.accuracy for n, e in last.nodes.items() if e.accuracy is not None},
+                          {n: e.metrics for n, e in last.nodes.items() if e.metrics})
         import torch
 
         return Summary(

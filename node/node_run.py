@@ -22,7 +22,16 @@ from flmesh.node.membership import linger, wait_aggregator_done, wait_for_peers
 from flmesh.node.node import Node, Report
 from flmesh.node.observe import row_scalars
 from flmesh.node.reports import RoundReport, StarReport
-from flmesh.node.results import Final, NodeRound, RoundRow, RunWriter, Summary, mean_bytes, write_atomic
+from flmesh.node.results import (
+    Final,
+    NodeRound,
+    RoundRow,
+    RunWriter,
+    Summary,
+    learner_metrics,
+    mean_bytes,
+    write_atomic,
+)
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:
@@ -202,8 +211,10 @@ class NodeRun:
         last = trained[-1] if trained else None
         final = None
         if last is not None and last.local is not None:
+            metrics = learner_metrics(last.train, last.local)
             final = Final(last.round, accuracy=last.local.accuracy,
-                          node_accuracy={self.node_id: last.local.accuracy})
+                          node_accuracy={self.node_id: last.local.accuracy},
+                          node_metrics={self.node_id: metrics} if metrics else {})
         summary = Summary(
             kind="star" if fed.aggregator is not None else "peer", writer="fl-node", federation=fed.name,
             file=fed.source, seed=fed.seed, rounds=len(self.writer.rows), rounds_planned=fed.rounds,

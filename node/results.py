@@ -183,6 +183,7 @@ class Final:
     pfa: float | None = None
     accuracy: float | None = None  # star: the global model; fl-node: its own model
     node_accuracy: dict[str, float] = field(default_factory=dict)
+    node_metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # a learner's, by node
 
 
 @dataclass

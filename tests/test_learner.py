@@ -107,6 +107,9 @@ def test_metrics_reach_the_rows_and_fa_is_over_the_named_one(tmp_path, star):
         assert 0.0 <= entry["metrics"]["macro_recall"] <= 1.0
         if not star:
             assert entry["metrics"]["train_batches"] >= 1
+    if not star:  # the summary carries each node's last metrics
+        assert set(by_recall.final.node_metrics) == set(federation.node_ids)
+        assert all("macro_recall" in m for m in by_recall.final.node_metrics.values())
     # the same models either way: only what FA averages differs
     assert by_accuracy.final.accuracy == by_recall.final.accuracy
     assert by_accuracy.final.fa != by_recall.final.fa
