@@ -15,13 +15,21 @@ $(MODULES): FORCE
 	@find api protos topology node coordinator -name '*.py' | sort > $@.new
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
-# setuptools >= 70.1 builds wheels by itself: examples/custom/run.sh (make test) installs the
-# example package with it, offline (--no-build-isolation).
+# `make demo` installs what running needs (the runtime dependencies and the vision and
+# tensorboard extras); the test and development targets add the `dev` extra's tools.
+# setuptools >= 70.1 builds wheels by itself: examples/custom/run.sh and tests/test_wheel.py
+# (make test) build packages with it, offline (--no-build-isolation).
 $(STAMP): pyproject.toml $(MODULES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=70.1"
-	$(PY) -m pip install --quiet -e ".[dev,vision,tensorboard]" --config-settings editable_mode=strict
+	$(PY) -m pip install --quiet -e ".[vision,tensorboard]" --config-settings editable_mode=strict
 	touch $(STAMP)
+
+DEV := $(VENV)/.installed-dev
+$(DEV): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,vision,tensorboard]" --config-settings editable_mode=strict
+	$(PY) -m compileall -q build/__editable__.*  # the reinstall rebuilt the link tree (see PYC)
+	touch $(DEV)
 
 # Byte-compile flmesh as pip does for a wheel: with PYTHONDONTWRITEBYTECODE set (as on
 # CI), every start would otherwise compile every module again, which delays fl-node's
@@ -34,18 +42,18 @@ $(PYC): $(STAMP) $(shell find api protos topology node coordinator -name '*.py')
 demo: $(PYC)
 	$(VENV)/bin/fl-sim examples/quickstart.toml
 
-test: $(PYC)
+test: $(PYC) $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -m "not faults and not deploy"
 
-test-fast: $(PYC)
+test-fast: $(PYC) $(DEV)
 	$(PY) -m pytest -q -m "not slow and not faults and not deploy"
 
 # Fault injection: killed and resumed processes, network namespaces with packet loss and
 # partitions, slow links. Needs root for the namespaces (their tests say so when skipped);
 # installs iptables from Debian's archive when it is missing.
-test-faults: $(PYC)
+test-faults: $(PYC) $(DEV)
 	@command -v iptables >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -q >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables >/dev/null; } || true
 	$(PY) -m pytest -q -m faults
@@ -56,17 +64,17 @@ test-faults: $(PYC)
 image: $(STAMP)
 	bash deploy/build-image.sh
 
-test-deploy: $(STAMP)
+test-deploy: $(DEV)
 	bash deploy/test-deploy.sh
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(VENV)/bin/ruff check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV)
 	$(VENV)/bin/mypy
 
 # Regenerate the committed gRPC/protobuf code (tests/test_protos.py checks it is current).
-protos: $(STAMP)
+protos: $(DEV)
 	$(PY) protos/generate.py
 
 bench: $(PYC)

@@ -77,7 +77,8 @@ def nodes_mib(bin_dir: Path, rounds: int) -> dict[str, tuple[int, float]]:
         fed = work / "edge.toml"
         fed.write_text(FEDERATION.format(seed=SEED, rounds=rounds))
         procs = {i: subprocess.Popen([str(bin_dir / "fl-node"), "--id", i, "--federation", str(fed),
-                                      "--listen", "127.0.0.1:0", "--ready-file", str(work / f"{i}.addr"),
+                                      "--listen", "127.0.0.1:0", "--insecure",
+                                      "--ready-file", str(work / f"{i}.addr"),
                                       "--peers-file", str(work / "peers.json"), "--out", str(work / i)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in ("a", "b")}

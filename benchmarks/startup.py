@@ -76,7 +76,8 @@ def serving(work: Path) -> float:
     out = work / f"out-{runs}"  # a fresh results folder each run (fl-node never starts over old results)
     start = time.perf_counter()
     proc = subprocess.Popen([str(BIN / "fl-node"), "--id", "node0", "--federation", str(fed), "--listen",
-                             "127.0.0.1:0", "--ready-file", str(ready), "--peer", "node1=127.0.0.1:9",
+                             "127.0.0.1:0", "--insecure", "--ready-file", str(ready),
+                             "--peer", "node1=127.0.0.1:9",
                              "--hello-timeout", "30", "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

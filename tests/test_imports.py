@@ -171,14 +171,14 @@ def test_digits_are_read_without_importing_scikit_learn():
 
 
 def test_a_plaintext_fl_node_starts_without_cryptography(tmp_path):
-    """fl-node on loopback without TLS serves, and runs, without importing ``cryptography`` (its
-    certificate code loads only with --tls-dir/--ca; ~40 ms of start-up otherwise)."""
+    """fl-node with --insecure serves, and runs, without importing ``cryptography`` (its
+    certificate code loads only with --tls-*)."""
     fed = tmp_path / "fed.toml"
     fed.write_text('[federation]\nname = "solo"\nrounds = 1\nbaseline = "standalone"\n'
                    '[topology]\nnodes = 2\n[model]\nhidden = [8]\n')  # node0 trains alone
     code = ("import sys, json\nfrom flmesh.node.cli import main\n"
             f"status = main(['--id', 'node0', '--federation', {str(fed)!r}, '--listen', '127.0.0.1:0', "
-            f"'--out', {str(tmp_path / 'out')!r}])\n"
+            f"'--insecure', '--out', {str(tmp_path / 'out')!r}])\n"
             "crypto = sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography')\n"
             "print(json.dumps([status, crypto]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

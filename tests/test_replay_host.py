@@ -166,7 +166,8 @@ def test_a_continual_star_federation_over_mtls_releases_and_fetches_as_before(tm
                           "joining_clients": 2, "participation": "full"},
                    aggregator={"fraction": 1.0, "deadline_s": 60})
     raw["replay"] = {"mode": "client", "epsilon": 10.0}
-    with Simulation(parse_federation(raw, source="c.toml"), tmp_path, transport="grpc", tls=True) as sim:
+    fed = parse_federation(raw, source="c.toml")
+    with Simulation(fed, tmp_path, transport="grpc") as sim:  # mTLS by default
         summary = sim.run()
     assert summary.final is not None and not summary.missing_peers
     assert summary.privacy_spent == {"node0": 10.0, "node1": 10.0}, "both initial clients released task 0"
