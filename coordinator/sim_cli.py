@@ -68,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(repeatable: a grid over the combinations, times --seeds)")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR",
                         help="continue an interrupted run from its last complete round")
-    parser.add_argument("--no-checkpoints", action="store_true",
-                        help="save no checkpoints (the run cannot be resumed)")
+    parser.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                        help="save every node's (and the aggregator's) state after every N-th round "
+                             "into the results folder, for --resume (default 1; 0: none, the run "
+                             "cannot be resumed); removed when the run finishes")
     parser.add_argument("--quiet", action="store_true", help="print only the final metrics, one line")
     parser.add_argument("--no-pictures", action="store_true",
                         help="draw no pictures (fl-sim report DIR draws them later); matplotlib is "
@@ -100,6 +102,8 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     if args.eval_sample is not None and not (args.eval_sample == 0 or 2 <= args.eval_sample <= MAX_NODES):
         return (f"--eval-sample: expected 0 (every test split) or an integer from 2 to {MAX_NODES}, "
                 f"got {args.eval_sample}")
+    if not 0 <= args.checkpoint_every <= MAX_ROUNDS:
+        return f"--checkpoint-every: expected an integer from 0 to {MAX_ROUNDS}, got {args.checkpoint_every}"
     for flag, value in (("--rounds", args.rounds), ("--eval-every", args.eval_every)):
         if value is None:
             continue
@@ -184,7 +188,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     def plan(federation: Federation, out: Path, label: str) -> RunPlan:
         return RunPlan(federation, out, label, argv, transport=args.transport, tls=args.tls,
-                       checkpoints=not args.no_checkpoints, pictures=not args.no_pictures,
+                       checkpoint_every=args.checkpoint_every, pictures=not args.no_pictures,
                        quiet=args.quiet, tensorboard=args.tensorboard)
 
     try:
@@ -255,7 +259,8 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"{folder}: the run is complete; nothing to resume")
         return 0
     return run_one(RunPlan(record.federation, folder, "--resume", argv, transport=record.transport,
-                           tls=record.tls, resume=True, pictures=not args.no_pictures, quiet=args.quiet,
+                           tls=record.tls, resume=True, checkpoint_every=max(1, args.checkpoint_every),
+                           pictures=not args.no_pictures, quiet=args.quiet,
                            tensorboard=args.tensorboard))[0]
 
 

@@ -1,7 +1,8 @@
 """fl-sim's checkpoints: every process's state after a round, so ``fl-sim --resume`` can go on.
 
-After every round that writes a row (every round, or every ``eval_every`` between peers),
-each node (and the aggregator) writes its checkpoint (:mod:`flmesh.node.checkpoint`,
+After every ``every``-th round that writes a row (every round by default; between peers
+only rounds that are evaluated, ``eval_every``, write one), each node (and the aggregator)
+writes its checkpoint (:mod:`flmesh.node.checkpoint`,
 :mod:`flmesh.coordinator.aggregator_checkpoint`; a node's deliveries for later rounds
 included) into ``RUN_DIR/checkpoints/round-T/<process>/``, in its own thread. Once the
 round's row is in rounds.jsonl and every process has saved, the runner *commits* round T:
@@ -50,12 +51,17 @@ class SimCheckpoints:
 
     ``processes``: how many save each round (the trainers, plus the aggregator);
     ``barrier``: whether a process waits, after saving, until every process has saved (peer
-    federations: a neighbour's next round must not reach a node's state while it is saved).
+    federations: a neighbour's next round must not reach a node's state while it is saved);
+    ``every``: save after rounds that are multiples of it (a resume then repeats up to
+    ``every`` - 1 rounds).
     """
 
-    def __init__(self, run_dir: Path, processes: int, barrier: bool):
+    def __init__(self, run_dir: Path, processes: int, barrier: bool, every: int = 1):
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
         self.folder = run_dir / FOLDER
         self.processes = processes
+        self.every = every
         self.resumed_after = committed_round(run_dir)
         self._saved: dict[int, int] = {}
         self._cond = threading.Condition()
@@ -69,6 +75,8 @@ class SimCheckpoints:
         """Node ``node``'s state after round ``t``, with what its inbox holds for round ``t``
         and later (models its sources delivered for the next round). From the node's thread,
         when no other thread changes its model."""
+        if t % self.every:
+            return
         folder = self._round(t) / node.node_id
         folder.mkdir(parents=True, exist_ok=True)
         save_node(node.ctx, t, folder)
@@ -80,6 +88,8 @@ class SimCheckpoints:
 
     def save_aggregator(self, aggregator: Aggregator, t: int) -> None:
         """The aggregator's state after round ``t``; from its thread, before the next round opens."""
+        if t % self.every:
+            return
         from flmesh.coordinator.aggregator_checkpoint import save
 
         folder = self._round(t) / AGGREGATOR
@@ -96,7 +106,10 @@ class SimCheckpoints:
 
     def commit(self, t: int) -> bool:
         """Once every process has saved round ``t``: mark it the round to resume from and drop
-        older ones. Call after round ``t``'s row is written. Blocks; False when stopped first."""
+        older ones. Call after round ``t``'s row is written. Blocks; False when stopped first
+        (or when round ``t`` is not one to save)."""
+        if t % self.every:
+            return False
         with self._cond:
             while self._saved.get(t, 0) < self.processes:
                 if self._stopped.is_set():
@@ -138,7 +151,7 @@ class SimCheckpoints:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def attach(driver: object, run_dir: Path, resume: bool) -> SimCheckpoints:
+def attach(driver: object, run_dir: Path, resume: bool, every: int = 1) -> SimCheckpoints:
     """Checkpoints for a started driver's processes in ``run_dir``: with ``resume``, every
     process restored from the last committed round and the driver set to go on after it;
     without, a fresh run (an earlier run's checkpoints there are removed)."""
@@ -146,10 +159,10 @@ def attach(driver: object, run_dir: Path, resume: bool) -> SimCheckpoints:
     from flmesh.coordinator.sim_star import StarDriver
 
     if isinstance(driver, PeerDriver):
-        checkpoints = SimCheckpoints(run_dir, len(driver.trainers), barrier=True)
+        checkpoints = SimCheckpoints(run_dir, len(driver.trainers), barrier=True, every=every)
         nodes, aggregator = driver.trainers, None
     elif isinstance(driver, StarDriver):
-        checkpoints = SimCheckpoints(run_dir, len(driver.nodes) + 1, barrier=False)
+        checkpoints = SimCheckpoints(run_dir, len(driver.nodes) + 1, barrier=False, every=every)
         nodes, aggregator = driver.nodes, driver.aggregator
         assert aggregator is not None, "start() the driver first"
         aggregator.overlap_evaluation = False  # a round's row and checkpoint before the next opens

@@ -35,7 +35,7 @@ class RunPlan:
     transport: Transport = "memory"
     tls: bool = False
     resume: bool = False  # go on from the folder's last committed round
-    checkpoints: bool = True
+    checkpoint_every: int = 1  # 0: none
     pictures: bool = True
     quiet: bool = False
     tensorboard: Path | None = None
@@ -73,7 +73,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         started: Simulation | None = None
         try:
             sim = started = Simulation(fed, out, transport=plan.transport, tls=plan.tls,
-                                       checkpoints=plan.checkpoints, resume=plan.resume)
+                                       checkpoint_every=plan.checkpoint_every, resume=plan.resume)
             sim.draw_pictures = plan.pictures
             sim.start()
             if plan.resume:
@@ -147,7 +147,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
         say(console, f"results: {summary.out_dir}/summary.json, {written}")
     if summary.interrupted:
-        how = (f"fl-sim --resume {summary.out_dir}" if plan.checkpoints
+        how = (f"fl-sim --resume {summary.out_dir}" if sim.checkpoint_every
                else "run it again (it ran without checkpoints)")
         say(console, f"interrupted after round {summary.rounds} of {summary.rounds_planned}; to go on: {how}")
     return code, summary

@@ -172,12 +172,28 @@ def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, capsys, monk
     assert capsys.readouterr().out == f"{cut}: the run is complete; nothing to resume\n"
 
 
+def test_checkpoints_every_few_rounds_resume_from_the_last_saved(tmp_path, capsys, monkeypatch):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(REWIND)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main([str(fed), "--out", str(straight), "--no-pictures", "--quiet"]) == 0
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 3)
+        assert main([str(fed), "--out", str(cut), "--no-pictures", "--checkpoint-every", "2"]) == 130
+    stopped = json.loads((cut / "summary.json").read_text())["rounds"]
+    committed = json.loads((cut / "checkpoints" / "round.json").read_text())["round"]
+    assert committed % 2 == 0 and stopped - 1 <= committed <= stopped
+    assert main(["--resume", str(cut), "--no-pictures"]) == 0
+    assert f"resuming after round {committed}" in capsys.readouterr().out
+    assert numbers(read_rows(cut / "rounds.jsonl")) == numbers(read_rows(straight / "rounds.jsonl"))
+
+
 def test_a_run_without_checkpoints_says_it_cannot_be_resumed(tmp_path, capsys, monkeypatch):
     fed = tmp_path / "fed.toml"
     fed.write_text(TINY)
     out = tmp_path / "run"
     interrupt_after(monkeypatch, 1)
-    assert main([str(fed), "--out", str(out), "--no-pictures", "--no-checkpoints"]) == 130
+    assert main([str(fed), "--out", str(out), "--no-pictures", "--checkpoint-every", "0"]) == 130
     assert "to go on: run it again (it ran without checkpoints)" in capsys.readouterr().out
     assert not (out / "checkpoints").exists()
 
