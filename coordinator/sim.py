@@ -69,8 +69,7 @@ class Simulation:
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
                  eval_every: int | None = None, transport: Transport = "memory", tls: bool = False,
-                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None,
-                 checkpoint_every: int = 0, resume: bool = False):
+                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
         """``model``: what every node and the aggregator build M_0 with instead of the file's
         ``[model]`` (a factory called as ``[model] factory`` is, or a module every process starts
         from a copy of). ``learner``: what every node trains and evaluates with instead of the
@@ -81,12 +80,12 @@ class Simulation:
         ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
         127.0.0.1:0). ``tls`` (gRPC only): every process gets a certificate from a throwaway
         CA and every call is mTLS with the same checks as a deployment.
-        ``checkpoint_every``: when > 0, every process saves its state into
-        ``out_dir``/checkpoints after every that many rounds that write a row
-        (:mod:`~flmesh.coordinator.sim_resume`; removed when the last round is done); 0: none.
-        ``resume``: restore every process from the last committed round there, keep the rows
-        up to it and run the rounds after it (checkpointing every round unless
-        ``checkpoint_every`` says otherwise)."""
+
+        Set before :meth:`start`: :attr:`checkpoint_every` (when > 0, every process saves its
+        state into ``out_dir``/checkpoints after every that many rounds that write a row,
+        :mod:`~flmesh.coordinator.sim_resume`; removed when the last round is done) and
+        :attr:`resume` (restore every process from the last committed round there, keep the
+        rows up to it and run the rounds after it)."""
         if eval_every is not None:
             if eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {eval_every}")
@@ -106,10 +105,8 @@ class Simulation:
         self.transport = transport
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"], enabled=tls)
         self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
-        if checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
-        self.checkpoint_every = checkpoint_every or (1 if resume else 0)
-        self.resume = resume
+        self.checkpoint_every = 0  # > 0: checkpoints after every that many rows (fl-sim: 1)
+        self.resume = False  # go on from out_dir's last committed round
         self.checkpoints: SimCheckpoints | None = None  # made in start()
         self.resumed_after = 0  # the committed round a resumed run went on from
         self.last_summary: Summary | None = None  # what run() wrote last (also when interrupted)
@@ -130,10 +127,11 @@ class Simulation:
         fed = self.federation
         host_nodes(1 if fed.baseline == "joint" else len(fed.nodes))  # Joint: one trainer, every core
         self.driver.start()
-        if self.checkpoint_every:
+        if self.checkpoint_every or self.resume:
             from flmesh.coordinator.sim_resume import attach
 
-            self.checkpoints = attach(self.driver, self.out_dir, self.resume, self.checkpoint_every)
+            every = max(1, self.checkpoint_every)
+            self.checkpoints = attach(self.driver, self.out_dir, self.resume, every)
             self.resumed_after = self.checkpoints.resumed_after
 
     def stop(self) -> None:

@@ -72,9 +72,9 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         made = writable_folder(out, plan.out_label)
         started: Simulation | None = None
         try:
-            sim = started = Simulation(fed, out, transport=plan.transport, tls=plan.tls,
-                                       checkpoint_every=plan.checkpoint_every, resume=plan.resume)
+            sim = started = Simulation(fed, out, transport=plan.transport, tls=plan.tls)
             sim.draw_pictures = plan.pictures
+            sim.checkpoint_every, sim.resume = plan.checkpoint_every, plan.resume
             sim.start()
             if plan.resume:
                 note_resume(out, sim.resumed_after, plan.argv)
@@ -147,7 +147,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
         say(console, f"results: {summary.out_dir}/summary.json, {written}")
     if summary.interrupted:
-        how = (f"fl-sim --resume {summary.out_dir}" if sim.checkpoint_every
+        how = (f"fl-sim --resume {summary.out_dir}" if sim.checkpoints is not None
                else "run it again (it ran without checkpoints)")
         say(console, f"interrupted after round {summary.rounds} of {summary.rounds_planned}; to go on: {how}")
     return code, summary

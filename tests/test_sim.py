@@ -130,6 +130,7 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     try:
         rounds = out / "rounds.jsonl"
         wait_until(lambda: rounds.exists() and rounds.read_text().count("\n") >= 1, timeout=120)
+        wait_until((out / "checkpoints" / "round.json").exists, timeout=120)  # a round to resume from
         os.killpg(proc.pid, signal.SIGINT)
         printed, err = proc.communicate(timeout=60)
     finally:
