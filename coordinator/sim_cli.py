@@ -187,8 +187,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             overrides.append(f"federation.{key}={value}")
 
     def plan(federation: Federation, out: Path, label: str) -> RunPlan:
+        # a replay buffer's means live in its host's memory only: such a run cannot be resumed
+        every = 0 if federation.replay is not None else args.checkpoint_every
         return RunPlan(federation, out, label, argv, transport=args.transport, tls=args.tls,
-                       checkpoint_every=args.checkpoint_every, pictures=not args.no_pictures,
+                       checkpoint_every=every, pictures=not args.no_pictures,
                        quiet=args.quiet, tensorboard=args.tensorboard)
 
     try:
@@ -252,6 +254,9 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
                                                          record.federation):
             raise FederationError(f"{args.file}: differs from the federation file of the run in {folder} "
                                   "(resume with the run's own: fl-sim --resume RUN_DIR)")
+        if record.federation.replay is not None:
+            raise FederationError(f"{folder}: a federation with [replay] cannot be resumed (its replay "
+                                  "buffer is held in memory only); run it again")
     except FederationError as exc:
         return _error(f"--resume {exc}" if str(exc).startswith(f"{folder}:") else str(exc))
     summary = folder / "summary.json"

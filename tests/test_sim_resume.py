@@ -216,3 +216,20 @@ def test_layout_of_an_interrupted_run(tmp_path, monkeypatch):
     assert not [p for p in (out / "checkpoints").glob("round-*") if p.name < kept.name]
 
 
+
+
+def test_a_replay_federation_is_not_checkpointed_and_resume_says_why(tmp_path, capsys):
+    raw = tomllib.loads(TINY)
+    raw["federation"]["rounds"] = 2
+    raw["topology"]["nodes"] = 4
+    raw["tasks"] = {"tasks": 2, "rounds_per_task": 1}
+    raw["replay"] = {"mode": "client", "host": "node1", "epsilon": 10.0}
+    fed = tmp_path / "replay.toml"
+    fed.write_text(toml_text(raw))
+    out = tmp_path / "run"
+    assert main([str(fed), "--out", str(out), "--quiet", "--no-pictures"]) == 0
+    assert not (out / "checkpoints").exists()
+    capsys.readouterr()
+    assert main(["--resume", str(out)]) == 2
+    assert capsys.readouterr().err == (f"fl-sim: error: --resume {out}: a federation with [replay] cannot be "
+                                       "resumed (its replay buffer is held in memory only); run it again\n")
