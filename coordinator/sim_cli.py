@@ -225,8 +225,9 @@ def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, ov
             flag = (f"--sweep {', '.join(f'{k}={v}' for k, v in point.settings)}" if point.settings
                     else f"--seeds {point.seed}")
             return _error(f"{flag}: {exc}")
-    out = args.out if args.out is not None else default_out_dir(federation).with_name(
-        default_out_dir(federation).name.replace(federation.name, f"{federation.name}-sweep", 1))
+    stamped = default_out_dir(federation)  # runs/<name>-<stamp>: the sweep's is runs/<name>-sweep-<stamp>
+    out = args.out if args.out is not None else stamped.with_name(
+        f"{federation.name}-sweep{stamped.name.removeprefix(federation.name)}")
     label = "--out" if args.out is not None else "results folder"
     try:
         writable_folder(out, label)

@@ -101,6 +101,8 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         console.print(sim_console.title(fed, sim.out_dir))
         if sim.resumed_after:
             say(console, f"resuming after round {sim.resumed_after} (its checkpoint in {out}/checkpoints)")
+        elif plan.resume:
+            say(console, f"no complete round saved in {out}: running it again from round 1")
         console.print(sim_console.header(fed), style="bold")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,

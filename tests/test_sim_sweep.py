@@ -7,7 +7,7 @@ import json
 import statistics
 
 import pytest
-from test_sim_resume import STAR, TINY, numbers
+from test_sim_resume import STAR, TINY, interrupt_after, numbers
 
 from flmesh.coordinator.sim_cli import main
 from flmesh.coordinator.sim_sweep import SweepError, parse_seeds, parse_sweep, points, split_values
@@ -98,3 +98,17 @@ def test_parsing_of_seeds_and_sweeps():
             parse_sweep([bad])
     with pytest.raises(SweepError, match="given twice"):
         parse_sweep(["a.b=1", "a.b=2"])
+
+
+def test_an_interrupted_sweep_stops_and_keeps_its_index(tmp_path, capsys, monkeypatch):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(TINY)
+    out = tmp_path / "sweep"
+    interrupt_after(monkeypatch, 2)
+    assert main([str(fed), "--seeds", "1,2", "--out", str(out), "--no-pictures"]) == 130
+    index = json.loads((out / "sweep.json").read_text())
+    assert [(r["folder"], r["exit"], r["interrupted"]) for r in index["runs"]] == [("seed=1", 130, True)]
+    assert index["groups"] == [] and not (out / "seed=2").exists()
+    printed = capsys.readouterr().out
+    assert f"to go on: fl-sim --resume {out / 'seed=1'}" in printed
+    assert f"sweep: {out / 'sweep.json'} (1 of 2 runs)" in printed
