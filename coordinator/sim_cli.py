@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -114,29 +113,6 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
-def writable_folder(out: Path, label: str) -> bool:
-    """Make ``out`` (the results folder) and prove a file can be written there, or raise
-    FederationError with one line naming ``label`` (the flag), the path and the problem.
-    Returns whether the folder was made here (so a run that fails to start can take it back).
-
-    Checked before any node starts, not found when the first round's results are written (a
-    traceback after the nodes' work); an existing file is never replaced or truncated.
-    """
-    from flmesh.topology import FederationError
-
-    if out.exists() and not out.is_dir():
-        raise FederationError(f"{label} {out}: is a file, expected a folder (existing or to create)")
-    made = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise FederationError(f"{label} {out}: cannot write results there: {why}") from None
-    return made
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
@@ -212,7 +188,7 @@ def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, ov
     from rich.console import Console
 
     from flmesh.coordinator.sim import default_out_dir
-    from flmesh.coordinator.sim_run import run_one, say
+    from flmesh.coordinator.sim_run import run_one, say, writable_folder
     from flmesh.coordinator.sim_sweep import Point, Sweep, points, run_sweep
     from flmesh.topology import FederationError, load_federation
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,29 @@ def say(console: Console, text: str) -> None:
     console.print(text, markup=False, soft_wrap=True, highlight=False)
 
 
+def writable_folder(out: Path, label: str) -> bool:
+    """Make ``out`` (the results folder) and prove a file can be written there, or raise
+    FederationError with one line naming ``label`` (the flag), the path and the problem.
+    Returns whether the folder was made here (so a run that fails to start can take it back).
+
+    Checked before any node starts, not found when the first round's results are written (a
+    traceback after the nodes' work); an existing file is never replaced or truncated.
+    """
+    from flmesh.topology import FederationError
+
+    if out.exists() and not out.is_dir():
+        raise FederationError(f"{label} {out}: is a file, expected a folder (existing or to create)")
+    made = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FederationError(f"{label} {out}: cannot write results there: {why}") from None
+    return made
+
+
 def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     """Run ``plan``; (exit code, the summary written: None when the run could not start).
     Exit codes: 0 done, 1 a process failed mid-run or the pictures could not be drawn,
@@ -58,7 +82,6 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     from flmesh.coordinator import sim_console
     from flmesh.coordinator.pictures import PicturesError
     from flmesh.coordinator.sim import Simulation
-    from flmesh.coordinator.sim_cli import writable_folder
     from flmesh.coordinator.sim_record import note_resume, write_record
     from flmesh.node.errors import PeerError, UnknownPeerError
     from flmesh.node.node_run import input_errors
