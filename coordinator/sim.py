@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
-import platform
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -36,6 +36,7 @@ from flmesh.topology import Federation
 if TYPE_CHECKING:
     from torch import nn
 
+    from flmesh.coordinator.sim_resume import SimCheckpoints
     from flmesh.node.learning.learner import Learner
     from flmesh.node.learning.models import ModelFactory
 
@@ -79,7 +80,13 @@ class Simulation:
         evaluate the global model every round (F_t compares consecutive rounds).
         ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
         127.0.0.1:0): every process gets a certificate from a throwaway CA and every call is
-        mTLS with the same checks as a deployment, unless ``insecure`` (plaintext, logged)."""
+        mTLS with the same checks as a deployment, unless ``insecure`` (plaintext, logged).
+
+        Set before :meth:`start`: :attr:`checkpoint_every` (when > 0, every process saves its
+        state into ``out_dir``/checkpoints after every that many rounds that write a row,
+        :mod:`~flmesh.coordinator.sim_resume`; removed when the last round is done) and
+        :attr:`resume` (restore every process from the last committed round there, keep the
+        rows up to it and run the rounds after it)."""
         if eval_every is not None:
             if eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {eval_every}")
@@ -100,6 +107,11 @@ class Simulation:
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"],
                                         enabled=transport == "grpc" and not insecure)
         self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
+        self.checkpoint_every = 0  # > 0: checkpoints after every that many rows (fl-sim: 1)
+        self.resume = False  # go on from out_dir's last committed round
+        self.checkpoints: SimCheckpoints | None = None  # made in start()
+        self.resumed_after = 0  # the committed round a resumed run went on from
+        self.last_summary: Summary | None = None  # what run() wrote last (also when interrupted)
         self.driver: Driver
         if self.kind == "star":
             from flmesh.coordinator.sim_star import StarDriver
@@ -117,9 +129,17 @@ class Simulation:
         fed = self.federation
         host_nodes(1 if fed.baseline == "joint" else len(fed.nodes))  # Joint: one trainer, every core
         self.driver.start()
+        if self.checkpoint_every or self.resume:
+            from flmesh.coordinator.sim_resume import attach
+
+            every = max(1, self.checkpoint_every)
+            self.checkpoints = attach(self.driver, self.out_dir, self.resume, every)
+            self.resumed_after = self.checkpoints.resumed_after
 
     def stop(self) -> None:
         """End the run after the round in progress. Thread-safe."""
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
         self.driver.stop()
 
     def close(self) -> None:
@@ -145,13 +165,12 @@ class Simulation:
         (also when interrupted or failed: the finished rounds are kept). Raises
         :class:`~flmesh.coordinator.pictures.PicturesError` when the pictures cannot be drawn
         (after the summary is written)."""
-        writer = RunWriter(self.out_dir)
+        before = self._previous_summary()
+        writer = RunWriter(self.out_dir, append=self.resume, upto=self.resumed_after)
         started = time.monotonic()
-        rows: list[RoundRow] = []
         frozen = False
         try:
             for row in self.driver.rows():
-                rows.append(row)
                 writer.write_round(row)
                 if not frozen and gc.get_freeze_count() == 0:
                     # What exists after the first row mostly lives for the whole run (every node's
@@ -160,17 +179,35 @@ class Simulation:
                     # the oldest generation more often, and each walk cost O(N) per node-round.
                     gc.freeze()
                     frozen = True
+                if self.checkpoints is not None:
+                    self.checkpoints.commit(row.round)
                 if on_round is not None:
                     on_round(row)
         finally:
             if frozen:
                 gc.unfreeze()  # collectable again once the run is over
-            summary = self.summary(rows, writer.rows, time.monotonic() - started)
+            summary = self.summary(writer.rows, time.monotonic() - started + before.get("wall_s", 0.0))
+            if self.resumed_after:
+                summary.resumed_after = [*before.get("resumed_after", []), self.resumed_after]
+            self.last_summary = summary
             writer.write_summary(summary)
+            if self.checkpoints is not None and not summary.interrupted:
+                self.checkpoints.remove()
             if self.draw_pictures:
                 summary.pictures = self._draw(writer)
                 writer.write_summary(summary)
         return summary
+
+    def _previous_summary(self) -> dict[str, Any]:
+        """A resumed run's summary.json as the interrupted run left it ({} when none)."""
+        path = self.out_dir / "summary.json"
+        if not self.resume or not path.is_file():
+            return {}
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
 
     def _draw(self, writer: RunWriter) -> list[str]:
         """The run's pictures, drawn after the last round; their paths."""
@@ -183,34 +220,41 @@ class Simulation:
                                 f"{type(exc).__name__}: {exc}") from exc
         return [str(p) for p in drawn]
 
-    def summary(self, rows: list[RoundRow], raw: list[dict[str, Any]], wall_s: float) -> Summary:
+    def summary(self, rows: list[dict[str, Any]], wall_s: float) -> Summary:
+        """The summary of the rows written so far (dicts, as in rounds.jsonl: a resumed run's
+        rows include those before the resume)."""
         fed = self.federation
         last = rows[-1] if rows else None
-        with_fa = [r for r in rows if r.fa is not None]
-        best = max(with_fa, key=lambda r: r.fa or 0.0) if with_fa else None
-        forgetting = [r.global_forgetting for r in rows if r.global_forgetting is not None]
-        missing = sorted({p for r in rows for p in r.missing})
+        with_fa = [r for r in rows if r.get("fa") is not None]
+        best = max(with_fa, key=lambda r: r["fa"]) if with_fa else None
+        forgetting = [r["global_forgetting"] for r in rows if r.get("global_forgetting") is not None]
+        missing = sorted({p for r in rows for p in r.get("missing", [])})
         final = None
         if last is not None:
-            final = Final(last.round, last.fa, last.ff, last.pfa, last.accuracy,
-                          {n: e.accuracy for n, e in last.nodes.items() if e.accuracy is not None},
-                          {n: e.metrics for n, e in last.nodes.items() if e.metrics})
-        import torch
-
+            final = Final(last["round"], last.get("fa"), last.get("ff"), last.get("pfa"),
+                          last.get("accuracy"), {n: e["accuracy"] for n, e in last.get("nodes", {}).items()
+                           if e.get("accuracy") is not None},
+                          {n: e["metrics"] for n, e in last.get("nodes", {}).items() if e.get("metrics")})
         return Summary(
             kind=self.kind, writer="fl-sim", federation=fed.name, file=fed.source, seed=fed.seed,
             rounds=self.rounds_done, rounds_planned=fed.rounds, interrupted=self.rounds_done < fed.rounds,
             config=self.driver.config(), final=final,
-            best_fa=({"round": best.round, "fa": best.fa}
-                     if best is not None and best.fa is not None else None),
-            accuracy_curve=[r.accuracy for r in rows if r.accuracy is not None],
+            best_fa={"round": best["round"], "fa": best["fa"]} if best is not None else None,
+            accuracy_curve=[r["accuracy"] for r in rows if r.get("accuracy") is not None],
             mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
-            task_accuracy=last.task_accuracy if last is not None else None,
-            privacy_spent=last.privacy_spent if last is not None else None,
-            missing_peers=missing, bytes_per_round=mean_bytes(raw), wall_s=round(wall_s, 3),
-            out_dir=str(self.out_dir),
-            host={"python": platform.python_version(), "torch": torch.__version__,
-                  "cpus": torch.get_num_threads()})
+            task_accuracy=last.get("task_accuracy") if last is not None else None,
+            privacy_spent=last.get("privacy_spent") if last is not None else None,
+            missing_peers=missing, bytes_per_round=mean_bytes(rows), wall_s=round(wall_s, 3),
+            out_dir=str(self.out_dir), host=host(fed))
+
+
+def host(federation: Federation) -> dict[str, Any]:
+    """Where a run ran: the versions its numbers depend on, the device, the CPU threads."""
+    import torch
+
+    from flmesh.coordinator.sim_record import device_of, versions
+
+    return {**versions(), "device": device_of(federation), "cpus": torch.get_num_threads()}
 
 
 def base_config(federation: Federation) -> dict[str, Any]:

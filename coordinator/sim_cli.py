@@ -1,33 +1,36 @@
 """``fl-sim``: run a whole federation on localhost from one federation file.
 
     fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--transport memory|grpc [--insecure]]
-               [--tensorboard DIR] [--log-format F]
+               [--seeds S1,S2,...] [--sweep KEY=V1,V2 ...] [--tensorboard DIR] [--log-format F]
+    fl-sim --resume RUN_DIR
+    fl-sim rerun RUN_DIR [--out DIR]
     fl-sim report RUN_DIR
     fl-sim compare RUN_DIR... [--out PNG]
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
-percent); writes DIR/rounds.jsonl, DIR/summary.json and pictures (none with
---no-pictures). Exit codes:
-0 done, 1 a peer or the aggregator failed mid-run (or the pictures could not be drawn), 2 bad input (one
-line on stderr), 130 interrupted.
+percent); writes DIR/rounds.jsonl, DIR/summary.json, pictures (none with
+--no-pictures), DIR/federation.toml and DIR/run.json (what ran, on what:
+:mod:`~flmesh.coordinator.sim_record`) and, until the last round is done, every
+process's checkpoint (:mod:`~flmesh.coordinator.sim_resume`). ``--seeds`` and
+``--sweep`` run one such folder per run (:mod:`~flmesh.coordinator.sim_sweep`).
+Exit codes: 0 done, 1 a peer or the aggregator failed mid-run (or the pictures could not be
+drawn), 2 bad input (one line on stderr), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import signal
 import sys
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from flmesh.node.cli_common import OneLineParser, one_blas_thread
 
 if TYPE_CHECKING:
-    from flmesh.node.observe import Board
-    from flmesh.node.results import RoundRow
+    from flmesh.coordinator.sim_run import RunPlan
+    from flmesh.topology import Federation
 
 # Everything heavy (torch, grpc, networkx, rich) is imported after the flags are read, so
 # ``fl-sim --help`` and a bad flag answer at once.
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="fl-sim", description="Simulate a whole federation in one process.")
-    parser.add_argument("file", type=Path, help="federation file (TOML)")
+    parser.add_argument("file", type=Path, nargs="?", help="federation file (TOML)")
     parser.add_argument("--rounds", type=int, help="override [federation] rounds")
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<timestamp>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -58,7 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "certificates from a throwaway CA made for the run)")
     parser.add_argument("--tls", action="store_true",
                         help="deprecated: mTLS is the default over gRPC")
-    parser.add_argument("--quiet", action="store_true", help="print only the final summary line")
+    parser.add_argument("--seeds", metavar="S1,S2,...",
+                        help="run once per seed (each in its own subfolder of --out) and write the "
+                             "mean ± std of the final metrics to sweep.json")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                        help="run every value of a key, e.g. --sweep rewind.lambda=0.1,0.2 "
+                             "(repeatable: a grid over the combinations, times --seeds)")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                        help="continue an interrupted run from its last complete round")
+    parser.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                        help="save every node's (and the aggregator's) state after every N-th round "
+                             "into the results folder, for --resume (default 1; 0: none, the run "
+                             "cannot be resumed); removed when the run finishes")
+    parser.add_argument("--quiet", action="store_true", help="print only the final metrics, one line")
     parser.add_argument("--no-pictures", action="store_true",
                         help="draw no pictures (fl-sim report DIR draws them later); matplotlib is "
                              "then never loaded")
@@ -69,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(docs/operations.md)")
     parser.add_argument("--tensorboard", type=Path, metavar="DIR",
                         help="write each round's metrics for TensorBoard here (needs flmesh[tensorboard])")
-    parser.epilog = ("Run tools: fl-sim report RUN_DIR (redraw the pictures, print the summary); "
+    parser.epilog = ("Run tools: fl-sim rerun RUN_DIR [--out DIR] (run a run folder's federation again); "
+                     "fl-sim report RUN_DIR (redraw the pictures, print the summary); "
                      "fl-sim compare RUN_DIR... [--out PNG] (overlay accuracy curves).")
     return parser
 
@@ -78,6 +94,10 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     """The first flag out of its bounds, as one line naming the flag and the bound; None if all fit."""
     from flmesh.topology.checks import MAX_NODES, MAX_ROUNDS
 
+    if args.resume is not None and (args.seeds is not None or args.sweep or args.out is not None):
+        return "--resume: goes on in the run folder; drop --seeds, --sweep and --out"
+    if args.file is None and args.resume is None:
+        return "the following arguments are required: file (see fl-sim --help)"
     if args.tls and args.transport != "grpc":
         return "--tls: needs --transport grpc (the in-memory transport has no wire to encrypt)"
     if args.insecure and args.transport != "grpc":
@@ -87,6 +107,8 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     if args.eval_sample is not None and not (args.eval_sample == 0 or 2 <= args.eval_sample <= MAX_NODES):
         return (f"--eval-sample: expected 0 (every test split) or an integer from 2 to {MAX_NODES}, "
                 f"got {args.eval_sample}")
+    if not 0 <= args.checkpoint_every <= MAX_ROUNDS:
+        return f"--checkpoint-every: expected an integer from 0 to {MAX_ROUNDS}, got {args.checkpoint_every}"
     for flag, value in (("--rounds", args.rounds), ("--eval-every", args.eval_every)):
         if value is None:
             continue
@@ -97,146 +119,164 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
     return None
 
 
-def writable_folder(out: Path, label: str) -> bool:
-    """Make ``out`` (the results folder) and prove a file can be written there, or raise
-    FederationError with one line naming ``label`` (the flag), the path and the problem.
-    Returns whether the folder was made here (so a run that fails to start can take it back).
-
-    Checked before any node starts, not found when the first round's results are written (a
-    traceback after the nodes' work); an existing file is never replaced or truncated.
-    """
-    from flmesh.topology import FederationError
-
-    if out.exists() and not out.is_dir():
-        raise FederationError(f"{label} {out}: is a file, expected a folder (existing or to create)")
-    made = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise FederationError(f"{label} {out}: cannot write results there: {why}") from None
-    return made
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
 
     if run_tools.is_tool(argv):
         return run_tools.main(argv)
-    return _run(build_parser().parse_args(argv))
+    if argv and argv[0] == "rerun":
+        return _rerun(argv)
+    return _run(build_parser().parse_args(argv), argv)
 
 
-def _run(args: argparse.Namespace) -> int:
-    """fl-sim after its flags are read; the exit code."""
+def _setup_logging(level: str, log_format: str) -> None:
     from rich.console import Console
     from rich.logging import RichHandler
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flmesh.coordinator import sim_console
-    from flmesh.coordinator.pictures import PicturesError
-    from flmesh.coordinator.sim import Simulation, default_out_dir
-    from flmesh.node.errors import PeerError, UnknownPeerError
-    from flmesh.node.node_run import input_errors
-    from flmesh.node.observe import row_scalars
-    from flmesh.topology import FederationError, load_federation
-
-    console = Console(stderr=False, highlight=False)
-    err = Console(stderr=True, highlight=False)
-    if args.log_format == "json":
+    if log_format == "json":
         from flmesh.node.observe import setup_logging
 
-        setup_logging("fl-sim", args.log_level, "json", "fl-sim")
+        setup_logging("fl-sim", level, "json", "fl-sim")
     else:
-        logging.basicConfig(level=args.log_level, format="%(message)s",
-                            handlers=[RichHandler(console=err, show_path=False)])
-    overrides = list(args.overrides)
+        logging.basicConfig(level=level, format="%(message)s",
+                            handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+
+
+def _error(message: str) -> int:
+    print(f"fl-sim: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    """fl-sim after its flags are read; the exit code."""
+    from flmesh.coordinator.sim import default_out_dir
+    from flmesh.coordinator.sim_run import RunPlan, run_one
+    from flmesh.coordinator.sim_sweep import SweepError, parse_seeds, parse_sweep
+    from flmesh.topology import FederationError, load_federation
+
+    _setup_logging(args.log_level, args.log_format)
     problem = _bad_flag(args)
     if problem is not None:
-        err.print(f"fl-sim: error: {problem}", markup=False, soft_wrap=True)
-        return 2
-    if args.rounds is not None:
-        overrides.append(f"federation.rounds={args.rounds}")
-    if args.baseline is not None:
-        overrides.append(f'federation.baseline="{args.baseline}"')
-    if args.eval_every is not None:
-        overrides.append(f"federation.eval_every={args.eval_every}")
-    if args.eval_sample is not None:
-        overrides.append(f"federation.eval_sample={args.eval_sample}")
-    bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors(), OSError)
-    board: Board | None = None
+        return _error(problem)
+    if args.resume is not None:
+        return _resume(args, argv)
+    overrides = list(args.overrides)
+    for key, value in (("rounds", args.rounds), ("eval_every", args.eval_every),
+                       ("eval_sample", args.eval_sample),
+                       ("baseline", None if args.baseline is None else f'"{args.baseline}"')):
+        if value is not None:
+            overrides.append(f"federation.{key}={value}")
+
+    def plan(federation: Federation, out: Path, label: str) -> RunPlan:
+        # a replay buffer's means live in its host's memory only: such a run cannot be resumed
+        every = 0 if federation.replay is not None else args.checkpoint_every
+        return RunPlan(federation, out, label, argv, transport=args.transport,
+                       tls=args.transport == "grpc" and not args.insecure,
+                       checkpoint_every=every, pictures=not args.no_pictures,
+                       quiet=args.quiet, tensorboard=args.tensorboard)
+
     try:
         federation = load_federation(args.file, overrides)
+        seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+        grid = parse_sweep(args.sweep)
+    except (FederationError, SweepError) as exc:
+        return _error(str(exc))
+    if seeds is None and not grid:
         out = args.out if args.out is not None else default_out_dir(federation)
-        made = writable_folder(out, "--out" if args.out is not None else "results folder")
-        started: Simulation | None = None
+        return run_one(plan(federation, out, "--out" if args.out is not None else "results folder"))[0]
+    return _sweep(args, argv, federation, overrides, seeds, grid, plan)
+
+
+def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, overrides: list[str],
+           seeds: list[int] | None, grid: list[tuple[str, list[str]]],
+           plan: Callable[[Federation, Path, str], RunPlan]) -> int:
+    """--seeds and --sweep: every run read (and checked) first, then run one after another."""
+    from rich.console import Console
+
+    from flmesh.coordinator.sim import default_out_dir
+    from flmesh.coordinator.sim_run import run_one, say, writable_folder
+    from flmesh.coordinator.sim_sweep import Point, Sweep, points, run_sweep
+    from flmesh.topology import FederationError, load_federation
+
+    todo = points(seeds, grid)
+    feds: dict[Point, Federation] = {}
+    for point in todo:
         try:
-            sim = started = Simulation(federation, out, transport=args.transport, insecure=args.insecure)
-            sim.draw_pictures = not args.no_pictures
-            sim.start()
-            if args.tensorboard is not None:
-                from flmesh.node.observe import Board
-
-                board = Board(args.tensorboard)
-        except bad_input:
-            if started is not None:  # the servers started so far
-                started.close()
-            if made:  # no run, no empty results folder left behind
-                with contextlib.suppress(OSError):
-                    out.rmdir()
-            raise
-    except bad_input as exc:
-        err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
-        return 2
-
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: sim.stop())
-    fed = federation
-    if not args.quiet:
-        console.print(sim_console.title(fed, sim.out_dir))
-        console.print(sim_console.header(fed), style="bold")
-    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                        transient=True, disable=args.quiet)
-    task = progress.add_task("rounds", total=fed.rounds)
-
-    def on_round(row: RoundRow) -> None:
-        if not args.quiet:
-            progress.console.print(sim_console.round_line(row))
-        progress.update(task, completed=row.round)
-        if board is not None:
-            board.scalars(row.round, row_scalars(row))
-
-    interrupted = False
+            feds[point] = load_federation(args.file, overrides + point.overrides)
+        except FederationError as exc:
+            flag = (f"--sweep {', '.join(f'{k}={v}' for k, v in point.settings)}" if point.settings
+                    else f"--seeds {point.seed}")
+            return _error(f"{flag}: {exc}")
+    stamped = default_out_dir(federation)  # runs/<name>-<stamp>: the sweep's is runs/<name>-sweep-<stamp>
+    out = args.out if args.out is not None else stamped.with_name(
+        f"{federation.name}-sweep{stamped.name.removeprefix(federation.name)}")
+    label = "--out" if args.out is not None else "results folder"
     try:
-        with progress:
-            summary = sim.run(on_round)
-    except KeyboardInterrupt:
-        interrupted = True
-        err.print("fl-sim: interrupted; stopping all nodes")
-        sim.stop()
-        summary = None
-    except (PeerError, UnknownPeerError) as exc:  # e.g. the aggregator stopped answering
-        err.print(f"fl-sim: error: {exc}; results so far in {sim.out_dir}", markup=False, soft_wrap=True)
-        sim.stop()
-        return 1
-    except PicturesError as exc:  # the rows and the summary are written
-        err.print(f"fl-sim: error: {exc}", markup=False, soft_wrap=True)
-        return 1
-    finally:
-        sim.close()
-        if board is not None:
-            board.close()
-        signal.signal(signal.SIGTERM, previous)
-    if summary is None:
-        return 130
-    if not args.quiet and (table := sim_console.final_table(fed, summary)) is not None:
-        console.print(table)
-    written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
-    console.print(f"results: {summary.out_dir}/summary.json, {written}")
-    return 130 if interrupted or summary.interrupted else 0
+        writable_folder(out, label)
+    except FederationError as exc:
+        return _error(str(exc))
+    sweep = Sweep(out, federation.name, argv, seeds, grid)
+    console = Console(highlight=False)
+    code = run_sweep(sweep, todo, lambda point, folder: run_one(plan(feds[point], folder, label)))
+    console.print(sweep.table())
+    say(console, f"sweep: {out / 'sweep.json'} ({len(sweep.runs)} of {len(todo)} runs)")
+    return code
+
+
+def _resume(args: argparse.Namespace, argv: list[str]) -> int:
+    """``fl-sim --resume RUN_DIR [FILE]``: the run in RUN_DIR, from its last committed round."""
+    from flmesh.coordinator.sim_record import load_record, same_federation
+    from flmesh.coordinator.sim_resume import committed_round
+    from flmesh.coordinator.sim_run import RunPlan, run_one
+    from flmesh.topology import FederationError, load_federation
+
+    folder: Path = args.resume
+    try:
+        record = load_record(folder)
+        if args.file is not None and not same_federation(load_federation(args.file, args.overrides),
+                                                         record.federation):
+            raise FederationError(f"{args.file}: differs from the federation file of the run in {folder} "
+                                  "(resume with the run's own: fl-sim --resume RUN_DIR)")
+        if record.federation.replay is not None:
+            raise FederationError(f"{folder}: a federation with [replay] cannot be resumed (its replay "
+                                  "buffer is held in memory only); run it again")
+    except FederationError as exc:
+        return _error(f"--resume {exc}" if str(exc).startswith(f"{folder}:") else str(exc))
+    summary = folder / "summary.json"
+    if committed_round(folder) == 0 and summary.is_file() and '"interrupted": false' in summary.read_text():
+        print(f"{folder}: the run is complete; nothing to resume")
+        return 0
+    return run_one(RunPlan(record.federation, folder, "--resume", argv, transport=record.transport,
+                           tls=record.tls, resume=True, checkpoint_every=max(1, args.checkpoint_every),
+                           pictures=not args.no_pictures, quiet=args.quiet,
+                           tensorboard=args.tensorboard))[0]
+
+
+def _rerun(argv: list[str]) -> int:
+    """``fl-sim rerun RUN_DIR [--out DIR]``: the run folder's federation, run again afresh."""
+    from flmesh.coordinator.sim import default_out_dir
+    from flmesh.coordinator.sim_record import load_record
+    from flmesh.coordinator.sim_run import RunPlan, run_one
+    from flmesh.topology import FederationError
+
+    p = OneLineParser(prog="fl-sim rerun", description="Run a run folder's federation again, with its "
+                      "transport, into a new folder: the same numbers.")
+    p.add_argument("run", type=Path, help="a run folder (run.json and federation.toml)")
+    p.add_argument("--out", type=Path, help="results folder (default runs/<name>-<timestamp>)")
+    p.add_argument("--quiet", action="store_true", help="print only the final metrics, one line")
+    p.add_argument("--no-pictures", action="store_true", help="draw no pictures")
+    args = p.parse_args(argv[1:])
+    _setup_logging("WARNING", "text")
+    try:
+        record = load_record(args.run)
+    except FederationError as exc:
+        print(f"fl-sim rerun: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out if args.out is not None else default_out_dir(record.federation)
+    return run_one(RunPlan(record.federation, out, "--out" if args.out is not None else "results folder",
+                           argv, transport=record.transport, tls=record.tls, pictures=not args.no_pictures,
+                           quiet=args.quiet))[0]
 
 
 def entry() -> NoReturn:

@@ -74,3 +74,15 @@ def final_table(fed: Federation, summary: Summary) -> Table | None:
         table.add_row(pct(final.fa), pct(final.ff), pct(final.pfa),
                       f"{pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}")
     return table
+
+
+def final_line(summary: Summary) -> str:
+    """The run's final metrics on one line (``fl-sim --quiet``), with where its results are."""
+    final = summary.final
+    done = f"{summary.federation}: round {summary.rounds}/{summary.rounds_planned}"
+    if final is None:
+        return f"{done}: no round finished; results in {summary.out_dir}"
+    values = [("accuracy", final.accuracy)] if summary.kind == "star" else []
+    values += [("FA", final.fa), ("FF", final.ff), ("PFA", final.pfa)]
+    metrics = ", ".join(f"{name} {pct(value).strip()} %" for name, value in values if value is not None)
+    return f"{done}: {metrics or 'not evaluated'}; results in {summary.out_dir}"

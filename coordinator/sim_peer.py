@@ -24,7 +24,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ from flmesh.node.transport import PeerTransport
 from flmesh.topology import Federation, NodeConfig
 from flmesh.topology.sampling import eval_sampled, eval_splits
 from flmesh.topology.tasks import present
+
+if TYPE_CHECKING:
+    from flmesh.coordinator.sim_resume import SimCheckpoints
 
 JOINT_ID = "joint"
 Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
@@ -117,6 +120,11 @@ class PeerDriver:
         self._rows = RowQueue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.checkpoints: SimCheckpoints | None = None  # each trainer saves after an evaluated round
+
+    def resume_after(self, round: int) -> None:
+        """Run from round ``round`` + 1 (the trainers restored from that round's checkpoint)."""
+        self._next, self._rounds_done = round + 1, round
 
     def config(self) -> dict[str, Any]:
         fed = self.federation
@@ -196,7 +204,8 @@ class PeerDriver:
                     self._rows.put(self._row(self._next, finished, last - first))
                 self._rounds_done = self._next
                 self._next += 1
-        self._round_over.meet(t)
+        if self._round_over.meet(t) and self.checkpoints is not None and self._evaluated(t):
+            self.checkpoints.save_node(trainer, t)  # every delivery for round t + 1 is in its inbox
 
     def _row(self, t: int, finished: dict[str, tuple[Report, Evals]], span_s: float) -> RoundRow:
         return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished, span_s)
@@ -205,7 +214,8 @@ class PeerDriver:
         def on_round(report: Report) -> None:
             self._on_report(trainer, report)
 
-        return lambda: trainer.run(on_round=on_round)
+        first = self._next
+        return lambda: trainer.run(on_round=on_round, first=first)
 
     def rows(self) -> Iterator[RoundRow]:
         targets = {t.node_id: self._runner(t) for t in self.trainers}

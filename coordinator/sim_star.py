@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flmesh.coordinator.aggregator import Aggregator
 from flmesh.coordinator.sim import sim_config
 from flmesh.coordinator.sim_processes import SimProcesses
 from flmesh.coordinator.sim_threads import RowQueue, join_threads, run_threads
 from flmesh.coordinator.sim_tls import SimIdentities
+from flmesh.node.errors import PeerError
 from flmesh.node.learning.data import federation_data, load_dataset
 from flmesh.node.node import Node, Report
 from flmesh.node.reports import StarReport
 from flmesh.node.results import NodeRound, RoundRow
 from flmesh.topology import Federation
+
+if TYPE_CHECKING:
+    from flmesh.coordinator.sim_resume import SimCheckpoints
 
 
 class StarDriver:
@@ -51,6 +55,11 @@ class StarDriver:
         self._rows = RowQueue()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.checkpoints: SimCheckpoints | None = None  # every process saves after every round
+
+    def resume_after(self, round: int) -> None:
+        """Run from round ``round`` + 1 (every process restored from that round's checkpoint)."""
+        self._next, self._rounds_done = round + 1, round
 
     def config(self) -> dict[str, Any]:
         agg = self.federation.aggregator
@@ -89,11 +98,16 @@ class StarDriver:
 
     # ------------------------------------------------------------------ rounds
     def _on_agg_row(self, row: RoundRow) -> None:
+        if self.checkpoints is not None:  # before the next round opens (the aggregator's thread)
+            assert self.aggregator is not None
+            self.checkpoints.save_aggregator(self.aggregator, row.round)
         with self._lock:
             self._agg_rows[row.round] = row
             self._emit()
 
-    def _on_report(self, report: Report) -> None:
+    def _on_report(self, node: Node, report: Report) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.save_node(node, report.round)
         with self._lock:
             self._reports.setdefault(report.round, {})[report.node] = report
             self._emit()
@@ -115,9 +129,19 @@ class StarDriver:
         assert self.aggregator is not None, "start() the simulation first"
         aggregator = self.aggregator
         targets: dict[str, Any] = {"aggregator": lambda: aggregator.run(self._on_agg_row, join_timeout=60.0)}
-        targets.update({n.node_id: (lambda n=n: n.run(on_round=self._on_report)) for n in self.nodes})
+        first = self._next
+        for n in self.nodes:
+            targets[n.node_id] = lambda n=n: self._node_loop(n, first)
         self._threads = run_threads(targets, self._rows, self.stop)
         yield from self._rows
+
+
+    def _node_loop(self, node: Node, first: int) -> None:
+        try:
+            node.run(on_round=lambda report: self._on_report(node, report), first=first)
+        except PeerError:
+            if not self._stopped.is_set():
+                raise  # a stop closes the aggregator under the nodes still polling it: no failure
 
 
 def merge(entry: NodeRound | None, report: Report) -> NodeRound:

@@ -310,6 +310,21 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                             'training.learner="flmesh:Learner"'],
                            "{file}: [training] learner: [federation] metric = 'f1', but Learner.evaluate "
                            "returns no metrics"),
+    "sim-checkpoint-every-negative": (["{file}", "--checkpoint-every", "-1"],
+                                      "--checkpoint-every: expected an integer from 0 to 100000, got -1"),
+    "sim-resume-not-a-run": (["--resume", "{tmp}"],
+                             "--resume {tmp}: not an fl-sim run folder (no run.json and federation.toml)"),
+    "sim-resume-with-seeds": (["--resume", "{tmp}", "--seeds", "1"],
+                              "--resume: goes on in the run folder; drop --seeds, --sweep and --out"),
+    "sim-seeds-not-a-list": (["{file}", "--seeds", "1,x"],
+                             "--seeds: expected integers >= 0 separated by commas, e.g. 1,2,3; got '1,x'"),
+    "sim-seeds-twice": (["{file}", "--seeds", "1,2,1"], "--seeds: seed 1 is listed twice in '1,2,1'"),
+    "sim-sweep-unknown-key": (["{file}", "--out", "{tmp}/new", "--sweep", "rewind.lamda=0.1,0.2"],
+                              "--sweep rewind.lamda=0.1: {file}: [rewind] lamda: unknown key (expected one "
+                              "of lambda, mode, scope)"),
+    "sim-sweep-malformed": (["{file}", "--sweep", "lambda=0.1"],
+                            "--sweep 'lambda=0.1': expected SECTION.KEY=V1,V2,..., e.g. "
+                            "rewind.lambda=0.1,0.2"),
 }
 
 

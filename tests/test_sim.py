@@ -158,8 +158,9 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     try:
         rounds = out / "rounds.jsonl"
         wait_until(lambda: rounds.exists() and rounds.read_text().count("\n") >= 1, timeout=120)
+        wait_until((out / "checkpoints" / "round.json").exists, timeout=120)  # a round to resume from
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        printed, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130
@@ -167,6 +168,10 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     rows, summary = read_run(out)
     assert summary["interrupted"] and 1 <= summary["rounds"] < 500
     assert len(rows) == summary["rounds"]
+    # the metrics so far, where they are and how to go on
+    assert f"tiny: round {summary['rounds']}/500: FA " in printed and str(out) in printed
+    assert f"to go on: fl-sim --resume {out}" in printed
+    assert 1 <= json.loads((out / "checkpoints" / "round.json").read_text())["round"] <= summary["rounds"]
     assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
 
 
@@ -376,3 +381,13 @@ def test_pictures_that_cannot_be_drawn_are_one_line_and_exit_1(tiny_file, tmp_pa
     assert "\n" not in err and "Traceback" not in err
     rows, summary = read_run(out)
     assert len(rows) == 2 and summary["rounds"] == 2
+
+
+def test_quiet_prints_the_final_metrics_on_one_line(tiny_file, tmp_path, capsys):
+    out = tmp_path / "q"
+    assert main([str(tiny_file), "--out", str(out), "--quiet", "--no-pictures"]) == 0
+    printed = capsys.readouterr().out
+    _, summary = read_run(out)
+    final = summary["final"]
+    assert printed == (f"tiny: round 2/2: FA {100 * final['fa']:.2f} %, FF {100 * final['ff']:.2f} %, "
+                       f"PFA {100 * final['pfa']:.2f} %; results in {out}\n")

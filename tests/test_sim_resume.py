@@ -1,0 +1,235 @@
+"""fl-sim's run folders: what they record, ``fl-sim rerun``, and ``fl-sim --resume`` after an
+interruption giving the numbers of a run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tomllib
+from typing import Any
+
+import pytest
+
+from flmesh.coordinator import sim_console
+from flmesh.coordinator.sim_cli import main
+from flmesh.coordinator.sim_record import toml_text
+from flmesh.node.results import read_rows
+
+from conftest import REPO
+
+TINY = """
+[federation]
+name = "tiny"
+seed = 11
+rounds = 8
+round_timeout_s = 30
+
+[topology]
+nodes = 3
+graph = "complete"
+
+[training]
+epochs = 1
+batch_size = 16
+lr = 0.05
+
+[data]
+alpha = 0.5
+
+[model]
+hidden = [16]
+"""
+STAR = TINY + """
+[aggregator]
+strategy = "fedavg"
+fraction = 0.67
+deadline_s = 60
+"""
+REWIND = TINY + """
+[rewind]
+mode = "previous"
+lambda = 0.2
+"""
+
+
+def numbers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows without what depends on timing: wall times, and the bytes a node counted as
+    received in a round (a delivery can land before or after the receiver's round report)."""
+    out = []
+    for row in rows:
+        row = {k: v for k, v in row.items() if k != "wall_s"}
+        row["nodes"] = {n: {k: v for k, v in e.items() if k not in ("wall_s", "bytes_received")}
+                        for n, e in row["nodes"].items()}
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").rglob("*.toml")), ids=lambda p: p.name)
+def test_toml_text_reads_back_as_every_example(path):
+    raw = tomllib.loads(path.read_text())
+    assert tomllib.loads(toml_text(raw)) == raw
+
+
+def test_toml_text_reads_back_awkward_values():
+    raw = {"top": 1, "a": {"odd key": "tab\there \"quoted\" \\ é 🙂 \x7f \x00", "inf": float("inf"),
+                           "neg": -0.5, "big": 10**18, "flag": False, "empty": [], "nested": [[1, 2], ["x"]],
+                           "inline": [{"p": 0.5, "q": {"r": "s"}}], "sub": {"deeper": {"x": 1e-300}},
+                           "blank": {}}}
+    assert tomllib.loads(toml_text(raw)) == raw
+    with pytest.raises(TypeError):
+        toml_text({"a": {"when": object()}})
+
+
+def test_run_folder_records_the_run_and_rerun_repeats_it(tmp_path, capsys):
+    fed = tmp_path / "tiny.toml"
+    fed.write_text(REWIND)
+    first, again = tmp_path / "first", tmp_path / "again"
+    argv = [str(fed), "--out", str(first), "--rounds", "2", "--set", "rewind.lambda=0.3", "--quiet"]
+    assert main(argv) == 0
+    record = json.loads((first / "run.json").read_text())
+    assert record["command"] == ["fl-sim", *argv] and record["seed"] == 11 and record["device"] == "cpu"
+    assert set(record["versions"]) == {"flmesh", "torch", "numpy", "python"}
+    effective = tomllib.loads((first / "federation.toml").read_text())
+    assert effective["rewind"] == {"mode": "previous", "lambda": 0.3}
+    assert effective["federation"]["rounds"] == 2
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["host"]["device"] == "cpu" and summary["host"]["flmesh"] == record["versions"]["flmesh"]
+    assert not (first / "checkpoints").exists(), "a finished run keeps no checkpoints"
+    capsys.readouterr()
+    assert main(["rerun", str(first), "--out", str(again), "--quiet"]) == 0
+    assert f"results in {again}" in capsys.readouterr().out
+    assert numbers(read_rows(again / "rounds.jsonl")) == numbers(read_rows(first / "rounds.jsonl"))
+
+
+def test_rerun_and_resume_refuse_an_edited_federation_file(tmp_path, capsys):
+    fed = tmp_path / "tiny.toml"
+    fed.write_text(TINY)
+    run = tmp_path / "run"
+    assert main([str(fed), "--out", str(run), "--rounds", "1", "--quiet", "--no-pictures"]) == 0
+    path = run / "federation.toml"
+    path.write_text(path.read_text().replace("lr = 0.05", "lr = 0.5"))
+    capsys.readouterr()
+    assert main(["rerun", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"fl-sim rerun: error: {path}: differs from the federation file the run started with "
+                   "(edited since?); run it as a new federation instead\n")
+    assert main(["--resume", str(run)]) == 2
+    assert capsys.readouterr().err.startswith(f"fl-sim: error: {path}: differs from the federation file")
+
+
+def test_resume_with_a_file_that_differs_is_refused(tmp_path, capsys):
+    fed, other = tmp_path / "tiny.toml", tmp_path / "other.toml"
+    fed.write_text(TINY)
+    other.write_text(TINY.replace("lr = 0.05", "lr = 0.5"))
+    run = tmp_path / "run"
+    assert main([str(fed), "--out", str(run), "--rounds", "1", "--quiet", "--no-pictures"]) == 0
+    capsys.readouterr()
+    assert main([str(other), "--resume", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"fl-sim: error: {other}: differs from the federation file of the run in {run} "
+        "(resume with the run's own: fl-sim --resume RUN_DIR)\n")
+
+
+def interrupt_after(monkeypatch: pytest.MonkeyPatch, stop_round: int) -> None:
+    """Send this process SIGTERM as fl-sim prints round ``stop_round``'s line: fl-sim stops
+    after the round in progress, as a `kill` or a Ctrl-C would make it."""
+    line = sim_console.round_line
+
+    def printing(row: Any) -> str:
+        if row.round == stop_round:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return line(row)
+
+    monkeypatch.setattr(sim_console, "round_line", printing)
+
+
+@pytest.mark.parametrize("text", [REWIND, STAR], ids=["peer", "star"])
+def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, capsys, monkeypatch, text):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(text)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main([str(fed), "--out", str(straight), "--no-pictures"]) == 0
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 2)
+        assert main([str(fed), "--out", str(cut), "--no-pictures"]) == 130
+    printed = capsys.readouterr().out
+    assert f"to go on: fl-sim --resume {cut}" in printed
+    stopped = json.loads((cut / "summary.json").read_text())
+    assert stopped["interrupted"] and 2 <= stopped["rounds"] < 8
+    committed = json.loads((cut / "checkpoints" / "round.json").read_text())["round"]
+    assert 2 <= committed <= stopped["rounds"]
+
+    assert main(["--resume", str(cut), "--no-pictures"]) == 0
+    assert f"resuming after round {committed}" in capsys.readouterr().out
+    assert numbers(read_rows(cut / "rounds.jsonl")) == numbers(read_rows(straight / "rounds.jsonl"))
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["final"] == json.loads((straight / "summary.json").read_text())["final"]
+    assert summary["resumed_after"] == [committed] and not summary["interrupted"]
+    assert [r["after_round"] for r in json.loads((cut / "run.json").read_text())["resumed"]] == [committed]
+    assert not (cut / "checkpoints").exists()
+    assert main(["--resume", str(cut)]) == 0
+    assert capsys.readouterr().out == f"{cut}: the run is complete; nothing to resume\n"
+
+
+def test_checkpoints_every_few_rounds_resume_from_the_last_saved(tmp_path, capsys, monkeypatch):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(REWIND)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main([str(fed), "--out", str(straight), "--no-pictures", "--quiet"]) == 0
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 3)
+        assert main([str(fed), "--out", str(cut), "--no-pictures", "--checkpoint-every", "2"]) == 130
+    stopped = json.loads((cut / "summary.json").read_text())["rounds"]
+    committed = json.loads((cut / "checkpoints" / "round.json").read_text())["round"]
+    assert committed % 2 == 0 and 2 <= committed <= stopped  # a stop may come before 4 is committed
+    assert main(["--resume", str(cut), "--no-pictures"]) == 0
+    assert f"resuming after round {committed}" in capsys.readouterr().out
+    assert numbers(read_rows(cut / "rounds.jsonl")) == numbers(read_rows(straight / "rounds.jsonl"))
+
+
+def test_a_run_without_checkpoints_says_it_cannot_be_resumed(tmp_path, capsys, monkeypatch):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(TINY)
+    out = tmp_path / "run"
+    interrupt_after(monkeypatch, 1)
+    assert main([str(fed), "--out", str(out), "--no-pictures", "--checkpoint-every", "0"]) == 130
+    assert "to go on: run it again (it ran without checkpoints)" in capsys.readouterr().out
+    assert not (out / "checkpoints").exists()
+
+
+def test_resume_folder_name_is_kept_whole_in_errors(tmp_path, capsys):
+    assert main(["--resume", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err == f"fl-sim: error: --resume {tmp_path / 'nowhere'}: no such run folder\n"
+
+
+def test_layout_of_an_interrupted_run(tmp_path, monkeypatch):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(STAR)
+    out = tmp_path / "run"
+    interrupt_after(monkeypatch, 1)
+    assert main([str(fed), "--out", str(out), "--no-pictures"]) == 130
+    committed = json.loads((out / "checkpoints" / "round.json").read_text())["round"]
+    kept = out / "checkpoints" / f"round-{committed:08d}"
+    assert sorted(p.name for p in kept.iterdir()) == ["aggregator", "node0", "node1", "node2"]
+    assert all((p / "checkpoint.flmesh").is_file() for p in kept.iterdir())
+    assert not [p for p in (out / "checkpoints").glob("round-*") if p.name < kept.name]
+
+
+
+
+def test_a_replay_federation_is_not_checkpointed_and_resume_says_why(tmp_path, capsys):
+    raw = tomllib.loads(TINY)
+    raw["federation"]["rounds"] = 2
+    raw["topology"]["nodes"] = 4
+    raw["tasks"] = {"tasks": 2, "rounds_per_task": 1}
+    raw["replay"] = {"mode": "client", "host": "node1", "epsilon": 10.0}
+    fed = tmp_path / "replay.toml"
+    fed.write_text(toml_text(raw))
+    out = tmp_path / "run"
+    assert main([str(fed), "--out", str(out), "--quiet", "--no-pictures"]) == 0
+    assert not (out / "checkpoints").exists()
+    capsys.readouterr()
+    assert main(["--resume", str(out)]) == 2
+    assert capsys.readouterr().err == (f"fl-sim: error: --resume {out}: a federation with [replay] cannot be "
+                                       "resumed (its replay buffer is held in memory only); run it again\n")
