@@ -107,7 +107,7 @@ class Simulation:
         self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"],
                                         enabled=transport == "grpc" and not insecure)
         self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
-        self.checkpoint_every = 0  # > 0: checkpoints after every that many rows (fl-sim: 1)
+        self.checkpoint_every = 0  # > 0: checkpoints after every that many rows (fl-sim: 10)
         self.resume = False  # go on from out_dir's last committed round
         self.checkpoints: SimCheckpoints | None = None  # made in start()
         self.resumed_after = 0  # the committed round a resumed run went on from

@@ -69,10 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "(repeatable: a grid over the combinations, times --seeds)")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR",
                         help="continue an interrupted run from its last complete round")
-    parser.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+    parser.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
                         help="save every node's (and the aggregator's) state after every N-th round "
-                             "into the results folder, for --resume (default 1; 0: none, the run "
-                             "cannot be resumed); removed when the run finishes")
+                             "into the results folder, for --resume, which then repeats at most N-1 "
+                             "rounds (default 10; 1: none repeated; 0: none saved, the run cannot be "
+                             "resumed); removed when the run finishes")
     parser.add_argument("--quiet", action="store_true", help="print only the final metrics, one line")
     parser.add_argument("--no-pictures", action="store_true",
                         help="draw no pictures (fl-sim report DIR draws them later); matplotlib is "

@@ -152,7 +152,7 @@ def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, capsys, monk
     assert main([str(fed), "--out", str(straight), "--no-pictures"]) == 0
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)
-        assert main([str(fed), "--out", str(cut), "--no-pictures"]) == 130
+        assert main([str(fed), "--out", str(cut), "--no-pictures", "--checkpoint-every", "1"]) == 130
     printed = capsys.readouterr().out
     assert f"to go on: fl-sim --resume {cut}" in printed
     stopped = json.loads((cut / "summary.json").read_text())
@@ -208,7 +208,7 @@ def test_layout_of_an_interrupted_run(tmp_path, monkeypatch):
     fed.write_text(STAR)
     out = tmp_path / "run"
     interrupt_after(monkeypatch, 1)
-    assert main([str(fed), "--out", str(out), "--no-pictures"]) == 130
+    assert main([str(fed), "--out", str(out), "--no-pictures", "--checkpoint-every", "1"]) == 130
     committed = json.loads((out / "checkpoints" / "round.json").read_text())["round"]
     kept = out / "checkpoints" / f"round-{committed:08d}"
     assert sorted(p.name for p in kept.iterdir()) == ["aggregator", "node0", "node1", "node2"]
