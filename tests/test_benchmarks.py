@@ -240,3 +240,24 @@ def test_dp_replay(tmp_path):
     assert all(one_seed(g["gain"], lambda v: number(v, -1) and v <= 1) for g in gains)
     finals = results["task_accuracy"]
     assert len(finals) == 2 * 4 * 3 and all(len(f["tasks"]) == 2 for f in finals)
+
+
+def test_dp_replay_protocol(tmp_path):
+    results = run(tmp_path, "dp_replay_protocol.py", "--rounds-per-task", "1", "--only", "1,4")
+    assert results["rounds_per_task"] == 1
+    low, full = results["rows"]
+    assert low["protocol"].startswith("p = 0.05") and full["protocol"] == "full participation"
+    for row in (low, full):
+        assert set(row["gain"]) == {"Client Training", "Aggregator Training"}
+        assert all(one_seed(g, lambda v: number(v, -1) and v <= 1) for g in row["gain"].values())
+        assert one_seed(row["baseline_accuracy"]) and one_seed(row["baseline_old_tasks"])
+        assert one_seed(row["rounds_with_earlier_client"])
+    # With full participation every earlier client takes part in every round of the last task.
+    assert full["rounds_with_earlier_client"]["mean"] == 1.0
+    assert full["last_round_with_earlier_client"] == [True]
+
+
+def test_dp_replay_protocol_rejects_an_unknown_row(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dp_replay_protocol.py"), "--only", "9"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and "--only takes row numbers 1..8" in proc.stderr
