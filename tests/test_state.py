@@ -250,3 +250,39 @@ def test_a_delivery_that_cannot_be_stored_is_not_acknowledged(tmp_path):
         b.checkpoint_dir = tmp_path / "ok"
         assert a.transport.deliver("node1", a.encode(round=1), timeout=10).accepted, "the retry is stored"
         assert len(list((tmp_path / "ok" / INBOX).glob("*.flmesh"))) == 1
+
+
+FULL_DISK = """
+import errno, os
+_replace = os.replace
+def _full(src, dst, *args, **kwargs):
+    if str(dst).endswith("checkpoint.flmesh"):  # the disk fills up when the checkpoint is written
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return _replace(src, dst, *args, **kwargs)
+os.replace = _full
+"""
+
+
+def test_a_node_whose_checkpoint_cannot_be_written_exits_1_in_one_line(tmp_path, monkeypatch):
+    from procs import launch, read_results
+
+    fed_file = federation_file(tmp_path, ["a", "b"], rounds=2, timeout=10)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_DISK)
+    monkeypatch.setenv("PYTHONPATH", str(hook))  # the processes launched: a disk that fills up
+    procs = launch(tmp_path, fed_file, ["a", "b"])
+    try:
+        _, err = procs["a"].communicate(timeout=300)
+    finally:
+        for p in procs.values():
+            p.kill()
+    assert procs["a"].returncode == 1, err[-3000:]
+    assert "Traceback" not in err
+    out = tmp_path / "runs" / "procs-a"
+    said = [line for line in err.splitlines() if "error:" in line]
+    full = f"runs/procs-a/{CHECKPOINT}: cannot write: No space left on device"
+    assert said == [f"fl-node a: error: {full}"], err
+    rows, summary = read_results(out)
+    assert [r["round"] for r in rows] == [1], "the round's row is written before its checkpoint"
+    assert summary["error"].endswith("No space left on device") and summary["interrupted"]
