@@ -186,7 +186,11 @@ def restore(ctx: RoundContext, folder: Path) -> int:
     except (KeyError, TypeError, ValueError) as exc:
         raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
     check_rounds(path, round, ctx.settings.federation.rounds)
-    ctx.model.load_state(split(tensors, "model/"))
+    try:
+        ctx.model.load_state(split(tensors, "model/"))
+    except RuntimeError:  # torch's message lists every key, over many lines
+        raise CheckpointError(f"{path}: damaged checkpoint: its model does not match this "
+                              "federation's [model]") from None
     _restore_inbox(ctx, folder, round)
     for where, halves in (("client", ctx.plugins.clients), ("gossip", ctx.plugins.gossip_servers)):
         for name, half in halves.items():

@@ -142,6 +142,10 @@ def test_damaged_checkpoint_values_are_one_line_naming_the_file(tmp_path):
         write_state(path, tensors, values)
         with pytest.raises(StateFileError, match=rf"^{path}: damaged checkpoint: missing or bad 'round'$"):
             restore(c.by_id["node0"].ctx, tmp_path)
+        values["round"] = 1
+        write_state(path, {k: v for k, v in tensors.items() if not k.endswith(".bias")}, values)
+        with pytest.raises(CheckpointError, match=rf"^{path}: damaged checkpoint: its model does not match"):
+            restore(c.by_id["node0"].ctx, tmp_path)
         values.pop("shape")
         write_state(path, tensors, values)
         with pytest.raises(CheckpointError, match="records no digest of its run's configuration"):
