@@ -167,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a full disk, say: the rows and summary stay; one line, not a traceback
             error = summary.error = f"cannot draw the pictures in {out}: {type(exc).__name__}: {exc}"
             print(f"{prog}: error: {error}", file=sys.stderr)
-        writer.write_summary(summary)
+        try:
+            writer.write_summary(summary)
+        except OSError as exc:  # the disk that failed the run may fail this too: one line, go on closing
+            error = f"cannot write the summary in {out}: {exc.strerror or exc}"
+            print(f"{prog}: error: {error}", file=sys.stderr)
         ops.close()
         aggregator.close()
     if stopped:
