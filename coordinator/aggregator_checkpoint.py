@@ -17,8 +17,16 @@ import numpy as np
 import torch
 
 from flmesh.node.algorithms.base import split
-from flmesh.node.checkpoint import CHECKPOINT, FORMAT, CheckpointError
-from flmesh.node.state_file import read_state, write_state
+from flmesh.node.checkpoint import (
+    CHECKPOINT,
+    FORMAT,
+    CheckpointError,
+    check_rounds,
+    check_shape,
+    run_shape,
+    shape_digest,
+)
+from flmesh.node.state_file import StateFileError, read_state, write_state
 
 if TYPE_CHECKING:
     from flmesh.coordinator.aggregator import Aggregator
@@ -36,6 +44,8 @@ def save(aggregator: Aggregator, round: int, folder: Path) -> Path:
     values = {"format": FORMAT, "federation": aggregator.federation.name, "node": "aggregator",
               "strategy": core.strategy, "round": round, "joined": core.addresses_all(),
               "last_accuracy": core.last_accuracy, "server": server_values}
+    shape = run_shape(aggregator.federation)
+    values.update(shape=shape, digest=shape_digest(shape))
     path = folder / CHECKPOINT
     write_state(path, tensors, values)
     return path
@@ -53,12 +63,18 @@ def restore(aggregator: Aggregator, folder: Path) -> int:
                       ("strategy", core.strategy)):
         if values.get(key) != want:
             raise CheckpointError(f"{path}: saved for {key} {values.get(key)!r}, this is {want!r}")
+    check_shape(path, values, aggregator.federation)
     glob = split(tensors, "global/")
     if set(glob) != set(core.global_state):
         raise CheckpointError(f"{path}: its global model does not match this federation's [model]")
-    round = int(values["round"])
-    core.resume(glob, {str(k): str(v) for k, v in values["joined"].items()}, round,
-                float(values["last_accuracy"]))
+    try:
+        round = int(values["round"])
+        joined = {str(k): str(v) for k, v in dict(values["joined"]).items()}
+        last_accuracy = float(values["last_accuracy"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
+    check_rounds(path, round, aggregator.federation.rounds)
+    core.resume(glob, joined, round, last_accuracy)
     core.server.restore(split(tensors, "server/"), values.get("server", {}))
     if "prev_global" in tensors:
         prev = tensors["prev_global"].numpy().astype(float)

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars, setup_logging
     from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
+    from flmesh.node.state_file import lock_folder
     from flmesh.topology import FederationError, load_federation
 
     prog = "fl-node aggregator"
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--out {out} holds a checkpoint of an earlier run: pass --resume to continue "
                              "it, or another --out to start afresh (nothing there is overwritten)")
         tls = tls_from_args(args, "aggregator", listen)
+        _lock = lock_folder(out)  # held until the process exits: one process per state folder
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
         ops = start_ops(args, "aggregator")
@@ -165,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a full disk, say: the rows and summary stay; one line, not a traceback
             error = summary.error = f"cannot draw the pictures in {out}: {type(exc).__name__}: {exc}"
             print(f"{prog}: error: {error}", file=sys.stderr)
-        writer.write_summary(summary)
+        try:
+            writer.write_summary(summary)
+        except OSError as exc:  # the disk that failed the run may fail this too: one line, go on closing
+            error = f"cannot write the summary in {out}: {exc.strerror or exc}"
+            print(f"{prog}: error: {error}", file=sys.stderr)
         ops.close()
         aggregator.close()
     if stopped:

@@ -18,6 +18,9 @@ spent is restored, and the buffer host's own ledger is persisted by the host.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ from flmesh.node.state_file import StateFileError, read_state, write_state
 
 if TYPE_CHECKING:
     from flmesh.node.round_context import RoundContext
+    from flmesh.topology import Federation
 
 CHECKPOINT = "checkpoint.flmesh"
 INBOX = "inbox"  # one file per delivery a later round may still use
@@ -40,6 +44,69 @@ Tensors = dict[str, torch.Tensor]
 
 class CheckpointError(ValueError):
     """A checkpoint does not fit this node or federation; one line naming the file and why."""
+
+
+# What shapes a run's numbers; the rest of a federation file (name, rounds, timeouts, addresses,
+# evaluation and wire settings) may change between a run and its resume.
+_SHAPES = ("seed", "topology", "training", "data", "model", "rewind", "baseline", "aggregator", "tasks",
+           "replay", "algorithms")
+_NOT_SHAPING = {"address", "deadline_s"}
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
+        for k in sorted(value.keys(), key=str):
+            if str(k) not in _NOT_SHAPING:
+                _flatten(f"{prefix}.{k}", value[k], out)
+        if not value:
+            out[prefix] = "{}"
+        return
+    if isinstance(value, (list, tuple)) and any(dataclasses.is_dataclass(v) for v in value):
+        for v in value:
+            _flatten(f"{prefix}.{getattr(v, 'id', v)}", v, out)
+        return
+    out[prefix] = json.dumps(value, sort_keys=True, default=str)
+
+
+def run_shape(federation: Federation) -> dict[str, str]:
+    """What shapes a run's numbers, as canonical ``key: JSON`` pairs (seed, data and partition,
+    model, schedule and topology, algorithms and their parameters, training, each node's)."""
+    out: dict[str, str] = {}
+    for name in _SHAPES:
+        _flatten(name, getattr(federation, name), out)
+    for node in federation.nodes:
+        _flatten(f"nodes.{node.id}", node, out)
+    return out
+
+
+def shape_digest(shape: dict[str, str]) -> str:
+    """SHA-256 (hex) over the canonical ``shape``."""
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+
+def check_shape(path: Path, values: dict[str, Any], federation: Federation) -> None:
+    """CheckpointError naming the first key whose value differs between the run that saved
+    ``values`` and ``federation``; nothing when both runs have the same shape."""
+    mine = run_shape(federation)
+    saved = values.get("shape")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{path}: records no digest of its run's configuration; start afresh")
+    if values.get("digest") == shape_digest(mine):
+        return
+    for key in [*mine, *(k for k in saved if k not in mine)]:  # in the order of run_shape
+        if saved.get(key) != mine.get(key):
+            raise CheckpointError(f"{path}: saved under another configuration: {key} was "
+                                  f"{saved.get(key, '(unset)')}, this run has {mine.get(key, '(unset)')}")
+    raise CheckpointError(f"{path}: damaged checkpoint: its digest does not match its configuration")
+
+
+def check_rounds(path: Path, done: int, planned: int) -> None:
+    """CheckpointError when the checkpoint is after more rounds than the run plans."""
+    if done > planned:
+        raise CheckpointError(f"{path}: saved after round {done}, but [federation] rounds is {planned}: "
+                              f"resume with rounds >= {done}")
 
 
 def save(ctx: RoundContext, round: int, folder: Path) -> Path:
@@ -57,6 +124,8 @@ def save(ctx: RoundContext, round: int, folder: Path) -> Path:
               "task": continual.task if continual is not None else None,
               "released": continual.released if continual is not None else None,
               "last_accuracy": ctx.status().last_accuracy}
+    shape = run_shape(ctx.settings.federation)
+    values.update(shape=shape, digest=shape_digest(shape))
     path = folder / CHECKPOINT
     write_state(path, tensors, values)
     for old in (folder / INBOX).glob("*.flmesh"):  # entries no later round can use
@@ -87,12 +156,15 @@ def _restore_inbox(ctx: RoundContext, folder: Path, round: int) -> None:
         if _entry_round(path) < round:
             continue
         state, entry = read_state(path)
-        m = entry["meta"]
-        meta = ModelMeta(round=m["round"], sender=m["sender"], kind=m["kind"], num_samples=m["num_samples"],
-                         label_counts=tuple(m["label_counts"]), architecture=m["architecture"],
-                         metadata=m["metadata"])
+        try:
+            m = entry["meta"]
+            meta = ModelMeta(round=int(m["round"]), sender=str(m["sender"]), kind=str(m["kind"]),
+                             num_samples=int(m["num_samples"]), label_counts=tuple(m["label_counts"]),
+                             architecture=str(m["architecture"]), metadata=dict(m["metadata"]))
+            key = InboxKey(int(entry["round"]), str(entry["sender"]), str(entry["kind"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFileError(f"{path}: damaged inbox entry: missing or bad {exc}") from None
         size = sum(t.numel() * t.element_size() for t in state.values())
-        key = InboxKey(entry["round"], entry["sender"], entry["kind"])
         ctx.links.inbox.put(key, DecodedModel(state, meta, size))
 
 
@@ -107,16 +179,27 @@ def restore(ctx: RoundContext, folder: Path) -> int:
                       ("node", ctx.settings.node_id), ("architecture", ctx.model.architecture)):
         if values.get(key) != want:
             raise CheckpointError(f"{path}: saved for {key} {values.get(key)!r}, this is {want!r}")
-    round = int(values["round"])
-    ctx.model.load_state(split(tensors, "model/"))
+    check_shape(path, values, ctx.settings.federation)
+    try:
+        round = int(values["round"])
+        plugin_values = dict(values["plugins"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
+    check_rounds(path, round, ctx.settings.federation.rounds)
+    try:
+        ctx.model.load_state(split(tensors, "model/"))
+    except RuntimeError:  # torch's message lists every key, over many lines
+        raise CheckpointError(f"{path}: damaged checkpoint: its model does not match this "
+                              "federation's [model]") from None
     _restore_inbox(ctx, folder, round)
     for where, halves in (("client", ctx.plugins.clients), ("gossip", ctx.plugins.gossip_servers)):
         for name, half in halves.items():
-            half.restore(split(tensors, f"{where}/{name}/"), values["plugins"].get(f"{where}/{name}", {}))
+            half.restore(split(tensors, f"{where}/{name}/"), plugin_values.get(f"{where}/{name}", {}))
     if ctx.continual is not None and values.get("task") is not None:
         ctx.continual.resume(ctx, int(values["task"]), int(values["released"]))
     ctx.activity.finish_round(round, float(values.get("last_accuracy", 0.0)))
     return round
 
 
-__all__ = ["CHECKPOINT", "CheckpointError", "StateFileError", "restore", "save"]
+__all__ = ["CHECKPOINT", "CheckpointError", "StateFileError", "check_rounds", "check_shape", "restore",
+           "run_shape", "save", "shape_digest"]

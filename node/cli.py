@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         status = run.run()
-    except (PeerError, UnknownPeerError, UsageError) as exc:
+    except (PeerError, UnknownPeerError, UsageError, OSError) as exc:  # OSError: a write failed
         run.failed(str(exc), exc.peer if isinstance(exc, PeerError) else None)
         print(f"{prog}: error: {exc}", file=sys.stderr)
         status = 1

@@ -180,11 +180,16 @@ class NodeHandlers:
         self._in_window(meta.round, "the model")
         model = self._read(header, stream)
         key = InboxKey(meta.round, meta.sender, kind)
-        fresh = self.ctx.links.inbox.put(key, model)
-        if fresh and self.ctx.checkpoint_dir is not None:
+        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
             from flmesh.node.checkpoint import keep_delivery
+            from flmesh.node.state_file import StateWriteError
 
-            keep_delivery(self.ctx.checkpoint_dir, key, model)
+            try:  # stored before it is accepted: a delivery acknowledged is one a resume still has
+                keep_delivery(self.ctx.checkpoint_dir, key, model)
+            except StateWriteError as exc:
+                self.ctx.links.log.error("%s: %s", self.node_id, exc)
+                raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
+        fresh = self.ctx.links.inbox.put(key, model)
         self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
         if self.ctx.links.metrics is not None:
             self.ctx.links.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)

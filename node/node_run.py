@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from flmesh.node.cli_ops import Ops
 from flmesh.node.errors import PeerError
@@ -79,12 +79,18 @@ class NodeRun:
         self.error: str | None = None
         self.refresh_peers: Callable[[], None] | None = None
         self._started = 0.0
+        self._lock: IO[bytes] | None = None
 
     def start(self) -> None:
         """Build the node (its data share), restore its checkpoint with ``resume``, open the
         results folder, serve. Raises input errors (a checkpoint that does not fit included)."""
         from flmesh.node.checkpoint import restore
+        from flmesh.node.state_file import lock_folder
 
+        try:
+            self._lock = lock_folder(self.out)  # held until the process exits: one process per folder
+        except OSError as exc:
+            raise OSError(f"--out {self.out}: cannot write results there: {exc.strerror or exc}") from None
         self.node = Node.from_federation(self.federation, self.node_id, data=self.data,
                                          listen=self.listen, peers=self.peers,
                                          aggregator=self.aggregator_address, state_dir=self.out,
@@ -225,7 +231,11 @@ class NodeRun:
             bytes_per_round=mean_bytes(self.writer.rows),
             wall_s=round(self.node.clock.now() - self._started, 3), out_dir=str(self.out),
             host={"pid": os.getpid()})
-        self.writer.write_summary(summary)
+        try:
+            self.writer.write_summary(summary)
+        except OSError as exc:  # the disk that failed the run may fail this too: say so, go on closing
+            print(f"fl-node {self.node_id}: error: cannot write the summary in {self.out}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
         self.ops.close()
         self.node.stop(grace=1.0)
 

@@ -70,7 +70,7 @@ class PrivacyLedger:
         self.path = path
         self.releases: list[dict[str, float | int | str]] = []
         if path is not None and path.exists():
-            self.releases = list(json.loads(path.read_text(encoding="utf-8"))["releases"])
+            self.releases = _read_ledger(path)
 
     def spent(self, client: str) -> float:
         return math.fsum(float(r["epsilon"]) for r in self.releases if r["client"] == client)
@@ -90,6 +90,20 @@ class PrivacyLedger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, json.dumps({"releases": releases}, indent=1) + "\n")
         self.releases = releases
+
+
+def _read_ledger(path: Path) -> list[dict[str, float | int | str]]:
+    """The releases in the ledger at ``path``; StateFileError (one line naming it) when damaged."""
+    from flmesh.node.state_file import StateFileError
+
+    try:
+        releases = json.loads(path.read_text(encoding="utf-8"))["releases"]
+        out: list[dict[str, float | int | str]] = [
+            {"client": str(r["client"]), "task": int(r["task"]), "epsilon": float(r["epsilon"])}
+            for r in releases]
+    except (OSError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise StateFileError(f"{path}: damaged privacy ledger: {type(exc).__name__}: {exc}") from None
+    return out
 
 
 def buffer_spec(num_classes: int, n: int, input_shape: tuple[int, ...]) -> ModelSpec:

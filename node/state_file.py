@@ -10,13 +10,15 @@ old one, so a crash leaves either the old checkpoint or the new one.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import struct
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -25,6 +27,7 @@ from flmesh.node.format.codec import CodecError, ModelMeta
 from flmesh.v1 import model_pb2 as pb
 
 MAGIC = b"FLMESH-STATE\n"
+LOCK = ".lock"  # the state folder's lock file (flock; held for the process's lifetime)
 _LENGTH = struct.Struct("<Q")
 
 
@@ -32,13 +35,41 @@ class StateFileError(ValueError):
     """A state file cannot be used; the message (one line) names the file and why."""
 
 
+class StateWriteError(OSError):
+    """A state file could not be written (full disk, read-only folder); one line naming the file."""
+
+
+def lock_folder(folder: Path) -> IO[bytes]:
+    """Take an exclusive, non-blocking lock on the state ``folder`` (creating it); keep the
+    returned file open for as long as the process uses the folder: the lock goes with it
+    (closing it or exiting releases it). StateFileError (one line) when another process holds
+    it; OSError when the folder cannot be written."""
+    path = folder / LOCK
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(path, "ab")  # held open on purpose: the lock lives as long as it
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        f.close()
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise StateFileError(f"{folder}: in use by another process (it holds {path})") from None
+        raise
+    return f
+
+
 def write_state(path: Path, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> None:
-    """Write ``tensors`` and the JSON-able ``values`` to ``path`` atomically. Blocks (fsync)."""
+    """Write ``tensors`` and the JSON-able ``values`` to ``path`` atomically. Blocks (fsync).
+    StateWriteError (one line naming ``path``) when it cannot: the old file, if any, stays."""
     encoded = codec.encode(dict(tensors), ModelMeta(kind="checkpoint",
                                                     metadata={"values": json.dumps(values)}))
     header = encoded.header.SerializeToString()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except FileExistsError:  # its folder's name is taken by a file
+        raise StateWriteError(f"{path}: cannot write: {os.strerror(errno.ENOTDIR)}") from None
+    except OSError as exc:
+        raise StateWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + _LENGTH.pack(len(header)) + header)
@@ -46,6 +77,9 @@ def write_state(path: Path, tensors: Mapping[str, torch.Tensor], values: Mapping
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise StateWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
