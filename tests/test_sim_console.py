@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from flmesh.coordinator.sim_console import final_table, header, pct, round_line, title
+from flmesh.coordinator.sim_console import columns, final_table, header, key, pct, round_line, title
 from flmesh.node.results import Final, NodeRound, RoundRow, Summary
 from flmesh.topology import parse_federation
 
@@ -25,13 +25,25 @@ def _star():
 def test_a_round_line_sits_under_its_header_in_both_kinds():
     peer = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=None, wall_s=1.234,
                     nodes={"a": NodeRound("a", 1, missing="b"), "b": NodeRound("b", 1)})
-    assert header(_peer()) == "round    FA %    FF %   PFA %  missing       s"
+    assert columns(_peer()) == "round    FA %    FF %   PFA %  missing       s"
     assert round_line(peer) == "    1   50.00   25.00       -        1    1.23"
     star = RoundRow(2, "star", "fl-sim", accuracy=0.875, global_forgetting=0.0, selected=["a", "b"],
                     received=["a"], wall_s=0.5, task=1, task_accuracy=[0.5, None])
-    assert header(_star()) == "round   acc %   F_t %   F_k %  updates       s"
+    assert columns(_star()) == "round   acc %   F_t %   F_k %  updates       s"
     assert round_line(star) == "    2   87.50    0.00       -      1/2    0.50     1  50.00 -"
-    assert len(header(_peer())) == len(round_line(peer))  # the columns line up
+    assert len(columns(_peer())) == len(round_line(peer))  # the columns line up
+
+
+def test_the_header_keys_the_metrics_and_which_way_is_better():
+    peer = key(_peer())
+    assert "\n" not in peer
+    assert "FA: mean accuracy of every model on every node's test split (higher is better)" in peer
+    assert "FF: standard deviation of those accuracy values" in peer and "(lower is better)" in peer
+    assert "PFA: mean accuracy of each model on its own node's split (higher is better)" in peer
+    assert "F_t:" in key(_star()) and "lower is better" in key(_star())
+    out = io.StringIO()
+    Console(file=out, width=400).print(header(_peer()), style="bold")
+    assert out.getvalue().splitlines() == [peer, columns(_peer())]  # the key, then the columns
 
 
 def test_the_title_names_the_kind_and_the_results_folder():
