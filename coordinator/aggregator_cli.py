@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         tls = tls_from_args(args, "aggregator", listen)
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
-        ops = start_ops(args, "aggregator")
+        ops = start_ops(args, "aggregator", run=out.name)
         if ops.metrics is not None:
             aggregator.core.metrics = ops.metrics
         done = restore(aggregator, out) if args.resume else 0

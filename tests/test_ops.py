@@ -18,7 +18,7 @@ from flmesh.coordinator import run_tools
 from flmesh.coordinator.sim_cli import main as sim_main
 from flmesh.node.cli_ops import metrics_endpoint, start_ops
 from flmesh.node.metrics import Metrics
-from flmesh.node.observe import JsonFormatter
+from flmesh.node.observe import Board, JsonFormatter
 from flmesh.node.wire.certs import federation_pki
 
 from conftest import wait_until
@@ -102,6 +102,22 @@ def ops_args(metrics_port: str, tls: dict[str, Path] | None = None) -> argparse.
     files = tls or {}
     return argparse.Namespace(metrics_port=metrics_port, tensorboard=None, tls_ca=files.get("ca"),
                               tls_cert=files.get("cert"), tls_key=files.get("key"))
+
+
+def test_each_tensorboard_run_gets_its_own_folder_and_a_resumed_one_goes_on_in_its_own(tmp_path):
+    pytest.importorskip("torch.utils.tensorboard")
+    boards = [Board(tmp_path, "run"), Board(tmp_path, "run"), Board(tmp_path, "run", fresh=False)]
+    for round, board in enumerate(boards, 1):
+        board.scalars(round, {"federation/FA": 0.5})
+        board.close()
+    assert [b.folder.name for b in boards] == ["run", "run-2", "run"]
+    args = argparse.Namespace(metrics_port=None, tensorboard=tmp_path / "tb", out=tmp_path / "runs" / "x")
+    ops = start_ops(args, "n1")
+    assert ops.board is not None and ops.board.folder == tmp_path / "tb" / "x"
+    ops.board.close()
+    named = start_ops(argparse.Namespace(metrics_port=None, tensorboard=tmp_path / "tb"), "n1", run="agg")
+    assert named.board is not None and named.board.folder == tmp_path / "tb" / "agg"
+    named.board.close()
 
 
 def test_metrics_bind_to_loopback_unless_an_address_is_given(caplog):
@@ -206,14 +222,18 @@ hidden = [16]
 def test_tensorboard_report_and_compare(tmp_path, capsys):
     board = tmp_path / "tb"
     one = quick_run(tmp_path, "one", "--tensorboard", str(board))
-    two = quick_run(tmp_path, "two", "--set", "training.lr=0.2")
-    events = list(board.glob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
+    two = quick_run(tmp_path, "two", "--set", "training.lr=0.2", "--tensorboard", str(board))
+    # two runs sent to one DIR: one TensorBoard run each, named by its results folder
+    assert sorted(p.name for p in board.iterdir()) == ["one", "two"]
+    assert not list(board.glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(board))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("federation/FA")] == [1, 2, 3]
+    for run in ("one", "two"):
+        events = list((board / run).glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].stat().st_size > 0
+        acc = EventAccumulator(str(board / run))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("federation/FA")] == [1, 2, 3]
 
     (one / "accuracy.png").unlink()
     capsys.readouterr()
