@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             # the most any one client has released (each client's epsilon is its own budget)
             spent = max(row.privacy_spent.values()) if row.privacy_spent else None
             ops.metrics.round_done(row.round, 0, spent)
+            ops.metrics.learned(row.accuracy, None)
         if ops.board is not None:
             ops.board.scalars(row.round, row_scalars(row))
 

@@ -199,6 +199,8 @@ class NodeRun:
                        bytes_by_kind={"sent": report.bytes_sent, "received": report.bytes_received},
                        wall_s=round(report.wall_s, 4), notes=list(report.notes))
         self.writer.write_round(row)
+        if self.ops.metrics is not None:
+            self.ops.metrics.learned(entry.accuracy, entry.train_loss)
         if self.ops.board is not None:
             self.ops.board.scalars(report.round, row_scalars(row))
         _log_round(report, self.federation.rounds)

@@ -56,6 +56,8 @@ def test_node_metrics_are_served_over_http_and_move_with_the_rounds(tmp_path):
         assert total(later, "flmesh_transfers_total", node="a", status="OK") > 0
         assert total(later, "flmesh_seconds_count", node="a", phase="train") >= 2
         assert total(later, "flmesh_seconds_count", node="a", phase="round") >= 2
+        assert 0 < total(later, "flmesh_accuracy", node="a") <= 1  # the last round's, on its own split
+        assert total(later, "flmesh_train_loss", node="a") > 0
         for proc in procs.values():
             assert proc.wait(timeout=300) == 0
     finally:
@@ -80,6 +82,9 @@ def test_metrics_count_calls_retries_and_phases_per_peer():
     m.call("n2", "Deliver", "UNAVAILABLE", 0.1)
     m.retry("n2")
     m.round_done(3, inbox=2, privacy=0.5)
+    unset = scrape(url)
+    m.learned(0.75, 0.5)
+    m.learned(None, 0.25)  # a round without an accuracy keeps the last one
     after = scrape(url)
     server.shutdown()
     assert total(before, "flmesh_transfers_total") == 0
@@ -91,6 +96,9 @@ def test_metrics_count_calls_retries_and_phases_per_peer():
     assert total(after, "flmesh_inbox_depth") == 2
     assert total(after, "flmesh_privacy_spent_epsilon") == 0.5
     assert total(after, "flmesh_seconds_count", phase="transfer") == 2
+    assert not {n for n, _ in unset} & {"flmesh_accuracy", "flmesh_train_loss"}  # none before a round
+    assert total(after, "flmesh_accuracy", node="n1") == 0.75
+    assert total(after, "flmesh_train_loss", node="n1") == 0.25
 
 
 def page(url: str) -> bytes:
