@@ -4,7 +4,9 @@ lines, TensorBoard event files, and the run tools (fl-sim report / compare)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import logging
 import socket
 import ssl
 import subprocess
@@ -17,6 +19,7 @@ import pytest
 from flmesh.coordinator import run_tools
 from flmesh.coordinator.sim_cli import main as sim_main
 from flmesh.node.cli_ops import metrics_endpoint, start_ops
+from flmesh.node.cli_tls import tls_from_args
 from flmesh.node.metrics import Metrics
 from flmesh.node.observe import Board, JsonFormatter
 from flmesh.node.wire.certs import federation_pki
@@ -71,6 +74,12 @@ def test_node_metrics_are_served_over_http_and_move_with_the_rounds(tmp_path):
     assert {"time", "level", "node", "round", "peer", "event"} <= set(lines[0])
     assert all(entry["node"] == "a" for entry in lines)
     assert any(entry["round"] is not None for entry in lines), "no line names its round"
+    # the prefix names the node once ("fl-node a: c answered", not "a: c answered")
+    answered = [e for e in lines if e["event"].endswith(" answered")]
+    assert answered and all(e["event"] == f"{e['peer']} answered" for e in answered)
+    assert not any("listening on" in e["event"] for e in lines)  # said once, on stdout
+    assert procs["a"].stdout is not None
+    assert procs["a"].stdout.read().count("listening on") == 1  # the metrics line was read before
 
 
 def test_metrics_count_calls_retries_and_phases_per_peer():
@@ -171,6 +180,18 @@ def test_a_bad_metrics_address_is_one_line(value, message):
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert metrics_endpoint("[::1]:9100") == ("::1", 9100)
     assert metrics_endpoint("9100") == ("127.0.0.1", 9100)
+
+
+def test_a_process_with_mtls_logs_its_ca_subject_and_fingerprint(tmp_path, caplog):
+    node = federation_pki(tmp_path, ["n1"], name="test CA")["n1"]
+    args = argparse.Namespace(tls_ca=node.ca, tls_cert=node.cert, tls_key=node.key, insecure=False)
+    with caplog.at_level(logging.INFO, logger="flmesh.node"):
+        assert tls_from_args(args, "n1", "127.0.0.1:0") is not None
+    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(node.ca.read_text())).hexdigest().upper()
+    fingerprint = ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mTLS on")]
+    assert lines == [f"mTLS on: n1 authenticates peers against the CA CN=test CA (SHA-256 {fingerprint}, "
+                     f"{node.ca})"]
 
 
 def test_with_tls_metrics_are_https_and_ask_for_a_federation_certificate(tmp_path):
