@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 from rich.console import Console
 
 from flmesh.coordinator.sim_console import columns, final_table, header, key, pct, round_line, title
-from flmesh.node.results import Final, NodeRound, RoundRow, Summary
+from flmesh.node.results import Final, NodeRound, RoundRow, Summary, read_rows
 from flmesh.topology import parse_federation
 
 from conftest import tiny_raw
+
+FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
 
 
 def _peer():
@@ -69,3 +74,50 @@ def test_the_final_table_has_each_kinds_columns_and_none_without_a_round():
     summary.kind, summary.final, summary.mean_global_forgetting = "star", Final(2, accuracy=0.9), 0.02
     text = _rendered(final_table(_star(), summary))
     assert "accuracy %" in text and "mean F_t %" in text and "90.00" in text and "2.00" in text
+
+
+CONTINUAL = """
+[federation]
+name = "cont"
+seed = 3
+rounds = 4
+round_timeout_s = 20
+[topology]
+nodes = 4
+graph = "complete"
+schedule = "cwt"
+[rewind]
+mode = "previous"
+lambda = 0.1
+[training]
+epochs = 1
+batch_size = 16
+lr = 0.05
+[data]
+dataset = "digits"
+[model]
+name = "mlp"
+hidden = [16]
+[tasks]
+scenario = "novel_inputs"
+tasks = 2
+rounds_per_task = 2
+initial_clients = 2
+joining_clients = 2
+"""
+
+
+def test_a_rewind_target_without_data_yet_is_a_note_in_the_row_not_a_warning(tmp_path):
+    # node0 rewinds to node3 ("previous" on the ring), which joins only in task 1
+    fed = tmp_path / "cont.toml"
+    fed.write_text(CONTINUAL)
+    out = tmp_path / "run"
+    done = subprocess.run([FL_SIM, str(fed), "--no-pictures", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout + done.stderr
+    assert "WARNING" not in printed and "Rewind asks" not in printed, printed
+    rows = read_rows(out / "rounds.jsonl")
+    node0 = rows[1]["nodes"]["node0"]
+    assert node0["notes"] == ["rewind: node3 holds no training data yet; trained its 4 steps locally"]
+    assert node0["rewound_to"] is None
