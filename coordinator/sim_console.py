@@ -39,8 +39,8 @@ def key(fed: Federation) -> str:
                 "other participants' splits caused by each one's local training (both lower is better)")
     m = fed.metric
     return (f"FA: mean {m} of every model on every node's test split (higher is better); "
-            f"FF: standard deviation of those {m} values, how unevenly the models serve the nodes "
-            f"(lower is better); PFA: mean {m} of each model on its own node's split (higher is better)")
+            f"FF: their standard deviation, how unevenly the models serve the nodes (lower is "
+            f"better); PFA: mean {m} of each model on its own node's split (higher is better)")
 
 
 def header(fed: Federation) -> str:

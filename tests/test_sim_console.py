@@ -43,7 +43,7 @@ def test_the_header_keys_the_metrics_and_which_way_is_better():
     peer = key(_peer())
     assert "\n" not in peer
     assert "FA: mean accuracy of every model on every node's test split (higher is better)" in peer
-    assert "FF: standard deviation of those accuracy values" in peer and "(lower is better)" in peer
+    assert "FF: their standard deviation, how unevenly the models serve the nodes (lower is better)" in peer
     assert "PFA: mean accuracy of each model on its own node's split (higher is better)" in peer
     assert "F_t:" in key(_star()) and "lower is better" in key(_star())
     out = io.StringIO()
