@@ -25,7 +25,7 @@ from flmesh.node.observe import Board, JsonFormatter
 from flmesh.node.wire.certs import federation_pki
 
 from conftest import wait_until
-from procs import federation_file, launch, metrics_url, scrape, total
+from procs import FL_NODE, federation_file, launch, metrics_url, scrape, total
 
 FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
 
@@ -80,6 +80,37 @@ def test_node_metrics_are_served_over_http_and_move_with_the_rounds(tmp_path):
     assert not any("listening on" in e["event"] for e in lines)  # said once, on stdout
     assert procs["a"].stdout is not None
     assert procs["a"].stdout.read().count("listening on") == 1  # the metrics line was read before
+
+
+@pytest.mark.slow
+def test_the_aggregator_serves_the_global_models_accuracy(tmp_path):
+    ids = ["a", "b"]
+    fed = federation_file(tmp_path, ids, rounds=12, graph="complete",
+                          extra='[aggregator]\nstrategy = "fedavg"\ndeadline_s = 60\n')
+    ready = tmp_path / "agg.addr"
+    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
+                            "127.0.0.1:0", "--insecure", "--metrics-port", "0", "--ready-file", str(ready)],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        url = metrics_url(agg)
+        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
+        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
+        seen: dict = {}
+
+        def a_round() -> bool:
+            seen.update(scrape(url))
+            return total(seen, "flmesh_rounds_completed_total", node="aggregator") >= 1
+
+        wait_until(a_round, timeout=240, interval=0.2)
+        assert 0 < total(seen, "flmesh_accuracy", node="aggregator") <= 1
+        assert not any(n == "flmesh_train_loss" for n, _ in seen)  # nodes train; the aggregator does not
+        assert agg.wait(timeout=300) == 0
+    finally:
+        for proc in [agg, *procs.values()]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
 
 
 def test_metrics_count_calls_retries_and_phases_per_peer():
