@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from flmesh.coordinator.sim_console import columns, final_table, header, key, pct, round_line, title
@@ -107,13 +108,14 @@ joining_clients = 2
 """
 
 
-def test_a_rewind_target_without_data_yet_is_a_note_in_the_row_not_a_warning(tmp_path):
+@pytest.mark.parametrize("transport", [[], ["--transport", "grpc", "--tls"]], ids=["memory", "grpc"])
+def test_a_rewind_target_without_data_yet_is_a_note_in_the_row_not_a_warning(tmp_path, transport):
     # node0 rewinds to node3 ("previous" on the ring), which joins only in task 1
     fed = tmp_path / "cont.toml"
     fed.write_text(CONTINUAL)
     out = tmp_path / "run"
-    done = subprocess.run([FL_SIM, str(fed), "--no-pictures", "--out", str(out)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([FL_SIM, str(fed), "--no-pictures", "--out", str(out), *transport],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     printed = done.stdout + done.stderr
     assert "WARNING" not in printed and "Rewind asks" not in printed, printed
