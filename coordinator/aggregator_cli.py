@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         _lock = lock_folder(out)  # held until the process exits: one process per state folder
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
-        ops = start_ops(args, "aggregator")
+        ops = start_ops(args, "aggregator", run=out.name)
         if ops.metrics is not None:
             aggregator.core.metrics = ops.metrics
         done = restore(aggregator, out) if args.resume else 0
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             # the most any one client has released (each client's epsilon is its own budget)
             spent = max(row.privacy_spent.values()) if row.privacy_spent else None
             ops.metrics.round_done(row.round, 0, spent)
+            ops.metrics.learned(row.accuracy, None)
         if ops.board is not None:
             ops.board.scalars(row.round, row_scalars(row))
 

@@ -31,7 +31,24 @@ def title(fed: Federation, out_dir: Path | str) -> str:
             f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {out_dir}")
 
 
+def key(fed: Federation) -> str:
+    """One line that says what the columns of :func:`header` mean and which way is better."""
+    if fed.aggregator is not None:
+        return ("acc: the global model's accuracy on the nodes' test splits (higher is better); "
+                "F_t: its mean per-class drop since the previous round; F_k: the mean drop on the "
+                "other participants' splits caused by each one's local training (both lower is better)")
+    m = fed.metric
+    return (f"FA: mean {m} of every model on every node's test split (higher is better); "
+            f"FF: their standard deviation, how unevenly the models serve the nodes (lower is "
+            f"better); PFA: mean {m} of each model on its own node's split (higher is better)")
+
+
 def header(fed: Federation) -> str:
+    """The key (:func:`key`, dimmed markup) over the column names of :func:`round_line`."""
+    return f"[not bold dim]{escape(key(fed))}[/]\n" + columns(fed)
+
+
+def columns(fed: Federation) -> str:
     """The column names of :func:`round_line`."""
     if fed.aggregator is not None:
         line = f"{'round':>5}  {'acc %':>6}  {'F_t %':>6}  {'F_k %':>6}  {'updates':>7}  {'s':>6}"

@@ -107,7 +107,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
             if plan.tensorboard is not None:
                 from flmesh.node.observe import Board
 
-                board = Board(plan.tensorboard)
+                board = Board(plan.tensorboard, Path(out).name, fresh=not plan.resume)
         except bad_input:
             if started is not None:  # the servers started so far
                 started.close()

@@ -32,7 +32,8 @@ def add_ops_options(p: argparse.ArgumentParser) -> None:
                    help="serve Prometheus /metrics on PORT of 127.0.0.1 (0 picks a port), or of HOST; with "
                    "--tls-* over HTTPS, asking for a client certificate from the federation CA")
     g.add_argument("--tensorboard", type=Path, metavar="DIR",
-                   help="write per-round metrics for TensorBoard here (needs flmesh[tensorboard])")
+                   help="write per-round metrics for TensorBoard into a subfolder of DIR named by the run "
+                        "(needs flmesh[tensorboard])")
 
 
 @dataclass
@@ -79,11 +80,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def start_ops(args: argparse.Namespace, identity: str) -> Ops:
+def start_ops(args: argparse.Namespace, identity: str, run: str | None = None) -> Ops:
     """Start what the flags ask for. The metrics endpoint is HTTPS with mTLS when ``--tls-*`` are
-    given (checked before by :func:`~flmesh.node.cli_tls.tls_from_args`). Raises OSError (one
-    line) when the metrics endpoint cannot be bound, ValueError for a bad ``--metrics-port``,
-    MissingExtra without tensorboard."""
+    given (checked before by :func:`~flmesh.node.cli_tls.tls_from_args`). The TensorBoard folder
+    is ``--tensorboard``'s subfolder ``run`` (default: the ``--out`` folder's name, else
+    ``identity``). Raises OSError (one line) when the metrics endpoint cannot be bound,
+    ValueError for a bad ``--metrics-port``, MissingExtra without tensorboard."""
     ops = Ops()
     if args.metrics_port is not None:
         host, port = metrics_endpoint(str(args.metrics_port))
@@ -108,7 +110,9 @@ def start_ops(args: argparse.Namespace, identity: str) -> Ops:
     if args.tensorboard is not None:
         from flmesh.node.observe import Board
 
-        ops.board = Board(args.tensorboard)
+        out = getattr(args, "out", None)
+        name = run or (Path(out).name if out else identity)
+        ops.board = Board(args.tensorboard, name, fresh=not getattr(args, "resume", False))
     return ops
 
 

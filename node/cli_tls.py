@@ -54,4 +54,17 @@ def tls_from_args(args: argparse.Namespace, identity: str, listen: str) -> Tls |
     tls, warnings = load_tls(args.tls_ca, args.tls_cert, args.tls_key, expected_id=identity)
     for warning in warnings:
         log.warning("%s", warning)
+    subject, fingerprint = ca_fingerprint(tls.ca_pem)
+    log.info("mTLS on: %s authenticates peers against the CA %s (SHA-256 %s, %s)", identity, subject,
+             fingerprint, args.tls_ca)
     return tls
+
+
+def ca_fingerprint(ca_pem: bytes) -> tuple[str, str]:
+    """The (first) CA certificate's subject (RFC 4514) and its SHA-256 fingerprint as colon-
+    separated hex, what ``openssl x509 -fingerprint -sha256`` prints, for comparing CAs by eye."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    cert = x509.load_pem_x509_certificate(ca_pem)
+    return cert.subject.rfc4514_string(), cert.fingerprint(hashes.SHA256()).hex(":").upper()

@@ -31,7 +31,7 @@ from flmesh.node.learning.optimizers import (
     optimizer_state,
 )
 from flmesh.node.learning.trainer import TrainingStopped, evaluate, steps_for, train
-from flmesh.node.local_training import rewind_training
+from flmesh.node.local_training import NO_DATA_YET, rewind_training
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
 from flmesh.topology import TrainingConfig
@@ -266,6 +266,8 @@ class NodeHandlers:
         largest = self.ctx.data.largest_share or len(self.ctx.data.train) * len(fed.nodes)
         batch = min(n.training.batch_size for n in fed.nodes)
         max_steps = math.ceil(fed.rewind.lam * steps_for(max_epochs / fed.rewind.lam, largest, batch)) + 1
+        if (epochs > max_epochs + 1e-9 or steps > max_steps) and not len(self.ctx.data.train):
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {NO_DATA_YET}")  # not joined yet
         if epochs > max_epochs + 1e-9 or steps > max_steps:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind asks for more than this federation's "
                           f"rewind phase ({max_steps} steps, {max_epochs:g} epochs): got steps {steps}, "

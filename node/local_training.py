@@ -8,7 +8,8 @@ many as a round without rewind. The three phases are one local run (Eq. 2
 trains one model): one optimizer carries its state (momentum, Adam's moments)
 from phase to phase, and travels to the target with the model, whose phase
 uses the sender's optimizer settings and sends the state back. An unreachable
-target's λS steps are trained locally and noted.
+target's λS steps are trained locally and noted, as are those of a target that
+holds no training data yet (a continual client before it joins), which refuses.
 
 Blocking; called from the node's round loop only (not thread-safe for one node).
 """
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from flmesh.node.errors import PeerError
 from flmesh.node.format.codec import MetaValue, ModelMeta, encode
 from flmesh.node.learning.objectives import Regularizer
 from flmesh.node.learning.optimizers import (
@@ -81,11 +83,22 @@ def train_local(ctx: RoundContext, round: int, phase: int, regularizers: Sequenc
             ctx.links.metrics.phase("train", time.monotonic() - started)
 
 
+#: How a rewind target without training data (a continual client before it joins) refuses; the
+#: sender notes it in the round's row rather than warning: nothing is wrong.
+NO_DATA_YET = "holds no training data yet"
+
+
+def holds_no_data(exc: PeerError) -> bool:
+    """Whether a failed Rewind is the refusal of a target that holds no training data yet."""
+    return exc.code == "FAILED_PRECONDITION" and exc.details.endswith(NO_DATA_YET)
+
+
 def rewind_on(ctx: RoundContext, target: str, round: int, steps: int,
               optimizer: torch.optim.Optimizer) -> int | None:
     """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
     continuing ``optimizer``, and sends both back; they replace the node's. The steps it
-    trained, or None (logged) when it cannot be reached."""
+    trained, or None (logged) when it cannot be reached. Raises PeerError when the target
+    holds no training data yet (:func:`holds_no_data`)."""
     ctx.activity.set_state("rewinding", target)
     with ctx.model.lock:
         state = {**ctx.model.state_dict(), **optimizer_state(optimizer, ctx.model.module)}
@@ -96,7 +109,8 @@ def rewind_on(ctx: RoundContext, target: str, round: int, steps: int,
     message = encode(state, meta, ctx.settings.wire)
     back = ctx.links.calls.call(target, "rewind to", round, lambda: ctx.links.transport.rewind(
         target, message, steps, round, ctx.settings.node_id, expected=spec,
-        max_bytes=ctx.settings.max_model_bytes, timeout=ctx.settings.round_timeout_s))
+        max_bytes=ctx.settings.max_model_bytes, timeout=ctx.settings.round_timeout_s),
+        expected=holds_no_data)
     if back is None:
         return None
     model_part = {k: v for k, v in back.state_dict.items() if k in ctx.model.spec}
@@ -121,10 +135,14 @@ def train_round(ctx: RoundContext, round: int, target: str | None, notes: list[s
     with ctx.model.lock:
         optimizer = make_optimizer(ctx.model.module, ctx.settings.training)
     phases = [train_local(ctx, round, 0, regularizers, steps=first, optimizer=optimizer)]
-    remote = rewind_on(ctx, target, round, middle, optimizer) if middle > 0 else 0
+    failed = f"rewind to {target} failed"
+    try:
+        remote = rewind_on(ctx, target, round, middle, optimizer) if middle > 0 else 0
+    except PeerError:  # the target holds no data yet (holds_no_data)
+        remote, failed = None, f"rewind: {target} {NO_DATA_YET}"
     rewound_to = target if remote is not None else None
     if remote is None:
-        notes.append(f"rewind to {target} failed; trained its {middle} steps locally")
+        notes.append(f"{failed}; trained its {middle} steps locally")
         phases.append(train_local(ctx, round, 1, regularizers, steps=middle, optimizer=optimizer))
     phases.append(train_local(ctx, round, 2, regularizers, steps=last, optimizer=optimizer))
     seen = sum(p.samples for p in phases)

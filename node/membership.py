@@ -57,7 +57,7 @@ def wait_for_peers(transport: PeerTransport, me: str, federation: str, architect
             if not exc.retryable:
                 raise
             return False
-        log.info("%s: %s answered", me, peer)
+        log.info("%s answered", peer, extra={"peer": peer})  # the log prefix names this node
         return True
 
     return poll_until(needed, answered, timeout, stop, clock, refresh)

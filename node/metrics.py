@@ -60,6 +60,10 @@ class Metrics:
         self.inbox = Gauge("flmesh_inbox_depth", "Models waiting in the inbox", label, registry=r)
         self.privacy = Gauge("flmesh_privacy_spent_epsilon", "Epsilon released so far (DP replay)", label,
                              registry=r)
+        self.accuracy = Gauge("flmesh_accuracy", "The last round's accuracy (a node: its model on its "
+                              "own test split; the aggregator: the global model)", label, registry=r)
+        self.train_loss = Gauge("flmesh_train_loss", "The last round's mean training loss", label,
+                                registry=r)
         self.seconds = Histogram("flmesh_seconds", "Time spent, by phase (train, evaluate, transfer, "
                                  "round)", [*label, "phase"], buckets=BUCKETS, registry=r)
 
@@ -86,6 +90,14 @@ class Metrics:
         self.inbox.labels(self.node).set(inbox)
         if privacy is not None:
             self.privacy.labels(self.node).set(privacy)
+
+    def learned(self, accuracy: float | None, train_loss: float | None) -> None:
+        """The last round's accuracy (a fraction) and mean training loss; None leaves a gauge at
+        its previous value (a round the node sat out, an aggregator's loss)."""
+        if accuracy is not None:
+            self.accuracy.labels(self.node).set(accuracy)
+        if train_loss is not None:
+            self.train_loss.labels(self.node).set(train_loss)
 
     def serve(self, port: int, host: str = "127.0.0.1", *, tls: MetricsTls | None = None) -> Any:
         """Serve ``/metrics`` on ``host:port`` (0 picks a port; default host loopback) from daemon

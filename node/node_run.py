@@ -141,7 +141,8 @@ class NodeRun:
         """Wait for peers, run every round, linger; the exit status (0 or 1)."""
         node, fed = self.node, self.federation
         star = fed.aggregator is not None
-        log.info("listening on %s; waiting for %s", node.address, ", ".join(self.needed) or "nobody")
+        # where it listens is the stdout line of announce(); this says what it waits for
+        log.info("waiting for %s to answer Hello", ", ".join(self.needed) or "nobody")
         silent = wait_for_peers(node.transport, self.node_id, fed.name, node.architecture, self.needed,
                                 self.hello_timeout, node.stop_event, refresh=self.refresh_peers)
         if silent and self.signal is None:
@@ -205,6 +206,8 @@ class NodeRun:
                        bytes_by_kind={"sent": report.bytes_sent, "received": report.bytes_received},
                        wall_s=round(report.wall_s, 4), notes=list(report.notes))
         self.writer.write_round(row)
+        if self.ops.metrics is not None:
+            self.ops.metrics.learned(entry.accuracy, entry.train_loss)
         if self.ops.board is not None:
             self.ops.board.scalars(report.round, row_scalars(row))
         _log_round(report, self.federation.rounds)

@@ -5,7 +5,8 @@
   ``peer``, ``event``; ``round`` and ``peer`` when the line is about one), at
   ``--log-level``. Log calls give the round and peer as ``extra``.
 - :class:`Board`: ``--tensorboard DIR`` writes each round's metrics through
-  ``torch.utils.tensorboard`` (the ``flmesh[tensorboard]`` extra).
+  ``torch.utils.tensorboard`` (the ``flmesh[tensorboard]`` extra), each run in
+  its own subfolder of DIR, so TensorBoard shows runs sent to one DIR side by side.
 
 Thread-safe as the logging module and SummaryWriter are.
 """
@@ -54,20 +55,35 @@ def setup_logging(node: str, level: str, fmt: str, prefix: str) -> None:
     root.setLevel(level)
 
 
-class Board:
-    """Per-round scalars in a TensorBoard log folder. ``close`` when done."""
+def run_folder(root: Path, run: str, fresh: bool) -> Path:
+    """``root/run``; when ``fresh`` and that folder already holds files, the first free
+    ``root/run-2``, ``root/run-3``, ... (a new run never appends its steps to another run's; a
+    resumed one, not ``fresh``, goes on in its own)."""
+    folder = Path(root) / run
+    n = 1
+    while fresh and folder.is_dir() and any(folder.iterdir()):
+        n += 1
+        folder = Path(root) / f"{run}-{n}"
+    return folder
 
-    def __init__(self, folder: Path):
-        """Raises OSError (one line naming ``--tensorboard``) when ``folder`` cannot be made, and
-        MissingExtra without the tensorboard package."""
+
+class Board:
+    """Per-round scalars of one run in its own TensorBoard log folder (``folder``). ``close``
+    when done."""
+
+    def __init__(self, root: Path, run: str, *, fresh: bool = True):
+        """Write into :func:`run_folder` (``root``: the ``--tensorboard`` folder; ``run``: the
+        run's name, its results folder's). Raises OSError (one line naming ``--tensorboard``)
+        when the folder cannot be made, and MissingExtra without the tensorboard package."""
         from flmesh.node.learning.extras import require
 
-        try:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OSError(f"--tensorboard {folder}: cannot make the folder: {exc.strerror or exc}") from None
         tensorboard = require("torch.utils.tensorboard", "tensorboard", "--tensorboard")
-        self.writer: Any = tensorboard.SummaryWriter(log_dir=str(folder))
+        self.folder = run_folder(root, run, fresh)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"--tensorboard {root}: cannot make {self.folder}: {exc.strerror or exc}") from None
+        self.writer: Any = tensorboard.SummaryWriter(log_dir=str(self.folder))
 
     def scalars(self, round: int, values: dict[str, float | None]) -> None:
         """``values`` (name -> number, None skipped) at step ``round``."""

@@ -40,9 +40,11 @@ class PeerCalls:
             dead = peer in self._unreachable
         return min(self.round_timeout_s, DEAD_PEER_RETRY_S) if dead else self.round_timeout_s
 
-    def call(self, peer: str, what: str, round: int, fn: Callable[[], T]) -> T | None:
+    def call(self, peer: str, what: str, round: int, fn: Callable[[], T],
+             expected: Callable[[PeerError], bool] | None = None) -> T | None:
         """``fn()`` with retries and backoff while ``peer`` may come back; None (logged) when it
-        stays unreachable. Blocks up to the retry window."""
+        stays unreachable. A failure ``expected`` matches is raised instead of logged: the caller
+        reports it its own way. Blocks up to the retry window."""
         try:
             on_retry = (lambda _exc: metrics.retry(peer)) if (metrics := self.metrics) is not None else None
             result = with_retry(fn, self.retry_window(peer), clock=self.clock, stop=self.stop,
@@ -50,6 +52,8 @@ class PeerCalls:
         except PeerError as exc:
             with self._lock:
                 self._unreachable.add(peer)
+            if expected is not None and expected(exc):
+                raise
             log.warning("%s: round %d: %s %s failed: %s", self.me, round, what, peer, exc,
                         extra={"round": round, "peer": peer})
             return None

@@ -4,7 +4,9 @@ lines, TensorBoard event files, and the run tools (fl-sim report / compare)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import logging
 import socket
 import ssl
 import subprocess
@@ -17,12 +19,13 @@ import pytest
 from flmesh.coordinator import run_tools
 from flmesh.coordinator.sim_cli import main as sim_main
 from flmesh.node.cli_ops import metrics_endpoint, start_ops
+from flmesh.node.cli_tls import tls_from_args
 from flmesh.node.metrics import Metrics
-from flmesh.node.observe import JsonFormatter
+from flmesh.node.observe import Board, JsonFormatter
 from flmesh.node.wire.certs import federation_pki
 
 from conftest import wait_until
-from procs import federation_file, launch, metrics_url, scrape, total
+from procs import FL_NODE, federation_file, launch, metrics_url, scrape, total
 
 FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
 
@@ -56,6 +59,8 @@ def test_node_metrics_are_served_over_http_and_move_with_the_rounds(tmp_path):
         assert total(later, "flmesh_transfers_total", node="a", status="OK") > 0
         assert total(later, "flmesh_seconds_count", node="a", phase="train") >= 2
         assert total(later, "flmesh_seconds_count", node="a", phase="round") >= 2
+        assert 0 < total(later, "flmesh_accuracy", node="a") <= 1  # the last round's, on its own split
+        assert total(later, "flmesh_train_loss", node="a") > 0
         for proc in procs.values():
             assert proc.wait(timeout=300) == 0
     finally:
@@ -69,6 +74,43 @@ def test_node_metrics_are_served_over_http_and_move_with_the_rounds(tmp_path):
     assert {"time", "level", "node", "round", "peer", "event"} <= set(lines[0])
     assert all(entry["node"] == "a" for entry in lines)
     assert any(entry["round"] is not None for entry in lines), "no line names its round"
+    # the prefix names the node once ("fl-node a: c answered", not "a: c answered")
+    answered = [e for e in lines if e["event"].endswith(" answered")]
+    assert answered and all(e["event"] == f"{e['peer']} answered" for e in answered)
+    assert not any("listening on" in e["event"] for e in lines)  # said once, on stdout
+    assert procs["a"].stdout is not None
+    assert procs["a"].stdout.read().count("listening on") == 1  # the metrics line was read before
+
+
+@pytest.mark.slow
+def test_the_aggregator_serves_the_global_models_accuracy(tmp_path):
+    ids = ["a", "b"]
+    fed = federation_file(tmp_path, ids, rounds=12, graph="complete",
+                          extra='[aggregator]\nstrategy = "fedavg"\ndeadline_s = 60\n')
+    ready = tmp_path / "agg.addr"
+    agg = subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--listen",
+                            "127.0.0.1:0", "--insecure", "--metrics-port", "0", "--ready-file", str(ready)],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        url = metrics_url(agg)
+        wait_until(lambda: ready.exists() or agg.poll() is not None, timeout=120)
+        procs = launch(tmp_path, fed, ids, "--aggregator", ready.read_text().strip())
+        seen: dict = {}
+
+        def a_round() -> bool:
+            seen.update(scrape(url))
+            return total(seen, "flmesh_rounds_completed_total", node="aggregator") >= 1
+
+        wait_until(a_round, timeout=240, interval=0.2)
+        assert 0 < total(seen, "flmesh_accuracy", node="aggregator") <= 1
+        assert not any(n == "flmesh_train_loss" for n, _ in seen)  # nodes train; the aggregator does not
+        assert agg.wait(timeout=300) == 0
+    finally:
+        for proc in [agg, *procs.values()]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
 
 
 def test_metrics_count_calls_retries_and_phases_per_peer():
@@ -80,6 +122,9 @@ def test_metrics_count_calls_retries_and_phases_per_peer():
     m.call("n2", "Deliver", "UNAVAILABLE", 0.1)
     m.retry("n2")
     m.round_done(3, inbox=2, privacy=0.5)
+    unset = scrape(url)
+    m.learned(0.75, 0.5)
+    m.learned(None, 0.25)  # a round without an accuracy keeps the last one
     after = scrape(url)
     server.shutdown()
     assert total(before, "flmesh_transfers_total") == 0
@@ -91,6 +136,9 @@ def test_metrics_count_calls_retries_and_phases_per_peer():
     assert total(after, "flmesh_inbox_depth") == 2
     assert total(after, "flmesh_privacy_spent_epsilon") == 0.5
     assert total(after, "flmesh_seconds_count", phase="transfer") == 2
+    assert not {n for n, _ in unset} & {"flmesh_accuracy", "flmesh_train_loss"}  # none before a round
+    assert total(after, "flmesh_accuracy", node="n1") == 0.75
+    assert total(after, "flmesh_train_loss", node="n1") == 0.25
 
 
 def page(url: str) -> bytes:
@@ -102,6 +150,22 @@ def ops_args(metrics_port: str, tls: dict[str, Path] | None = None) -> argparse.
     files = tls or {}
     return argparse.Namespace(metrics_port=metrics_port, tensorboard=None, tls_ca=files.get("ca"),
                               tls_cert=files.get("cert"), tls_key=files.get("key"))
+
+
+def test_each_tensorboard_run_gets_its_own_folder_and_a_resumed_one_goes_on_in_its_own(tmp_path):
+    pytest.importorskip("torch.utils.tensorboard")
+    boards = [Board(tmp_path, "run"), Board(tmp_path, "run"), Board(tmp_path, "run", fresh=False)]
+    for round, board in enumerate(boards, 1):
+        board.scalars(round, {"federation/FA": 0.5})
+        board.close()
+    assert [b.folder.name for b in boards] == ["run", "run-2", "run"]
+    args = argparse.Namespace(metrics_port=None, tensorboard=tmp_path / "tb", out=tmp_path / "runs" / "x")
+    ops = start_ops(args, "n1")
+    assert ops.board is not None and ops.board.folder == tmp_path / "tb" / "x"
+    ops.board.close()
+    named = start_ops(argparse.Namespace(metrics_port=None, tensorboard=tmp_path / "tb"), "n1", run="agg")
+    assert named.board is not None and named.board.folder == tmp_path / "tb" / "agg"
+    named.board.close()
 
 
 def test_metrics_bind_to_loopback_unless_an_address_is_given(caplog):
@@ -147,6 +211,18 @@ def test_a_bad_metrics_address_is_one_line(value, message):
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert metrics_endpoint("[::1]:9100") == ("::1", 9100)
     assert metrics_endpoint("9100") == ("127.0.0.1", 9100)
+
+
+def test_a_process_with_mtls_logs_its_ca_subject_and_fingerprint(tmp_path, caplog):
+    node = federation_pki(tmp_path, ["n1"], name="test CA")["n1"]
+    args = argparse.Namespace(tls_ca=node.ca, tls_cert=node.cert, tls_key=node.key, insecure=False)
+    with caplog.at_level(logging.INFO, logger="flmesh.node"):
+        assert tls_from_args(args, "n1", "127.0.0.1:0") is not None
+    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(node.ca.read_text())).hexdigest().upper()
+    fingerprint = ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mTLS on")]
+    assert lines == [f"mTLS on: n1 authenticates peers against the CA CN=test CA (SHA-256 {fingerprint}, "
+                     f"{node.ca})"]
 
 
 def test_with_tls_metrics_are_https_and_ask_for_a_federation_certificate(tmp_path):
@@ -206,14 +282,18 @@ hidden = [16]
 def test_tensorboard_report_and_compare(tmp_path, capsys):
     board = tmp_path / "tb"
     one = quick_run(tmp_path, "one", "--tensorboard", str(board))
-    two = quick_run(tmp_path, "two", "--set", "training.lr=0.2")
-    events = list(board.glob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
+    two = quick_run(tmp_path, "two", "--set", "training.lr=0.2", "--tensorboard", str(board))
+    # two runs sent to one DIR: one TensorBoard run each, named by its results folder
+    assert sorted(p.name for p in board.iterdir()) == ["one", "two"]
+    assert not list(board.glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(board))
-    acc.Reload()
-    assert [e.step for e in acc.Scalars("federation/FA")] == [1, 2, 3]
+    for run in ("one", "two"):
+        events = list((board / run).glob("events.out.tfevents.*"))
+        assert len(events) == 1 and events[0].stat().st_size > 0
+        acc = EventAccumulator(str(board / run))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("federation/FA")] == [1, 2, 3]
 
     (one / "accuracy.png").unlink()
     capsys.readouterr()

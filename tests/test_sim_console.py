@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from flmesh.coordinator.sim_console import final_table, header, pct, round_line, title
-from flmesh.node.results import Final, NodeRound, RoundRow, Summary
+from flmesh.coordinator.sim_console import columns, final_table, header, key, pct, round_line, title
+from flmesh.node.results import Final, NodeRound, RoundRow, Summary, read_rows
 from flmesh.topology import parse_federation
 
 from conftest import tiny_raw
+
+FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
 
 
 def _peer():
@@ -25,13 +31,25 @@ def _star():
 def test_a_round_line_sits_under_its_header_in_both_kinds():
     peer = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=None, wall_s=1.234,
                     nodes={"a": NodeRound("a", 1, missing="b"), "b": NodeRound("b", 1)})
-    assert header(_peer()) == "round    FA %    FF %   PFA %  missing       s"
+    assert columns(_peer()) == "round    FA %    FF %   PFA %  missing       s"
     assert round_line(peer) == "    1   50.00   25.00       -        1    1.23"
     star = RoundRow(2, "star", "fl-sim", accuracy=0.875, global_forgetting=0.0, selected=["a", "b"],
                     received=["a"], wall_s=0.5, task=1, task_accuracy=[0.5, None])
-    assert header(_star()) == "round   acc %   F_t %   F_k %  updates       s"
+    assert columns(_star()) == "round   acc %   F_t %   F_k %  updates       s"
     assert round_line(star) == "    2   87.50    0.00       -      1/2    0.50     1  50.00 -"
-    assert len(header(_peer())) == len(round_line(peer))  # the columns line up
+    assert len(columns(_peer())) == len(round_line(peer))  # the columns line up
+
+
+def test_the_header_keys_the_metrics_and_which_way_is_better():
+    peer = key(_peer())
+    assert "\n" not in peer
+    assert "FA: mean accuracy of every model on every node's test split (higher is better)" in peer
+    assert "FF: their standard deviation, how unevenly the models serve the nodes (lower is better)" in peer
+    assert "PFA: mean accuracy of each model on its own node's split (higher is better)" in peer
+    assert "F_t:" in key(_star()) and "lower is better" in key(_star())
+    out = io.StringIO()
+    Console(file=out, width=400).print(header(_peer()), style="bold")
+    assert out.getvalue().splitlines() == [peer, columns(_peer())]  # the key, then the columns
 
 
 def test_the_title_names_the_kind_and_the_results_folder():
@@ -57,3 +75,51 @@ def test_the_final_table_has_each_kinds_columns_and_none_without_a_round():
     summary.kind, summary.final, summary.mean_global_forgetting = "star", Final(2, accuracy=0.9), 0.02
     text = _rendered(final_table(_star(), summary))
     assert "accuracy %" in text and "mean F_t %" in text and "90.00" in text and "2.00" in text
+
+
+CONTINUAL = """
+[federation]
+name = "cont"
+seed = 3
+rounds = 4
+round_timeout_s = 20
+[topology]
+nodes = 4
+graph = "complete"
+schedule = "cwt"
+[rewind]
+mode = "previous"
+lambda = 0.1
+[training]
+epochs = 1
+batch_size = 16
+lr = 0.05
+[data]
+dataset = "digits"
+[model]
+name = "mlp"
+hidden = [16]
+[tasks]
+scenario = "novel_inputs"
+tasks = 2
+rounds_per_task = 2
+initial_clients = 2
+joining_clients = 2
+"""
+
+
+@pytest.mark.parametrize("transport", [[], ["--transport", "grpc", "--tls"]], ids=["memory", "grpc"])
+def test_a_rewind_target_without_data_yet_is_a_note_in_the_row_not_a_warning(tmp_path, transport):
+    # node0 rewinds to node3 ("previous" on the ring), which joins only in task 1
+    fed = tmp_path / "cont.toml"
+    fed.write_text(CONTINUAL)
+    out = tmp_path / "run"
+    done = subprocess.run([FL_SIM, str(fed), "--no-pictures", "--out", str(out), *transport],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout + done.stderr
+    assert "WARNING" not in printed and "Rewind asks" not in printed, printed
+    rows = read_rows(out / "rounds.jsonl")
+    node0 = rows[1]["nodes"]["node0"]
+    assert node0["notes"] == ["rewind: node3 holds no training data yet; trained its 4 steps locally"]
+    assert node0["rewound_to"] is None
