@@ -86,6 +86,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     from flmesh.node.errors import PeerError, UnknownPeerError
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars
+    from flmesh.node.state_file import LOCK, lock_folder
     from flmesh.topology import FederationError
 
     console, err, fed, out = plan.console, plan.err, plan.federation, plan.out
@@ -93,6 +94,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     board: Board | None = None
     try:
         made = writable_folder(out, plan.out_label)
+        lock = lock_folder(out)  # one fl-sim per run folder: a second --resume is refused
         started: Simulation | None = None
         try:
             sim = started = Simulation(fed, out, transport=plan.transport,
@@ -111,8 +113,10 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         except bad_input:
             if started is not None:  # the servers started so far
                 started.close()
+            lock.close()
             if made:  # no run, no empty results folder left behind
                 with contextlib.suppress(OSError):
+                    (out / LOCK).unlink()
                     out.rmdir()
             raise
     except bad_input as exc:
@@ -157,6 +161,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         code = 1
     finally:
         sim.close()
+        lock.close()
         if board is not None:
             board.close()
         signal.signal(signal.SIGTERM, previous)

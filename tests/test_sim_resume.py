@@ -233,3 +233,25 @@ def test_a_replay_federation_is_not_checkpointed_and_resume_says_why(tmp_path, c
     assert main(["--resume", str(out)]) == 2
     assert capsys.readouterr().err == (f"fl-sim: error: --resume {out}: a federation with [replay] cannot be "
                                        "resumed (its replay buffer is held in memory only); run it again\n")
+
+
+def test_a_run_folder_in_use_is_refused(tmp_path, capsys, monkeypatch):
+    """One fl-sim per run folder: while another process holds it (its lock), a resume there is
+    one line, exit 2, and nothing in the folder changes."""
+    from flmesh.node.state_file import lock_folder
+
+    fed = tmp_path / "fed.toml"
+    fed.write_text(REWIND)
+    run = tmp_path / "run"
+    interrupt_after(monkeypatch, 1)
+    assert main([str(fed), "--out", str(run), "--no-pictures", "--checkpoint-every", "1"]) == 130
+    before = (run / "rounds.jsonl").read_text()
+    capsys.readouterr()
+    held = lock_folder(run)  # as a running fl-sim (or fl-node) holds it
+    try:
+        assert main(["--resume", str(run), "--no-pictures"]) == 2
+    finally:
+        held.close()
+    err = capsys.readouterr().err
+    assert err == f"fl-sim: error: {run}: in use by another process (it holds {run / '.lock'})\n"
+    assert (run / "rounds.jsonl").read_text() == before
