@@ -284,7 +284,7 @@ def test_a_node_whose_checkpoint_cannot_be_written_exits_1_in_one_line(tmp_path,
     assert procs["a"].returncode == 1, err[-3000:]
     assert "Traceback" not in err
     out = tmp_path / "runs" / "procs-a"
-    said = [line for line in err.splitlines() if "error:" in line]
+    said = [line for line in err.splitlines() if line.startswith("fl-node a: error:")]
     full = f"runs/procs-a/{CHECKPOINT}: cannot write: No space left on device"
     assert said == [f"fl-node a: error: {full}"], err
     rows, summary = read_results(out)
