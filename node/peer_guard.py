@@ -43,9 +43,13 @@ class DistanceGuard:
         self._initial = initial
         self._m0: Tensors | None = None
 
+    @property
+    def enabled(self) -> bool:
+        return self.multiple > 0
+
     def check(self, own: Tensors, received: Tensors, sender: str) -> str | None:
         """None to accept ``received``, or the note that refuses it."""
-        if self.multiple <= 0:
+        if not self.enabled:
             return None
         if self._m0 is None:
             self._m0 = self._initial()
