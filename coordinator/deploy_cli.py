@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "compose, Kubernetes (kustomize) or systemd.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     helps = {"compose": "a compose file: one container per node (+ the aggregator), a private network",
-             "k8s": "Kubernetes: a StatefulSet and headless Service, kustomize layout",
+             "k8s": "Kubernetes: a StatefulSet per process behind a headless Service, each pod with only "
+                     "its own Secret; kustomize layout",
              "systemd": "one hardened systemd unit per process and machine"}
     for name, text in helps.items():
         p = sub.add_parser(name, help=text, description=text)
@@ -71,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     compose.add_argument("--uid", type=int, help="the user id the containers run as and that owns certs/ and "
                          f"state/ (default: {IMAGE_UID}, the image's user, when run as root; else yours)")
     k8s = sub.choices["k8s"]
-    k8s.add_argument("--name", help="name of the StatefulSet, Service and pods (default: the federation's)")
+    k8s.add_argument("--name", help="prefix of the StatefulSets, Services, Secrets and pods (default: the "
+                     "federation's)")
     k8s.add_argument("--namespace", help="namespace for every object (default: kubectl's current one)")
     k8s.add_argument("--storage", default="1Gi", help="each process's volume for checkpoints and results")
     k8s.add_argument("--cpu", default="500m", help="CPU request per process (default 500m)")
@@ -155,7 +157,7 @@ def _compose(args: argparse.Namespace, federation: Federation) -> Plan:
 
 
 def _k8s(args: argparse.Namespace, federation: Federation) -> Plan:
-    from flmesh.coordinator.deploy_k8s import addresses, default_name, manifests, node_ids_file
+    from flmesh.coordinator.deploy_k8s import ID_ANNOTATION, addresses, default_name, manifests
 
     _check_common(args)
     for flag in ("storage", "cpu", "memory"):
@@ -172,10 +174,13 @@ def _k8s(args: argparse.Namespace, federation: Federation) -> Plan:
                      storage=args.storage, cpu=args.cpu, memory=args.memory, namespace=args.namespace,
                      extra_config=(graph.name,) if graph else ())
     for file_name, doc in docs.items():
-        plan.files[file_name] = _yaml(doc, f"fl-deploy k8s: {file_name}")
-    plan.files["node-ids"] = node_ids_file(federation)
+        process = doc.get("metadata", {}).get("annotations", {}).get(ID_ANNOTATION)
+        title = f"fl-deploy k8s: {file_name}" + (f" ({process})" if process else "")
+        plan.files[file_name] = _yaml(doc, title)
+    own = "" if args.insecure else f", which mounts only its own Secret {name}-i-tls"
     plan.next_steps = ("apply it: kubectl apply -k {out}   (render it without a cluster: kubectl kustomize "
-                       f"{{out}}); the nodes run in pods {name}-0..{name}-{len(federation.nodes) - 1}")
+                       f"{{out}}); node i of the file runs in pod {name}-i-0 of the StatefulSet "
+                       f"{name}-i{own}")
     return plan
 
 
