@@ -121,6 +121,8 @@ def addresses(federation: Federation, name: str, port: int) -> dict[str, str]:
 def _labels(name: str, component: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "flmesh", "app.kubernetes.io/instance": name,
             "app.kubernetes.io/component": component}
+
+
 def _probe(port: int, service: str, tls: bool, finished: bool, period: int, failures: int) -> dict[str, Any]:
     command = ["/opt/flmesh/bin/python", "-m", "flmesh.coordinator.probe", f"127.0.0.1:{port}",
                "--service", service]

@@ -286,6 +286,8 @@ def test_k8s_manifests_validate_strictly_and_render(tmp_path, capsys, kind, tls)
 
     # the files as written (kubectl may be missing: these checks need none)
     for i, (path, node_id) in enumerate(zip(node_files, original.node_ids, strict=True)):
+        assert path.read_text().startswith(f"# fl-deploy k8s: {path.name} ({node_id}). ")
+        assert "&id" not in path.read_text(), "no YAML anchors: each value where it is used"
         sts_doc = yaml_file(path)
         assert sts_doc["metadata"]["name"] == f"{name}-{i}"
         assert sts_doc["metadata"]["annotations"] == {"flmesh/node-id": node_id}

@@ -131,6 +131,7 @@ def test_each_pod_mounts_only_its_own_secret_and_no_secret_holds_the_ca_key(tmp_
     src, out = write(tmp_path, kind), tmp_path / "k8s"
     deploy(capsys, src, out)
     ca = x509.load_pem_x509_certificate((out / "certs" / "ca.pem").read_bytes())
+    assert ca.subject.rfc4514_string() == f"CN=flmesh {load_federation(src).name} CA"
     processes = processes_of(src)
     mounted = audit(generated(out), ca, processes)
     assert mounted == {p: f"fed-{i}-tls" for i, p in enumerate(processes) if p != "aggregator"} | (
