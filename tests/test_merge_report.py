@@ -26,10 +26,11 @@ def node_dir(root: Path, node: str, cross: dict[int, dict[str, float]] | None, *
     writer = RunWriter(out)
     for t in rounds:
         scores = cross[t] if cross is not None else {node: 0.5}
-        entry = NodeRound(node, t, accuracy=scores[node], cross_accuracy=scores if cross is not None else None,
+        entry = NodeRound(node, t, accuracy=scores[node], cross_accuracy=None if cross is None else scores,
                           per_class_correct=[1, 2], per_class_total=[2, 2], privacy_spent=spent)
         writer.write_round(RoundRow(t, kind, "fl-node", nodes={node: entry}))
-    writer.write_summary(Summary(kind, "fl-node", "procs", "fed.toml", seed, len(rounds), 2, False, node=node))
+    writer.write_summary(Summary(kind, "fl-node", "procs", "fed.toml", seed, len(rounds), 2, False,
+                                 node=node))
     return out
 
 
