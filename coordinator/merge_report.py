@@ -63,6 +63,8 @@ class Merged:
     folders: list[NodeFolder]
     gaps: list[str] = field(default_factory=list)  # one line per folder with rounds missing
     cross_eval: bool = True  # every round had every model on the other nodes' splits
+    not_cross: list[str] = field(default_factory=list)  # nodes whose rows lack cross-evaluation
+    pfa_only: list[int] = field(default_factory=list)  # rounds without FA and FF for want of it
     unmatched: list[str] = field(default_factory=list)  # cross-evaluated nodes without a folder
 
 
@@ -106,15 +108,20 @@ def merge(folders: Sequence[NodeFolder], out_dir: Path | None = None) -> Merged:
             merged.gaps.append(f"{f.folder} (node {f.node}): no row for round{'s' if len(lost) > 1 else ''} "
                                + ", ".join(map(str, lost)))
     unmatched: set[str] = set()
+    not_cross: set[str] = set()
     for t in rounds:
         have = [f for f in folders if t in f.rows]
         entries = {f.node: _entry(f, t) for f in have}
         row, cross = _row(t, str(have[0].rows[t].get("metric", "accuracy")), entries)
         row.notes = [f"no row from node {n}" for n in ids if n not in entries]
         merged.cross_eval &= cross
+        if not cross:
+            merged.pfa_only.append(t)
+            not_cross |= {n for n, e in entries.items() if not e.cross_accuracy}
         unmatched |= {c for e in entries.values() for c in e.cross_accuracy or {} if c not in ids}
         merged.rows.append(row)
     merged.unmatched = sorted(unmatched)
+    merged.not_cross = [n for n in ids if n in not_cross]
     _finish(merged.summary, [to_json(r) for r in merged.rows], merged.cross_eval)
     return merged
 
@@ -180,13 +187,13 @@ def _summary(folders: Sequence[NodeFolder], out_dir: Path | None) -> Summary:
     first = folders[0].summary
     return Summary(
         kind="peer", writer="fl-sim", federation=str(first.get("federation")), file=str(first.get("file")),
-        seed=int(first.get("seed", 0)), rounds=0, rounds_planned=int(first.get("rounds_planned", 0)),
+        seed=int(first.get("seed") or 0), rounds=0, rounds_planned=int(first.get("rounds_planned") or 0),
         interrupted=any(bool(f.summary.get("interrupted")) for f in folders),
         config={"nodes": [f.node for f in folders],
                                    "merged_from": [str(f.folder) for f in folders]},
         error="; ".join(f"{f.node}: {f.summary['error']}" for f in folders if f.summary.get("error")) or None,
         missing_peers=sorted({p for f in folders for p in f.summary.get("missing_peers", [])}),
-        wall_s=max(float(f.summary.get("wall_s", 0.0)) for f in folders),
+        wall_s=max(float(f.summary.get("wall_s") or 0.0) for f in folders),
         out_dir=str(out_dir) if out_dir is not None else "")
 
 

@@ -74,7 +74,7 @@ def report_federation(loaded: list[tuple[Path, list[dict[str, Any]], dict[str, A
 
     from flmesh.coordinator.merge_report import merge, node_folders, write_merged
     from flmesh.coordinator.run_tools import RunError, print_table
-    from flmesh.coordinator.sim_console import PRIVACY_KEY, column_names, max_spent, pct, peer_key, round_line
+    from flmesh.coordinator.sim_console import PRIVACY_KEY, column_names, pct, peer_key, round_line
     from flmesh.node.results import to_json
 
     merged = merge(node_folders(loaded), out)
@@ -96,16 +96,21 @@ def report_federation(loaded: list[tuple[Path, list[dict[str, Any]], dict[str, A
     for gap in merged.gaps:
         say(f"missing: {gap}")
     if not merged.cross_eval:
-        say(f"cross-evaluation was off (fl-node without --cross-eval): FA and FF need each model on "
-            f"the other nodes' test splits; PFA is the mean {metric} of each node's model on its own")
+        rounds = "every round has" if len(merged.pfa_only) == len(rows) else (
+            ("rounds " if len(merged.pfa_only) > 1 else "round ") + ", ".join(map(str, merged.pfa_only))
+            + (" have" if len(merged.pfa_only) > 1 else " has"))
+        say(f"cross-evaluation was off for {', '.join(merged.not_cross)} (fl-node without --cross-eval): "
+            f"FA and FF need every model on the other nodes' test splits, so {rounds} only PFA, the "
+            f"mean {metric} of each node's model on its own split")
     if merged.unmatched:
         say(f"no folder for {', '.join(merged.unmatched)}, whose test splits the nodes evaluated on: "
             "FA, FF and PFA cover the given nodes only")
     for f in merged.folders:
         last = f.rows[max(f.rows)]["nodes"].get(f.node, {}) if f.rows else {}
-        spent = max_spent({f.node: last["privacy_spent"]} if last.get("privacy_spent") is not None else None)
-        say(f"{f.node}: {len(f.rows)} rounds, accuracy {pct(last.get('accuracy')).strip()} % after its last"
-            + (f", eps {spent:.2f}" if spent is not None else "") + f"  ({f.folder})")
+        eps = last.get("privacy_spent")
+        say(f"{f.node}: {len(f.rows)} round{'' if len(f.rows) == 1 else 's'}, accuracy "
+            f"{pct(last.get('accuracy')).strip()} % after its last"
+            + (f", eps {eps:.2f}" if eps is not None else "") + f"  ({f.folder})")
     status = "interrupted" if summary.interrupted else "finished"
     print_table([(out.name if out is not None else "merged", to_json(summary))],
                 f"{summary.federation} ({status}, merged)")

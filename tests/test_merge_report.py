@@ -65,7 +65,8 @@ def test_without_cross_evaluation_pfa_is_the_mean_own_accuracy_and_it_says_so(tm
     assert sim_main(["report", *map(str, dirs)]) == 0
     printed = capsys.readouterr().out
     assert "    1       -       -   50.00" in printed, printed
-    assert sum("cross-evaluation was off" in line for line in printed.splitlines()) == 1
+    assert sum(line.startswith("cross-evaluation was off for a, b, c (fl-node without --cross-eval)")
+               and "so every round has only PFA" in line for line in printed.splitlines()) == 1
     assert "a: 2 rounds, accuracy 50.00 %" in printed
 
 
@@ -76,6 +77,8 @@ def test_a_round_missing_in_one_folder_is_named_and_the_round_uses_the_others(tm
     assert sim_main(["report", str(a), str(b), str(c), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"missing: {c} (node c): no row for round 2" in printed
+    assert "cross-evaluation was off for c (fl-node without --cross-eval)" in printed
+    assert "so round 1 has only PFA" in printed
     rows = read_rows(out / "rounds.jsonl")
     assert rows[1]["notes"] == ["no row from node c"] and rows[1]["fa"] == pytest.approx(0.7)
     assert rows[0]["fa"] is None, "round 1: c's model was not cross-evaluated"
