@@ -218,6 +218,14 @@ def _finish(summary: Summary, rows: list[dict[str, Any]], cross_eval: bool) -> N
     summary.bytes_per_round = mean_bytes(rows)
 
 
+def check_out(out: Path) -> None:
+    """RunError (one line) when ``out`` is a file or already holds a run."""
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out}: is a file, expected a folder (existing or to create)")
+    if (out / "rounds.jsonl").exists() or (out / "summary.json").exists():
+        raise RunError(f"--out {out}: already holds a run; choose a new folder")
+
+
 def write_merged(merged: Merged, out: Path) -> list[Path]:
     """Write ``out``/rounds.jsonl and summary.json (a run folder fl-sim reads), the pictures,
     and the replay buffer host's privacy ledger when a folder holds one; the pictures' paths.
@@ -226,10 +234,7 @@ def write_merged(merged: Merged, out: Path) -> list[Path]:
     from flmesh.coordinator.pictures import draw
     from flmesh.coordinator.privacy_picture import privacy_pictures
 
-    if out.exists() and not out.is_dir():
-        raise RunError(f"--out {out}: is a file, expected a folder (existing or to create)")
-    if (out / "rounds.jsonl").exists() or (out / "summary.json").exists():
-        raise RunError(f"--out {out}: already holds a run; choose a new folder")
+    check_out(out)
     merged.summary.out_dir = str(out)
     try:
         writer = RunWriter(out)

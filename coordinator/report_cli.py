@@ -72,11 +72,13 @@ def report_federation(loaded: list[tuple[Path, list[dict[str, Any]], dict[str, A
     from rich.console import Console
     from rich.markup import escape
 
-    from flmesh.coordinator.merge_report import merge, node_folders, write_merged
+    from flmesh.coordinator.merge_report import check_out, merge, node_folders, write_merged
     from flmesh.coordinator.run_tools import RunError, print_table
     from flmesh.coordinator.sim_console import PRIVACY_KEY, column_names, pct, peer_key, round_line
     from flmesh.node.results import to_json
 
+    if out is not None:
+        check_out(out)  # before anything is printed
     merged = merge(node_folders(loaded), out)
     console = Console(highlight=False)
 

@@ -109,8 +109,17 @@ def test_twice_one_node_a_sim_folder_among_nodes_and_out_on_a_run_are_refused(tm
                           ([str(out), "--out", str(tmp_path / "x")], "is a run folder already"),
                           ([str(a), "--out", str(out)], "already holds a run")]:
         assert sim_main(["report", *argv]) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert message in err and len(err.splitlines()) == 1, err
+        printed = capsys.readouterr()
+        err = printed.err.strip()
+        assert message in err and len(err.splitlines()) == 1 and not printed.out, err
+
+
+def test_a_node_cross_evaluated_on_without_a_folder_is_named(tmp_path, capsys):
+    a, _ = _matrix_dirs(tmp_path)
+    assert sim_main(["report", str(a)]) == 0
+    printed = capsys.readouterr().out
+    assert "no folder for b, whose test splits the nodes evaluated on" in printed
+    assert "    2   80.00    0.00   80.00" in printed, printed  # a alone: its own split only
 
 
 def test_dp_spending_becomes_the_eps_column_and_the_privacy_picture(tmp_path, capsys):
