@@ -22,7 +22,6 @@ per process. Every function does blocking file I/O on small files and raises
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,11 +29,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from flmesh.node.wire.cert_build import ISSUER_KEYS, key_pem, make_ca, sign
 from flmesh.node.wire.cert_checks import (
     Identity,
     check_key_matches,
@@ -79,14 +77,6 @@ __all__ = [
 
 #: Longest validity, in days, of a CA or a process certificate.
 MAX_DAYS = 3650
-#: A certificate is valid from this long before it was made, so a peer whose clock runs a little
-#: behind does not refuse a certificate issued a moment ago.
-CLOCK_SKEW = timedelta(minutes=1)
-# Key types a CA may hold: the ones cryptography signs certificates with.
-_ISSUER_KEYS = (dsa.DSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey,
-                ed448.Ed448PrivateKey, rsa.RSAPrivateKey)
-
-
 @dataclass(frozen=True)
 class CaFiles:
     """A CA written by :func:`create_ca`: its certificate, its private key and its expiry (UTC)."""
@@ -135,49 +125,6 @@ def _start(now: datetime | None) -> datetime:
     return utc(now).replace(microsecond=0)
 
 
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    # A CA signs certificates (and CRLs); a process signs TLS handshakes (ECDHE with an EC key).
-    return x509.KeyUsage(digital_signature=not ca, content_commitment=False, key_encipherment=False,
-                         data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
-                         encipher_only=False, decipher_only=False)
-
-
-def _signing_hash(key: CertificateIssuerPrivateKeyTypes) -> hashes.SHA256 | None:
-    # EdDSA signs the message itself; every other key type signs a SHA-256 digest.
-    return None if isinstance(key, ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey) else hashes.SHA256()
-
-
-def _make_ca(name: str, days: int, at: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    if not name.strip() or "\n" in name:
-        raise CertError(f"{name!r}: the CA name must be one non-empty line")
-    key = _new_key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name)).issuer_name(_name(name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(at - CLOCK_SKEW).not_valid_after(at + timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
-
-
 def create_ca(out_dir: Path, name: str, days: int = 3650, *, key_path: Path | None = None,
               force: bool = False, now: datetime | None = None) -> CaFiles:
     """Make a self-signed CA valid for ``days`` from ``now``; write ``out_dir``/ca.pem and its key.
@@ -188,7 +135,7 @@ def create_ca(out_dir: Path, name: str, days: int = 3650, *, key_path: Path | No
     about a millisecond of CPU.
     """
     check_days(days)
-    cert, key = _make_ca(name, days, _start(now))
+    cert, key = make_ca(name, days, _start(now))
     files = CaFiles(cert=out_dir / CA_CERT, key=key_path or out_dir / CA_KEY, name=name,
                     not_after=cert.not_valid_after_utc)
     if not files.key.parent.exists():
@@ -197,45 +144,16 @@ def create_ca(out_dir: Path, name: str, days: int = 3650, *, key_path: Path | No
             os.chmod(files.key.parent, PRIVATE_DIR_MODE)  # whatever the umask
         except OSError as exc:
             raise CertError(f"{files.key.parent}: cannot make the folder: {exc.strerror or exc}") from None
-    write_files([(files.key, _key_pem(key), KEY_MODE),
+    write_files([(files.key, key_pem(key), KEY_MODE),
                  (files.cert, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)], force=force)
     return files
-
-
-def _sign(ca: x509.Certificate, ca_key: CertificateIssuerPrivateKeyTypes, node_id: str, names: Sequence[str],
-          addresses: Sequence[ipaddress.IPv4Address | ipaddress.IPv6Address], at: datetime,
-          not_after: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    try:
-        ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-        authority = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski)
-    except x509.ExtensionNotFound:
-        authority = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
-    key = _new_key()
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    sans += [x509.IPAddress(ip) for ip in addresses]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(node_id)).issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(at - CLOCK_SKEW).not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                              ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(authority, critical=False)
-        .sign(ca_key, _signing_hash(ca_key))
-    )
-    return cert, key
 
 
 def _write_issued(out: Path, node_id: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey,
                   names: Sequence[str], ips: Sequence[str], force: bool) -> IssuedFiles:
     files = IssuedFiles(node_id=node_id, cert=out / f"{node_id}.pem", key=out / f"{node_id}.key",
                         not_after=cert.not_valid_after_utc, dns=tuple(names), ips=tuple(ips))
-    write_files([(files.key, _key_pem(key), KEY_MODE),
+    write_files([(files.key, key_pem(key), KEY_MODE),
                  (files.cert, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)], force=force)
     return files
 
@@ -269,7 +187,7 @@ def issue(ca_dir: Path, node_id: str, *, dns: Sequence[str] = (), ips: Sequence[
     check_validity(ca_cert_path, ca, at)
     ca_key, _ = load_key(key_file)
     check_key_matches(key_file, ca_key, ca_cert_path, ca)
-    if not isinstance(ca_key, _ISSUER_KEYS):
+    if not isinstance(ca_key, ISSUER_KEYS):
         raise CertError(f"{key_file}: a {type(ca_key).__name__} cannot sign certificates")
     not_after = at + timedelta(days=days)
     if not_after > ca.not_valid_after_utc:
@@ -277,7 +195,7 @@ def issue(ca_dir: Path, node_id: str, *, dns: Sequence[str] = (), ips: Sequence[
         raise CertError(f"{ca_cert_path}: the CA expires on {iso(ca.not_valid_after_utc)}, before a "
                         f"{days}-day certificate for {node_id!r} would; issue it for at most {most} days "
                         "or renew the CA")
-    cert, key = _sign(ca, ca_key, node_id, names, addresses, at, not_after)
+    cert, key = sign(ca, ca_key, node_id, names, addresses, at, not_after)
     return _write_issued(out, node_id, cert, key, names, [str(ip) for ip in addresses], force)
 
 
@@ -299,14 +217,14 @@ def federation_pki(out_dir: Path, ids: Sequence[str], *, ips: Sequence[str] = ("
         check_names(node_id, [], [], set(ids))
     check_days(days)
     at = _start(now)  # one instant for all, so the certificates may live exactly as long as the CA
-    ca, ca_key = _make_ca(name, days, at)
+    ca, ca_key = make_ca(name, days, at)
     addresses = [check_ip(ip) for ip in ips]
     ca_path = out_dir / CA_CERT
     write_files([(ca_path, ca.public_bytes(serialization.Encoding.PEM), CERT_MODE)], force=force)
     paths = {}
     for node_id in ids:
         names = [node_id, identity_name(node_id)]
-        cert, key = _sign(ca, ca_key, node_id, names, addresses, at, ca.not_valid_after_utc)
+        cert, key = sign(ca, ca_key, node_id, names, addresses, at, ca.not_valid_after_utc)
         issued = _write_issued(out_dir, node_id, cert, key, names, [str(ip) for ip in addresses], force)
         paths[node_id] = IdentityPaths(node_id=node_id, ca=ca_path, cert=issued.cert, key=issued.key)
     return paths
