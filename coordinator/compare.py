@@ -25,37 +25,25 @@ import hashlib
 import json
 import statistics
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flmesh.coordinator.run_tools import RunError, load_run, print_table
+from flmesh.coordinator.compare_runs import SEED, Run, collect, differing, labels, points
+from flmesh.coordinator.run_tools import RunError
 from flmesh.node.cli_common import OneLineParser
 
-SEED = "federation.seed"
 #: What each --band draws around the mean, as the legend says it.
 BANDS = {"std": "mean ± std", "minmax": "mean, min-max band"}
-#: Panel id -> (title, unit); ``task_K_accuracy`` and ``global_task_K_accuracy`` are made per task.
-PANELS = {"fa": ("FA: federation accuracy (peer runs)", "%"),
-          "ff": ("FF: federation fairness (peer runs; lower is fairer)", "%"),
-          "pfa": ("PFA: personalized federation accuracy (peer runs)", "%"),
-          "global_accuracy": ("global model accuracy (star runs)", "%"),
-          "train_loss": ("training loss (mean over the nodes that trained)", "loss"),
-          "epsilon": ("privacy spent (largest epsilon over the clients)", "epsilon")}
-
-
-@dataclass
-class Run:
-    """A run folder: its rows and summary, its recorded settings (``section.key`` -> value as
-    TOML writes it; empty without federation.toml) and the sweep folder it came from."""
-
-    folder: Path
-    rows: list[dict[str, Any]]
-    summary: dict[str, Any]
-    settings: dict[str, str]
-    sweep: Path | None = None
+#: Panel id -> (title, unit, table column); ``task_K_accuracy`` and ``global_task_K_accuracy``
+#: are made per task, ``fa[METRIC]`` and the like per ``[federation] metric``.
+PANELS = {"fa": ("FA: federation accuracy (peer runs)", "%", "FA %"),
+          "ff": ("FF: federation fairness (peer runs; lower is fairer)", "%", "FF %"),
+          "pfa": ("PFA: personalized federation accuracy (peer runs)", "%", "PFA %"),
+          "global_accuracy": ("global model accuracy (star runs)", "%", "accuracy %"),
+          "train_loss": ("training loss (mean over the nodes that trained)", "loss", "train loss"),
+          "epsilon": ("privacy spent (largest epsilon over the clients)", "epsilon", "epsilon")}
 
 
 @dataclass
@@ -68,131 +56,18 @@ class Curve:
     points: dict[str, dict[int, list[float]]] = field(default_factory=dict)  # panel -> round -> values
 
 
-def collect(folders: Sequence[Path]) -> list[Run]:
-    """The runs in ``folders``: each a run folder, or a sweep folder's finished runs. Raises
-    RunError (one line naming the folder or file)."""
-    runs: list[Run] = []
-    for folder in folders:
-        if not folder.is_dir():
-            raise RunError(f"{folder}: no such run folder")
-        index = folder / "sweep.json"
-        if (folder / "rounds.jsonl").exists() or not index.is_file():
-            if not (folder / "rounds.jsonl").exists():
-                raise RunError(f"{folder}: not a run folder (no rounds.jsonl) nor a sweep folder "
-                               "(no sweep.json)")
-            runs.append(_load(folder, None))
-            continue
-        entries = _json_file(index).get("runs")
-        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-            raise RunError(f"{index}: not a sweep index (no list of runs)")
-        finished = [e["folder"] for e in entries
-                    if not e.get("interrupted") and isinstance(e.get("folder"), str)]
-        if not finished:
-            raise RunError(f"{folder}: a sweep folder without a finished run")
-        runs.extend(_load(folder / name, folder) for name in finished)
-    return runs
-
-
-def _load(folder: Path, sweep: Path | None) -> Run:
-    rows, summary = load_run(folder)
-    return Run(folder, rows, summary, settings(folder), sweep)
-
-
-def _json_file(path: Path) -> dict[str, Any]:
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunError(f"{path}: cannot read it: {exc}") from None
-    if not isinstance(found, dict):
-        raise RunError(f"{path}: expected a JSON object")
-    return found
-
-
-def settings(folder: Path) -> dict[str, str]:
-    """A run folder's recorded settings: federation.toml's keys flattened (``rewind.lambda``),
-    and run.json's ``transport`` and ``tls``; {} when the folder has no federation.toml."""
-    path = folder / "federation.toml"
-    if not path.is_file():
-        return {}
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise RunError(f"{path}: cannot read it: {exc}") from None
-    flat: dict[str, str] = {}
-    _flatten(raw, "", flat)
-    if (folder / "run.json").is_file():
-        record = _json_file(folder / "run.json")
-        flat.update({k: _text(record[k]) for k in ("transport", "tls") if k in record})
-    return flat
-
-
-def _flatten(table: Mapping[str, Any], prefix: str, flat: dict[str, str]) -> None:
-    for key, value in table.items():
-        if isinstance(value, Mapping):
-            _flatten(value, f"{prefix}{key}.", flat)
-        else:
-            flat[f"{prefix}{key}"] = _text(value)
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-
-
-def labels(items: Sequence[tuple[Mapping[str, str], Path]]) -> list[str]:
-    """A label per (settings, folder): the settings that differ between the items that have
-    some (``seed=2, rewind.lambda=0.2``: ``federation.`` left out), else the folder's name; the
-    folder's name (or path) is added where two labels would be the same."""
-    differ = differing([s for s, _ in items])
-    out = [", ".join(f"{k.removeprefix('federation.')}={s[k]}" for k in differ if k in s) or folder.name
-           for s, folder in items]
-    for i, (label, (_, folder)) in enumerate(zip(list(out), items, strict=True)):
-        if out.count(label) > 1:
-            out[i] = folder.name if label == folder.name else f"{label} ({folder.name})"
-    return [str(folder) if out.count(label) > 1 else label
-            for label, (_, folder) in zip(out, items, strict=True)]
-
-
-def differing(recorded: Sequence[Mapping[str, str]]) -> list[str]:
-    """The keys whose values are not all the same in the settings that are not empty (a key
-    some lack differs), in the order they first come."""
-    known = [s for s in recorded if s]
-    return [k for k in dict.fromkeys(k for s in known for k in s) if len({s.get(k) for s in known}) > 1]
-
-
-def points(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """Panel id -> round -> value of one run's rows (accuracies in percent)."""
-    out: dict[str, dict[int, float]] = {}
-    for row in rows:
-        at, star = int(row["round"]), row.get("kind") == "star"
-        metric = row.get("metric") or "accuracy"
-        found: dict[str, Any] = {"global_accuracy": row.get("accuracy")} if star else {
-            key if metric == "accuracy" else f"{key}[{metric}]": row.get(key) for key in ("fa", "ff", "pfa")}
-        for k, value in enumerate(row.get("task_accuracy") or []):
-            found[f"{'global_' if star else ''}task_{k}_accuracy"] = value
-        for key, value in found.items():
-            if value is not None:
-                out.setdefault(key, {})[at] = 100 * float(value)
-        nodes = (row.get("nodes") or {}).values()
-        losses = [n["train_loss"] for n in nodes if n.get("train_loss") is not None]
-        if losses:
-            out.setdefault("train_loss", {})[at] = statistics.fmean(losses)
-        spent = [v for v in (row.get("privacy_spent") or {}).values() if v is not None]
-        if spent:
-            out.setdefault("epsilon", {})[at] = max(spent)
-    return out
-
-
-def panel_heading(panel: str) -> tuple[str, str]:
-    """(title, unit) of a panel id."""
+def panel_heading(panel: str) -> tuple[str, str, str]:
+    """(title, unit, table column) of a panel id."""
     if panel in PANELS:
         return PANELS[panel]
     if panel.endswith("_accuracy") and "task_" in panel:
         task = panel.removesuffix("_accuracy").rpartition("_")[2]
-        whose = "star runs: the global model" if panel.startswith("global_") else "peer runs: the nodes' mean"
-        return f"accuracy on task {task} ({whose})", "%"
+        star = panel.startswith("global_")
+        whose = "star runs: the global model" if star else "peer runs: the nodes' mean"
+        return f"accuracy on task {task} ({whose})", "%", f"{'global ' if star else ''}task {task} %"
     key, _, metric = panel.partition("[")
-    title, unit = PANELS[key]
-    return f"{title.split(':')[0]} over {metric.rstrip(']')} (peer runs)", unit
+    short = PANELS[key][2].removesuffix(" %")
+    return f"{short} over {metric.rstrip(']')} (peer runs)", "%", f"{short} {metric.rstrip(']')} %"
 
 
 def _order(panel: str) -> tuple[int, str]:
@@ -293,6 +168,24 @@ def default_folder(folders: Sequence[Path], root: Path = Path("runs")) -> Path:
     return root / f"compare-{digest[:10]}"
 
 
+def table(content: Mapping[str, Any]) -> str:
+    """:func:`build`'s runs as plain-text lines: label, rounds, final value per panel, folder;
+    no cell is cut, however long."""
+    ids = [p["id"] for p in content["panels"]]
+    units = {p["id"]: p["unit"] for p in content["panels"]}
+
+    def number(panel: str, value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}" if units[panel] == "%" else f"{value:.3f}"
+
+    head = ["run", "rounds", *(panel_heading(i)[2] for i in ids), "folder"]
+    body = [[r["label"], str(r["rounds"]), *(number(i, r["final"].get(i)) for i in ids), r["folder"]]
+            for r in content["runs"]]
+    widths = [max(len(row[k]) for row in [head, *body]) for k in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if k in (0, len(head) - 1) else c.rjust(w)
+                               for k, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+                     for row in [head, *body])
+
+
 def main(argv: list[str]) -> int:
     """``argv`` after ``fl-sim compare``; the exit code (2: bad input, one line on stderr)."""
     p = OneLineParser(prog="fl-sim compare", description="Draw several runs' metrics side by side, one "
@@ -312,7 +205,7 @@ def main(argv: list[str]) -> int:
     except RunError as exc:
         print(f"fl-sim compare: error: {exc}", file=sys.stderr)
         return 2
-    print_table([(r["label"], run.summary) for r, run in zip(content["runs"], runs, strict=True)],
-                content["title"])
+    print(content["title"])
+    print(table(content))
     print(f"compare: wrote {picture}, {index}")
     return 0
