@@ -1,9 +1,10 @@
 """``fl-sim compare RUN_DIR... [--out DIR] [--band std|minmax]``: several runs' curves, side by side.
 
 Each metric the runs hold gets its own panel: FA, FF and PFA (peer runs), the global model's
-accuracy (star runs), the accuracy on each task (continual runs; peer and star apart), the
-nodes' mean training loss, and the privacy spent (DP replay runs: the largest epsilon over
-the clients). A peer metric and a star one never share an axis. A curve is labelled by the
+accuracy (star runs), a node's own accuracy (fl-node runs), the accuracy on each task
+(continual runs; peer and star apart), the nodes' mean training loss, and the privacy spent
+(DP replay runs: the largest epsilon over the clients). A peer metric and a star one never
+share an axis. A curve is labelled by the
 settings that differ between the curves, as fl-sim recorded them in each run folder
 (federation.toml with ``--set`` applied, run.json's transport), e.g. ``seed=2,
 rewind.lambda=0.2``; a run without that record (fl-node, the aggregator) by its folder's name.
@@ -42,6 +43,7 @@ PANELS = {"fa": ("FA: federation accuracy (peer runs)", "%", "FA %"),
           "ff": ("FF: federation fairness (peer runs; lower is fairer)", "%", "FF %"),
           "pfa": ("PFA: personalized federation accuracy (peer runs)", "%", "PFA %"),
           "global_accuracy": ("global model accuracy (star runs)", "%", "accuracy %"),
+          "node_accuracy": ("the node's model on its own test split (fl-node runs)", "%", "own accuracy %"),
           "train_loss": ("training loss (mean over the nodes that trained)", "loss", "train loss"),
           "epsilon": ("privacy spent (largest epsilon over the clients)", "epsilon", "epsilon")}
 
@@ -71,7 +73,8 @@ def panel_heading(panel: str) -> tuple[str, str, str]:
 
 
 def _order(panel: str) -> tuple[int, str]:
-    ranks = ["fa", "ff", "pfa", "global_accuracy", "task_", "global_task_", "train_loss", "epsilon"]
+    ranks = ["fa", "ff", "pfa", "global_accuracy", "node_accuracy", "task_", "global_task_", "train_loss",
+             "epsilon"]
     return next((i for i, p in enumerate(ranks) if panel.startswith(p)), len(ranks)), panel
 
 
@@ -129,6 +132,9 @@ def build(runs: Sequence[Run], band: str = "std") -> dict[str, Any]:
     with its label, differing settings and final values: the last round's, per panel)."""
     drawn = curves(runs, band)
     ids = sorted({p for c in drawn for p in c.points}, key=_order)
+    if not ids:
+        raise RunError(f"{runs[0].folder}: nothing to draw (no run has a round with a metric)"
+                       if len(runs) == 1 else "nothing to draw: none of the runs has a round with a metric")
     panels = [{"id": p, "title": panel_heading(p)[0], "unit": panel_heading(p)[1],
                "curves": [_line(c, p, band) for c in drawn if p in c.points]} for p in ids]
     run_labels = labels([(r.settings, r.folder) for r in runs])

@@ -137,7 +137,10 @@ def points(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
         for key, value in found.items():
             if value is not None:
                 out.setdefault(key, {})[at] = 100 * float(value)
-        nodes = (row.get("nodes") or {}).values()
+        nodes = list((row.get("nodes") or {}).values())
+        own = [n["accuracy"] for n in nodes if n.get("accuracy") is not None]
+        if row.get("writer") == "fl-node" and own:  # one node's view: its model on its own split
+            out.setdefault("node_accuracy", {})[at] = 100 * statistics.fmean(own)
         losses = [n["train_loss"] for n in nodes if n.get("train_loss") is not None]
         if losses:
             out.setdefault("train_loss", {})[at] = statistics.fmean(losses)

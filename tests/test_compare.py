@@ -163,6 +163,13 @@ def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(made, tmp_path, capsy
         out, err = capsys.readouterr()
         assert err.splitlines() == [f"fl-sim compare: error: {message}"] and out == ""
     assert not (tmp_path / "cmp").exists()
+    blank = tmp_path / "blank"  # a run that ended before its first round
+    blank.mkdir()
+    (blank / "rounds.jsonl").write_text("")
+    (blank / "summary.json").write_text("{}")
+    assert main(["compare", str(blank), "--out", str(tmp_path / "cmp")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"fl-sim compare: error: {blank}: nothing to draw (no run has a round with a metric)"]
 
 
 def test_a_run_picture_is_titled_with_its_name_and_settings(made, tmp_path):
@@ -175,7 +182,7 @@ def test_a_run_picture_is_titled_with_its_name_and_settings(made, tmp_path):
     assert run_title(tmp_path, rows) == f"{tmp_path.name} — star, 3 nodes, 2 rounds"
 
 
-def test_continual_and_private_rows_get_a_panel_per_task_and_for_epsilon():
+def test_continual_private_and_fl_node_rows_get_panels_of_their_own():
     rows = [{"round": 1, "kind": "peer", "fa": 0.5, "task_accuracy": [0.75],
              "privacy_spent": {"a": 1.0, "b": 2.0},
              "nodes": {"a": {"train_loss": 1.0}, "b": {"train_loss": 3.0}}},
@@ -184,6 +191,8 @@ def test_continual_and_private_rows_get_a_panel_per_task_and_for_epsilon():
                             "epsilon": {1: 2.0}, "global_accuracy": {2: 25.0},
                             "global_task_0_accuracy": {2: 50.0}}
     assert points([{"round": 3, "kind": "peer", "metric": "f1", "fa": 0.1}]) == {"fa[f1]": {3: 10.0}}
+    one_node = {"round": 1, "kind": "peer", "writer": "fl-node", "nodes": {"a": {"accuracy": 0.5}}}
+    assert points([one_node]) == {"node_accuracy": {1: 50.0}}
 
 
 def test_labels_name_only_what_differs_and_never_repeat():
