@@ -196,9 +196,9 @@ def main(argv: list[str]) -> int:
     """``argv`` after ``fl-sim compare``; the exit code (2: bad input, one line on stderr)."""
     p = OneLineParser(prog="fl-sim compare", description="Draw several runs' metrics side by side, one "
                       "panel per metric, and write their final values.")
-    p.add_argument("runs", type=Path, nargs="+",
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
                    help="run folders, or sweep folders (fl-sim --seeds/--sweep)")
-    p.add_argument("--out", type=Path, help="folder for compare.png and compare.json "
+    p.add_argument("--out", type=Path, metavar="DIR", help="folder for compare.png and compare.json "
                    "(default runs/compare-<hash of the runs' paths>)")
     p.add_argument("--band", choices=sorted(BANDS), default="std",
                    help="a sweep's seeds around their mean: std (± the sample standard deviation, the "
