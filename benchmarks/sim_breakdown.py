@@ -11,12 +11,19 @@ the pictures (drawn after the last round: from rounds.jsonl's last write to the 
 picture file's); the interpreter's exit after ``main``
 returned. The whole process is timed from outside. Medians over the runs; the control
 is the whole run, whose phases must add up to it.
+
+It also prices what a second worker process would add to a run (fl-sim runs every node in
+one process): a fresh interpreter that imports torch, takes one optimizer step (which loads
+``torch._dynamo``) and exits: its CPU seconds (user + system) and its Pss while it lives
+(``/proc/PID/smaps_rollup``; Pss shares the libraries' pages with the process beside it,
+so it is what the second process adds, not its RSS).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +45,13 @@ from flmesh.coordinator import sim_cli
 code = sim_cli.main(sys.argv[1:])
 marks["main"] = time.time()
 print(json.dumps({"marks": marks, "code": code}), file=sys.stderr)
+"""
+SECOND = """
+import os, sys, torch
+m = torch.nn.Linear(64, 10)
+torch.optim.SGD(m.parameters(), lr=0.1).step()
+os.write(1, b"!")
+sys.stdin.read()
 """
 PHASES = ("start", "import torch", "import torch._dynamo", "set-up", "rounds", "pictures", "exit")
 
@@ -65,6 +79,32 @@ def one_run(file: Path, rounds: int | None, out: Path) -> dict[str, float]:
             "exit": ended - marks["main"], "whole run": ended - started}
 
 
+def pss_mib(pid: int) -> float:
+    """Pss of process ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"sim_breakdown: no Pss for process {pid}")
+
+
+def second_process() -> dict[str, float]:
+    """CPU seconds and Pss (MiB) of a process that loads torch and takes one optimizer step,
+    measured beside this one (which has torch loaded too, as fl-sim's process would)."""
+    import torch  # noqa: F401  (this process plays fl-sim's: the pages it maps are shared)
+
+    before = os.times()
+    proc = subprocess.Popen([sys.executable, "-c", SECOND], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    if proc.stdout.read(1) != b"!":
+        sys.exit("sim_breakdown: the second process did not start")
+    pss = pss_mib(proc.pid)
+    proc.stdin.close()
+    proc.wait()
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return {"cpu_s": cpu, "pss_mib": pss}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--file", type=Path, default=REPO / "examples" / "quickstart.toml")
@@ -82,9 +122,12 @@ def main() -> None:
     print("| phase | s |\n|---|---:|")
     for phase in (*PHASES, "whole run"):
         print(f"| {phase} | {medians[phase]:.2f} |")
+    second = second_process()
+    print(f"\na second process (torch, one optimizer step, exit): {second['cpu_s']:.2f} CPU-s, "
+          f"{second['pss_mib']:.0f} MiB Pss")
     seed = tomllib.loads(args.file.read_text())["federation"]["seed"]
-    write_json(args.json, "sim_breakdown", {"file": str(args.file), "runs": results, "median": medians},
-               seeds=[seed])
+    write_json(args.json, "sim_breakdown", {"file": str(args.file), "runs": results, "median": medians,
+                                            "second_process": second}, seeds=[seed])
 
 
 if __name__ == "__main__":

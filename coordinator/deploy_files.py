@@ -129,27 +129,29 @@ def refuse_overwrite(out: Path, plan: Plan, certs: dict[str, Path | None] | None
 
 
 def write(out: Path, plan: Plan, certs: dict[str, Path | None] | None, days: int, name: str) -> None:
+    """Write the plan's files and folders and the certificates into ``out``; ``name`` (the
+    federation's) names a CA made here. Blocking."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in plan.files.items():
-        (out / name).write_text(text, encoding="utf-8")
-    for name in plan.dirs:
-        (out / name).mkdir(parents=True, exist_ok=True)
+    for file_name, text in plan.files.items():
+        (out / file_name).write_text(text, encoding="utf-8")
+    for folder in plan.dirs:
+        (out / folder).mkdir(parents=True, exist_ok=True)
         if plan.owner is not None:
-            os.chown(out / name, *plan.owner)
+            os.chown(out / folder, *plan.owner)
     if certs is None:
         return
     (out / "certs").mkdir(exist_ok=True)
     if all(src is None for src in certs.values()):
         _issue(out, plan, days, name)
     else:
-        for name, src in certs.items():
+        for file_name, src in certs.items():
             assert src is not None
-            if src.resolve() != (out / name).resolve():
-                shutil.copyfile(src, out / name)
-            os.chmod(out / name, 0o600 if name.endswith(".key") else 0o644)
+            if src.resolve() != (out / file_name).resolve():
+                shutil.copyfile(src, out / file_name)
+            os.chmod(out / file_name, 0o600 if file_name.endswith(".key") else 0o644)
     if plan.owner is not None:
-        for name in certs:
-            os.chown(out / name, *plan.owner)
+        for file_name in certs:
+            os.chown(out / file_name, *plan.owner)
 
 
 def _issue(out: Path, plan: Plan, days: int, name: str) -> None:

@@ -5,24 +5,27 @@ for YAML); :mod:`flmesh.coordinator.deploy_cli` writes them with the derived
 federation file and the certificates. Kubernetes is the engine beyond one
 machine: it places, restarts and names the processes.
 
-- The nodes are one StatefulSet ``NAME`` behind a headless Service ``NAME``
-  (``publishNotReadyAddresses``, so peers resolve while they start): pod ``i``
-  is ``NAME-i.NAME``, and node ``i`` of the federation file (file order) runs
-  there. The derived federation file gives every node that DNS name as its
+- Node ``i`` of the federation file (file order) is a StatefulSet ``NAME-i`` of
+  one replica, whose pod ``NAME-i-0`` is ``NAME-i-0.NAME`` behind the headless
+  Service ``NAME`` (``publishNotReadyAddresses``, so peers resolve while they
+  start). The derived federation file gives every node that DNS name as its
   address, so the same logical file drives fl-sim, containers and the cluster.
-- An init container maps the pod's ordinal to its node id (``node-ids`` in the
-  ConfigMap) and copies that node's certificate and key, and only those, from
-  the Secret into a memory volume the node reads.
+- One StatefulSet per process, because a pod template is the same for every
+  pod of a StatefulSet: that is what lets each pod mount only its own Secret
+  ``NAME-i-tls`` (``ca.pem`` and that process's certificate and key; never the
+  CA key). An init container copies the three files into a memory volume, the
+  key with mode 0600 and owned by the process's user; the node container never
+  mounts the Secret.
 - Each pod keeps ``--out`` (checkpoints, rounds.jsonl, summary.json) on its own
   PersistentVolumeClaim and always runs with ``--resume``, so a rescheduled or
   restarted pod continues from its last round. A node that finished idles
-  (Kubernetes would restart an exited pod, forever) until the StatefulSet is deleted.
+  (Kubernetes would restart an exited pod, forever) until its StatefulSet is deleted.
 - Probes ask the gRPC health service. With mTLS (the default) they are exec
   probes running :mod:`flmesh.coordinator.probe` with the pod's own
   certificate, because the kubelet's native gRPC probe cannot present a client
   certificate; with ``--insecure`` readiness is the native ``grpc:`` probe.
-- The aggregator, when the file has one, is its own StatefulSet and headless
-  Service ``NAME-aggregator`` (one replica, its own volume and certificate).
+- The aggregator, when the file has one, is the StatefulSet and headless
+  Service ``NAME-aggregator`` (one replica, its own volume and Secret).
 """
 
 from __future__ import annotations
@@ -38,15 +41,19 @@ IDENTITY_DIR = "/etc/flmesh/identity"
 SECRETS_DIR = "/etc/flmesh/secrets"
 STATE_DIR = "/var/lib/flmesh"
 FINISHED = f"{STATE_DIR}/.finished"
-#: A Kubernetes object name that stays valid with "-aggregator" and a pod ordinal appended.
+#: A Kubernetes object name that stays valid with "-aggregator" or a node index, and "-0", appended.
 NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,38}[a-z0-9])?$")
+#: The label that tells one node's pod from the others (its value: the node's index in the file).
+NODE_LABEL = "flmesh/node-index"
+#: The annotation naming the process a StatefulSet and its pod run.
+ID_ANNOTATION = "flmesh/node-id"
 UID = 10001
 
 # Run the process; once it exits 0, remember the federation it finished and idle (a StatefulSet
 # restarts any container that exits). SIGTERM reaches the process, which checkpoints and stops.
 _RUN = """\
 if ! cmp -s {config}/federation.toml {finished}; then
-  {launch} "$@" &
+  fl-node "$@" &
   pid=$!
   trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
   wait "$pid"; status=$?
@@ -60,24 +67,11 @@ trap 'exit 0' TERM INT
 while :; do sleep 3600 & wait "$!"; done
 """
 
-# Who this pod is (the node of its ordinal, or the aggregator); its certificate and key only, copied
-# from the Secret into a memory volume (mode 0600, owned by the process's user).
-_IDENTITY = """\
-set -eu
-{choose}{copy}printf '%s\\n' "$node_id" > {identity}/id
-echo "flmesh: $POD_NAME runs $node_id"
-"""
-_BY_ORDINAL = """\
-ordinal=${{POD_NAME##*-}}
-node_id=$(sed -n "$((ordinal + 1))p" {config}/node-ids)
-if [ -z "$node_id" ]; then
-  echo "flmesh: $POD_NAME: {config}/node-ids has no node for ordinal $ordinal" >&2; exit 1
-fi
-"""
+# The pod's own certificate and key, from its own Secret into a memory volume (mode 0600, owned by the
+# process's user: a Secret volume is root's, readable by the pod's group).
 _COPY = """\
-cp {secrets}/ca.pem {identity}/ca.pem
-cp "{secrets}/$node_id.pem" {identity}/node.pem
-cp "{secrets}/$node_id.key" {identity}/node.key
+set -eu
+for f in ca.pem node.pem node.key; do cp "{secrets}/$f" "{identity}/$f"; done
 chmod 0600 {identity}/node.key
 """
 
@@ -95,17 +89,31 @@ def default_name(federation: Federation) -> str:
 def check_name(name: str) -> str:
     if not NAME.match(name):
         raise K8sError(f"--name {name!r}: expected 1-40 lower-case letters, digits or '-' (not at either "
-                       "end): it names the StatefulSet, its Service and its pods")
+                       "end): it names the StatefulSets, their Services and their pods")
     return name
 
 
-def addresses(federation: Federation, name: str, port: int) -> dict[str, str]:
-    """Each process's address in the cluster: pod ``i`` of the StatefulSet for node ``i``, pod 0 of
-    ``NAME-aggregator`` for the aggregator (names relative to the namespace)."""
+def workloads(federation: Federation, name: str) -> dict[str, str]:
+    """Each process's StatefulSet: ``NAME-i`` for node ``i`` (file order), ``NAME-aggregator``."""
     check_name(name)
-    out = {node_id: f"{name}-{i}.{name}:{port}" for i, node_id in enumerate(federation.node_ids)}
+    out = {node_id: f"{name}-{i}" for i, node_id in enumerate(federation.node_ids)}
     if federation.aggregator is not None:
         process_ids(federation)  # refuses a node named like the aggregator
+        out["aggregator"] = f"{name}-aggregator"
+    return out
+
+
+def secret_name(workload: str) -> str:
+    """The Secret of a process's StatefulSet ``workload``: its certificate and key, and ca.pem."""
+    return f"{workload}-tls"
+
+
+def addresses(federation: Federation, name: str, port: int) -> dict[str, str]:
+    """Each process's address in the cluster: the one pod of its StatefulSet, named by the headless
+    Service ``NAME`` (the nodes) or ``NAME-aggregator``; names relative to the namespace."""
+    sts = workloads(federation, name)
+    out = {node_id: f"{sts[node_id]}-0.{name}:{port}" for node_id in federation.node_ids}
+    if federation.aggregator is not None:
         out["aggregator"] = f"{name}-aggregator-0.{name}-aggregator:{port}"
     return out
 
@@ -140,39 +148,39 @@ def _security() -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]}}
 
 
-def statefulset(federation: Federation, *, name: str, image: str, port: int, tls: bool, storage: str,
-                cpu: str, memory: str, aggregator: bool = False) -> dict[str, Any]:
-    """The StatefulSet of the nodes (``aggregator``: of the aggregator)."""
-    sts = f"{name}-aggregator" if aggregator else name
+def statefulset(federation: Federation, process: str, *, name: str, image: str, port: int, tls: bool,
+                storage: str, cpu: str, memory: str) -> dict[str, Any]:
+    """The StatefulSet of one process (a node id, or ``aggregator`` when the file has one): one
+    replica, which mounts only that process's Secret."""
+    aggregator = process == "aggregator" and federation.aggregator is not None
+    sts = workloads(federation, name)[process]
     component = "aggregator" if aggregator else "node"
     service = "flmesh.v1.Aggregator" if aggregator else "flmesh.v1.Peer"
-    flags = ["--federation", f"{CONFIG_DIR}/federation.toml", "--listen", f"0.0.0.0:{port}",
-             "--out", STATE_DIR, "--resume"]
+    flags = ["--role", "aggregator"] if aggregator else ["--id", process]
+    flags += ["--federation", f"{CONFIG_DIR}/federation.toml", "--listen", f"0.0.0.0:{port}",
+              "--out", STATE_DIR, "--resume"]
     flags += (["--tls-ca", f"{IDENTITY_DIR}/ca.pem", "--tls-cert", f"{IDENTITY_DIR}/node.pem", "--tls-key",
                f"{IDENTITY_DIR}/node.key"] if tls else ["--insecure"])
-    launch = "fl-node --role aggregator" if aggregator else f'fl-node --id "$(cat {IDENTITY_DIR}/id)"'
-    script = _RUN.format(config=CONFIG_DIR, finished=FINISHED, launch=launch, state=STATE_DIR,
-                         who=f"$(cat {IDENTITY_DIR}/id)")
-    choose = "node_id=aggregator\n" if aggregator else _BY_ORDINAL.format(config=CONFIG_DIR)
-    copy = _COPY.format(secrets=SECRETS_DIR, identity=IDENTITY_DIR) if tls else ""
-    init_mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                   {"name": "identity", "mountPath": IDENTITY_DIR}]
-    volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": f"{name}-config"}},
-        {"name": "identity", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-        {"name": "tmp", "emptyDir": {}}]
-    if tls:
-        secret = f"{name}-aggregator-tls" if aggregator else f"{name}-node-tls"
-        volumes.append({"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440}})
-        init_mounts.append({"name": "tls", "mountPath": SECRETS_DIR, "readOnly": True})
-    init = {"name": "identity", "image": image,
-            "command": ["/bin/sh", "-c", _IDENTITY.format(choose=choose, copy=copy, identity=IDENTITY_DIR)],
-            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-            "volumeMounts": init_mounts, "securityContext": _security(),
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}}
+    script = _RUN.format(config=CONFIG_DIR, finished=FINISHED, state=STATE_DIR, who=process)
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": f"{name}-config"}},
+                                     {"name": "tmp", "emptyDir": {}}]
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-              {"name": "identity", "mountPath": IDENTITY_DIR, "readOnly": True},
               {"name": "state", "mountPath": STATE_DIR}, {"name": "tmp", "mountPath": "/tmp"}]
+    init: list[dict[str, Any]] = []
+    if tls:
+        items = [{"key": "ca.pem", "path": "ca.pem"}, {"key": f"{process}.pem", "path": "node.pem"},
+                 {"key": f"{process}.key", "path": "node.key"}]
+        volumes += [{"name": "identity", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                    {"name": "tls", "secret": {"secretName": secret_name(sts), "items": items,
+                                               "defaultMode": 0o440}}]
+        mounts.insert(1, {"name": "identity", "mountPath": IDENTITY_DIR, "readOnly": True})
+        init.append({
+            "name": "identity", "image": image,
+            "command": ["/bin/sh", "-c", _COPY.format(secrets=SECRETS_DIR, identity=IDENTITY_DIR)],
+            "volumeMounts": [{"name": "tls", "mountPath": SECRETS_DIR, "readOnly": True},
+                             {"name": "identity", "mountPath": IDENTITY_DIR}],
+            "securityContext": _security(),
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}})
     container = {
         "name": component, "image": image, "command": ["/bin/sh", "-c", script, "fl-node"], "args": flags,
         "ports": [{"name": "grpc", "containerPort": port, "protocol": "TCP"}],
@@ -185,17 +193,19 @@ def statefulset(federation: Federation, *, name: str, image: str, port: int, tls
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 30,
-        "initContainers": [init],
+        **({"initContainers": init} if init else {}),
         "containers": [container], "volumes": volumes,
     }
     labels = _labels(name, component)
+    if not aggregator:  # the Service selects every node; each StatefulSet, its own pod
+        labels[NODE_LABEL] = str(federation.node_ids.index(process))
+    meta = {"labels": labels, "annotations": {ID_ANNOTATION: process}}
     return {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": sts, "labels": labels},
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": sts, **meta},
         "spec": {
-            "serviceName": sts, "replicas": 1 if aggregator else len(federation.nodes),
-            "podManagementPolicy": "Parallel",  # every node at once: they wait for each other anyway
+            "serviceName": sts if aggregator else name, "replicas": 1,
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": {"metadata": meta, "spec": pod},
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
             "volumeClaimTemplates": [{
                 "metadata": {"name": "state", "labels": labels},
@@ -206,7 +216,8 @@ def statefulset(federation: Federation, *, name: str, image: str, port: int, tls
 
 
 def headless_service(name: str, port: int, aggregator: bool = False) -> dict[str, Any]:
-    """The headless Service that gives every pod of a StatefulSet its stable DNS name."""
+    """The headless Service that gives every pod of the nodes' StatefulSets (or the aggregator's) its
+    stable DNS name."""
     svc = f"{name}-aggregator" if aggregator else name
     labels = _labels(name, "aggregator" if aggregator else "node")
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": svc, "labels": labels},
@@ -227,43 +238,30 @@ def manifests(federation: Federation, *, name: str, image: str, port: int, tls: 
               extra_config: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """Every file of the kustomize layout: file name -> object.
 
-    The kustomization generates the ConfigMap ``NAME-config`` from ``federation.toml``,
-    ``node-ids`` (and ``extra_config`` files, e.g. a graph file) and, with ``tls``, the Secrets
-    ``NAME-node-tls`` (ca.pem and every node's pem and key) and ``NAME-aggregator-tls`` from the
-    files in ``certs/``; the caller writes those files."""
-    check_name(name)
-    addresses(federation, name, port)
-    files: dict[str, dict[str, Any]] = {
-        "service.yaml": headless_service(name, port),
-        "statefulset.yaml": statefulset(federation, name=name, image=image, port=port, tls=tls,
-                                        storage=storage, cpu=cpu, memory=memory),
-        "pdb.yaml": disruption_budget(name),
-    }
-    secrets: list[dict[str, Any]] = []
-    if tls:
-        node_files = ["certs/ca.pem", *(f"certs/{n}.{ext}" for n in federation.node_ids
-                                        for ext in ("pem", "key"))]
-        secrets.append({"name": f"{name}-node-tls", "files": node_files})
+    ``statefulset-i.yaml`` is node ``i``'s StatefulSet. The kustomization generates the
+    ConfigMap ``NAME-config`` from ``federation.toml`` (and ``extra_config`` files, e.g. a graph
+    file) and, with ``tls``, one Secret per process, ``NAME-i-tls`` (``NAME-aggregator-tls``),
+    from ``certs/ca.pem`` and that process's ``certs/ID.pem`` and ``certs/ID.key`` only; the
+    caller writes those files."""
+    sts = workloads(federation, name)
+    kw: dict[str, Any] = {"name": name, "image": image, "port": port, "tls": tls, "storage": storage,
+                          "cpu": cpu, "memory": memory}
+    files: dict[str, dict[str, Any]] = {"service.yaml": headless_service(name, port),
+                                        "pdb.yaml": disruption_budget(name)}
+    files.update({f"statefulset-{i}.yaml": statefulset(federation, node_id, **kw)
+                  for i, node_id in enumerate(federation.node_ids)})
     if federation.aggregator is not None:
         files["aggregator-service.yaml"] = headless_service(name, port, aggregator=True)
-        files["aggregator-statefulset.yaml"] = statefulset(federation, name=name, image=image, port=port,
-                                                           tls=tls, storage=storage, cpu=cpu, memory=memory,
-                                                           aggregator=True)
-        if tls:
-            secrets.append({"name": f"{name}-aggregator-tls",
-                            "files": ["certs/ca.pem", "certs/aggregator.pem", "certs/aggregator.key"]})
+        files["aggregator-statefulset.yaml"] = statefulset(federation, "aggregator", **kw)
     kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         **({"namespace": namespace} if namespace else {}),
         "resources": list(files),
-        "configMapGenerator": [{"name": f"{name}-config",
-                                "files": ["federation.toml", "node-ids", *extra_config]}],
+        "configMapGenerator": [{"name": f"{name}-config", "files": ["federation.toml", *extra_config]}],
     }
-    if secrets:
-        kustomization["secretGenerator"] = [{**s, "type": "Opaque"} for s in secrets]
+    if tls:
+        kustomization["secretGenerator"] = [
+            {"name": secret_name(workload), "type": "Opaque",
+             "files": ["certs/ca.pem", f"certs/{process}.pem", f"certs/{process}.key"]}
+            for process, workload in sts.items()]
     return {"kustomization.yaml": kustomization, **files}
-
-
-def node_ids_file(federation: Federation) -> str:
-    """``node-ids``: node i of the federation, for pod ordinal i, one per line."""
-    return "".join(f"{node_id}\n" for node_id in federation.node_ids)

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from flmesh.coordinator.sim_resume import SimCheckpoints
     from flmesh.node.learning.learner import Learner
     from flmesh.node.learning.models import ModelFactory
+    from flmesh.node.node import Node
+    from flmesh.node.replay_buffer import PrivacyLedger, ReplayBufferCore
 
 Transport = Literal["memory", "grpc"]
 TRANSPORTS: tuple[Transport, ...] = ("memory", "grpc")
@@ -191,12 +193,28 @@ class Simulation:
                 summary.resumed_after = [*before.get("resumed_after", []), self.resumed_after]
             self.last_summary = summary
             writer.write_summary(summary)
+            if (ledger := self.privacy_ledger()) is not None:
+                from flmesh.coordinator.sim_record import write_ledger
+
+                write_ledger(self.out_dir, ledger)
             if self.checkpoints is not None and not summary.interrupted:
                 self.checkpoints.remove()
             if self.draw_pictures:
                 summary.pictures = self._draw(writer)
                 writer.write_summary(summary)
         return summary
+
+    def privacy_ledger(self) -> PrivacyLedger | None:
+        """The DP replay buffer host's privacy ledger (the aggregator's, or the hosting node's);
+        None without ``[replay]`` or before :meth:`start`. fl-sim keeps it in memory and
+        :meth:`run` writes it into the run folder when the run ends (``privacy_ledger.json``)."""
+        if self.federation.replay is None:
+            return None
+        aggregator = getattr(self.driver, "aggregator", None)
+        nodes: list[Node] = getattr(self.driver, "nodes", [])
+        hosts: list[ReplayBufferCore | None] = (
+            [aggregator.replay] if aggregator is not None else [n.replay_host for n in nodes])
+        return next((h.ledger for h in hosts if h is not None), None)
 
     def _previous_summary(self) -> dict[str, Any]:
         """A resumed run's summary.json as the interrupted run left it ({} when none)."""
@@ -212,9 +230,10 @@ class Simulation:
     def _draw(self, writer: RunWriter) -> list[str]:
         """The run's pictures, drawn after the last round; their paths."""
         from flmesh.coordinator.pictures import PicturesError, draw
+        from flmesh.coordinator.privacy_picture import privacy_pictures
 
         try:
-            drawn = draw(writer.rows, self.out_dir)
+            drawn = draw(writer.rows, self.out_dir) + privacy_pictures(writer.rows, self.out_dir)
         except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
             raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
                                 f"{type(exc).__name__}: {exc}") from exc

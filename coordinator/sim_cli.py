@@ -4,7 +4,7 @@
                [--seeds S1,S2,...] [--sweep KEY=V1,V2 ...] [--tensorboard DIR] [--log-format F]
     fl-sim --resume RUN_DIR
     fl-sim rerun RUN_DIR [--out DIR]
-    fl-sim report RUN_DIR
+    fl-sim report RUN_DIR | fl-sim report NODE_DIR... [--out DIR]
     fl-sim compare RUN_DIR... [--out DIR]
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write each round's metrics for TensorBoard here (needs flmesh[tensorboard])")
     parser.epilog = ("Run tools: fl-sim rerun RUN_DIR [--out DIR] (run a run folder's federation again); "
                      "fl-sim report RUN_DIR (redraw the pictures, print the summary); "
+                     "fl-sim report NODE_DIR... [--out DIR] (merge one federation's fl-node folders); "
                      "fl-sim compare RUN_DIR... [--out DIR] (the runs' metrics side by side).")
     return parser
 
@@ -124,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flmesh.coordinator import run_tools
 
+    if argv and argv[0] == "report":
+        from flmesh.coordinator.report_cli import main as report
+
+        return report(argv)
     if run_tools.is_tool(argv):
         return run_tools.main(argv)
     if argv and argv[0] == "rerun":

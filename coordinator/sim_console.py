@@ -7,6 +7,7 @@ once the flags are read (it loads rich), so ``fl-sim --help`` stays quick.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.markup import escape
@@ -37,10 +38,33 @@ def key(fed: Federation) -> str:
         return ("acc: the global model's accuracy on the nodes' test splits (higher is better); "
                 "F_t: its mean per-class drop since the previous round; F_k: the mean drop on the "
                 "other participants' splits caused by each one's local training (both lower is better)")
-    m = fed.metric
-    return (f"FA: mean {m} of every model on every node's test split (higher is better); "
+    return peer_key(fed.metric) + (PRIVACY_KEY if privacy_column(fed) else "")
+
+
+def peer_key(metric: str) -> str:
+    """The key of a peer run's FA, FF and PFA columns over ``metric``."""
+    return (f"FA: mean {metric} of every model on every node's test split (higher is better); "
             f"FF: their standard deviation, how unevenly the models serve the nodes (lower is "
-            f"better); PFA: mean {m} of each model on its own node's split (higher is better)")
+            f"better); PFA: mean {metric} of each model on its own node's split (higher is better)")
+
+
+#: The key of the privacy column (:func:`privacy_column`), appended to the run's key line.
+PRIVACY_KEY = ("; eps: the most DP epsilon any one client has released so far (per client max; "
+               "a client's spend is the sum of its releases; lower is more private)")
+
+
+def privacy_column(fed: Federation) -> bool:
+    """Whether the run's lines get the privacy column: a federation with a DP replay buffer
+    (``[replay]``; between peers not in mode "local", which releases nothing)."""
+    replay = fed.replay
+    return replay is not None and (fed.aggregator is not None or replay.mode != "local")
+
+
+def max_spent(spent: Mapping[str, float] | None) -> float | None:
+    """The most epsilon any one client has released (0 when none has yet); None without DP."""
+    if spent is None:
+        return None
+    return max(spent.values(), default=0.0)
 
 
 def header(fed: Federation) -> str:
@@ -50,26 +74,36 @@ def header(fed: Federation) -> str:
 
 def columns(fed: Federation) -> str:
     """The column names of :func:`round_line`."""
-    if fed.aggregator is not None:
+    return column_names(fed.aggregator is not None, privacy_column(fed), fed.tasks is not None)
+
+
+def column_names(star: bool, privacy: bool = False, tasks: bool = False) -> str:
+    """The column names of :func:`round_line` for a star or a peer run, with the privacy
+    column (``eps``) and the task columns or without."""
+    if star:
         line = f"{'round':>5}  {'acc %':>6}  {'F_t %':>6}  {'F_k %':>6}  {'updates':>7}  {'s':>6}"
     else:
         line = f"{'round':>5}  {'FA %':>6}  {'FF %':>6}  {'PFA %':>6}  {'missing':>7}  {'s':>6}"
-    return line + ("  task  per-task acc %" if fed.tasks is not None else "")
+    return line + (f"  {'eps':>6}" if privacy else "") + ("  task  per-task acc %" if tasks else "")
 
 
 def round_line(row: RoundRow) -> str:
     """One round's line under :func:`header`: a star row's accuracy, forgetting and updates, or
-    a peer row's FA, FF, PFA and missing models; then the task's accuracies, if any."""
+    a peer row's FA, FF, PFA and missing models; then the most epsilon a client has spent
+    (:func:`max_spent`) when the row records DP spending, and the task's accuracies, if any.
+    A DP federation's rows always record it (:func:`privacy_column` says which do)."""
+    spent = max_spent(row.privacy_spent)
+    eps = "" if spent is None else f"  {spent:6.2f}"
     tasks = ""
     if row.task is not None:
         tasks = f"  {row.task:>4}  " + " ".join(pct(a).strip() for a in row.task_accuracy or [])
     if row.kind == "star":
         updates = f"{len(row.received or [])}/{len(row.selected or [])}"
         return (f"{row.round:>5}  {pct(row.accuracy)}  {pct(row.global_forgetting)}  "
-                f"{pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{tasks}")
+                f"{pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{eps}{tasks}")
     missing = sum(e.missing is not None for e in row.nodes.values())
     return (f"{row.round:>5}  {pct(row.fa)}  {pct(row.ff)}  {pct(row.pfa)}  {missing:>7}  "
-            f"{row.wall_s:6.2f}{tasks}")
+            f"{row.wall_s:6.2f}{eps}{tasks}")
 
 
 def final_table(fed: Federation, summary: Summary) -> Table | None:
@@ -80,16 +114,21 @@ def final_table(fed: Federation, summary: Summary) -> Table | None:
         return None
     table = Table(title=f"{fed.name}: after round {summary.rounds}")
     if summary.kind == "star":
-        for col in ("accuracy %", "FA %", "FF %", "PFA %", "mean F_t %", "wall s"):
-            table.add_column(col, justify="right")
-        table.add_row(pct(final.accuracy), pct(final.fa), pct(final.ff), pct(final.pfa),
-                      pct(summary.mean_global_forgetting), f"{summary.wall_s:.1f}")
+        names = ["accuracy %", "FA %", "FF %", "PFA %", "mean F_t %", "wall s"]
+        values = [pct(final.accuracy), pct(final.fa), pct(final.ff), pct(final.pfa),
+                  pct(summary.mean_global_forgetting), f"{summary.wall_s:.1f}"]
     else:
         best = summary.best_fa or {}
-        for col in ("FA %", "FF %", "PFA %", "best FA %", "wall s"):
-            table.add_column(col, justify="right")
-        table.add_row(pct(final.fa), pct(final.ff), pct(final.pfa),
-                      f"{pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}")
+        names = ["FA %", "FF %", "PFA %", "best FA %", "wall s"]
+        values = [pct(final.fa), pct(final.ff), pct(final.pfa),
+                  f"{pct(best.get('fa'))} (r{int(best.get('round', 0))})", f"{summary.wall_s:.1f}"]
+    spent = max_spent(summary.privacy_spent)
+    if spent is not None:  # a DP replay run: the most any client released (the key's eps)
+        names.insert(-1, "max eps")
+        values.insert(-1, f"{spent:.2f}")
+    for col in names:
+        table.add_column(col, justify="right")
+    table.add_row(*values)
     return table
 
 

@@ -7,7 +7,10 @@
   :attr:`~flmesh.topology.Federation.raw`;
 * ``run.json``: the command line, the file it came from and the folder its relative paths
   resolve against, the transport, the seed, the device and the flmesh, torch, numpy and Python
-  versions (:func:`write_record`).
+  versions (:func:`write_record`);
+
+and, when the run ends, with a DP replay buffer (``[replay]``), ``privacy_ledger.json``: the
+buffer host's privacy ledger (:func:`write_ledger`).
 
 :func:`load_record` reads both back into a :class:`RunRecord` (``fl-sim rerun`` and
 ``fl-sim --resume``); a folder without them, or whose ``federation.toml`` no longer is the
@@ -26,14 +29,18 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flmesh.coordinator.sim import TRANSPORTS, Transport
 from flmesh.node.results import write_atomic
 from flmesh.topology import Federation, FederationError, parse_federation
 
+if TYPE_CHECKING:
+    from flmesh.node.replay_buffer import PrivacyLedger
+
 RUN_FILE = "run.json"
 FEDERATION_FILE = "federation.toml"
+LEDGER_FILE = "privacy_ledger.json"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -142,6 +149,23 @@ def note_resume(folder: Path, after: int, argv: Sequence[str]) -> None:
         {"after_round": after, "command": ["fl-sim", *argv], "versions": versions(),
          "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
     write_atomic(path, json.dumps(record, indent=2) + "\n")
+
+
+def write_ledger(folder: Path, ledger: PrivacyLedger) -> Path:
+    """Write ``folder``/privacy_ledger.json (atomically) from a replay buffer host's ledger:
+    ``releases`` as the host keeps them (client, task, epsilon; the host's own ledger file
+    reads back from it) and ``spent``, each client's epsilon in all (sequential composition:
+    the sum of its releases). Its path. Blocks; safe while the host still records releases (a
+    release replaces the ledger's list whole)."""
+    releases = list(ledger.releases)
+    spent: dict[str, float] = {}
+    for release in releases:
+        client = str(release["client"])
+        spent[client] = spent.get(client, 0.0) + float(release["epsilon"])
+    path = folder / LEDGER_FILE
+    write_atomic(path, json.dumps({"releases": releases, "spent": dict(sorted(spent.items()))},
+                                  indent=1) + "\n")
+    return path
 
 
 def _digest(text: str) -> str:

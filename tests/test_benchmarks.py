@@ -87,6 +87,8 @@ def test_sim_breakdown(tmp_path):
     assert list(only) == [*phases, "whole run"] and all(number(only[p], 0) for p in only)
     assert only["rounds"] > 0 and only["pictures"] > 0, "two rounds ran and their pictures were drawn"
     assert results["median"] == only
+    second = results["second_process"]
+    assert number(second["cpu_s"], 0) and number(second["pss_mib"], 1), "a second process was priced"
 
 
 def test_startup(tmp_path):

@@ -243,8 +243,8 @@ def test_rerunning_refuses_to_overwrite_without_force_and_keeps_results(tmp_path
 
 # ------------------------------------------------------------------------------------------ kubernetes
 def _validate(paths: list[Path]) -> None:
-    done = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "--quiet", *map(str, paths)],
-                          capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", *map(str, paths)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -272,65 +272,80 @@ def test_k8s_manifests_validate_strictly_and_render(tmp_path, capsys, kind, tls)
     kustomization = yaml_file(out / "kustomization.yaml")
     resources = [out / r for r in kustomization["resources"]]
     _validate(resources)
-    assert (out / "pdb.yaml") in resources and ((out / "aggregator-statefulset.yaml") in resources) == star
-    # the derived file: node i is pod i of the StatefulSet, named by the headless Service
+    node_files = [out / f"statefulset-{i}.yaml" for i in range(len(original.nodes))]
+    assert set(node_files) < set(resources) and (out / "pdb.yaml") in resources
+    assert ((out / "aggregator-statefulset.yaml") in resources) == star
+    # the derived file: node i is the one pod of StatefulSet NAME-i, named by the headless Service
     derived = load_federation(out / "federation.toml")
     assert logical(derived) == logical(original)
-    expected = [f"{name}-{i}.{name}:6000" for i in range(len(derived.nodes))]
+    expected = [f"{name}-{i}-0.{name}:6000" for i in range(len(derived.nodes))]
     assert [n.address for n in derived.nodes] == expected
-    assert (out / "node-ids").read_text().split() == original.node_ids
     if star:
         assert derived.aggregator is not None
         assert derived.aggregator.address == f"{name}-aggregator-0.{name}-aggregator:6000"
 
     # the files as written (kubectl may be missing: these checks need none)
-    sts_doc = yaml_file(out / "statefulset.yaml")
-    assert sts_doc["metadata"]["name"] == name
-    sts = sts_doc["spec"]
-    assert sts["replicas"] == len(original.nodes) and sts["serviceName"] == name
-    assert sts["podManagementPolicy"] == "Parallel"
-    assert sts["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
-    pod = sts["template"]["spec"]
-    main = pod["containers"][0]
-    assert [m["name"] for m in main["volumeMounts"]] == ["config", "identity", "state", "tmp"], \
-        "the node container never mounts the Secret"
-    assert "--resume" in main["args"] and main["resources"]["requests"]["cpu"] == "500m"
-    assert pod["securityContext"]["runAsNonRoot"] and main["securityContext"]["readOnlyRootFilesystem"]
-    readiness = main["readinessProbe"]
-    if tls:
-        assert "--tls-cert" in readiness["exec"]["command"] and "grpc" not in readiness
-    else:
-        assert readiness["grpc"] == {"port": 6000, "service": "flmesh.v1.Peer"}
-    assert "--finished-file" in main["livenessProbe"]["exec"]["command"]
+    for i, (path, node_id) in enumerate(zip(node_files, original.node_ids, strict=True)):
+        assert path.read_text().startswith(f"# fl-deploy k8s: {path.name} ({node_id}). ")
+        assert "&id" not in path.read_text(), "no YAML anchors: each value where it is used"
+        sts_doc = yaml_file(path)
+        assert sts_doc["metadata"]["name"] == f"{name}-{i}"
+        assert sts_doc["metadata"]["annotations"] == {"flmesh/node-id": node_id}
+        sts = sts_doc["spec"]
+        assert sts["replicas"] == 1 and sts["serviceName"] == name
+        assert sts["selector"]["matchLabels"]["flmesh/node-index"] == str(i), "its own pod, no other"
+        assert sts["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+        pod = sts["template"]["spec"]
+        main = pod["containers"][0]
+        assert main["args"][:2] == ["--id", node_id]
+        assert [m["name"] for m in main["volumeMounts"]] == (["config", "identity", "state", "tmp"] if tls
+                                                             else ["config", "state", "tmp"]), \
+            "the node container never mounts the Secret"
+        assert [c["name"] for c in pod.get("initContainers", [])] == (["identity"] if tls else [])
+        assert "--resume" in main["args"] and main["resources"]["requests"]["cpu"] == "500m"
+        assert pod["securityContext"]["runAsNonRoot"] and main["securityContext"]["readOnlyRootFilesystem"]
+        readiness = main["readinessProbe"]
+        if tls:
+            assert "--tls-cert" in readiness["exec"]["command"] and "grpc" not in readiness
+        else:
+            assert readiness["grpc"] == {"port": 6000, "service": "flmesh.v1.Peer"}
+            assert "--insecure" in main["args"] and "--tls-key" not in main["args"]
+        assert "--finished-file" in main["livenessProbe"]["exec"]["command"]
     service = yaml_file(out / "service.yaml")["spec"]
     assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"]
-    assert yaml_file(out / "pdb.yaml")["spec"]["maxUnavailable"] == 1
-    assert (yaml_file(out / "aggregator-statefulset.yaml")["spec"]["replicas"] == 1) if star else \
-        not (out / "aggregator-statefulset.yaml").exists()
+    assert "flmesh/node-index" not in service["selector"], "the Service names every node's pod"
+    pdb = yaml_file(out / "pdb.yaml")["spec"]
+    assert pdb["maxUnavailable"] == 1 and pdb["selector"]["matchLabels"] == service["selector"]
+    if star:
+        agg = yaml_file(out / "aggregator-statefulset.yaml")["spec"]
+        assert agg["replicas"] == 1 and agg["template"]["spec"]["containers"][0]["args"][:2] == [
+            "--role", "aggregator"]
+    else:
+        assert not (out / "aggregator-statefulset.yaml").exists()
 
-    # rendered by kustomize: generated (hashed) names, the namespace, the Secrets' keys
+    # rendered by kustomize: generated (hashed) names, the namespace, one Secret per process
     docs = _render(out)
     by_kind: dict[str, list[dict]] = {}
     for d in docs:
         assert d["metadata"].get("namespace") == "fl"
         by_kind.setdefault(d["kind"], []).append(d)
     secrets = {d["metadata"]["name"].rsplit("-", 1)[0]: d for d in by_kind.get("Secret", [])}
-    assert set(secrets) == ({f"{name}-node-tls"} | ({f"{name}-aggregator-tls"} if star else set())
-                            if tls else set())
-    if tls:
-        keys = set(secrets[f"{name}-node-tls"]["data"])
-        assert keys == {"ca.pem"} | {f"{i}.{e}" for i in original.node_ids for e in ("pem", "key")}
-        if star:
-            keys = set(secrets[f"{name}-aggregator-tls"]["data"])
-            assert keys == {"ca.pem", "aggregator.pem", "aggregator.key"}
+    workloads = {f"{name}-{i}": node_id for i, node_id in enumerate(original.node_ids)}
+    workloads.update({f"{name}-aggregator": "aggregator"} if star else {})
+    assert set(secrets) == ({f"{sts}-tls" for sts in workloads} if tls else set())
+    for sts, process in workloads.items() if tls else ():
+        assert set(secrets[f"{sts}-tls"]["data"]) == {"ca.pem", f"{process}.pem", f"{process}.key"}
     configmap = by_kind["ConfigMap"][0]
-    assert set(configmap["data"]) == {"federation.toml", "node-ids"}
+    assert set(configmap["data"]) == {"federation.toml"}
     sets = {d["metadata"]["name"]: d for d in by_kind["StatefulSet"]}
-    assert set(sets) == {name} | ({f"{name}-aggregator"} if star else set())
-    volumes = {v["name"]: v for v in sets[name]["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"], "the hashed name"
-    if tls:
-        assert volumes["tls"]["secret"]["secretName"] == secrets[f"{name}-node-tls"]["metadata"]["name"]
+    assert set(sets) == set(workloads)
+    for sts in workloads:
+        volumes = {v["name"]: v for v in sets[sts]["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"], "the hashed name"
+        if tls:
+            assert volumes["tls"]["secret"]["secretName"] == secrets[f"{sts}-tls"]["metadata"]["name"]
+        else:
+            assert "tls" not in volumes
 
 
 def test_k8s_copies_a_graph_file_into_the_configmap(tmp_path, capsys):

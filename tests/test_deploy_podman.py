@@ -30,6 +30,7 @@ import yaml
 
 from flmesh.node.checkpoint import CHECKPOINT
 from flmesh.node.results import read_rows
+from flmesh.node.wire.certs import load_identity
 
 from conftest import REPO, wait_until
 
@@ -311,9 +312,11 @@ def test_each_node_trains_on_its_own_file_in_its_own_container(tmp_path: Path, c
 
 # ------------------------------------------------------------------- the Kubernetes pods, kubelet-style
 class Pods:
-    """The node pods of ``fl-deploy k8s`` run as a kubelet would, with podman: for every ordinal
-    the init container, then the node container, with the StatefulSet's command, args, user and
-    volumes (the ConfigMap and Secret as folders), on a network where ``NAME-i.NAME`` resolves."""
+    """The node pods of ``fl-deploy k8s`` run as a kubelet would, with podman: for node ``i`` the one
+    pod ``NAME-i-0`` of its StatefulSet ``NAME-i``, the init container, then the node container,
+    with the template's command, args, user and volumes (the ConfigMap as a folder, and the pod's own
+    Secret as a folder holding the items its volume asks for), on a network where ``NAME-i-0.NAME``
+    resolves."""
 
     def __init__(self, root: Path, tls: bool = True):
         self.name = f"{PREFIX}k{uuid.uuid4().hex[:8]}"
@@ -325,54 +328,59 @@ class Pods:
         done = subprocess.run([FL_DEPLOY, "k8s", str(fed), "--out", str(out), *flags],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        self.sts = yaml.safe_load((out / "statefulset.yaml").read_text())
-        spec = self.sts["spec"]["template"]["spec"]
-        self.init, self.main = spec["initContainers"][0], spec["containers"][0]
-        self.user = f"{spec['securityContext']['runAsUser']}:{spec['securityContext']['runAsGroup']}"
-        self.mounts = {v["name"]: v for v in spec["volumes"]}
+        self.pods = [yaml.safe_load((out / f"statefulset-{i}.yaml").read_text())["spec"]["template"]["spec"]
+                     for i in range(len(IDS))]
+        context = self.pods[0]["securityContext"]
+        self.user = f"{context['runAsUser']}:{context['runAsGroup']}"
         config = root / "config"  # the ConfigMap, as the kubelet projects it
         config.mkdir()
-        for name in ("federation.toml", "node-ids"):
-            shutil.copy(out / name, config / name)
+        shutil.copy(out / "federation.toml", config / "federation.toml")
         self.volumes: dict[str, Path] = {"config": config}
-        if tls:  # the Secret: readable by the pod's fsGroup
-            secret = root / "secret"
-            secret.mkdir()
-            for f in (out / "certs").iterdir():
-                shutil.copy(f, secret / f.name)
-                os.chown(secret / f.name, 0, 10001)
-                os.chmod(secret / f.name, 0o440)
-            self.volumes["tls"] = secret
+        for ordinal, pod in enumerate(self.pods):  # each pod's own Secret: readable by the pod's fsGroup
+            for volume in pod["volumes"]:
+                if "secret" not in volume:
+                    continue
+                secret = root / f"pod{ordinal}" / volume["name"]
+                secret.mkdir(parents=True)
+                for item in volume["secret"]["items"]:
+                    shutil.copy(out / "certs" / item["key"], secret / item["path"])
+                    os.chown(secret / item["path"], 0, 10001)
+                    os.chmod(secret / item["path"], volume["secret"]["defaultMode"])
         self.network = f"{self.name}-net"
         podman("network", "create", self.network)
         self.containers: list[str] = []
+
+    def pod(self, ordinal: int) -> str:
+        return f"{self.name}-{ordinal}-0"
 
     def _volume_args(self, container: dict, ordinal: int) -> list[str]:
         args = []
         for m in container["volumeMounts"]:
             source = self.volumes.get(m["name"])
-            if source is None:  # emptyDir and the volume claim: one folder per pod
+            if source is None:  # the Secret, emptyDir and the volume claim: one folder per pod
                 source = self.root / f"pod{ordinal}" / m["name"]
-                source.mkdir(parents=True, exist_ok=True)
-                os.chown(source, 10001, 10001)
+                if not source.exists():
+                    source.mkdir(parents=True)
+                    os.chown(source, 10001, 10001)
             args += ["-v", f"{source}:{m['mountPath']}{':ro' if m.get('readOnly') else ''}"]
         return args
 
     def start(self, ordinal: int) -> None:
-        pod = f"{self.name}-{ordinal}"
-        podman("run", "--rm", "--user", self.user, "-e", f"POD_NAME={pod}", "--network", "none",
-               *self._volume_args(self.init, ordinal), "--entrypoint", self.init["command"][0], IMAGE,
-               *self.init["command"][1:])
-        command = self.main["command"]
+        pod, spec = self.pod(ordinal), self.pods[ordinal]
+        for init in spec.get("initContainers", []):
+            podman("run", "--rm", "--user", self.user, "--network", "none",
+                   *self._volume_args(init, ordinal), "--entrypoint", init["command"][0], IMAGE,
+                   *init["command"][1:])
+        main = spec["containers"][0]
         self.containers.append(pod)
         podman("run", "-d", "--name", pod, "--user", self.user, "--network", self.network,
                "--network-alias", f"{pod}.{self.name}", "--hostname", pod,
-               *self._volume_args(self.main, ordinal), "--entrypoint", command[0], IMAGE,
-               *command[1:], *self.main["args"])
+               *self._volume_args(main, ordinal), "--entrypoint", main["command"][0], IMAGE,
+               *main["command"][1:], *main["args"])
 
     def probe(self, ordinal: int, kind: str) -> int:
-        command = self.main[kind]["exec"]["command"]
-        return podman("exec", f"{self.name}-{ordinal}", *command, check=False).returncode
+        command = self.pods[ordinal]["containers"][0][kind]["exec"]["command"]
+        return podman("exec", self.pod(ordinal), *command, check=False).returncode
 
     def state_dir(self, ordinal: int) -> Path:
         return self.root / f"pod{ordinal}" / "state"
@@ -399,11 +407,14 @@ def test_the_statefulset_pods_run_the_federation_and_idle_when_finished(tmp_path
         assert pods.probe(0, "livenessProbe") == 0
         for ordinal in range(1, len(IDS)):
             pods.start(ordinal)
-        # every pod found its node id from its ordinal, got only its own key, and serves over mTLS
+        # every pod got only its own key, from its own Secret, and serves over mTLS as its node
         for ordinal, node_id in enumerate(IDS):
+            for volume in ("tls", "identity"):
+                folder = tmp_path / f"pod{ordinal}" / volume
+                assert sorted(p.name for p in folder.iterdir()) == ["ca.pem", "node.key", "node.pem"]
             identity = tmp_path / f"pod{ordinal}" / "identity"
-            assert (identity / "id").read_text().strip() == node_id
-            assert sorted(p.name for p in identity.iterdir()) == ["ca.pem", "id", "node.key", "node.pem"]
+            assert load_identity(identity / "node.pem", identity / "node.key", identity / "ca.pem",
+                                 expected_id=node_id).node_id == node_id
         finished = [pods.state_dir(i) / ".finished" for i in range(len(IDS))]
         try:
             wait_until(lambda: all(f.exists() for f in finished), timeout=600, interval=1)
@@ -413,7 +424,7 @@ def test_the_statefulset_pods_run_the_federation_and_idle_when_finished(tmp_path
             summary = json.loads((pods.state_dir(ordinal) / "summary.json").read_text())
             assert summary["node"] == node_id and summary["rounds"] == ROUNDS, summary
             assert summary["missing_peers"] == [], summary
-            state = json.loads(podman("inspect", f"{pods.name}-{ordinal}").stdout)[0]["State"]
+            state = json.loads(podman("inspect", pods.pod(ordinal)).stdout)[0]["State"]
             assert state["Status"] == "running", "a finished node idles instead of exiting"
             # liveness and startup pass on a finished node; readiness does not (it serves no more)
             assert pods.probe(ordinal, "livenessProbe") == 0
@@ -421,8 +432,8 @@ def test_the_statefulset_pods_run_the_federation_and_idle_when_finished(tmp_path
             assert pods.probe(ordinal, "readinessProbe") == 1
         # SIGTERM (a pod deletion) ends an idle pod: it exits 0 on the signal, not 137 after the
         # grace period's SIGKILL
-        podman("stop", "-t", "60", f"{pods.name}-0")
-        state = json.loads(podman("inspect", f"{pods.name}-0").stdout)[0]["State"]
+        podman("stop", "-t", "60", pods.pod(0))
+        state = json.loads(podman("inspect", pods.pod(0)).stdout)[0]["State"]
         assert state["Status"] == "exited" and state["ExitCode"] == 0, state
     finally:
         pods.remove()

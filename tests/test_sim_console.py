@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +125,69 @@ def test_a_rewind_target_without_data_yet_is_a_note_in_the_row_not_a_warning(tmp
     node0 = rows[1]["nodes"]["node0"]
     assert node0["notes"] == ["rewind: node3 holds no training data yet; trained its 4 steps locally"]
     assert node0["rewound_to"] is None
+
+
+def _dp(star: bool = False, mode: str = "client"):
+    raw = tiny_raw(nodes=4, rounds=2, data={"partition": "iid"},
+                   tasks={"scenario": "novel_targets", "tasks": 2, "rounds_per_task": 1, "initial_clients": 2,
+                          "joining_clients": 2, "participation": "full"},
+                   **({"aggregator": {"fraction": 1.0, "deadline_s": 60}} if star else {}))
+    raw["replay"] = {"mode": mode, "epsilon": 10.0}
+    return parse_federation(raw, source="dp.toml")
+
+
+def test_a_dp_run_gets_the_eps_column_keyed_as_the_per_client_max():
+    fed = _dp()
+    assert "eps: the most DP epsilon any one client has released so far (per client max" in key(fed)
+    assert columns(fed) == "round    FA %    FF %   PFA %  missing       s     eps  task  per-task acc %"
+    row = RoundRow(2, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=0.5, wall_s=1.0, task=1, task_accuracy=[0.5],
+                   privacy_spent={"node0": 10.0, "node1": 20.0, "node2": 0.0})
+    assert round_line(row) == "    2   50.00   25.00   50.00        0    1.00   20.00     1  50.00"
+    at = columns(fed).index("eps")
+    assert round_line(row)[at - 3:at + 3] == " 20.00"  # right-aligned under its name
+    assert "eps" in columns(_dp(star=True)) and "eps" in columns(_dp(star=True, mode="local"))
+    assert "eps" not in columns(_dp(mode="local")) and "eps" not in key(_peer())  # nothing released
+    summary = Summary("peer", "fl-sim", "dp", "dp.toml", 3, 2, 2, False, final=Final(2, fa=0.5),
+                      privacy_spent={"node0": 10.0, "node1": 20.0})
+    table = _rendered(final_table(fed, summary))
+    assert "max eps" in table and "20.00" in table
+
+
+DP_PEER = CONTINUAL.replace("rounds = 4", "rounds = 2").replace("rounds_per_task = 2",
+                                                               "rounds_per_task = 1") + """
+[replay]
+mode = "client"
+host = "node2"
+epsilon = 10.0
+"""
+
+
+DP_STAR = DP_PEER.replace('host = "node2"\n', "") + """
+[aggregator]
+fraction = 1.0
+deadline_s = 60
+"""
+
+
+@pytest.mark.parametrize("text", [DP_PEER, DP_STAR], ids=["peer", "star"])
+def test_a_dp_run_folder_holds_the_ledger_and_the_privacy_picture(tmp_path, text):
+    fed = tmp_path / "dp.toml"
+    fed.write_text(text)
+    out = tmp_path / "run"
+    done = subprocess.run([FL_SIM, str(fed), "--out", str(out)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    ledger = json.loads((out / "privacy_ledger.json").read_text())
+    assert {(r["client"], r["task"], r["epsilon"]) for r in ledger["releases"]} == {
+        ("node0", 0, 10.0), ("node1", 0, 10.0)}
+    assert ledger["spent"] == {"node0": 10.0, "node1": 10.0}
+    rows = read_rows(out / "rounds.jsonl")
+    assert max(rows[-1]["privacy_spent"].values()) == 10.0
+    lines = done.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("round "))
+    assert "eps" in head
+    last = next(line for line in lines if line.startswith("    2  "))
+    at = head.index("eps")
+    assert last[at - 3:at + 3] == " 10.00"  # the eps column, right-aligned under its name
+    summary = json.loads((out / "summary.json").read_text())
+    assert str(out / "privacy.png") in summary["pictures"] and (out / "privacy.png").stat().st_size > 0

@@ -28,7 +28,6 @@ reads files and runs user code.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ import torch
 from flmesh.node.learning import partitions
 from flmesh.node.learning.data import SEED_SPLIT, ArrayData, DataError, NodeData
 from flmesh.node.learning.image_folder import read_image_folder
+from flmesh.node.learning.node_files import FORMATS, read_file
 from flmesh.node.learning.streamed import (
     DatasetData,
     as_input,
@@ -51,7 +51,6 @@ from flmesh.node.user_code import UserCodeError, load_callable
 from flmesh.topology import DataConfig, Federation
 
 Pair = tuple[Any, Any]
-FORMATS = (".npz", ".csv")
 RETURNS = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, "
            "or a torch Dataset of (x, y) items")
 
@@ -230,74 +229,6 @@ def own_data(federation: Federation, node_id: str, *, path: Path | None = None, 
     rng = np.random.default_rng([federation.seed, SEED_SPLIT, federation.node(node_id).index])
     train_idx, test_idx = partitions.train_test_split(np.arange(len(data)), cfg.test_fraction, rng)
     return NodeData(data.subset(train_idx), data.subset(test_idx))
-
-
-def read_file(path: Path, what: str, label_column: str) -> tuple[Pair, Pair | None]:
-    """A node's own ``.npz`` or ``.csv`` file, unchecked: (train, test or None) pairs."""
-    if not path.suffix and not path.exists():
-        raise DataError(f"{what}: no such file or folder")
-    if path.suffix.lower() not in FORMATS:
-        raise DataError(f"{what}: unknown format {path.suffix or '(no extension)'!r} "
-                        f"(expected {' or '.join(FORMATS)})")
-    if not path.exists():
-        raise DataError(f"{what}: no such file")
-    if not path.is_file():
-        raise DataError(f"{what}: not a regular file")
-    if path.suffix.lower() == ".csv":
-        return _read_csv(path, what, label_column), None
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            found = dict(arrays.items())
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{what}: cannot read it as .npz: {exc}") from None
-    for key in ("x", "y"):
-        if key not in found:
-            raise DataError(f"{what}: holds no {key!r} array" + (" (no labels)" if key == "y" else "")
-                            + f"; its arrays: {', '.join(found) or 'none'}")
-    return _pairs(found, what)
-
-
-def _read_csv(path: Path, what: str, label_column: str) -> Pair:
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{what}: cannot read it as CSV: {exc}") from None
-    if not rows:
-        raise DataError(f"{what}: is empty, expected a header and one row per sample")
-    header = [h.strip() for h in rows[0]]
-    if label_column not in header:
-        raise DataError(f"{what}: has no label column {label_column!r} (its columns: "
-                        f"{', '.join(header)}); name it with --label-column or [data] label_column")
-    if len(header) < 2:
-        raise DataError(f"{what}: has only the label column {label_column!r}, no feature columns")
-    at = header.index(label_column)
-    x, y = [], []
-    for line, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
-        if len(row) != len(header):
-            raise DataError(f"{what}: line {line} has {len(row)} fields, the header {len(header)}")
-        label = row[at].strip()
-        try:
-            value = float(label)
-        except ValueError:
-            value = 0.5
-        if not value.is_integer() or abs(value) > 2**53:  # NaN, infinity and 1.5 are not labels
-            raise DataError(f"{what}: line {line}, column {label_column!r}: {label!r} "
-                            "is not an integer label")
-        y.append(int(value))
-        values = []
-        for i, (name, text) in enumerate(zip(header, row, strict=True)):
-            if i == at:
-                continue
-            try:
-                values.append(float(text))
-            except ValueError:
-                raise DataError(f"{what}: line {line}, column {name!r}: {text.strip()!r} "
-                                "is not a number") from None
-        x.append(values)
-    return np.asarray(x, dtype=np.float64).reshape(len(x), len(header) - 1), np.asarray(y, dtype=np.int64)
 
 
 __all__ = ["FORMATS", "call_source", "labelled", "load_source", "own_data", "read_file"]
