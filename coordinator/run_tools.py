@@ -1,10 +1,10 @@
-"""Tools for finished runs: ``fl-sim report RUN_DIR`` and ``fl-sim compare RUN_DIR... --out PNG``.
+"""Tools for finished runs: ``fl-sim report RUN_DIR`` and ``fl-sim compare RUN_DIR... [--out DIR]``.
 
 A run folder is what every writer leaves (``fl-sim``, ``fl-node``, the
 aggregator): ``rounds.jsonl`` and ``summary.json`` in one schema
 (:mod:`flmesh.node.results`). ``report`` redraws the run's pictures into the
-folder and prints its summary table; ``compare`` overlays the runs' accuracy
-curves in one PNG and prints their final metrics side by side. Bad input (a
+folder and prints its summary table; ``compare`` (:mod:`~flmesh.coordinator.compare`)
+draws the runs' metrics side by side and prints their final metrics. Bad input (a
 folder that is not a run, a broken file) is one line and exit 2.
 """
 
@@ -60,15 +60,6 @@ def _json(text: str, where: str) -> Any:
         raise RunError(f"{where}: not JSON ({exc.msg})") from None
 
 
-def curve(rows: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float], str]:
-    """(rounds, accuracy in %, what it is): the global model's accuracy for star runs, FA for peer
-    runs (rounds without an evaluation are skipped)."""
-    star = bool(rows) and rows[0].get("kind") == "star"
-    key, label = ("accuracy", "global accuracy") if star else ("fa", "FA")
-    points = [(int(r["round"]), 100 * float(r[key])) for r in rows if r.get(key) is not None]
-    return [p[0] for p in points], [p[1] for p in points], label
-
-
 def final_metrics(summary: Mapping[str, Any]) -> dict[str, str]:
     """The summary's last-round metrics, formatted as the table columns (``-``: not measured)."""
     final = summary.get("final") or {}
@@ -110,47 +101,18 @@ def report(folder: Path) -> int:
     return 0
 
 
-def compare(folders: Sequence[Path], out: Path) -> int:
-    runs = [(folder, *load_run(folder)) for folder in folders]
-    from flmesh.coordinator.pictures import _pyplot
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for folder, rows, _summary in runs:
-        xs, ys, label = curve(rows)
-        ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label=f"{folder.name} ({label})")
-    ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=110)
-    except OSError as exc:
-        raise RunError(f"--out {out}: cannot write it: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    names = [folder.name if [f.name for f, *_ in runs].count(folder.name) == 1 else str(folder)
-             for folder, *_ in runs]
-    print_table([(name, summary) for name, (_f, _r, summary) in zip(names, runs, strict=True)],
-                f"{len(runs)} runs")
-    print(f"accuracy curves: {out}")
-    return 0
-
-
 def main(argv: list[str]) -> int:
-    """``argv`` after ``fl-sim``: ``report RUN_DIR`` or ``compare RUN_DIR... [--out PNG]``."""
+    """``argv`` after ``fl-sim``: ``report RUN_DIR`` or ``compare RUN_DIR... [--out DIR]``."""
+    if argv[0] == "compare":
+        from flmesh.coordinator import compare
+
+        return compare.main(argv[1:])
     p = OneLineParser(prog=f"fl-sim {argv[0]}")
-    if argv[0] == "report":
-        p.description = "Redraw a finished run's pictures and print its summary table."
-        p.add_argument("run", type=Path, help="a run folder (rounds.jsonl and summary.json)")
-    else:
-        p.description = "Overlay several runs' accuracy curves in one PNG; print their final metrics."
-        p.add_argument("runs", type=Path, nargs="+", help="run folders")
-        p.add_argument("--out", type=Path, default=Path("compare.png"), help="the PNG (default compare.png)")
+    p.description = "Redraw a finished run's pictures and print its summary table."
+    p.add_argument("run", type=Path, help="a run folder (rounds.jsonl and summary.json)")
     args = p.parse_args(argv[1:])
     try:
-        return report(args.run) if argv[0] == "report" else compare(args.runs, args.out)
+        return report(args.run)
     except RunError as exc:
         print(f"fl-sim {argv[0]}: error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
     fl-sim --resume RUN_DIR
     fl-sim rerun RUN_DIR [--out DIR]
     fl-sim report RUN_DIR | fl-sim report NODE_DIR... [--out DIR]
-    fl-sim compare RUN_DIR... [--out PNG]
+    fl-sim compare RUN_DIR... [--out DIR]
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
 percent); writes DIR/rounds.jsonl, DIR/summary.json, pictures (none with
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.epilog = ("Run tools: fl-sim rerun RUN_DIR [--out DIR] (run a run folder's federation again); "
                      "fl-sim report RUN_DIR (redraw the pictures, print the summary); "
                      "fl-sim report NODE_DIR... [--out DIR] (merge one federation's fl-node folders); "
-                     "fl-sim compare RUN_DIR... [--out PNG] (overlay accuracy curves).")
+                     "fl-sim compare RUN_DIR... [--out DIR] (the runs' metrics side by side).")
     return parser
 
 

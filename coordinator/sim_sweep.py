@@ -7,7 +7,10 @@ settings, seed, exit code, final metrics) and gives, per combination, the mean a
 sample standard deviation over its seeds of the final metrics (FA, FF, PFA, and a star
 federation's global accuracy). It is rewritten after every run, so an interrupted sweep
 still has an index of the runs it finished. Each subfolder is an ordinary run folder
-(``fl-sim report``, ``fl-sim rerun``, ``fl-sim --resume`` take it).
+(``fl-sim report``, ``fl-sim rerun``, ``fl-sim --resume`` take it). When the runs drew their
+pictures, ``bands.png`` beside them shows each metric per round, per combination: the mean
+over its seeds with a ± std band (``bands.json``: its numbers; ``fl-sim compare SWEEP_DIR``
+draws the same).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import itertools
 import json
 import re
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +161,20 @@ class Sweep:
                         "mean": mean, "std": std})
         return out
 
+    def draw(self) -> Path:
+        """Draw ``bands.png`` and write ``bands.json`` (:mod:`~flmesh.coordinator.compare`'s
+        panels of the finished runs, a band per combination over its seeds) and name them in
+        sweep.json; the picture's path. Blocks."""
+        from flmesh.coordinator import compare
+
+        content = compare.build(compare.collect([self.folder]), "std")
+        content["title"] = f"{self.head['federation']} sweep — {content['title'].partition(' — ')[2]}"
+        picture, curves = compare.write(content, self.folder, "bands")
+        self.head.update(picture=picture.name, curves=curves.name)
+        write_atomic(self.folder / INDEX, json.dumps({**self.head, "runs": self.runs,
+                                                      "groups": self.groups()}, indent=2) + "\n")
+        return picture
+
     def table(self) -> Any:
         """The mean ± std table (a rich Table) of :meth:`groups`."""
         from rich.table import Table
@@ -179,13 +197,22 @@ class Sweep:
 def run_sweep(sweep: Sweep, todo: Sequence[Point],
               run: Callable[[Point, Path], tuple[int, Summary | None]]) -> int:
     """Run every point (``run(point, folder)``: its exit code and summary) into its subfolder;
-    stop at the first interrupted run. The sweep's exit code: 130 when interrupted, 1 when a
-    run failed, 2 when one could not start, else 0."""
-    worst = 0
+    stop at the first interrupted run. Then, when the runs drew their pictures, draw the sweep's
+    (:meth:`Sweep.draw`). The sweep's exit code: 130 when interrupted, 1 when a run failed or
+    the sweep's picture could not be drawn (one line on stderr), 2 when a run could not start,
+    else 0."""
+    worst, drew = 0, False
     for point in todo:
         code, summary = run(point, sweep.folder / point.folder)
         sweep.add(point, code, summary)
         if code == 130:
             return 130
-        worst = max(worst, code)
+        worst, drew = max(worst, code), drew or bool(summary and summary.pictures)
+    if drew:
+        try:
+            sweep.draw()
+        except Exception as exc:  # a full disk, a sweep without a finished run: one line, not a traceback
+            print(f"fl-sim: error: cannot draw the sweep's picture in {sweep.folder}: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            worst = max(worst, 1)
     return worst
