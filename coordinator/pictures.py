@@ -90,7 +90,7 @@ def _heading(fig: Any, ax: Any, title: str, fixed: bool = True) -> None:
         fig.subplots_adjust(**{**FIXED_MARGINS, "top": FIXED_MARGINS["top"] - 0.045 * text.count("\n")})
 
 
-def _save(fig: Any, path: Path, title: str, **options: Any) -> None:
+def save(fig: Any, path: Path, title: str, **options: Any) -> None:
     """Save ``fig`` as a PNG whose ``Title`` text field is ``title``."""
     fig.savefig(path, metadata={"Title": title}, **PNG, **options)
 
@@ -140,7 +140,7 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path, title: str = ""
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     _heading(fig, ax, title)
-    _save(fig, path, title)
+    save(fig, path, title)
     plt.close(fig)
     return path
 
@@ -160,7 +160,7 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "
     ax.set_ylabel("class")
     fig.colorbar(image, ax=ax, label="accuracy (%)")
     _heading(fig, ax, title)
-    _save(fig, path, title)
+    save(fig, path, title)
     plt.close(fig)
     return path
 
@@ -188,7 +188,7 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: 
     fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
     _heading(fig, ax, title, fixed=False)
     fig.tight_layout()
-    _save(fig, path, title)
+    save(fig, path, title)
     plt.close(fig)
     return path
 
@@ -215,7 +215,7 @@ def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -
     ax.legend(loc="lower left", fontsize="small", ncol=2)
     _heading(fig, ax, title, fixed=False)
     fig.tight_layout()
-    _save(fig, path, title)
+    save(fig, path, title)
     plt.close(fig)
     return path
 
@@ -255,6 +255,6 @@ def plot_panels(panels: Sequence[Mapping[str, Any]], path: Path, title: str) -> 
     fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=1 if max(map(len, labels), default=0) > 40 else min(3, len(labels)), fontsize=9,
                frameon=False)
-    _save(fig, path, title, bbox_inches="tight")  # bbox "tight": the legend below is kept whole
+    save(fig, path, title, bbox_inches="tight")  # bbox "tight": the legend below is kept whole
     plt.close(fig)
     return path

@@ -8,6 +8,7 @@ column (:func:`~flmesh.coordinator.sim_console.max_spent`). Drawn from the rows'
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def plot_privacy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
 
-    from flmesh.coordinator.pictures import PNG
+    from flmesh.coordinator.pictures import run_title, save
 
     spent = [(int(r["round"]), dict(r["privacy_spent"])) for r in rows if r.get("privacy_spent") is not None]
     clients = sorted({c for _, s in spent for c in s})
@@ -51,7 +52,9 @@ def plot_privacy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize="small", ncol=2)
+    title = run_title(path.parent, rows)
+    ax.set_title(textwrap.fill(title, 80), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, pil_kwargs=PNG["pil_kwargs"])
+    save(fig, path, title)
     plt.close(fig)
     return path

@@ -1,22 +1,19 @@
-"""Tools for finished runs: ``fl-sim report RUN_DIR`` and ``fl-sim compare RUN_DIR... [--out DIR]``.
+"""What the run tools share (``fl-sim report``: :mod:`~flmesh.coordinator.report_cli`;
+``fl-sim compare``: :mod:`~flmesh.coordinator.compare`): reading a run folder and printing
+final metrics.
 
 A run folder is what every writer leaves (``fl-sim``, ``fl-node``, the
 aggregator): ``rounds.jsonl`` and ``summary.json`` in one schema
-(:mod:`flmesh.node.results`). ``report`` redraws the run's pictures into the
-folder and prints its summary table; ``compare`` (:mod:`~flmesh.coordinator.compare`)
-draws the runs' metrics side by side and prints their final metrics. Bad input (a
-folder that is not a run, a broken file) is one line and exit 2.
+(:mod:`flmesh.node.results`). A folder that is not a run, or a broken file, is a
+:class:`RunError` of one line.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from flmesh.node.cli_common import OneLineParser
 
 COLUMNS = ("rounds", "accuracy %", "FA %", "FF %", "PFA %", "best FA %", "mean F_t %", "wall s")
 
@@ -88,37 +85,3 @@ def print_table(named: Sequence[tuple[str, Mapping[str, Any]]], title: str) -> N
         values = final_metrics(summary)
         table.add_row(name, *(values[c] for c in COLUMNS))
     Console(highlight=False).print(table)
-
-
-def report(folder: Path) -> int:
-    from flmesh.coordinator.pictures import draw
-
-    rows, summary = load_run(folder)
-    pictures = draw(rows, folder)
-    status = "interrupted" if summary.get("interrupted") else "finished"
-    print_table([(folder.name, summary)], f"{summary.get('federation', folder.name)} ({status})")
-    print("pictures: " + (", ".join(str(p) for p in pictures) if pictures else "none (no rounds)"))
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    """``argv`` after ``fl-sim``: ``report RUN_DIR`` or ``compare RUN_DIR... [--out DIR]``."""
-    if argv[0] == "compare":
-        from flmesh.coordinator import compare
-
-        return compare.main(argv[1:])
-    p = OneLineParser(prog=f"fl-sim {argv[0]}")
-    p.description = "Redraw a finished run's pictures and print its summary table."
-    p.add_argument("run", type=Path, help="a run folder (rounds.jsonl and summary.json)")
-    args = p.parse_args(argv[1:])
-    try:
-        return report(args.run)
-    except RunError as exc:
-        print(f"fl-sim {argv[0]}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def is_tool(argv: Sequence[str]) -> bool:
-    """Whether ``fl-sim`` was called as a run tool (a federation file called ``report`` is ``./report``)."""
-    return bool(argv) and argv[0] in ("report", "compare")
-

@@ -123,14 +123,14 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from flmesh.coordinator import run_tools
-
     if argv and argv[0] == "report":
         from flmesh.coordinator.report_cli import main as report
 
         return report(argv)
-    if run_tools.is_tool(argv):
-        return run_tools.main(argv)
+    if argv and argv[0] == "compare":
+        from flmesh.coordinator.compare import main as compare
+
+        return compare(argv[1:])
     if argv and argv[0] == "rerun":
         return _rerun(argv)
     return _run(build_parser().parse_args(argv), argv)
@@ -226,7 +226,9 @@ def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, ov
     console = Console(highlight=False)
     code = run_sweep(sweep, todo, lambda point, folder: run_one(plan(feds[point], folder, label)))
     console.print(sweep.table())
-    say(console, f"sweep: {out / 'sweep.json'} ({len(sweep.runs)} of {len(todo)} runs)")
+    bands = out / "bands.png"
+    say(console, f"sweep: {out / 'sweep.json'} ({len(sweep.runs)} of {len(todo)} runs)"
+        + (f"; curves with a band: {bands}" if bands.exists() else ""))
     return code
 
 

@@ -3,6 +3,8 @@ sweep's seeds as bands; the titles of a run's pictures; the bands a sweep draws 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import statistics
 from pathlib import Path
@@ -60,7 +62,10 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
                  ["peer.toml", "--set", "federation.seed=2", "--set", "rewind.lambda=0.2", "--out", "two"],
                  ["star.toml", "--out", "star"],
                  ["peer.toml", "--seeds", "1,2", "--sweep", "rewind.lambda=0.1,0.2", "--out", "sweep"]):
-        assert main([str(root / argv[0]), *argv[1:-1], str(root / argv[-1]), "--quiet"]) == 0
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main([str(root / argv[0]), *argv[1:-1], str(root / argv[-1]), "--quiet"]) == 0
+        (root / f"{argv[-1]}.printed").write_text(printed.getvalue())
     return root
 
 
@@ -139,6 +144,7 @@ def test_a_sweep_draws_its_own_bands(made):
     assert [len(c["runs"]) for c in fa] == [2, 2] and all(c["band"] == "mean ± std" for c in fa)
     title = Image.open(made / "sweep" / "bands.png").text["Title"]
     assert title == bands["title"] and title.startswith("tiny sweep — 4 runs, 2 curves")
+    assert f"curves with a band: {made / 'sweep' / 'bands.png'}" in (made / "sweep.printed").read_text()
 
 
 def test_the_default_folder_is_named_under_runs(made, tmp_path, capsys, monkeypatch):

@@ -301,10 +301,11 @@ def test_tensorboard_report_and_compare(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert (one / "accuracy.png").exists() and "one" in printed and "FA %" in printed
 
-    png = tmp_path / "both.png"
-    assert sim_main(["compare", str(one), str(two), "--out", str(png)]) == 0
+    both = tmp_path / "both"
+    assert sim_main(["compare", str(one), str(two), "--out", str(both)]) == 0
     printed = capsys.readouterr().out
-    assert png.stat().st_size > 0 and "one" in printed and "two" in printed
+    assert (both / "compare.png").stat().st_size > 0 and (both / "compare.json").exists()
+    assert "one" in printed and "two" in printed
     summaries = [json.loads((d / "summary.json").read_text()) for d in (one, two)]
     finals = [run_tools.final_metrics(s)["FA %"] for s in summaries]
     assert all(f in printed for f in finals)

@@ -191,3 +191,9 @@ def test_a_dp_run_folder_holds_the_ledger_and_the_privacy_picture(tmp_path, text
     assert last[at - 3:at + 3] == " 10.00"  # the eps column, right-aligned under its name
     summary = json.loads((out / "summary.json").read_text())
     assert str(out / "privacy.png") in summary["pictures"] and (out / "privacy.png").stat().st_size > 0
+    from PIL import Image
+
+    from flmesh.coordinator.pictures import run_title
+
+    title = Image.open(out / "privacy.png").text["Title"]
+    assert title == run_title(out, rows)  # titled like the run's other pictures
