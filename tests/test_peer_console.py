@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import subprocess
+import sys
 import threading
 
 import pytest
@@ -97,6 +99,23 @@ def test_two_fl_nodes_one_plaintext_one_mtls_each_say_why_in_one_line(tmp_path):
                          ], errs["a"]
     assert said["b"] == [f"fl-node b: error: cannot reach a at {address['a']}: TLS handshake failed "
                          "(is a serving plaintext? this node uses mTLS)"], errs["b"]
+
+
+@pytest.mark.parametrize("module", ["flmesh.coordinator.sim_cli", "flmesh.coordinator.node_entry"])
+@pytest.mark.parametrize(("given", "seen"), [(None, "ERROR"), ("INFO", "INFO")])
+def test_fl_sim_and_fl_node_keep_grpcs_core_to_errors_unless_the_user_chose(module, given, seen):
+    """``cli_common.quiet_grpc_core``: set by the entry point, before grpc is imported (its core
+    reads the variable once) and inherited by the processes fl-sim starts."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    if given is not None:
+        env["GRPC_VERBOSITY"] = given
+    script = (f"import os, sys, {module} as m\n"
+              "m.main = lambda: print(os.environ.get('GRPC_VERBOSITY'), 'grpc' in sys.modules) or 0\n"
+              "m.entry()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [seen, "False"]
 
 
 def failed_delivery(node: str) -> None:
