@@ -88,6 +88,16 @@ def test_every_example_is_valid():
         load_federation(path)
 
 
+def test_the_readmes_federation_file_with_its_node_table_is_valid(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    start = readme.index('```toml\n[federation]\nname = "quickstart"') + len("```toml\n")
+    text = readme[start:readme.index("```", start)]
+    assert "\n# [nodes.node3]" in text and "\n# epochs = 1\n" in text
+    text = text.replace("\n# [nodes.node3]", "\n[nodes.node3]").replace("\n# epochs = 1\n", "\nepochs = 1\n")
+    fed = load_federation(write(tmp_path, text))
+    assert len(fed.nodes) == 10 and [n.id for n in fed.nodes if n.training.epochs == 1] == ["node3"]
+
+
 # (replace this, with that) -> the message that must appear, after "fed.toml: "
 MALFORMED = [
     ('name = "demo"\n', "", "[federation] name: required key is missing"),
