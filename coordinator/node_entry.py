@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The ``fl-node`` console command: :func:`main`, and its exit code."""
-    from flmesh.node.cli_common import one_blas_thread
+    from flmesh.node.cli_common import one_blas_thread, quiet_grpc_core
 
     one_blas_thread()
+    quiet_grpc_core()
     sys.exit(main())
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from flmesh.node.cli_common import OneLineParser, one_blas_thread
+from flmesh.node.cli_common import OneLineParser, one_blas_thread, quiet_grpc_core
 
 if TYPE_CHECKING:
     from flmesh.coordinator.sim_run import RunPlan
@@ -145,8 +145,11 @@ def _setup_logging(level: str, log_format: str) -> None:
 
         setup_logging("fl-sim", level, "json", "fl-sim")
     else:
-        logging.basicConfig(level=level, format="%(message)s",
-                            handlers=[RichHandler(console=Console(stderr=True), show_path=False)])
+        from flmesh.node.observe import NodeNamed
+
+        handler = RichHandler(console=Console(stderr=True), show_path=False)
+        handler.setFormatter(NodeNamed("%(message)s"))  # many nodes share fl-sim's log: name each
+        logging.basicConfig(level=level, handlers=[handler])
 
 
 def _error(message: str) -> int:
@@ -290,6 +293,7 @@ def _rerun(argv: list[str]) -> int:
 def entry() -> NoReturn:
     """The ``fl-sim`` console command: :func:`main`, and its exit code."""
     one_blas_thread()
+    quiet_grpc_core()
     sys.exit(main())
 
 

@@ -38,6 +38,14 @@ def check_seconds(flag: str, value: float) -> float:
     return value
 
 
+def quiet_grpc_core() -> None:
+    """Keep gRPC's C core to its errors unless the user chose (``GRPC_VERBOSITY``, gRPC's public
+    setting): a failed TLS handshake otherwise prints the core's own INFO lines, in its own
+    format, before flmesh's one line that names the peer and the cause. Children started
+    later inherit it. Call before grpc is imported: from a console entry point."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def one_blas_thread() -> None:
     """Give numpy's OpenBLAS one thread unless the user chose (``OPENBLAS_NUM_THREADS``). flmesh
     multiplies no numpy matrices (its arrays are metrics and rows; torch has its own threads),

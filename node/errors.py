@@ -44,6 +44,12 @@ class PeerError(RuntimeError):
         return self.code in RETRYABLE
 
 
+class TlsMismatch(PeerError):
+    """A connection to a peer failed in its handshake because one end speaks mTLS and the other
+    plaintext (``--insecure``); ``details`` is one line naming the likely cause. Retryable like
+    any UNAVAILABLE: the peer may restart with the other setting."""
+
+
 class UnknownPeerError(LookupError):
     """The caller named a peer this node has no address for (or that is not a member)."""
 

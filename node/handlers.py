@@ -187,15 +187,16 @@ class NodeHandlers:
             try:  # stored before it is accepted: a delivery acknowledged is one a resume still has
                 keep_delivery(self.ctx.checkpoint_dir, key, model)
             except StateWriteError as exc:
-                self.ctx.links.log.error("%s: %s", self.node_id, exc)
+                self.ctx.links.log.error("%s", exc, extra={"node": self.node_id})
                 raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
         fresh = self.ctx.links.inbox.put(key, model)
         self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
         if self.ctx.links.metrics is not None:
             self.ctx.links.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
         if not fresh:
-            self.ctx.links.log.info("%s: duplicate %s model from %s for round %d ignored", self.node_id, kind,
-                               meta.sender, meta.round)
+            self.ctx.links.log.info("duplicate %s model from %s for round %d ignored", kind, meta.sender,
+                                    meta.round, extra={"node": self.node_id, "round": meta.round,
+                                                       "peer": meta.sender})
         return DeliverResult(accepted=fresh, duplicate=not fresh, bytes_received=model.total_bytes)
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:

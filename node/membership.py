@@ -43,8 +43,10 @@ def poll_until(pending: Iterable[str], settled: Callable[[str], bool], timeout: 
 
 def wait_for_peers(transport: PeerTransport, me: str, federation: str, architecture: str,
                    needed: Iterable[str], timeout: float, stop: threading.Event, *,
-                   clock: Clock = REAL_CLOCK, refresh: Callable[[], None] | None = None) -> list[str]:
+                   clock: Clock = REAL_CLOCK, refresh: Callable[[], None] | None = None,
+                   failures: dict[str, PeerError] | None = None) -> list[str]:
     """Poll Hello on every needed peer until all answer or ``timeout`` passes; the silent ones.
+    ``failures`` (when given) gets each silent peer's last error, to say why it was silent.
 
     A refusal that retrying cannot mend (another federation or model, an
     unknown node) is raised as PeerError."""
@@ -56,7 +58,11 @@ def wait_for_peers(transport: PeerTransport, me: str, federation: str, architect
         except PeerError as exc:
             if not exc.retryable:
                 raise
+            if failures is not None:
+                failures[peer] = exc
             return False
+        if failures is not None:
+            failures.pop(peer, None)
         log.info("%s answered", peer, extra={"peer": peer})  # the log prefix names this node
         return True
 

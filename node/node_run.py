@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from flmesh.node.cli_ops import Ops
-from flmesh.node.errors import PeerError
+from flmesh.node.errors import PeerError, TlsMismatch
 from flmesh.node.membership import linger, wait_aggregator_done, wait_for_peers
 from flmesh.node.node import Node, Report
 from flmesh.node.observe import row_scalars
@@ -143,12 +143,12 @@ class NodeRun:
         star = fed.aggregator is not None
         # where it listens is the stdout line of announce(); this says what it waits for
         log.info("waiting for %s to answer Hello", ", ".join(self.needed) or "nobody")
+        failures: dict[str, PeerError] = {}
         silent = wait_for_peers(node.transport, self.node_id, fed.name, node.architecture, self.needed,
-                                self.hello_timeout, node.stop_event, refresh=self.refresh_peers)
+                                self.hello_timeout, node.stop_event, refresh=self.refresh_peers,
+                                failures=failures)
         if silent and self.signal is None:
-            print(f"fl-node {self.node_id}: error: peers did not answer Hello within "
-                  f"{self.hello_timeout:g}s: " + ", ".join(f"{p} ({self._address_of(p)})" for p in silent),
-                  file=sys.stderr)
+            self._say_silent(silent, failures)
             self.error = f"peers did not answer Hello: {', '.join(silent)}"
             return 1
         if star:
@@ -168,6 +168,19 @@ class NodeRun:
                     log.warning("left while %s still running", ", ".join(busy))
         return 0
 
+    def _say_silent(self, silent: list[str], failures: dict[str, PeerError]) -> None:
+        """One stderr line per peer whose handshake shows a TLS/plaintext mismatch, then one
+        naming the other silent peers."""
+        mismatched = [exc for p in silent if isinstance(exc := failures.get(p), TlsMismatch)]
+        for exc in mismatched:
+            print(f"fl-node {self.node_id}: error: cannot reach {exc.peer} at {exc.address}: {exc.details}",
+                  file=sys.stderr)
+        rest = [p for p in silent if p not in {exc.peer for exc in mismatched}]
+        if rest:
+            print(f"fl-node {self.node_id}: error: peers did not answer Hello within "
+                  f"{self.hello_timeout:g}s: " + ", ".join(f"{p} ({self._address_of(p)})" for p in rest),
+                  file=sys.stderr)
+
     def _cross_evaluate(self, round: int, task: int | None) -> dict[str, float]:
         """This node's model on every node's test split (its own locally, the others via Evaluate);
         with ``[federation] eval_sample``, on its own and the seeded sample fl-sim would draw."""
@@ -184,7 +197,8 @@ class NodeRun:
                 result = node.transport.evaluate(peer, message, timeout=node.round_timeout_s)
                 out[peer] = result.score(metric)
             except PeerError as exc:
-                log.warning("%s: round %d: cannot evaluate on %s: %s", node.node_id, round, peer, exc)
+                log.warning("round %d: cannot evaluate on %s: %s", round, peer, exc,
+                            extra={"node": node.node_id, "round": round, "peer": peer})
         return out
 
     def _on_round(self, report: Report) -> None:

@@ -8,6 +8,9 @@
   ``torch.utils.tensorboard`` (the ``flmesh[tensorboard]`` extra), each run in
   its own subfolder of DIR, so TensorBoard shows runs sent to one DIR side by side.
 
+A log call about one node gives it as ``extra={"node": ID}`` instead of writing it into the
+message: fl-node's prefix names its node already, and fl-sim's :class:`NodeNamed` adds it.
+
 Thread-safe as the logging module and SummaryWriter are.
 """
 
@@ -41,6 +44,17 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info).splitlines()[-1]
         return json.dumps(entry)
+
+
+class NodeNamed(logging.Formatter):
+    """``node: message`` for a record that names its node (``extra={"node": ID}``), the message
+    alone for one that does not: the text format of a log many nodes share (fl-sim's). A
+    record's message never names its own node, so fl-node's prefix is the only one there."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        node = getattr(record, "node", None)
+        return f"{node}: {text}" if node else text
 
 
 def setup_logging(node: str, level: str, fmt: str, prefix: str) -> None:

@@ -54,8 +54,8 @@ class PeerCalls:
                 self._unreachable.add(peer)
             if expected is not None and expected(exc):
                 raise
-            log.warning("%s: round %d: %s %s failed: %s", self.me, round, what, peer, exc,
-                        extra={"round": round, "peer": peer})
+            log.warning("round %d: %s %s failed: %s", round, what, peer, exc,
+                        extra={"node": self.me, "round": round, "peer": peer})
             return None
         with self._lock:
             self._unreachable.discard(peer)

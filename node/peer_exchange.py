@@ -95,7 +95,8 @@ def wait_for_source(ctx: RoundContext, round: int,
         extended = True
     waited = f"{timeout:g}s" + (" and longer while it was still working" if extended else "")
     notes.append(f"no model from {senders[0]} within {waited}; trained the model it had")
-    ctx.links.log.warning("%s: round %d: %s", ctx.settings.node_id, round, notes[-1])
+    ctx.links.log.warning("round %d: %s", round, notes[-1],
+                          extra={"node": ctx.settings.node_id, "round": round})
     return None, None
 
 

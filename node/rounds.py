@@ -90,9 +90,9 @@ def _share_gossip(ctx: RoundContext, round: int) -> None:
             try:
                 ctx.links.transport.deliver(peer, message, timeout=min(ctx.settings.round_timeout_s, 30.0))
             except PeerError as exc:
-                ctx.links.log.warning("%s: round %d: could not send the %s update to %s: %s",
-                                      ctx.settings.node_id, round, name, peer, exc,
-                                      extra={"round": round, "peer": peer})
+                ctx.links.log.warning("round %d: could not send the %s update to %s: %s",
+                                      round, name, peer, exc,
+                                      extra={"node": ctx.settings.node_id, "round": round, "peer": peer})
         client.after_update(round, state, extras, included=False)
 
 
@@ -124,7 +124,8 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
         refused = (ctx.guard.check(ctx.model.state_dict(), incoming.state_dict, incoming.meta.sender)
                    if incoming is not None and ctx.guard.enabled else None)  # no model copy when off
         if refused is not None:
-            ctx.links.log.warning("%s: round %d: %s", ctx.settings.node_id, round, refused)
+            ctx.links.log.warning("round %d: %s", round, refused,
+                                  extra={"node": ctx.settings.node_id, "round": round})
             notes.append(refused)
         elif incoming is not None:
             ctx.model.load_state(incoming.state_dict)
@@ -177,9 +178,9 @@ def _lost_aggregator(ctx: RoundContext, round: int, doing: str) -> Callable[[Pee
     def on_retry(exc: PeerError) -> None:
         if not said:
             said.append(True)
-            ctx.links.log.warning("%s: round %d: lost the aggregator while %s (%s); reconnecting for up to "
-                                  "%gs", ctx.settings.node_id, round, doing, exc.details or exc.code,
-                                  reconnect_window(ctx), extra={"round": round, "peer": "aggregator"})
+            ctx.links.log.warning("round %d: lost the aggregator while %s (%s); reconnecting for up to %gs",
+                                  round, doing, exc.details or exc.code, reconnect_window(ctx),
+                                  extra={"node": ctx.settings.node_id, "round": round, "peer": "aggregator"})
 
     return on_retry
 
@@ -207,15 +208,15 @@ def _poll_until_open(ctx: RoundContext, round: int) -> PollInfo:
             if not exc.retryable or remaining <= 0 or ctx.links.stop_event.is_set():
                 raise
             if lost is None:
-                ctx.links.log.warning("%s: round %d: lost the aggregator (%s); reconnecting for up to %gs",
-                                      ctx.settings.node_id, round, exc.details or exc.code, remaining,
-                                      extra={"round": round, "peer": "aggregator"})
+                ctx.links.log.warning("round %d: lost the aggregator (%s); reconnecting for up to %gs",
+                                      round, exc.details or exc.code, remaining, extra={
+                                          "node": ctx.settings.node_id, "round": round, "peer": "aggregator"})
             lost = exc
             ctx.links.clock.sleep(min(1.0, remaining), ctx.links.stop_event)
             continue
         if lost is not None:
-            ctx.links.log.info("%s: round %d: the aggregator is back", ctx.settings.node_id, round,
-                               extra={"round": round, "peer": "aggregator"})
+            ctx.links.log.info("round %d: the aggregator is back", round,
+                               extra={"node": ctx.settings.node_id, "round": round, "peer": "aggregator"})
             lost = None
         if info.round >= round or info.done:
             return info

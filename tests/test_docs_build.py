@@ -1,12 +1,15 @@
 """The documentation site builds with ``mkdocs build --strict``: a broken link between pages,
 a page missing from the navigation or a docstring mkdocstrings cannot render fails the build.
-docs/api.md documents every public name, and the built page holds each one."""
+Every page of docs/ is in the navigation and in the site; docs/api.md documents every public
+name, and the built page holds each one."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+
+import yaml
 
 import flmesh
 
@@ -29,6 +32,31 @@ def own_docstring(obj: object) -> str:
     return "" if not doc or doc.startswith(f"{name}(") else doc
 
 
+def nav_pages(nav: list) -> list[str]:
+    """The Markdown files a mkdocs ``nav`` names, nested sections included."""
+    out: list[str] = []
+    for item in nav:
+        for value in (item.values() if isinstance(item, dict) else [item]):
+            out.extend(nav_pages(value) if isinstance(value, list) else [value])
+    return out
+
+
+PAGES = sorted(p.name for p in (REPO / "docs").glob("*.md"))
+
+
+def test_every_page_of_docs_is_in_the_navigation_and_none_is_excluded():
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert sorted(nav_pages(config["nav"])) == PAGES
+    excluded = [line.strip() for line in config.get("exclude_docs", "").splitlines() if line.strip()]
+    assert excluded == ["_ext/"]
+
+
+def test_the_readme_links_every_page():
+    readme = (REPO / "README.md").read_text()
+    assert [page for page in PAGES if page != "index.md" and f"](docs/{page})" not in readme] == []
+    assert ".venv/bin/mkdocs build" in readme and ".venv/bin/mkdocs serve" in readme
+
+
 def test_every_public_name_has_its_own_docstring():
     bare = [name for name in PUBLIC if not own_docstring(getattr(flmesh, name))]
     assert not bare, f"public names without a docstring of their own: {bare}"
@@ -48,4 +76,6 @@ def test_the_site_builds_strictly_with_every_public_name(tmp_path):
     assert not missing, f"the API page renders no entry for {missing}"
     # the docstrings' Sphinx roles became code spans (docs/_ext/rst_roles.py)
     assert ":class:" not in page and ":func:" not in page and ":meth:" not in page
-    assert (site / "custom" / "index.html").exists()
+    built = [site / ("index.html" if p == "index.md" else f"{p.removesuffix('.md')}/index.html")
+             for p in PAGES]
+    assert [str(p) for p in built if not p.exists()] == []

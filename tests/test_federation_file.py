@@ -88,6 +88,16 @@ def test_every_example_is_valid():
         load_federation(path)
 
 
+def test_the_readmes_federation_file_with_its_node_table_is_valid(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    start = readme.index('```toml\n[federation]\nname = "quickstart"') + len("```toml\n")
+    text = readme[start:readme.index("```", start)]
+    assert "\n# [nodes.node3]" in text and "\n# epochs = 1\n" in text
+    text = text.replace("\n# [nodes.node3]", "\n[nodes.node3]").replace("\n# epochs = 1\n", "\nepochs = 1\n")
+    fed = load_federation(write(tmp_path, text))
+    assert len(fed.nodes) == 10 and [n.id for n in fed.nodes if n.training.epochs == 1] == ["node3"]
+
+
 # (replace this, with that) -> the message that must appear, after "fed.toml: "
 MALFORMED = [
     ('name = "demo"\n', "", "[federation] name: required key is missing"),
@@ -161,6 +171,27 @@ def test_node_count_must_agree_with_node_tables(tmp_path):
     path = write(tmp_path, VALID + "[nodes.a]\n[nodes.b]\n")
     with pytest.raises(FederationError, match=r"\[topology\] nodes: says 4 but \[nodes\] lists 2"):
         load_federation(path)
+
+
+def test_a_node_table_overrides_one_of_n_generated_nodes(tmp_path):
+    text = VALID.replace("nodes = 4", "nodes = 10") + "[nodes.node3]\nepochs = 1\nlr = 0.01\n"
+    fed = load_federation(write(tmp_path, text))
+    assert fed.node_ids == [f"node{i}" for i in range(10)]
+    by_id = {n.id: n for n in fed.nodes}
+    assert by_id["node3"].training.epochs == 1 and by_id["node3"].training.lr == 0.01
+    assert by_id["node2"].training.epochs == 0.5 and by_id["node2"].training.lr == 0.1
+    assert fed.training.epochs == 0.5
+
+
+@pytest.mark.parametrize("tables", ["[nodes.node12]\n", "[nodes.node3]\n[nodes.alpha]\n"])
+def test_a_node_table_outside_the_n_nodes_is_one_line(tmp_path, tables):
+    text = VALID.replace("nodes = 4", "nodes = 10") + tables + "epochs = 1\n"
+    with pytest.raises(FederationError) as info:
+        load_federation(write(tmp_path, text))
+    stranger = tables.split("\n")[-2]
+    assert str(info.value) == (f"{tmp_path / 'fed.toml'}: {stranger}: not one of the 10 nodes of [topology] "
+                               "nodes = 10 (node0 to node9); to name nodes yourself, give each of the 10 "
+                               "a [nodes.<id>] table")
 
 
 def test_missing_and_unreadable_files(tmp_path):

@@ -23,7 +23,9 @@ Sections (all but ``[federation]`` optional)::
                   clip_norm, params (present: a star federation)
     [aggregator.params]  the strategy's parameters (docs/algorithms.md)
     [algorithm.NAME]     a plug-in's parameters, NAME registered or an import path
-    [nodes.<id>]  address, partition, data (its own file), and any [training] key as a per-node override
+    [nodes.<id>]  address, partition, data (its own file), and any [training] key as a per-node override;
+                  a table for every node (any ids), or, with [topology] nodes = N, for some of the
+                  generated node0 .. node<N-1>
 
 Units: ``round_timeout_s`` seconds, ``max_model_mib`` MiB, ``epochs`` may be
 fractional (a share of one pass over the node's batches). Numbers have upper bounds
@@ -35,6 +37,7 @@ Every key's check is in :mod:`flmesh.topology.schema`.
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -59,6 +62,7 @@ from flmesh.topology.graphs import shown
 from flmesh.topology.schema import ID_RULE, NODE_ID, NODE_KEYS, OPTIMIZERS, REQUIRED, SECTIONS, TRAINING
 
 DEFAULT_MAX_MODEL_MIB = 512.0
+GENERATED_ID = re.compile(r"^node\d+$")  # the form of the ids ``[topology] nodes = N`` makes
 
 
 def model_floor_mib(model: ModelConfig) -> float:
@@ -95,6 +99,27 @@ def _check_model_size(r: SectionReader, model: ModelConfig, max_mib: float) -> N
         raise r.fail(f"[model] {key}", f"{list(getattr(model, key))} makes a model of at least "
                      f"{floor:.0f} MiB, over [federation] max_model_mib = {max_mib:g} "
                      "(peers refuse larger models)")
+
+
+def _node_ids(r: SectionReader, count: int | None, tables: list[str]) -> list[str]:
+    """The federation's node ids: ``[topology] nodes = N`` makes node0 .. node<N-1>, and
+    ``[nodes.<id>]`` tables either list every node (N of them, any ids) or override some of
+    the N generated ones."""
+    if count is None:
+        if not tables:
+            raise r.fail("[topology] nodes", "required: give the node count, or list [nodes.<id>] tables")
+        return tables
+    made = [f"node{i}" for i in range(count)]
+    if not tables or len(tables) == count:
+        return made if not tables else tables
+    strangers = [t for t in tables if t not in made]
+    if not strangers:
+        return made
+    if len(strangers) == len(tables) and not any(GENERATED_ID.match(t) for t in tables):
+        raise r.fail("[topology] nodes", f"says {count} but [nodes] lists {len(tables)}")
+    raise r.fail(f"[nodes.{key_text(strangers[0])}]", f"not one of the {count} nodes of [topology] "
+                 f"nodes = {count} (node0 to node{count - 1}); to name nodes yourself, give each of "
+                 f"the {count} a [nodes.<id>] table")
 
 
 def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
@@ -134,14 +159,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     nodes_raw = raw.get("nodes", {})
     if not isinstance(nodes_raw, dict):
         raise r.fail("[nodes]", f"expected a table of node tables, got {shown(nodes_raw)}")
-    if nodes_raw:
-        ids = list(nodes_raw)
-        if "nodes" in topo and topo["nodes"] != len(ids):
-            raise r.fail("[topology] nodes", f"says {topo['nodes']} but [nodes] lists {len(ids)}")
-    elif "nodes" in topo:
-        ids = [f"node{i}" for i in range(topo["nodes"])]
-    else:
-        raise r.fail("[topology] nodes", "required: give the node count, or list [nodes.<id>] tables")
+    ids = _node_ids(r, topo.get("nodes"), list(nodes_raw))
     if len(ids) < 2:
         raise r.fail("[nodes]", f"a federation needs at least 2 nodes, got {len(ids)}")
     if len(ids) > MAX_NODES:

@@ -217,9 +217,10 @@ def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,
 
     ``previous``: the node its model came from (``plan[node].source``).
     ``random`` (RandRewind): a node drawn uniformly from the other federation
-    nodes, from (seed, round, node) alone. Either way there is no rewind in round 1,
-    where no model has been received yet: the node trains all E epochs locally,
-    so every variant has the same budget and the same first round.
+    nodes, from (seed, round, node) alone: any node, not only a graph neighbour, as
+    FedRewind's "random node of the federation" (docs/algorithms.md). Either way there is
+    no rewind in round 1, where no model has been received yet: the node trains all E
+    epochs locally, so every variant has the same budget and the same first round.
     ``first_round=1`` is for rewind with a server (Eq. 4, Alg. 2), where the chain
     is fixed and a previous node exists from round 1 (pass the chain's plan).
     """

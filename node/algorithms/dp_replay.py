@@ -95,7 +95,7 @@ class DpReplayClient(ClientHalf):
             self.spent = reply.spent
         except PeerError as exc:
             self.notes.append(f"could not release the means of task {old_task}: {exc}")
-            log.warning("%s: %s", ctx.node_id, self.notes[-1])
+            log.warning("%s", self.notes[-1], extra={"node": ctx.node_id})
 
     def after_task_change(self, new_task: int) -> None:
         if self.cfg.mode != "client" or new_task == 0:
@@ -110,7 +110,7 @@ class DpReplayClient(ClientHalf):
                                    wait_s=ctx.federation.round_timeout_s)
         except PeerError as exc:
             self.notes.append(f"could not fetch the global buffer of task {new_task}: {exc}")
-            log.warning("%s: %s", ctx.node_id, self.notes[-1])
+            log.warning("%s", self.notes[-1], extra={"node": ctx.node_id})
             return
         self.global_buffer = buffer_data(got.state_dict["x"], got.state_dict["filled"], num_classes)
 

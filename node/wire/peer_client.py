@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from flmesh.node.errors import PeerError
+from flmesh.node.errors import PeerError, TlsMismatch
 from flmesh.node.format import codec
 from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.node.format.compression import RAW
@@ -83,6 +83,21 @@ def status_of(exc: grpc.RpcError) -> grpc.StatusCode:
     """A failed call's status (UNKNOWN for an error that carries none)."""
     code = exc.code() if hasattr(exc, "code") else None
     return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+
+
+def tls_mismatch(peer: str, details: str, tls: bool) -> str | None:
+    """The likely cause, in one line, of a connection to ``peer`` that failed as a TLS/plaintext
+    mismatch does (``tls``: this end uses mTLS), or None. Only a failure to connect at all
+    counts: a call cut on a working connection is not a handshake."""
+    text = details.lower()
+    if not text.startswith("failed to connect"):
+        return None
+    if tls and "handshake failed" in text and "wrong_version_number" in text:  # plaintext answered
+        return f"TLS handshake failed (is {peer} serving plaintext? this node uses mTLS)"
+    if not tls and text.endswith("socket closed"):  # a TLS server drops a plaintext preface
+        return (f"the connection closed before HTTP/2 started (is {peer} serving mTLS? this node "
+                "uses plaintext, --insecure)")
+    return None
 
 
 def _bytes_out(channel: grpc.Channel, kind: str, method: str, reply: Callable[[bytes], Any]) -> Any:
@@ -157,7 +172,13 @@ class GrpcPeerTransport:
     def _call(self, peer: str, fn: Callable[[_Link], T], busy_wait_s: float = 0.0, method: str = "",
               sent: int = 0) -> T:
         link = self._link(peer)
-        return counted_rpc(self.metrics, peer, link.address, method, lambda: fn(link), busy_wait_s, sent)
+        try:
+            return counted_rpc(self.metrics, peer, link.address, method, lambda: fn(link), busy_wait_s, sent)
+        except PeerError as exc:
+            cause = tls_mismatch(peer, exc.details, self.tls is not None)
+            if exc.code != "UNAVAILABLE" or cause is None:
+                raise
+            raise TlsMismatch(peer, link.address, exc.code, cause) from None
 
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
