@@ -106,11 +106,12 @@ def _text(value: Any) -> str:
 
 def labels(items: Sequence[tuple[Mapping[str, str], Path]]) -> list[str]:
     """A label per (settings, folder): the settings that differ between the items that have
-    some (``seed=2, rewind.lambda=0.2``: ``federation.`` left out), else the folder's name; the
-    folder's name (or path) is added where two labels would be the same."""
+    some (``seed=2, rewind.lambda=0.2``: ``federation.`` left out; a key the run's file does not
+    set is ``key=(default)``), else the folder's name; the folder's name (or path) is added where
+    two labels would be the same."""
     differ = differing([s for s, _ in items])
-    out = [", ".join(f"{k.removeprefix('federation.')}={s[k]}" for k in differ if k in s) or folder.name
-           for s, folder in items]
+    out = [", ".join(f"{k.removeprefix('federation.')}={s.get(k, '(default)')}" for k in differ)
+           if s and differ else folder.name for s, folder in items]
     out = [label if out.count(label) == 1 or label == folder.name else f"{label} ({folder.name})"
            for label, (_, folder) in zip(out, items, strict=True)]
     return [str(folder) if out.count(label) > 1 else label

@@ -207,6 +207,8 @@ def test_labels_name_only_what_differs_and_never_repeat():
     other = {**same, "training.lr": "0.2"}
     assert labels([(same, a), (other, b)]) == ["training.lr=0.1", "training.lr=0.2"]
     assert labels([(same, a), (same, b)]) == ["a", "b"]  # nothing differs: the folders' names
+    unset = {"federation.name": "x"}  # a key one file leaves to its default
+    assert labels([(unset, a), (other, b)]) == ["training.lr=(default)", "training.lr=0.2"]
     assert labels([(same, a), (other, b), (same, Path("runs/d"))]) == [
         "training.lr=0.1 (a)", "training.lr=0.2", "training.lr=0.1 (d)"]
     assert labels([(same, a), ({}, c), (same, b)]) == ["runs/a", "other/a", "b"]  # a name twice: paths
