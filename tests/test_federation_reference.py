@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from flmesh.topology import schema
+from flmesh.topology import descriptions, schema
 from flmesh.topology.checks import integer
 from flmesh.topology.continual import REPLAY_KEYS, TASK_KEYS
 from flmesh.topology.reference import accepts, reference_text
@@ -50,7 +50,8 @@ def test_a_key_without_a_description_fails(monkeypatch):
 
 
 def test_a_description_of_no_key_fails(monkeypatch):
-    monkeypatch.setitem(schema.DESCRIPTIONS, "wire", {**schema.DESCRIPTIONS["wire"], "gone": "a removed key"})
+    gone = {**descriptions.DESCRIPTIONS["wire"], "gone": "a removed key"}
+    monkeypatch.setitem(descriptions.DESCRIPTIONS, "wire", gone)
     with pytest.raises(ValueError, match="gone"):
         reference_text()
 

@@ -6,7 +6,7 @@ tests/test_federation_reference.py fails when the committed page differs from
 :func:`reference_text`. What a key accepts is what its check says when it refuses a value
 (:mod:`flmesh.topology.checks`), its default is what :func:`~flmesh.topology.federation.
 parse_federation` makes of a file without it, and its meaning is
-:data:`flmesh.topology.schema.DESCRIPTIONS`: none of it is written twice. Pure, no torch.
+:data:`flmesh.topology.descriptions.DESCRIPTIONS`: none of it is written twice. Pure, no torch.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any
 
 from flmesh.topology.checks import Bad, Check
 from flmesh.topology.continual import REPLAY_KEYS, TASK_KEYS
+from flmesh.topology.descriptions import DESCRIPTIONS
 from flmesh.topology.federation import parse_federation
-from flmesh.topology.schema import DESCRIPTIONS, NODE_KEYS, REQUIRED, SECTIONS, TRAINING
+from flmesh.topology.schema import NODE_KEYS, REQUIRED, SECTIONS, TRAINING
 
 #: A file with every optional section and none of its keys: what it parses to gives the defaults.
 _BARE = {"federation": {"name": "reference", "rounds": 50}, "topology": {"nodes": 10},
@@ -105,7 +106,7 @@ def _cell(text: str) -> str:
 
 def reference_text() -> str:
     """The whole page, Markdown, ending in one newline. Raises KeyError when a key of the
-    schema has no line in :data:`~flmesh.topology.schema.DESCRIPTIONS`, ValueError when a line
+    schema has no line in :data:`~flmesh.topology.descriptions.DESCRIPTIONS`, ValueError when a line
     names no key of the schema."""
     sections: dict[str, Mapping[str, Check]] = {**SECTIONS, "tasks": TASK_KEYS, "replay": REPLAY_KEYS,
                                                 "nodes.<id>": NODE_KEYS}
