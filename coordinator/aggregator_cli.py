@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.coordinator.aggregator import Aggregator, accuracy_text
     from flmesh.coordinator.aggregator_checkpoint import restore
     from flmesh.coordinator.pictures import draw
+    from flmesh.coordinator.sim_console import max_spent
     from flmesh.node.checkpoint import CHECKPOINT
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars, setup_logging
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if ops.metrics is not None:
             ops.metrics.phase("round", row.wall_s)
             # the most any one client has released (each client's epsilon is its own budget)
-            spent = max(row.privacy_spent.values()) if row.privacy_spent else None
+            spent = max_spent(row.privacy_spent)
             ops.metrics.round_done(row.round, 0, spent)
             ops.metrics.learned(row.accuracy, None)
         if ops.board is not None:

@@ -10,14 +10,14 @@ settings that differ between the curves, as fl-sim recorded them in each run fol
 rewind.lambda=0.2``; a run without that record (fl-node, the aggregator) by its folder's name.
 
 A sweep folder (``fl-sim --seeds/--sweep``: sweep.json and a folder per run) is taken whole:
-its finished runs of the same settings but different seeds make one curve, their mean per
-round (over the rounds every one of them has), with a band: ± the sample standard deviation,
-or min-max with ``--band minmax``. Runs named one by one are drawn one curve each.
+its interrupted runs are left out (a line says how many), its finished runs of the same
+settings but different seeds make one curve, their mean per round (over the rounds every one
+of them has), with a band: ± the sample standard deviation, or min-max with ``--band minmax``. Runs named one by one are drawn one curve each.
 
-The output folder (default ``runs/compare-<hash of the runs' paths>``) gets ``compare.png``
-and ``compare.json``: the panels with their curves, and per run its label, its differing
-settings and its final values. A folder that is neither a run nor a sweep, or a file that
-cannot be read, is one line and exit 2.
+The output folder (default ``runs/compare-<hash of the runs' paths>``; an ``--out`` ending in
+``.png`` is refused) gets ``compare.png`` and ``compare.json``: the panels with their curves,
+and per run its label, its differing settings and its final values. A folder that is neither
+a run nor a sweep, or a file that cannot be read, is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -204,13 +204,21 @@ def main(argv: list[str]) -> int:
                    help="a sweep's seeds around their mean: std (± the sample standard deviation, the "
                         "default) or minmax")
     args = p.parse_args(argv)
+    if args.out is not None and args.out.suffix.lower() == ".png":
+        print(f"fl-sim compare: error: --out {args.out}: a folder (it gets compare.png and "
+              f"compare.json), not a picture's name; try --out {args.out.with_suffix('')}",
+              file=sys.stderr)
+        return 2
+    skipped: list[str] = []
     try:
-        runs = collect(args.runs)
+        runs = collect(args.runs, skipped)
         content = build(runs, args.band)
         picture, index = write(content, args.out if args.out is not None else default_folder(args.runs))
     except RunError as exc:
         print(f"fl-sim compare: error: {exc}", file=sys.stderr)
         return 2
+    for line in skipped:
+        print(line)
     print(content["title"])
     print(table(content))
     print(f"compare: wrote {picture}, {index}")

@@ -22,6 +22,7 @@ from flmesh.coordinator.run_tools import RunError, load_run
 
 SEED = "federation.seed"
 
+
 @dataclass
 class Run:
     """A run folder: its rows and summary, its recorded settings (``section.key`` -> value as
@@ -34,8 +35,9 @@ class Run:
     sweep: Path | None = None
 
 
-def collect(folders: Sequence[Path]) -> list[Run]:
-    """The runs in ``folders``: each a run folder, or a sweep folder's finished runs. Raises
+def collect(folders: Sequence[Path], skipped: list[str] | None = None) -> list[Run]:
+    """The runs in ``folders``: each a run folder, or a sweep folder's finished runs (with
+    ``skipped``: a line is added to it per sweep whose interrupted runs were left out). Raises
     RunError (one line naming the folder or file)."""
     runs: list[Run] = []
     for folder in folders:
@@ -55,6 +57,9 @@ def collect(folders: Sequence[Path]) -> list[Run]:
                     if not e.get("interrupted") and isinstance(e.get("folder"), str)]
         if not finished:
             raise RunError(f"{folder}: a sweep folder without a finished run")
+        if skipped is not None and len(finished) < len(entries):
+            left = len(entries) - len(finished)
+            skipped.append(f"{folder}: {left} of its {len(entries)} runs skipped (interrupted)")
         runs.extend(_load(folder / name, folder) for name in finished)
     return runs
 
@@ -107,15 +112,23 @@ def _text(value: Any) -> str:
 def labels(items: Sequence[tuple[Mapping[str, str], Path]]) -> list[str]:
     """A label per (settings, folder): the settings that differ between the items that have
     some (``seed=2, rewind.lambda=0.2``: ``federation.`` left out; a key the run's file does not
-    set is ``key=(default)``), else the folder's name; the folder's name (or path) is added where
-    two labels would be the same."""
+    set is ``key=(default)``, or ``key=(none)`` when the file has no such section at all, e.g.
+    a peer run's ``aggregator.strategy``), else the folder's name; the folder's name (or path)
+    is added where two labels would be the same."""
     differ = differing([s for s, _ in items])
-    out = [", ".join(f"{k.removeprefix('federation.')}={s.get(k, '(default)')}" for k in differ)
+    out = [", ".join(f"{k.removeprefix('federation.')}={_setting(s, k)}" for k in differ)
            if s and differ else folder.name for s, folder in items]
     out = [label if out.count(label) == 1 or label == folder.name else f"{label} ({folder.name})"
            for label, (_, folder) in zip(out, items, strict=True)]
     return [str(folder) if out.count(label) > 1 else label
             for label, (_, folder) in zip(out, items, strict=True)]
+
+
+def _setting(settings: Mapping[str, str], key: str) -> str:
+    if key in settings:
+        return settings[key]
+    section, dot, _ = key.rpartition(".")
+    return "(none)" if dot and not any(k.startswith(section + ".") for k in settings) else "(default)"
 
 
 def differing(recorded: Sequence[Mapping[str, str]]) -> list[str]:
@@ -126,7 +139,10 @@ def differing(recorded: Sequence[Mapping[str, str]]) -> list[str]:
 
 
 def points(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """Panel id -> round -> value of one run's rows (accuracies in percent)."""
+    """Panel id -> round -> value of one run's rows (accuracies in percent): rows as
+    :func:`~flmesh.coordinator.run_tools.load_run` checks them."""
+    from flmesh.coordinator.sim_console import max_spent
+
     out: dict[str, dict[int, float]] = {}
     for row in rows:
         at, star = int(row["round"]), row.get("kind") == "star"
@@ -145,7 +161,7 @@ def points(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
         losses = [n["train_loss"] for n in nodes if n.get("train_loss") is not None]
         if losses:
             out.setdefault("train_loss", {})[at] = statistics.fmean(losses)
-        spent = [v for v in (row.get("privacy_spent") or {}).values() if v is not None]
-        if spent:
-            out.setdefault("epsilon", {})[at] = max(spent)
+        spent = max_spent(row.get("privacy_spent") or None)
+        if spent is not None:
+            out.setdefault("epsilon", {})[at] = spent
     return out

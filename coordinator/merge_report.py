@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 
 from flmesh.coordinator.run_tools import RunError
 from flmesh.node.learning.metrics import personalized_federation_accuracy, sampled_federation_metrics
+from flmesh.node.replay_buffer import LEDGER_FILE, PrivacyLedger
 from flmesh.node.results import (
     Final,
     Matrix,
@@ -40,7 +40,6 @@ from flmesh.node.results import (
     to_json,
 )
 
-LEDGER_FILE = "privacy_ledger.json"  # what a replay buffer host writes into its results folder
 _SAME = ("federation", "seed", "kind", "rounds_planned")  # what the folders of one federation share
 
 
@@ -127,11 +126,16 @@ def merge(folders: Sequence[NodeFolder], out_dir: Path | None = None) -> Merged:
 
 
 def _entry(folder: NodeFolder, t: int) -> NodeRound:
-    found = folder.rows[t].get("nodes", {}).get(folder.node)
+    """The node's entry of round ``t`` (its fields checked by run_tools.load_run); a field that
+    is null takes NodeRound's default."""
+    found = (folder.rows[t].get("nodes") or {}).get(folder.node)
+    where = f"{folder.folder / 'rounds.jsonl'}: round {t}"
     if not isinstance(found, dict):
-        raise RunError(f"{folder.folder / 'rounds.jsonl'}: round {t} has no entry for node {folder.node}")
+        raise RunError(f"{where} has no entry for node {folder.node}")
+    if lacks := [k for k in ("node", "round") if found.get(k) is None]:
+        raise RunError(f"{where}: node {folder.node}'s entry has no {' and no '.join(lacks)}")
     known = {f.name for f in dataclasses.fields(NodeRound)}
-    return NodeRound(**{k: v for k, v in found.items() if k in known})
+    return NodeRound(**{k: v for k, v in found.items() if k in known and v is not None})
 
 
 def _own(entry: NodeRound, metric: str) -> float | None:
@@ -189,8 +193,7 @@ def _summary(folders: Sequence[NodeFolder], out_dir: Path | None) -> Summary:
         kind="peer", writer="fl-sim", federation=str(first.get("federation")), file=str(first.get("file")),
         seed=int(first.get("seed") or 0), rounds=0, rounds_planned=int(first.get("rounds_planned") or 0),
         interrupted=any(bool(f.summary.get("interrupted")) for f in folders),
-        config={"nodes": [f.node for f in folders],
-                                   "merged_from": [str(f.folder) for f in folders]},
+        config={"nodes": [f.node for f in folders], "merged_from": [str(f.folder) for f in folders]},
         error="; ".join(f"{f.node}: {f.summary['error']}" for f in folders if f.summary.get("error")) or None,
         missing_peers=sorted({p for f in folders for p in f.summary.get("missing_peers", [])}),
         wall_s=max(float(f.summary.get("wall_s") or 0.0) for f in folders),
@@ -226,13 +229,31 @@ def check_out(out: Path) -> None:
         raise RunError(f"--out {out}: already holds a run; choose a new folder")
 
 
-def write_merged(merged: Merged, out: Path) -> list[Path]:
+def read_ledger(folders: Sequence[NodeFolder]) -> PrivacyLedger | None:
+    """The privacy ledger the replay buffer's host wrote into its folder (None: no folder holds
+    one). RunError (one line) when it is damaged, or when several folders hold one (only the
+    host's should). Blocks on the disk."""
+    from flmesh.node.state_file import StateFileError
+
+    found = [f.folder / LEDGER_FILE for f in folders if (f.folder / LEDGER_FILE).is_file()]
+    if len(found) > 1:
+        raise RunError(f"{', '.join(map(str, found))}: {len(found)} privacy ledgers, expected the "
+                       "replay buffer host's only; merge without --out, or remove the stray one")
+    try:
+        return PrivacyLedger(found[0]) if found else None
+    except StateFileError as exc:
+        raise RunError(str(exc)) from None
+
+
+def write_merged(merged: Merged, out: Path, ledger: PrivacyLedger | None = None) -> list[Path]:
     """Write ``out``/rounds.jsonl and summary.json (a run folder fl-sim reads), the pictures,
-    and the replay buffer host's privacy ledger when a folder holds one; the pictures' paths.
-    Raises RunError (one line) when ``out`` holds a run already or cannot be written; what
-    drawing raises otherwise (the rows and the summary are written by then). Blocks."""
+    and ``ledger`` (:func:`read_ledger`) as fl-sim writes a run's
+    (:func:`~flmesh.coordinator.sim_record.write_ledger`); the pictures' paths. Raises RunError
+    (one line) when ``out`` holds a run already or cannot be written; what drawing raises
+    otherwise (the rows, the summary and the ledger are written by then). Blocks."""
     from flmesh.coordinator.pictures import draw
     from flmesh.coordinator.privacy_picture import privacy_pictures
+    from flmesh.coordinator.sim_record import write_ledger
 
     check_out(out)
     merged.summary.out_dir = str(out)
@@ -241,9 +262,8 @@ def write_merged(merged: Merged, out: Path) -> list[Path]:
         for row in merged.rows:
             writer.write_round(row)
         writer.write_summary(merged.summary)
-        ledgers = [f.folder / LEDGER_FILE for f in merged.folders if (f.folder / LEDGER_FILE).is_file()]
-        if ledgers:  # the replay buffer's host wrote it into its own folder
-            shutil.copyfile(ledgers[0], out / LEDGER_FILE)
+        if ledger is not None:
+            write_ledger(out, ledger)
     except OSError as exc:
         raise RunError(f"--out {out}: cannot write results there: {exc.strerror or exc}") from None
     rows = writer.rows

@@ -41,8 +41,8 @@ def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path, title: str | None = N
     the pictures' title (default :func:`run_title` of the folder). Blocks on the disk."""
     if not rows:
         return []
-    heading = run_title(Path(out_dir), rows) if title is None else title
-    return [plot(rows, path, heading) for plot, path in plans(rows, out_dir)]
+    named = run_title(Path(out_dir), rows) if title is None else title
+    return [plot(rows, path, named) for plot, path in plans(rows, out_dir)]
 
 
 def run_title(folder: Path, rows: Sequence[Mapping[str, Any]]) -> str:
@@ -81,7 +81,7 @@ def _summary(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _heading(fig: Any, ax: Any, title: str, fixed: bool = True) -> None:
+def heading(fig: Any, ax: Any, title: str, fixed: bool = True) -> None:
     """Put ``title`` above ``ax``, wrapped at 80 characters (never cut); with ``fixed``, set the
     fixed margins, the top one lowered for each line past the first."""
     text = textwrap.fill(title, 80)
@@ -109,7 +109,8 @@ def plans(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[tuple[Plot, 
     return pictures
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (the Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and CI
@@ -118,28 +119,40 @@ def _pyplot() -> Any:
     return plt
 
 
+def accuracy_curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """What :func:`plot_accuracy` draws, in percent: ``"fa"`` and ``"ff"`` at the rounds with
+    FA, ``"pfa"`` at those with PFA (a merged run without cross-evaluation has PFA only) and,
+    for star runs, ``"accuracy"`` (the global model) at every round: name -> (rounds, values)."""
+    def curve(key: str, having: str) -> tuple[list[int], list[float]]:
+        kept = [r for r in rows if r.get(having) is not None]
+        return [r["round"] for r in kept], [100 * (r.get(key) or 0.0) for r in kept]
+
+    out = {"fa": curve("fa", "fa"), "ff": curve("ff", "fa"), "pfa": curve("pfa", "pfa")}
+    if rows and rows[0].get("kind") == "star":
+        out["accuracy"] = curve("accuracy", "round")
+    return out
+
+
 def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
-    """FA and PFA over rounds (percent), with FA ± FF shaded; star runs add the global model."""
-    plt = _pyplot()
-    with_fa = [r for r in rows if r.get("fa") is not None]
-    rounds = [r["round"] for r in with_fa]
-    fa = [100 * r["fa"] for r in with_fa]
-    ff = [100 * (r.get("ff") or 0.0) for r in with_fa]
-    pfa = [100 * r["pfa"] for r in with_fa]
+    """FA and PFA over rounds (percent), with FA ± FF shaded; star runs add the global model
+    (:func:`accuracy_curves`)."""
+    plt = pyplot()
+    curves = accuracy_curves(rows)
+    rounds, fa = curves["fa"]
+    ff = curves["ff"][1]
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     ax.plot(rounds, fa, marker="o", label="FA (federation accuracy)")
     ax.fill_between(rounds, [a - s for a, s in zip(fa, ff, strict=True)],
                     [a + s for a, s in zip(fa, ff, strict=True)], alpha=0.2, label="FA ± FF")
-    ax.plot(rounds, pfa, marker="s", label="PFA (personalized)")
-    if rows[0].get("kind") == "star":
-        ax.plot([r["round"] for r in rows], [100 * (r.get("accuracy") or 0.0) for r in rows], marker="^",
-                label="global model accuracy")
+    ax.plot(*curves["pfa"], marker="s", label="PFA (personalized)")
+    if "accuracy" in curves:
+        ax.plot(*curves["accuracy"], marker="^", label="global model accuracy")
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    _heading(fig, ax, title)
+    heading(fig, ax, title)
     save(fig, path, title)
     plt.close(fig)
     return path
@@ -147,7 +160,7 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path, title: str = ""
 
 def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
     """Heat map of the federation's per-class accuracy (class x round), in percent."""
-    plt = _pyplot()
+    plt = pyplot()
     import numpy as np
 
     matrix = np.array([[np.nan if v is None else v for v in r.get("per_class_accuracy") or []] for r in rows],
@@ -159,7 +172,7 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "
     ax.set_xlabel("round")
     ax.set_ylabel("class")
     fig.colorbar(image, ax=ax, label="accuracy (%)")
-    _heading(fig, ax, title)
+    heading(fig, ax, title)
     save(fig, path, title)
     plt.close(fig)
     return path
@@ -168,7 +181,7 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "
 def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
     """Heat map of each node's local forgetting F_k,t (percent; blank when not sampled),
     as in the WSM thesis Fig. 2.2 and Flashback's per-client view."""
-    plt = _pyplot()
+    plt = pyplot()
     import numpy as np
 
     nodes = list(rows[0]["nodes"])
@@ -186,7 +199,7 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: 
     if len(nodes) <= 20:
         ax.set_yticks(range(len(nodes)), nodes)
     fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
-    _heading(fig, ax, title, fixed=False)
+    heading(fig, ax, title, fixed=False)
     fig.tight_layout()
     save(fig, path, title)
     plt.close(fig)
@@ -196,7 +209,7 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: 
 def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
     """Accuracy on each task's test data over rounds (percent), with the task changes marked:
     forgetting shows as a task's line falling after the stream moved on."""
-    plt = _pyplot()
+    plt = pyplot()
     tasks = max(len(r.get("task_accuracy") or []) for r in rows)
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     for k in range(tasks):
@@ -213,7 +226,7 @@ def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize="small", ncol=2)
-    _heading(fig, ax, title, fixed=False)
+    heading(fig, ax, title, fixed=False)
     fig.tight_layout()
     save(fig, path, title)
     plt.close(fig)
@@ -225,7 +238,7 @@ def plot_panels(panels: Sequence[Mapping[str, Any]], path: Path, title: str) -> 
     "high"}]}``, as in compare.json), up to three a row; a curve with ``low`` and ``high`` is
     drawn with that band shaded. A curve keeps its colour in every panel, and one legend below
     the panels names each curve once; the figure grows to hold every label whole. Blocks."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     columns = 2 if len(panels) == 4 else min(3, max(1, len(panels)))

@@ -8,7 +8,6 @@ column (:func:`~flmesh.coordinator.sim_console.max_spent`). Drawn from the rows'
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,10 @@ def privacy_pictures(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[P
 def plot_privacy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Epsilon spent so far per round: one line per client (up to :data:`MAX_CLIENT_LINES`)
     and the per client max. Rows without ``privacy_spent`` are skipped."""
-    import matplotlib
+    from flmesh.coordinator.pictures import heading, pyplot, run_title, save
+    from flmesh.coordinator.sim_console import max_spent
 
-    matplotlib.use("Agg")  # files only: no display on servers and CI
-    import matplotlib.pyplot as plt
-
-    from flmesh.coordinator.pictures import run_title, save
-
+    plt = pyplot()
     spent = [(int(r["round"]), dict(r["privacy_spent"])) for r in rows if r.get("privacy_spent") is not None]
     clients = sorted({c for _, s in spent for c in s})
     rounds = [t for t, _ in spent]
@@ -45,7 +41,7 @@ def plot_privacy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         for client in clients:
             points = [(t, float(s[client])) for t, s in spent if client in s]
             ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1, alpha=0.6, label=client)
-    ax.plot(rounds, [max(s.values(), default=0.0) for _, s in spent], color="black", linewidth=2,
+    ax.plot(rounds, [max_spent(s) for _, s in spent], color="black", linewidth=2,
             marker="o" if len(rounds) < 40 else None, label="max over clients")
     ax.set_xlabel("round")
     ax.set_ylabel("epsilon spent so far")
@@ -53,7 +49,7 @@ def plot_privacy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize="small", ncol=2)
     title = run_title(path.parent, rows)
-    ax.set_title(textwrap.fill(title, 80), fontsize=10)
+    heading(fig, ax, title, fixed=False)
     fig.tight_layout()
     save(fig, path, title)
     plt.close(fig)

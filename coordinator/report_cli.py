@@ -1,8 +1,9 @@
 """``fl-sim report DIR... [--out DIR]``: a run's pictures and summary, or one federation merged.
 
-One run folder of ``fl-sim`` (or the aggregator) gets its pictures redrawn into it (with the
-privacy picture of a DP replay run, :mod:`~flmesh.coordinator.privacy_picture`) and its
-summary table printed. The results folders of one federation's ``fl-node`` processes are
+One run folder (of ``fl-sim``, the aggregator or one ``fl-node``) gets its pictures redrawn
+into it (with the privacy picture of a DP replay run,
+:mod:`~flmesh.coordinator.privacy_picture`) and its summary table printed. The results
+folders of one federation's ``fl-node`` processes (several, or one with ``--out``) are
 merged into the federation's rounds (:mod:`~flmesh.coordinator.merge_report`): a line per
 round under fl-sim's key and columns (FA, FF, PFA; ``eps`` with DP replay), a line for each
 folder that lacks rounds, each node's accuracy, the summary table; ``--out DIR`` writes the
@@ -28,7 +29,7 @@ def build_parser() -> OneLineParser:
         "the nodes ran with --cross-eval)."))
     p.add_argument("runs", type=Path, nargs="+", metavar="DIR",
                    help="a run folder (rounds.jsonl and summary.json), or the fl-node folders of one "
-                        "federation")
+                        "federation (merged: two or more, or one with --out)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="fl-node folders: write the merged run here (rounds.jsonl, summary.json, "
                         "pictures), a run folder fl-sim report and fl-sim compare read")
@@ -42,24 +43,34 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv[1:])
     try:
         loaded = [(folder, *load_run(folder)) for folder in args.runs]
-        if len(loaded) == 1 and loaded[0][2].get("writer") != "fl-node":
-            if args.out is not None:
-                raise RunError(f"--out: {args.runs[0]} is a run folder already; --out is for merging "
-                               "fl-node folders")
+        if len(loaded) == 1 and args.out is None:
             return report_run(*loaded[0])
+        if len(loaded) == 1 and loaded[0][2].get("writer") != "fl-node":
+            raise RunError(f"--out: {args.runs[0]} is a run folder already; --out is for merging "
+                           "fl-node folders")
         return report_federation(loaded, args.out)
     except RunError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 
 
+def cannot_draw(folder: Path, exc: Exception) -> int:
+    """Say on stderr, in one line, that the pictures in ``folder`` could not be drawn; exit 1."""
+    print(f"{PROG}: error: cannot draw the pictures in {folder}: {type(exc).__name__}: {exc}",
+          file=sys.stderr)
+    return 1
+
+
 def report_run(folder: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:
-    """One run folder: redraw its pictures into it, print its summary table."""
+    """One run folder: redraw its pictures into it, print its summary table; the exit code."""
     from flmesh.coordinator.pictures import draw
     from flmesh.coordinator.privacy_picture import privacy_pictures
     from flmesh.coordinator.run_tools import print_table
 
-    pictures = draw(rows, folder) + privacy_pictures(rows, folder)
+    try:
+        pictures = draw(rows, folder) + privacy_pictures(rows, folder)
+    except Exception as exc:  # a full disk, a folder in a picture's place, no matplotlib
+        return cannot_draw(folder, exc)
     status = "interrupted" if summary.get("interrupted") else "finished"
     print_table([(folder.name, summary)], f"{summary.get('federation', folder.name)} ({status})")
     print("pictures: " + (", ".join(str(p) for p in pictures) if pictures else "none (no rounds)"))
@@ -72,14 +83,17 @@ def report_federation(loaded: list[tuple[Path, list[dict[str, Any]], dict[str, A
     from rich.console import Console
     from rich.markup import escape
 
-    from flmesh.coordinator.merge_report import check_out, merge, node_folders, write_merged
+    from flmesh.coordinator.merge_report import check_out, merge, node_folders, read_ledger, write_merged
     from flmesh.coordinator.run_tools import RunError, print_table
     from flmesh.coordinator.sim_console import PRIVACY_KEY, column_names, pct, peer_key, round_line
     from flmesh.node.results import to_json
 
-    if out is not None:
-        check_out(out)  # before anything is printed
-    merged = merge(node_folders(loaded), out)
+    folders = node_folders(loaded)
+    ledger = None
+    if out is not None:  # before anything is printed
+        check_out(out)
+        ledger = read_ledger(folders)
+    merged = merge(folders, out)
     console = Console(highlight=False)
 
     def say(text: str) -> None:
@@ -119,12 +133,10 @@ def report_federation(loaded: list[tuple[Path, list[dict[str, Any]], dict[str, A
     if out is None:
         return 0
     try:
-        pictures = write_merged(merged, out)
+        pictures = write_merged(merged, out, ledger)
     except RunError:
         raise
     except Exception as exc:  # the pictures (rows and summary are written): a full disk, no matplotlib
-        print(f"{PROG}: error: cannot draw the pictures in {out}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-        return 1
+        return cannot_draw(out, exc)
     say(f"merged run: {out}/summary.json, rounds.jsonl, " + ", ".join(p.name for p in pictures))
     return 0

@@ -24,12 +24,14 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from flmesh.coordinator.pictures import PicturesError
 from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes
 from flmesh.topology import Federation
 
@@ -39,11 +41,17 @@ if TYPE_CHECKING:
     from flmesh.coordinator.sim_resume import SimCheckpoints
     from flmesh.node.learning.learner import Learner
     from flmesh.node.learning.models import ModelFactory
-    from flmesh.node.node import Node
     from flmesh.node.replay_buffer import PrivacyLedger, ReplayBufferCore
+
+log = logging.getLogger(__name__)
 
 Transport = Literal["memory", "grpc"]
 TRANSPORTS: tuple[Transport, ...] = ("memory", "grpc")
+
+
+class LedgerError(PicturesError):
+    """The privacy ledger could not be written into the run folder (its rows and summary are)."""
+
 
 class Driver(Protocol):
     def start(self) -> None: ...
@@ -56,6 +64,10 @@ class Driver(Protocol):
     def rounds_done(self) -> int: ...
 
     def config(self) -> dict[str, Any]: ...
+
+    def replay_host(self) -> ReplayBufferCore | None:
+        """The DP replay buffer one of its processes hosts; None without one or before start."""
+        ...
 
     def stop(self) -> None: ...
 
@@ -166,11 +178,13 @@ class Simulation:
         """Run every round, writing rounds.jsonl as it goes; returns the summary it writes
         (also when interrupted or failed: the finished rounds are kept). Raises
         :class:`~flmesh.coordinator.pictures.PicturesError` when the pictures cannot be drawn
-        (after the summary is written)."""
+        (after the summary is written), :class:`LedgerError` when the privacy ledger cannot be
+        written (after the pictures; when the run failed, the ledger's error is logged instead)."""
         before = self._previous_summary()
         writer = RunWriter(self.out_dir, append=self.resume, upto=self.resumed_after)
         started = time.monotonic()
-        frozen = False
+        frozen = ended = False
+        lost: str | None = None  # why the privacy ledger could not be written
         try:
             for row in self.driver.rows():
                 writer.write_round(row)
@@ -185,6 +199,7 @@ class Simulation:
                     self.checkpoints.commit(row.round)
                 if on_round is not None:
                     on_round(row)
+            ended = True
         finally:
             if frozen:
                 gc.unfreeze()  # collectable again once the run is over
@@ -193,28 +208,36 @@ class Simulation:
                 summary.resumed_after = [*before.get("resumed_after", []), self.resumed_after]
             self.last_summary = summary
             writer.write_summary(summary)
-            if (ledger := self.privacy_ledger()) is not None:
-                from flmesh.coordinator.sim_record import write_ledger
-
-                write_ledger(self.out_dir, ledger)
+            lost = self._write_ledger()
+            if lost is not None and not ended:
+                log.error("%s", lost)  # the run's own exception is the one that goes on
             if self.checkpoints is not None and not summary.interrupted:
                 self.checkpoints.remove()
             if self.draw_pictures:
                 summary.pictures = self._draw(writer)
                 writer.write_summary(summary)
+        if lost is not None:
+            raise LedgerError(lost)
         return summary
 
     def privacy_ledger(self) -> PrivacyLedger | None:
         """The DP replay buffer host's privacy ledger (the aggregator's, or the hosting node's);
         None without ``[replay]`` or before :meth:`start`. fl-sim keeps it in memory and
         :meth:`run` writes it into the run folder when the run ends (``privacy_ledger.json``)."""
-        if self.federation.replay is None:
+        host = self.driver.replay_host() if self.federation.replay is not None else None
+        return host.ledger if host is not None else None
+
+    def _write_ledger(self) -> str | None:
+        """Write the privacy ledger into the run folder; why it could not be (one line), or None."""
+        if (ledger := self.privacy_ledger()) is None:
             return None
-        aggregator = getattr(self.driver, "aggregator", None)
-        nodes: list[Node] = getattr(self.driver, "nodes", [])
-        hosts: list[ReplayBufferCore | None] = (
-            [aggregator.replay] if aggregator is not None else [n.replay_host for n in nodes])
-        return next((h.ledger for h in hosts if h is not None), None)
+        from flmesh.coordinator.sim_record import write_ledger
+
+        try:
+            write_ledger(self.out_dir, ledger)
+        except OSError as exc:
+            return f"cannot write the privacy ledger in {self.out_dir}: {exc.strerror or exc}"
+        return None
 
     def _previous_summary(self) -> dict[str, Any]:
         """A resumed run's summary.json as the interrupted run left it ({} when none)."""

@@ -229,9 +229,9 @@ def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, ov
     console = Console(highlight=False)
     code = run_sweep(sweep, todo, lambda point, folder: run_one(plan(feds[point], folder, label)))
     console.print(sweep.table())
-    bands = out / "bands.png"
+    drawn = sweep.head.get("picture")  # this sweep's, not a stale file from an earlier one
     say(console, f"sweep: {out / 'sweep.json'} ({len(sweep.runs)} of {len(todo)} runs)"
-        + (f"; curves with a band: {bands}" if bands.exists() else ""))
+        + (f"; curves with a band: {out / drawn}" if drawn else ""))
     return code
 
 

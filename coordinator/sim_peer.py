@@ -47,6 +47,7 @@ from flmesh.topology.tasks import present
 
 if TYPE_CHECKING:
     from flmesh.coordinator.sim_resume import SimCheckpoints
+    from flmesh.node.replay_buffer import ReplayBufferCore
 
 JOINT_ID = "joint"
 Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
@@ -125,6 +126,10 @@ class PeerDriver:
     def resume_after(self, round: int) -> None:
         """Run from round ``round`` + 1 (the trainers restored from that round's checkpoint)."""
         self._next, self._rounds_done = round + 1, round
+
+    def replay_host(self) -> ReplayBufferCore | None:
+        """The replay buffer of the node ``[replay] host`` names (None without one, before start)."""
+        return next((n.replay_host for n in self.nodes if n.replay_host is not None), None)
 
     def config(self) -> dict[str, Any]:
         fed = self.federation

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 RUN_FILE = "run.json"
 FEDERATION_FILE = "federation.toml"
-LEDGER_FILE = "privacy_ledger.json"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -154,16 +153,15 @@ def note_resume(folder: Path, after: int, argv: Sequence[str]) -> None:
 def write_ledger(folder: Path, ledger: PrivacyLedger) -> Path:
     """Write ``folder``/privacy_ledger.json (atomically) from a replay buffer host's ledger:
     ``releases`` as the host keeps them (client, task, epsilon; the host's own ledger file
-    reads back from it) and ``spent``, each client's epsilon in all (sequential composition:
-    the sum of its releases). Its path. Blocks; safe while the host still records releases (a
-    release replaces the ledger's list whole)."""
-    releases = list(ledger.releases)
-    spent: dict[str, float] = {}
-    for release in releases:
-        client = str(release["client"])
-        spent[client] = spent.get(client, 0.0) + float(release["epsilon"])
+    reads back from it) and ``spent``, each client's epsilon in all
+    (:meth:`~flmesh.node.replay_buffer.PrivacyLedger.totals`). Its path. Blocks; safe while the
+    host still records releases (a release replaces the ledger's list whole)."""
+    from flmesh.node.replay_buffer import LEDGER_FILE, PrivacyLedger
+
+    snapshot = PrivacyLedger(None)  # one list for both keys, whatever the host records meanwhile
+    snapshot.releases = list(ledger.releases)
     path = folder / LEDGER_FILE
-    write_atomic(path, json.dumps({"releases": releases, "spent": dict(sorted(spent.items()))},
+    write_atomic(path, json.dumps({"releases": snapshot.releases, "spent": snapshot.totals()},
                                   indent=1) + "\n")
     return path
 

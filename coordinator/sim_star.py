@@ -33,6 +33,7 @@ from flmesh.topology import Federation
 
 if TYPE_CHECKING:
     from flmesh.coordinator.sim_resume import SimCheckpoints
+    from flmesh.node.replay_buffer import ReplayBufferCore
 
 
 class StarDriver:
@@ -60,6 +61,10 @@ class StarDriver:
     def resume_after(self, round: int) -> None:
         """Run from round ``round`` + 1 (every process restored from that round's checkpoint)."""
         self._next, self._rounds_done = round + 1, round
+
+    def replay_host(self) -> ReplayBufferCore | None:
+        """The aggregator's replay buffer (None without ``[replay]``, before start)."""
+        return self.aggregator.replay if self.aggregator is not None else None
 
     def config(self) -> dict[str, Any]:
         agg = self.federation.aggregator

@@ -63,6 +63,10 @@ CONTRIBUTION_METADATA: dict[str, tuple[tuple[type, ...], str]] = {
     "withheld": ((bool,), "true or false")}
 
 
+#: The privacy ledger's file name in its host's folder (and in an fl-sim run folder).
+LEDGER_FILE = "privacy_ledger.json"
+
+
 class PrivacyLedger:
     """Every release, per client, persisted atomically as JSON at ``path`` (None: in memory)."""
 
@@ -130,7 +134,7 @@ class ReplayBufferCore:
         self.input_shape, self.num_classes, self.clock = input_shape, num_classes, clock
         self.progress = progress
         self.spec = contribution_spec(num_classes, input_shape)
-        self.ledger = PrivacyLedger(state_dir / "privacy_ledger.json" if state_dir is not None else None)
+        self.ledger = PrivacyLedger(state_dir / LEDGER_FILE if state_dir is not None else None)
         # class -> [(task, sender's place in the federation, mean)]: the buffer orders them by the
         # first two, so it does not depend on the order in which concurrent releases arrived
         self._means: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
