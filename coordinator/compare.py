@@ -12,7 +12,8 @@ rewind.lambda=0.2``; a run without that record (fl-node, the aggregator) by its 
 A sweep folder (``fl-sim --seeds/--sweep``: sweep.json and a folder per run) is taken whole:
 its interrupted runs are left out (a line says how many), its finished runs of the same
 settings but different seeds make one curve, their mean per round (over the rounds every one
-of them has), with a band: ± the sample standard deviation, or min-max with ``--band minmax``. Runs named one by one are drawn one curve each.
+of them has), with a band: ± the sample standard deviation, or min-max with ``--band minmax``.
+Runs named one by one are drawn one curve each.
 
 The output folder (default ``runs/compare-<hash of the runs' paths>``; an ``--out`` ending in
 ``.png`` is refused) gets ``compare.png`` and ``compare.json``: the panels with their curves,

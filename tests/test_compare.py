@@ -147,6 +147,34 @@ def test_a_sweep_draws_its_own_bands(made):
     assert f"curves with a band: {made / 'sweep' / 'bands.png'}" in (made / "sweep.printed").read_text()
 
 
+def test_a_sweep_says_only_what_it_drew_not_an_older_picture(made, tmp_path, capsys):
+    stale = tmp_path / "again"
+    stale.mkdir()
+    (stale / "bands.png").write_bytes(b"an earlier sweep's")
+    assert main([str(made / "peer.toml"), "--seeds", "1", "--no-pictures", "--out", str(stale), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "sweep: " in printed and "curves with a band" not in printed, printed
+
+
+def test_interrupted_sweep_runs_are_counted_and_a_picture_name_is_no_folder(made, tmp_path, capsys):
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(made / "sweep", sweep)
+    index = json.loads((sweep / "sweep.json").read_text())
+    index["runs"][0]["interrupted"] = True
+    (sweep / "sweep.json").write_text(json.dumps(index))
+    content, printed = compare(capsys, sweep, "--out", tmp_path / "cmp")
+    assert f"{sweep}: 1 of its 4 runs skipped (interrupted)" in printed.splitlines()
+    assert len(content["runs"]) == 3
+    assert main(["compare", str(made / "one"), "--out", str(tmp_path / "c.png")]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"fl-sim compare: error: --out {tmp_path / 'c.png'}: a folder (it gets "
+                                f"compare.png and compare.json), not a picture's name; try --out "
+                                f"{tmp_path / 'c'}"] and out == ""
+    assert not (tmp_path / "c.png").exists()
+
+
 def test_the_default_folder_is_named_under_runs(made, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     content, printed = compare(capsys, made / "one", made / "two")
@@ -207,8 +235,11 @@ def test_labels_name_only_what_differs_and_never_repeat():
     other = {**same, "training.lr": "0.2"}
     assert labels([(same, a), (other, b)]) == ["training.lr=0.1", "training.lr=0.2"]
     assert labels([(same, a), (same, b)]) == ["a", "b"]  # nothing differs: the folders' names
-    unset = {"federation.name": "x"}  # a key one file leaves to its default
-    assert labels([(unset, a), (other, b)]) == ["training.lr=(default)", "training.lr=0.2"]
+    unset = {"federation.name": "x", "training.epochs": "1"}  # a key one file leaves to its default
+    assert labels([(unset, a), ({**other, "training.epochs": "1"}, b)]) == [
+        "training.lr=(default)", "training.lr=0.2"]
+    star = {**same, "aggregator.strategy": "fedavg"}  # a section the peer run's file has not
+    assert labels([(same, a), (star, b)]) == ["aggregator.strategy=(none)", "aggregator.strategy=fedavg"]
     assert labels([(same, a), (other, b), (same, Path("runs/d"))]) == [
         "training.lr=0.1 (a)", "training.lr=0.2", "training.lr=0.1 (d)"]
     assert labels([(same, a), ({}, c), (same, b)]) == ["runs/a", "other/a", "b"]  # a name twice: paths

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flmesh.coordinator.pictures import accuracy_curves
 from flmesh.coordinator.sim_cli import main as sim_main
 from flmesh.node.results import NodeRound, RoundRow, RunWriter, Summary, read_rows
 
@@ -55,7 +56,7 @@ def test_cross_evaluated_folders_give_fa_ff_pfa_per_round_and_a_run_folder(tmp_p
     assert summary["writer"] == "fl-sim" and summary["final"]["pfa"] == pytest.approx(0.9)
     assert summary["config"]["cross_eval"] is True and not summary["interrupted"]
     assert (out / "accuracy.png").exists()
-    assert sim_main(["compare", str(out), str(out), "--out", str(tmp_path / "c.png")]) == 0
+    assert sim_main(["compare", str(out), str(out), "--out", str(tmp_path / "c")]) == 0
     assert sim_main(["report", str(out)]) == 0  # the merged folder is a run folder
     assert "70.00" in capsys.readouterr().out
 
@@ -68,6 +69,65 @@ def test_without_cross_evaluation_pfa_is_the_mean_own_accuracy_and_it_says_so(tm
     assert sum(line.startswith("cross-evaluation was off for a, b, c (fl-node without --cross-eval)")
                and "so every round has only PFA" in line for line in printed.splitlines()) == 1
     assert "a: 2 rounds, accuracy 50.00 %" in printed
+    out = tmp_path / "merged"
+    assert sim_main(["report", *map(str, dirs), "--out", str(out)]) == 0
+    curves = accuracy_curves(read_rows(out / "rounds.jsonl"))  # what accuracy.png draws
+    assert curves["pfa"] == ([1, 2], [50.0, 50.0]) and curves["fa"] == ([], [])
+
+
+@pytest.mark.parametrize("kind", ["peer", "star"])
+def test_one_fl_node_folder_alone_gets_its_pictures_and_summary(tmp_path, capsys, kind):
+    a = node_dir(tmp_path, "a", None, kind=kind)
+    assert sim_main(["report", str(a)]) == 0
+    printed = capsys.readouterr().out
+    assert "merged" not in printed and "procs (finished)" in printed, printed
+    assert (a / "accuracy.png").exists() and (a / "per_class.png").exists()
+
+
+def test_pictures_that_cannot_be_drawn_are_one_line_and_exit_1(tmp_path, capsys):
+    a = node_dir(tmp_path, "a", None)
+    (a / "accuracy.png").mkdir()  # a folder where the picture goes
+    assert sim_main(["report", str(a)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fl-sim report: error: cannot draw the pictures in {a}: ") and "\n" not in err
+
+
+def _broken(row: dict, case: str) -> None:
+    if case == "no round":
+        del row["round"]
+    elif case == "round x":
+        row["round"] = "x"
+    elif case == "empty entry":
+        row["nodes"]["b"] = {}
+    elif case == "nodes list":
+        row["nodes"] = [row["nodes"]["b"]]
+    elif case == "accuracy x":
+        row["nodes"]["b"]["accuracy"] = "x"
+    else:
+        row[case] = "x"
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("no round", ':2: "round" is None, expected an integer'),
+    ("round x", ':2: "round" is \'x\', expected an integer'),
+    ("empty entry", ": round 2: node b's entry has no node and no round"),
+    ("nodes list", ':2: "nodes" is not an object of node entries'),
+    ("accuracy x", ':2: node b: "accuracy" is "x", expected a number or null'),
+    ("fa", ':2: "fa" is "x", expected a number or null'),
+])
+def test_a_broken_row_is_one_line_naming_its_file(tmp_path, capsys, case, message):
+    a, b = _matrix_dirs(tmp_path)
+    rows = read_rows(b / "rounds.jsonl")
+    _broken(rows[1], case)
+    (b / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tools = [["report", str(a), str(b)]] + ([["compare", str(b), "--out", str(tmp_path / "c")]]
+                                           if case != "empty entry" else [])
+    for argv in tools:
+        assert sim_main(argv) == 2, argv
+        printed = capsys.readouterr()
+        err = printed.err.strip()
+        assert err.startswith(f"fl-sim {argv[0]}: error: {b / 'rounds.jsonl'}") and message in err, err
+        assert len(err.splitlines()) == 1 and not printed.out
 
 
 def test_a_round_missing_in_one_folder_is_named_and_the_round_uses_the_others(tmp_path, capsys):
@@ -116,7 +176,7 @@ def test_twice_one_node_a_sim_folder_among_nodes_and_out_on_a_run_are_refused(tm
 
 def test_a_node_cross_evaluated_on_without_a_folder_is_named(tmp_path, capsys):
     a, _ = _matrix_dirs(tmp_path)
-    assert sim_main(["report", str(a)]) == 0
+    assert sim_main(["report", str(a), "--out", str(tmp_path / "merged")]) == 0
     printed = capsys.readouterr().out
     assert "no folder for b, whose test splits the nodes evaluated on" in printed
     assert "    2   80.00    0.00   80.00" in printed, printed  # a alone: its own split only
@@ -124,13 +184,33 @@ def test_a_node_cross_evaluated_on_without_a_folder_is_named(tmp_path, capsys):
 
 def test_dp_spending_becomes_the_eps_column_and_the_privacy_picture(tmp_path, capsys):
     dirs = [node_dir(tmp_path / "n", n, None, spent=e) for n, e in (("a", 10.0), ("b", 20.0))]
-    (dirs[0] / "privacy_ledger.json").write_text('{"releases": []}\n')
+    releases = [{"client": "a", "task": 0, "epsilon": 10.0}, {"client": "b", "task": 0, "epsilon": 5},
+                {"client": "b", "task": 1, "epsilon": 15.0}]
+    (dirs[0] / "privacy_ledger.json").write_text(json.dumps({"releases": releases}))
     out = tmp_path / "merged"
     assert sim_main(["report", *map(str, dirs), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "eps: the most DP epsilon any one client has released so far (per client max" in printed
     assert "    2       -       -   50.00        0    0.00   20.00" in printed, printed
-    assert (out / "privacy.png").exists() and (out / "privacy_ledger.json").exists()
+    assert (out / "privacy.png").exists()
+    ledger = json.loads((out / "privacy_ledger.json").read_text())  # as fl-sim writes a run's
+    assert ledger["spent"] == {"a": 10.0, "b": 20.0} and ledger["releases"][1]["epsilon"] == 5.0
+
+
+@pytest.mark.parametrize("case", ["damaged", "two"])
+def test_a_damaged_ledger_or_two_are_one_line(tmp_path, capsys, case):
+    dirs = [node_dir(tmp_path / "n", n, None, spent=1.0) for n in ("a", "b")]
+    (dirs[0] / "privacy_ledger.json").write_text('{"releases": [{"client": "a"}]}' if case == "damaged"
+                                                 else '{"releases": []}')
+    if case == "two":
+        (dirs[1] / "privacy_ledger.json").write_text('{"releases": []}')
+    out = tmp_path / "merged"
+    assert sim_main(["report", *map(str, dirs), "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    err = printed.err.strip()
+    assert len(err.splitlines()) == 1 and not printed.out and not out.exists(), err
+    assert (f"{dirs[0] / 'privacy_ledger.json'}: damaged privacy ledger" if case == "damaged"
+            else "2 privacy ledgers, expected the replay buffer host's only") in err, err
 
 
 @pytest.mark.slow

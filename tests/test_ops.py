@@ -313,11 +313,18 @@ def test_tensorboard_report_and_compare(tmp_path, capsys):
 
 def test_run_tools_refuse_what_is_not_a_run_in_one_line(tmp_path, capsys):
     (tmp_path / "half").mkdir()
-    (tmp_path / "half" / "rounds.jsonl").write_text("{}\n")
+    (tmp_path / "half" / "rounds.jsonl").write_text('{"round": 1}\n')
     (tmp_path / "half" / "summary.json").write_text("{not json")
+    for name, line in (("noround", '{"kind": "peer"}'), ("badfa", '{"round": 1, "fa": "x"}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rounds.jsonl").write_text('{"round": 0}\n' + line + "\n")
+        (tmp_path / name / "summary.json").write_text("{}")
     cases = [(["report", str(tmp_path / "nope")], "no such run folder"),
              (["report", str(tmp_path)], "not a run folder (no rounds.jsonl)"),
-             (["compare", str(tmp_path / "half")], "summary.json: not JSON")]
+             (["compare", str(tmp_path / "half")], "summary.json: not JSON"),
+             (["compare", str(tmp_path / "noround")], 'noround/rounds.jsonl:2: "round" is None'),
+             (["compare", str(tmp_path / "badfa")], 'badfa/rounds.jsonl:2: "fa" is "x", expected a number'),
+             (["report", str(tmp_path / "badfa")], 'badfa/rounds.jsonl:2: "fa" is "x", expected a number')]
     for argv, message in cases:
         assert sim_main(argv) == 2
         err = capsys.readouterr().err.strip()

@@ -197,3 +197,51 @@ def test_a_dp_run_folder_holds_the_ledger_and_the_privacy_picture(tmp_path, text
 
     title = Image.open(out / "privacy.png").text["Title"]
     assert title == run_title(out, rows)  # titled like the run's other pictures
+
+
+class _Driver:
+    """A driver whose replay host holds a ledger; its run ends after one row, or fails."""
+
+    rounds_done = 1
+
+    def __init__(self, fail: bool):
+        from flmesh.node.replay_buffer import PrivacyLedger
+
+        self.fail, self.ledger = fail, PrivacyLedger(None)
+        self.ledger.record("node0", 0, 10.0)
+
+    def rows(self):
+        yield RoundRow(1, "peer", "fl-sim", privacy_spent={"node0": 10.0})
+        if self.fail:
+            raise RuntimeError("the run's own error")
+
+    def replay_host(self):
+        return self
+
+    def config(self):
+        return {}
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ended", "failed"])
+def test_a_ledger_that_cannot_be_written_is_one_line_and_hides_no_error(tmp_path, caplog, fail):
+    import tomllib
+
+    from flmesh.coordinator.pictures import PicturesError
+    from flmesh.coordinator.sim import Simulation
+
+    sim = Simulation(parse_federation(tomllib.loads(DP_PEER), source="dp.toml"), tmp_path / "run")
+    sim.driver, sim.draw_pictures = _Driver(fail), False
+    (tmp_path / "run" / "privacy_ledger.json").mkdir(parents=True)  # a folder where the ledger goes
+    expected = RuntimeError if fail else PicturesError  # fl-sim says a PicturesError in one line
+    with pytest.raises(expected, match="the run's own error" if fail else "privacy ledger") as raised:
+        sim.run()
+    ledger = f"cannot write the privacy ledger in {tmp_path / 'run'}: "
+    said = str(raised.value) if not fail else caplog.records[-1].getMessage()
+    assert said.startswith(ledger) and "\n" not in said, said
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 1
