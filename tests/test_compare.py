@@ -151,7 +151,8 @@ def test_a_sweep_says_only_what_it_drew_not_an_older_picture(made, tmp_path, cap
     stale = tmp_path / "again"
     stale.mkdir()
     (stale / "bands.png").write_bytes(b"an earlier sweep's")
-    assert main([str(made / "peer.toml"), "--seeds", "1", "--no-pictures", "--out", str(stale), "--quiet"]) == 0
+    argv = [str(made / "peer.toml"), "--seeds", "1", "--no-pictures", "--out", str(stale), "--quiet"]
+    assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "sweep: " in printed and "curves with a band" not in printed, printed
 
