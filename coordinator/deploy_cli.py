@@ -12,7 +12,8 @@ Each writes into DIR the deployment (:mod:`~flmesh.coordinator.deploy_compose`,
 deployment: the same logical file drives fl-sim, containers and a cluster) and
 ``certs/`` (``ca.pem`` and each process's certificate and key). Certificates come
 from ``--certs DIR`` (checked, then copied; never ``ca.key``) or are issued from
-a CA made in ``DIR/ca`` (kept out of every container: keep ``DIR/ca/ca.key`` offline).
+a CA made in ``DIR/ca`` (kept out of every container: its key is ``DIR/ca/ca-private/ca.key``, which
+``DIR/.gitignore`` names; keep it offline).
 Nothing is overwritten without ``--force``; a process's results are never touched.
 
 Exit codes: 0 written; 2 bad input (one line on stderr naming the file, flag or

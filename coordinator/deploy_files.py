@@ -155,14 +155,20 @@ def write(out: Path, plan: Plan, certs: dict[str, Path | None] | None, days: int
 
 
 def _issue(out: Path, plan: Plan, days: int, name: str) -> None:
-    """A CA in out/ca (kept if there), and a certificate per process named after its address."""
-    from flmesh.node.wire.certs import CA_CERT, create_ca, issue
+    """A CA in out/ca (kept if there; its key in out/ca/ca-private, mode 0700, which a
+    ``.gitignore`` in ``out`` keeps out of a repository the manifests are committed to), and a
+    certificate per process named after its address."""
+    from flmesh.node.wire.certs import CA_CERT, CA_KEY, CA_PRIVATE, create_ca, issue
 
     ca_dir = out / "ca"
     if not (ca_dir / CA_CERT).exists():
         ca_dir.mkdir(exist_ok=True)
         os.chmod(ca_dir, 0o700)
-        create_ca(ca_dir, f"flmesh {name} CA")
+        create_ca(ca_dir, f"flmesh {name} CA", key_path=ca_dir / CA_PRIVATE / CA_KEY)
+    ignore = out / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# the federation's CA private key: never commit it; keep it offline\n"
+                          "ca/ca-private/\n")
     shutil.copyfile(ca_dir / CA_CERT, out / "certs" / CA_CERT)
     os.chmod(out / "certs" / CA_CERT, 0o644)
     for node_id, address in plan.addresses.items():

@@ -153,7 +153,11 @@ def statefulset(federation: Federation, process: str, *, name: str, image: str, 
     """The StatefulSet of one process (a node id, or ``aggregator`` when the file has one): one
     replica, which mounts only that process's Secret."""
     aggregator = process == "aggregator" and federation.aggregator is not None
-    sts = workloads(federation, name)[process]
+    names = workloads(federation, name)
+    if process not in names:
+        raise ValueError(f"{process!r}: not a process of federation {federation.name!r} "
+                         f"(its processes: {', '.join(names)})")
+    sts = names[process]
     component = "aggregator" if aggregator else "node"
     service = "flmesh.v1.Aggregator" if aggregator else "flmesh.v1.Peer"
     flags = ["--role", "aggregator"] if aggregator else ["--id", process]

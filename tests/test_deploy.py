@@ -173,7 +173,9 @@ def test_compose_one_service_per_process_with_its_own_key_volume_and_healthcheck
                                  out / "certs" / "ca.pem", expected_id=node_id)
         assert node_id in identity.dns and identity.warnings == ()
         assert stat.S_IMODE((out / "certs" / f"{node_id}.key").stat().st_mode) == 0o600
-    assert not (out / "certs" / "ca.key").exists() and (out / "ca" / "ca.key").exists()
+    assert not (out / "certs" / "ca.key").exists() and (out / "ca" / "ca-private" / "ca.key").exists()
+    assert stat.S_IMODE((out / "ca" / "ca-private").stat().st_mode) == 0o700
+    assert "ca/ca-private/" in (out / ".gitignore").read_text().splitlines()  # never committed with the rest
     if os.geteuid() == 0:  # the containers run as the image's user, who must read its key and write its state
         assert {s["user"] for s in doc["services"].values()} == {"10001:10001"}
         assert (out / "certs" / f"{ids[0]}.key").stat().st_uid == 10001

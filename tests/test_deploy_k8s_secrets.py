@@ -136,7 +136,7 @@ def test_each_pod_mounts_only_its_own_secret_and_no_secret_holds_the_ca_key(tmp_
     mounted = audit(generated(out), ca, processes)
     assert mounted == {p: f"fed-{i}-tls" for i, p in enumerate(processes) if p != "aggregator"} | (
         {"aggregator": "fed-aggregator-tls"} if "aggregator" in processes else {})
-    ca_key = (out / "ca" / "ca.key").read_bytes()
+    ca_key = (out / "ca" / "ca-private" / "ca.key").read_bytes()
     assert all(ca_key not in (out / f).read_bytes() for s in yaml.safe_load(
         (out / "kustomization.yaml").read_text())["secretGenerator"] for f in s["files"])
     if KUBECTL is None:
@@ -172,7 +172,8 @@ def test_the_audit_refuses_another_nodes_secret_a_shared_one_and_the_ca_key(tmp_
     with pytest.raises(AssertionError, match="2 private keys"):
         audit(shared, ca, processes)
     leaked = copy.deepcopy(docs)  # the CA key instead of node 0's
-    leaked[secrets[0]]["data"]["node0.key"] = base64.b64encode((out / "ca" / "ca.key").read_bytes()).decode()
+    ca_key = (out / "ca" / "ca-private" / "ca.key").read_bytes()
+    leaked[secrets[0]]["data"]["node0.key"] = base64.b64encode(ca_key).decode()
     with pytest.raises(AssertionError, match="holds the CA's private key"):
         audit(leaked, ca, processes)
     missing = [d for i, d in enumerate(docs) if i != secrets[-1]]
@@ -234,3 +235,12 @@ def test_rotating_one_nodes_certificate_changes_only_its_secret_and_its_pod(tmp_
     identity = load_identity(out / "certs" / "charlie.pem", out / "certs" / "charlie.key",
                              out / "certs" / "ca.pem", expected_id="charlie")
     assert "fed-2-0.fed" in identity.dns
+
+
+def test_a_statefulset_for_a_process_the_federation_lacks_is_one_line(tmp_path):
+    from flmesh.coordinator.deploy_k8s import statefulset
+
+    federation = load_federation(write(tmp_path, "peer"))
+    with pytest.raises(ValueError, match=r"^'nobody': not a process of federation .*\(its processes: "):
+        statefulset(federation, "nobody", name="x", image="i", port=1, tls=True, storage="1Gi", cpu="1",
+                    memory="1Gi")

@@ -10,6 +10,7 @@ it reads the file.
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,16 @@ def read_file(path: Path, what: str, label_column: str) -> tuple[Pair, Pair | No
         if key not in found:
             raise DataError(f"{what}: holds no {key!r} array" + (" (no labels)" if key == "y" else "")
                             + f"; its arrays: {', '.join(found) or 'none'}")
+    return (found["x"], found["y"]), held_out_pair(found, what)
+
+
+def held_out_pair(found: Mapping[str, Any], what: str) -> Pair | None:
+    """``(x_test, y_test)`` of a mapping that holds both, None when it holds neither; one of
+    them alone is a DataError naming ``what``."""
     has_test = ("x_test" in found, "y_test" in found)
     if any(has_test) and not all(has_test):
         raise DataError(f"{what}: x_test without y_test, or y_test without x_test")
-    return (found["x"], found["y"]), (found["x_test"], found["y_test"]) if all(has_test) else None
+    return (found["x_test"], found["y_test"]) if all(has_test) else None
 
 
 def _read_csv(path: Path, what: str, label_column: str) -> Pair:
@@ -92,4 +99,4 @@ def _read_csv(path: Path, what: str, label_column: str) -> Pair:
     return np.asarray(x, dtype=np.float64).reshape(len(x), len(header) - 1), np.asarray(y, dtype=np.int64)
 
 
-__all__ = ["FORMATS", "read_file"]
+__all__ = ["FORMATS", "Pair", "read_file", "held_out_pair"]

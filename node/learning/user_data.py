@@ -38,7 +38,7 @@ import torch
 from flmesh.node.learning import partitions
 from flmesh.node.learning.data import SEED_SPLIT, ArrayData, DataError, NodeData
 from flmesh.node.learning.image_folder import read_image_folder
-from flmesh.node.learning.node_files import FORMATS, read_file
+from flmesh.node.learning.node_files import FORMATS, Pair, held_out_pair, read_file
 from flmesh.node.learning.streamed import (
     DatasetData,
     as_input,
@@ -50,7 +50,6 @@ from flmesh.node.learning.streamed import (
 from flmesh.node.user_code import UserCodeError, load_callable
 from flmesh.topology import DataConfig, Federation
 
-Pair = tuple[Any, Any]
 RETURNS = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, "
            "or a torch Dataset of (x, y) items")
 
@@ -98,11 +97,7 @@ def _pairs(value: Any, what: str) -> tuple[Pair, Pair | None]:
         if "x" not in value or "y" not in value:
             raise DataError(f"{what} returned a mapping without 'x' and 'y' (its keys: "
                             f"{', '.join(map(str, value)) or 'none'})")
-        has_test = ("x_test" in value, "y_test" in value)
-        if any(has_test) and not all(has_test):
-            raise DataError(f"{what}: x_test without y_test, or y_test without x_test")
-        test = (value["x_test"], value["y_test"]) if all(has_test) else None
-        return (value["x"], value["y"]), test
+        return (value["x"], value["y"]), held_out_pair(value, what)
     if isinstance(value, tuple | list) and len(value) == 2:
         first, second = value
         if _is_array(first) and _is_array(second):

@@ -3,8 +3,7 @@
 :func:`make_ca` makes a self-signed CA with its EC P-256 key; :func:`sign` makes a process
 certificate (CN = the node id, the DNS names and IPs given as SANs, serverAuth and clientAuth)
 signed by a CA key of any type cryptography signs with. Writing them to files, and the checks
-of names and ids, are :mod:`flmesh.node.wire.certs`'s. Pure CPU, about a millisecond each;
-thread-safe.
+of names and ids, are :mod:`flmesh.node.wire.certs`'s. CPU only (no files); thread-safe.
 """
 
 from __future__ import annotations
@@ -30,10 +29,12 @@ ISSUER_KEYS = (dsa.DSAPrivateKey, ec.EllipticCurvePrivateKey, ed25519.Ed25519Pri
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh EC P-256 private key."""
     return ec.generate_private_key(ec.SECP256R1())
 
 
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """``key`` as unencrypted PKCS#8 PEM (the file is protected by its mode, 0600)."""
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
 
@@ -55,6 +56,8 @@ def _signing_hash(key: CertificateIssuerPrivateKeyTypes) -> hashes.SHA256 | None
 
 
 def make_ca(name: str, days: int, at: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA named ``name`` (one line), valid from ``at`` (less :data:`CLOCK_SKEW`) for
+    ``days`` days, and its key. Raises CertError for a bad name."""
     if not name.strip() or "\n" in name:
         raise CertError(f"{name!r}: the CA name must be one non-empty line")
     key = new_key()
@@ -75,6 +78,9 @@ def make_ca(name: str, days: int, at: datetime) -> tuple[x509.Certificate, ec.El
 def sign(ca: x509.Certificate, ca_key: CertificateIssuerPrivateKeyTypes, node_id: str, names: Sequence[str],
           addresses: Sequence[ipaddress.IPv4Address | ipaddress.IPv6Address], at: datetime,
           not_after: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """Process ``node_id``'s certificate (CN ``node_id``; ``names`` as DNS and ``addresses`` as IP
+    SANs; serverAuth and clientAuth), valid from ``at`` (less :data:`CLOCK_SKEW`) to
+    ``not_after``, signed with ``ca_key`` under ``ca``; and its new key."""
     try:
         ca_ski = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         authority = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski)

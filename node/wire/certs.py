@@ -77,6 +77,8 @@ __all__ = [
 
 #: Longest validity, in days, of a CA or a process certificate.
 MAX_DAYS = 3650
+
+
 @dataclass(frozen=True)
 class CaFiles:
     """A CA written by :func:`create_ca`: its certificate, its private key and its expiry (UTC)."""
@@ -131,8 +133,7 @@ def create_ca(out_dir: Path, name: str, days: int = 3650, *, key_path: Path | No
 
     The key goes to ``key_path`` (default ``out_dir``/ca.key); a folder made
     for it gets mode 0700. Refuses to replace existing files unless ``force``.
-    ``now`` (default: the current time) exists for tests of expiry. Blocking;
-    about a millisecond of CPU.
+    ``now`` (default: the current time) exists for tests of expiry. Blocking.
     """
     check_days(days)
     cert, key = make_ca(name, days, _start(now))
@@ -171,7 +172,7 @@ def issue(ca_dir: Path, node_id: str, *, dns: Sequence[str] = (), ips: Sequence[
     case, is refused (:class:`NameTaken`). Valid from a minute before ``now``
     (default: the current time) for ``days`` (1..3650), and never beyond the
     CA: a certificate that would outlive its CA is refused. Refuses to
-    replace existing files unless ``force``. Blocking; about a millisecond of CPU.
+    replace existing files unless ``force``. Blocking.
     """
     check_node_id(node_id)
     check_days(days)
@@ -206,8 +207,7 @@ def federation_pki(out_dir: Path, ids: Sequence[str], *, ips: Sequence[str] = ("
 
     Everything is valid for ``days`` from ``now``. The CA's key is never
     written (nothing more can be issued from this CA), so the folder holds
-    only ``ca.pem`` and each id's files. Returns each id's files. Blocking; a
-    dozen ids take a few milliseconds.
+    only ``ca.pem`` and each id's files. Returns each id's files. Blocking.
     """
     for node_id in ids:
         check_node_id(node_id)
