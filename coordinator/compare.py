@@ -142,7 +142,7 @@ def build(runs: Sequence[Run], band: str = "std") -> dict[str, Any]:
     differ = differing([r.settings for r in runs])
     names = list(dict.fromkeys(str(r.summary.get("federation") or r.folder.name) for r in runs))
     title = (f"{' vs '.join(names)} — {len(runs)} runs"
-             + (f", {len(drawn)} curves" if len(drawn) != len(runs) else "")
+             + (f", {len(drawn)} curve{'' if len(drawn) == 1 else 's'}" if len(drawn) != len(runs) else "")
              + (f"; differing: {', '.join(k.removeprefix('federation.') for k in differ)}" if differ else ""))
     return {"title": title, "band": BANDS[band], "panels": panels,
             "runs": [{"folder": str(r.folder), "label": label,
