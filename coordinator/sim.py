@@ -265,6 +265,8 @@ class Simulation:
     def summary(self, rows: list[dict[str, Any]], wall_s: float) -> Summary:
         """The summary of the rows written so far (dicts, as in rounds.jsonl: a resumed run's
         rows include those before the resume)."""
+        from flmesh.coordinator.sim_record import host
+
         fed = self.federation
         last = rows[-1] if rows else None
         with_fa = [r for r in rows if r.get("fa") is not None]
@@ -288,27 +290,3 @@ class Simulation:
             privacy_spent=last.get("privacy_spent") if last is not None else None,
             missing_peers=missing, bytes_per_round=mean_bytes(rows), wall_s=round(wall_s, 3),
             out_dir=str(self.out_dir), host=host(fed))
-
-
-def host(federation: Federation) -> dict[str, Any]:
-    """Where a run ran: the versions its numbers depend on, the device, the CPU threads."""
-    import torch
-
-    from flmesh.coordinator.sim_record import device_of, versions
-
-    return {**versions(), "device": device_of(federation), "cpus": torch.get_num_threads()}
-
-
-def base_config(federation: Federation) -> dict[str, Any]:
-    """What every summary says about the set-up."""
-    fed = federation
-    return {"nodes": fed.node_ids, "dataset": fed.data.origin,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
-            "objective": fed.training.objective,
-            "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
-            "epochs": fed.training.epochs}
-
-
-def sim_config(federation: Federation, transport: str, tls: bool) -> dict[str, Any]:
-    """The set-up every summary records, with the transport the run used."""
-    return {**base_config(federation), "transport": transport, "tls": tls}

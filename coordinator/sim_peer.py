@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flmesh.coordinator.sim import sim_config
 from flmesh.coordinator.sim_processes import SimProcesses
+from flmesh.coordinator.sim_record import sim_config
 from flmesh.coordinator.sim_threads import Lockstep, RowQueue, join_threads, run_threads
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.coordinator.star_rows import task_accuracy

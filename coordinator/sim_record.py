@@ -202,3 +202,25 @@ def load_record(folder: Path) -> RunRecord:
 def same_federation(a: Federation, b: Federation) -> bool:
     """Whether two federations were read from the same effective file (keys and values)."""
     return toml_text(a.raw or {}) == toml_text(b.raw or {})
+
+
+def host(federation: Federation) -> dict[str, Any]:
+    """Where a run ran: the versions its numbers depend on, the device, the CPU threads."""
+    import torch
+
+    return {**versions(), "device": device_of(federation), "cpus": torch.get_num_threads()}
+
+
+def base_config(federation: Federation) -> dict[str, Any]:
+    """What every summary says about the set-up."""
+    fed = federation
+    return {"nodes": fed.node_ids, "dataset": fed.data.origin,
+            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
+            "objective": fed.training.objective,
+            "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
+            "epochs": fed.training.epochs}
+
+
+def sim_config(federation: Federation, transport: str, tls: bool) -> dict[str, Any]:
+    """The set-up every summary records, with the transport the run used."""
+    return {**base_config(federation), "transport": transport, "tls": tls}

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from flmesh.coordinator.aggregator import Aggregator
-from flmesh.coordinator.sim import sim_config
 from flmesh.coordinator.sim_processes import SimProcesses
+from flmesh.coordinator.sim_record import sim_config
 from flmesh.coordinator.sim_threads import RowQueue, join_threads, run_threads
 from flmesh.coordinator.sim_tls import SimIdentities
 from flmesh.node.errors import PeerError
