@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.node.checkpoint import CHECKPOINT
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars, setup_logging
-    from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
+    from flmesh.node.results import Final, Summary
+    from flmesh.node.run_files import RunWriter, mean_bytes, write_atomic
     from flmesh.node.state_file import lock_folder
     from flmesh.topology import FederationError, load_federation
 

@@ -86,7 +86,7 @@ def report_federation(loaded: list[tuple[Path, list[dict[str, Any]], dict[str, A
     from flmesh.coordinator.merge_report import check_out, merge, node_folders, read_ledger, write_merged
     from flmesh.coordinator.run_tools import RunError, print_table
     from flmesh.coordinator.sim_console import PRIVACY_KEY, column_names, pct, peer_key, round_line
-    from flmesh.node.results import to_json
+    from flmesh.node.run_files import to_json
 
     folders = node_folders(loaded)
     ledger = None

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from flmesh.coordinator.pictures import PicturesError
-from flmesh.node.results import Final, RoundRow, RunWriter, Summary, mean_bytes
+from flmesh.node.results import Final, RoundRow, Summary
+from flmesh.node.run_files import RunWriter, mean_bytes
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:

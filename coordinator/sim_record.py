@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flmesh.coordinator.sim import TRANSPORTS, Transport
-from flmesh.node.results import write_atomic
+from flmesh.node.run_files import write_atomic
 from flmesh.topology import Federation, FederationError, parse_federation
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from flmesh.coordinator.sim_threads import WAKE_S, Lockstep
 from flmesh.node.checkpoint import keep_delivery
 from flmesh.node.checkpoint import restore as restore_node
 from flmesh.node.checkpoint import save as save_node
-from flmesh.node.results import write_atomic
+from flmesh.node.run_files import write_atomic
 
 if TYPE_CHECKING:
     from flmesh.coordinator.aggregator import Aggregator

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flmesh.node.results import Summary, to_json, write_atomic
+from flmesh.node.results import Summary
+from flmesh.node.run_files import to_json, write_atomic
 
 INDEX = "sweep.json"
 METRICS = ("accuracy", "fa", "ff", "pfa")

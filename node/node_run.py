@@ -22,16 +22,8 @@ from flmesh.node.membership import linger, wait_aggregator_done, wait_for_peers
 from flmesh.node.node import Node, Report
 from flmesh.node.observe import row_scalars
 from flmesh.node.reports import RoundReport, StarReport
-from flmesh.node.results import (
-    Final,
-    NodeRound,
-    RoundRow,
-    RunWriter,
-    Summary,
-    learner_metrics,
-    mean_bytes,
-    write_atomic,
-)
+from flmesh.node.results import Final, NodeRound, RoundRow, Summary, learner_metrics
+from flmesh.node.run_files import RunWriter, mean_bytes, write_atomic
 from flmesh.topology import Federation
 
 if TYPE_CHECKING:

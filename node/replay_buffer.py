@@ -47,7 +47,7 @@ from flmesh.node.format import codec
 from flmesh.node.format.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.replay import regroup
-from flmesh.node.results import write_atomic
+from flmesh.node.run_files import write_atomic
 from flmesh.node.transport import Chunks, ContributeResult, ReplayStatus
 from flmesh.topology import Federation
 from flmesh.topology.tasks import joined_task, present, task_classes

@@ -13,7 +13,7 @@ from flmesh.node.clock import ManualClock
 from flmesh.node.errors import PeerError, Refused
 from flmesh.node.format.codec import ModelMeta, encode, model_spec
 from flmesh.node.learning.data import ArrayData, federation_data, load_digits, public_data
-from flmesh.node.results import read_rows
+from flmesh.node.run_files import read_rows
 from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
 from flmesh.topology import FederationError, parse_federation
 from flmesh.topology.sampling import sample_clients

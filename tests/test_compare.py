@@ -15,7 +15,7 @@ from PIL import Image
 from flmesh.coordinator.compare_runs import labels, points
 from flmesh.coordinator.pictures import run_title
 from flmesh.coordinator.sim_cli import main
-from flmesh.node.results import read_rows
+from flmesh.node.run_files import read_rows
 
 PEER = """
 [federation]

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from flmesh.node.checkpoint import CHECKPOINT
-from flmesh.node.results import read_rows
+from flmesh.node.run_files import read_rows
 from flmesh.node.wire.certs import load_identity
 
 from conftest import REPO, wait_until

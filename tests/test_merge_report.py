@@ -12,7 +12,8 @@ import pytest
 
 from flmesh.coordinator.pictures import accuracy_curves
 from flmesh.coordinator.sim_cli import main as sim_main
-from flmesh.node.results import NodeRound, RoundRow, RunWriter, Summary, read_rows
+from flmesh.node.results import NodeRound, RoundRow, Summary
+from flmesh.node.run_files import RunWriter, read_rows
 
 from procs import federation_file, launch, read_results
 

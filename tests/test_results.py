@@ -12,12 +12,11 @@ from flmesh.node.results import (
     Matrix,
     NodeRound,
     RoundRow,
-    RunWriter,
     SparseMatrix,
     Summary,
     matrix_values,
-    read_rows,
 )
+from flmesh.node.run_files import RunWriter, read_rows
 
 
 def test_rows_are_appended_and_the_summary_replaced_atomically_and_versioned(tmp_path):

@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 from flmesh.coordinator.sim_console import columns, final_table, header, key, pct, round_line, title
-from flmesh.node.results import Final, NodeRound, RoundRow, Summary, read_rows
+from flmesh.node.results import Final, NodeRound, RoundRow, Summary
+from flmesh.node.run_files import read_rows
 from flmesh.topology import parse_federation
 
 from conftest import tiny_raw

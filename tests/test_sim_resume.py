@@ -14,7 +14,7 @@ import pytest
 from flmesh.coordinator import sim_console
 from flmesh.coordinator.sim_cli import main
 from flmesh.coordinator.sim_record import toml_text
-from flmesh.node.results import read_rows
+from flmesh.node.run_files import read_rows
 
 from conftest import REPO
 

@@ -11,7 +11,7 @@ from test_sim_resume import STAR, TINY, interrupt_after, numbers
 
 from flmesh.coordinator.sim_cli import main
 from flmesh.coordinator.sim_sweep import SweepError, parse_seeds, parse_sweep, points, split_values
-from flmesh.node.results import read_rows
+from flmesh.node.run_files import read_rows
 
 REWIND = TINY.replace("rounds = 8", "rounds = 2") + """
 [rewind]
