@@ -25,7 +25,7 @@ import numpy as np
 from flmesh.coordinator.aggregator_core import AggregatorCore
 from flmesh.coordinator.aggregator_eval import Evaluator, RemoteEvaluator, UpdateEvaluator, local_evaluator
 from flmesh.coordinator.aggregator_round import RoundOutcome
-from flmesh.coordinator.star_rows import star_row
+from flmesh.coordinator.star_rows import accuracy_text, star_row
 from flmesh.node import algorithms
 from flmesh.node.algorithms.base import RefinedServer, ServerContext, trainable_spec
 from flmesh.node.clock import REAL_CLOCK, Clock
@@ -39,22 +39,15 @@ from flmesh.node.reports import EvalResult
 from flmesh.node.results import RoundRow
 from flmesh.node.transport import ByteCounter, PeerTransport
 from flmesh.topology import Federation
+from flmesh.topology.tasks import task_of
 
 if TYPE_CHECKING:
     from torch import nn
 
     from flmesh.node.learning.models import ModelFactory
     from flmesh.node.wire.tls import Tls
-from flmesh.topology.tasks import task_of
 
 log = logging.getLogger("flmesh.aggregator")
-
-
-def accuracy_text(accuracy: float | None) -> str:
-    """The global model's accuracy for a log line, or that no node's test split answered."""
-    if accuracy is None:
-        return "global accuracy not evaluated (no test split answered)"
-    return f"global accuracy {100 * accuracy:.1f}%"
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # heavy imports after the flags are read (``--help`` and bad flags answer at once)
-    from flmesh.coordinator.aggregator import Aggregator, accuracy_text
+    from flmesh.coordinator.aggregator import Aggregator
     from flmesh.coordinator.aggregator_checkpoint import restore
     from flmesh.coordinator.pictures import draw
     from flmesh.coordinator.sim_console import max_spent
+    from flmesh.coordinator.star_rows import accuracy_text
     from flmesh.node.checkpoint import CHECKPOINT
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars, setup_logging

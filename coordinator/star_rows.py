@@ -119,3 +119,10 @@ def task_accuracy(results: Iterable[EvalResult]) -> list[float | None]:
             pooled[t][0] += k
             pooled[t][1] += n
     return [k / n if n else None for k, n in pooled]
+
+
+def accuracy_text(accuracy: float | None) -> str:
+    """The global model's accuracy for a log line, or that no node's test split answered."""
+    if accuracy is None:
+        return "global accuracy not evaluated (no test split answered)"
+    return f"global accuracy {100 * accuracy:.1f}%"
