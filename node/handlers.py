@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-from collections.abc import Callable, Mapping
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,11 +57,18 @@ def package_version() -> str:
 
 VERSION = package_version()
 
+#: Evaluations one caller may have running on a node at once. Each is a pass over the node's
+#: test split on the node's CPU; every caller of flmesh asks one at a time.
+EVALS_PER_CALLER = 1
+
 
 class NodeHandlers:
     def __init__(self, ctx: RoundContext):
         self.ctx = ctx
         self.node_id = ctx.settings.node_id
+        self._lock = threading.Lock()
+        self._evaluating: Counter[str] = Counter()  # caller -> evaluations running
+        self._keeping = threading.Lock()  # one delivery at a time from "is it new" to "it is in"
 
     # ------------------------------------------------------------------ checks
     def _member(self, peer_id: str, what: str) -> None:
@@ -178,18 +188,14 @@ class NodeHandlers:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Deliver takes trained models and plug-in "
                           f"extras, not {meta.kind!r}")
         self._in_window(meta.round, "the model")
+        if len(meta.label_counts) > self.ctx.data.train.num_classes:
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: the model's label_counts lists "
+                          f"{len(meta.label_counts)} classes, the federation's data has "
+                          f"{self.ctx.data.train.num_classes}")
         model = self._read(header, stream)
         key = InboxKey(meta.round, meta.sender, kind)
-        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
-            from flmesh.node.checkpoint import keep_delivery
-            from flmesh.node.state_file import StateWriteError
-
-            try:  # stored before it is accepted: a delivery acknowledged is one a resume still has
-                keep_delivery(self.ctx.checkpoint_dir, key, model)
-            except StateWriteError as exc:
-                self.ctx.links.log.error("%s: %s", self.node_id, exc)
-                raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
-        fresh = self.ctx.links.inbox.put(key, model)
+        with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
+            fresh = self._keep(key, model)
         self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
         if self.ctx.links.metrics is not None:
             self.ctx.links.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
@@ -198,15 +204,48 @@ class NodeHandlers:
                                meta.sender, meta.round)
         return DeliverResult(accepted=fresh, duplicate=not fresh, bytes_received=model.total_bytes)
 
+    def _keep(self, key: InboxKey, model: DecodedModel) -> bool:
+        """Put a delivery in the inbox, stored first when the node keeps state: a delivery
+        acknowledged is one a resume still has, and the copy stored is the one accepted.
+        False for a duplicate. Called under ``_keeping``."""
+        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
+            from flmesh.node.checkpoint import keep_delivery
+            from flmesh.node.state_file import StateWriteError
+
+            try:
+                keep_delivery(self.ctx.checkpoint_dir, key, model)
+            except StateWriteError as exc:
+                self.ctx.links.log.error("%s: %s", self.node_id, exc)
+                raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
+        return self.ctx.links.inbox.put(key, model)
+
+    @contextmanager
+    def _evaluation_slot(self, asker: str) -> Iterator[None]:
+        """Hold one of ``asker``'s :data:`EVALS_PER_CALLER` evaluation slots; RESOURCE_EXHAUSTED
+        (a busy answer callers retry) when it holds them all."""
+        with self._lock:
+            if self._evaluating[asker] >= EVALS_PER_CALLER:
+                raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {asker} has an Evaluate in flight "
+                              f"here (limit {EVALS_PER_CALLER} per caller); retry once it is answered")
+            self._evaluating[asker] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._evaluating[asker] -= 1
+                if self._evaluating[asker] <= 0:
+                    del self._evaluating[asker]
+
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
         header, stream = self._peek(chunks)
         asker = caller if caller is not None else header.sender
         if asker not in self.ctx.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {asker!r} may not evaluate on this node's "
                           "test split (members of the federation may)")
-        model = self._read(header, stream)
-        max_task = model.meta.metadata.get("max_task")
-        return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
+        with self._evaluation_slot(asker):  # taken before the payload is read: a stalled one holds it
+            model = self._read(header, stream)
+            max_task = model.meta.metadata.get("max_task")
+            return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
 
     def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
                chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:
