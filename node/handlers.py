@@ -16,9 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +35,7 @@ from flmesh.node.learning.trainer import TrainingStopped, evaluate, steps_for, t
 from flmesh.node.local_training import NO_DATA_YET, rewind_training
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
+from flmesh.node.wire.limits import EVALS_PER_CALLER, CallerSlots
 from flmesh.topology import TrainingConfig
 from flmesh.topology.peers import may_deliver, may_rewind
 from flmesh.v1 import model_pb2 as pb
@@ -57,17 +56,12 @@ def package_version() -> str:
 
 VERSION = package_version()
 
-#: Evaluations one caller may have running on a node at once. Each is a pass over the node's
-#: test split on the node's CPU; every caller of flmesh asks one at a time.
-EVALS_PER_CALLER = 1
-
 
 class NodeHandlers:
     def __init__(self, ctx: RoundContext):
         self.ctx = ctx
         self.node_id = ctx.settings.node_id
-        self._lock = threading.Lock()
-        self._evaluating: Counter[str] = Counter()  # caller -> evaluations running
+        self._evaluations = CallerSlots(EVALS_PER_CALLER)
         self._keeping = threading.Lock()  # one delivery at a time from "is it new" to "it is in"
 
     # ------------------------------------------------------------------ checks
@@ -219,33 +213,21 @@ class NodeHandlers:
                 raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
         return self.ctx.links.inbox.put(key, model)
 
-    @contextmanager
-    def _evaluation_slot(self, asker: str) -> Iterator[None]:
-        """Hold one of ``asker``'s :data:`EVALS_PER_CALLER` evaluation slots; RESOURCE_EXHAUSTED
-        (a busy answer callers retry) when it holds them all."""
-        with self._lock:
-            if self._evaluating[asker] >= EVALS_PER_CALLER:
-                raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {asker} has an Evaluate in flight "
-                              f"here (limit {EVALS_PER_CALLER} per caller); retry once it is answered")
-            self._evaluating[asker] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._evaluating[asker] -= 1
-                if self._evaluating[asker] <= 0:
-                    del self._evaluating[asker]
-
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
         header, stream = self._peek(chunks)
         asker = caller if caller is not None else header.sender
         if asker not in self.ctx.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {asker!r} may not evaluate on this node's "
                           "test split (members of the federation may)")
-        with self._evaluation_slot(asker):  # taken before the payload is read: a stalled one holds it
+        if not self._evaluations.take(asker):  # before the payload is read: a stalled stream holds it
+            raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {asker} has an Evaluate in flight here "
+                          f"(limit {EVALS_PER_CALLER} per caller); retry once it is answered")
+        try:
             model = self._read(header, stream)
             max_task = model.meta.metadata.get("max_task")
             return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
+        finally:
+            self._evaluations.give(asker)
 
     def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
                chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:

@@ -462,3 +462,87 @@ def test_a_second_join_of_one_identity_moves_its_address(tmp_path):
         first.close()
         second.close()
         agg.close(grace=0)
+
+
+# ----------------------------------------------------------------------------- 6. clock jumps
+
+def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
+    """The wall clock jumps a day forward and back on every read while a federation runs over
+    gRPC: deadlines are on the monotonic clock, so no round times out and none is skipped."""
+    real = time.time
+    reads = [0]
+
+    def jumping() -> float:
+        reads[0] += 1
+        return real() + (86_400.0 if reads[0] % 2 else -86_400.0)
+
+    monkeypatch.setattr(time, "time", jumping)
+    fed = parse_federation(tiny_raw(nodes=3, rounds=3), source="t.toml")
+    nodes = started_nodes(fed)
+    reports: dict[str, list[Any]] = {n.node_id: [] for n in nodes}
+    runs = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
+            for n in nodes]
+    try:
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join(300)
+        assert not any(t.is_alive() for t in runs), "the federation did not finish"
+    finally:
+        _stop(nodes)
+    for node, rows in reports.items():
+        assert [r.round for r in rows] == [1, 2, 3], node
+        for r in rows:
+            assert r.missing is None and (r.round == 1 or r.received_from == r.source), (node, r.notes)
+            assert r.round == 3 or r.delivered_to == r.destination, (node, r.notes)
+
+
+# ----------------------------------------------------------------------------- 7. stream games
+
+def test_stream_games_are_refused_and_leave_the_inbox_empty(plain):
+    node0, node1 = plain["node0"], plain["node1"]
+    good = list(node0.encode(round=1).chunks(256))
+    assert len(good) > 3
+    header = good[0].header
+
+    def with_header(**fields: Any) -> list[pb.ModelChunk]:
+        changed = pb.ModelHeader()
+        changed.CopyFrom(header)
+        for k, v in fields.items():
+            setattr(changed, k, v)
+        return [pb.ModelChunk(header=changed), *good[1:]]
+
+    empty = codec.encode({}, ModelMeta(round=1, sender="node0"))
+    first_tensor = header.tensors[0].name
+    cases = [
+        ("a data chunk sent twice", [*good[:2], good[1], *good[2:]], grpc.StatusCode.DATA_LOSS,
+         "node1: the stream carries more than the"),
+        ("two chunks swapped", [good[0], good[2], good[1], *good[3:]], grpc.StatusCode.DATA_LOSS,
+         "of the received bytes does not match the header"),
+        ("a second header inside", [*good[:2], good[0], *good[2:]], grpc.StatusCode.DATA_LOSS,
+         "node1: a second header arrived inside one model stream"),
+        ("a chunk dropped", [good[0], *good[2:]], grpc.StatusCode.DATA_LOSS, "node1: the stream ended after"),
+        ("no message at all", [], grpc.StatusCode.DATA_LOSS,
+         "node1: the stream must start with a model header"),
+        ("data before the header", good[1:], grpc.StatusCode.DATA_LOSS,
+         "node1: the stream must start with a model header"),
+        ("a zero-length model", list(empty.chunks()), grpc.StatusCode.INVALID_ARGUMENT,
+         f"node1: tensor '{first_tensor}' is missing from the model"),
+        ("a header claiming 2^63 bytes", with_header(total_bytes=2**63), grpc.StatusCode.RESOURCE_EXHAUSTED,
+         "node1: model of 9223372036854775808 bytes exceeds the limit of"),
+        ("round 2^32-1", with_header(round=2**32 - 1), grpc.StatusCode.RESOURCE_EXHAUSTED,
+         "node1: the model is for round 4294967295, too far ahead"),
+        ("round 0", with_header(round=0), grpc.StatusCode.PERMISSION_DENIED,
+         "node1: node0 does not send to node1 in round 0"),
+    ]
+    channel, stub = _peer_stub(node1.address or "")
+    try:
+        for what, chunks, code, message in cases:
+            got = _code(lambda c=chunks: stub.Deliver(iter(c), timeout=10))
+            assert got[0] == code and message in got[1], (what, got)
+        assert len(node1.inbox) == 0
+        # A sample count of 2^64-1 is carried, not trusted: a peer round never weighs by it.
+        huge = _code(lambda: stub.Deliver(iter(with_header(num_samples=2**64 - 1)), timeout=10))
+        assert huge[0] == grpc.StatusCode.OK and "accepted: true" in huge[1], huge
+    finally:
+        channel.close()
