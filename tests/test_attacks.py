@@ -467,8 +467,14 @@ def test_a_second_join_of_one_identity_moves_its_address(tmp_path):
 # ----------------------------------------------------------------------------- 6. clock jumps
 
 def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
-    """The wall clock jumps a day forward and back on every read while a federation runs over
-    gRPC: deadlines are on the monotonic clock, so no round times out and none is skipped."""
+    """The wall clock jumps a day forward and back on every read while three nodes run their
+    rounds on the real clock (in-memory transport, a thread each): deadlines are on the
+    monotonic clock, so no round times out and none is skipped."""
+    from flmesh.node.clock import REAL_CLOCK
+    from flmesh.node.learning.data import federation_data
+    from flmesh.node.memory import MemoryNetwork
+    from flmesh.node.memory_node import memory_node
+
     real = time.time
     reads = [0]
 
@@ -476,9 +482,11 @@ def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
         reads[0] += 1
         return real() + (86_400.0 if reads[0] % 2 else -86_400.0)
 
-    monkeypatch.setattr(time, "time", jumping)
     fed = parse_federation(tiny_raw(nodes=3, rounds=3), source="t.toml")
-    nodes = started_nodes(fed)
+    data = federation_data(fed)
+    net = MemoryNetwork()
+    nodes = [memory_node(fed, n, net, data=data[n], clock=REAL_CLOCK) for n in fed.node_ids]
+    monkeypatch.setattr(time, "time", jumping)
     reports: dict[str, list[Any]] = {n.node_id: [] for n in nodes}
     runs = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
             for n in nodes]
