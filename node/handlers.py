@@ -8,7 +8,8 @@ message starts with this node's id, and leaves the node's state unchanged.
 
 Thread-safety: called concurrently from RPC threads. Handlers never touch the
 node's own model: they train and evaluate fresh copies, and the inbox is
-thread-safe.
+thread-safe. Deliveries are stored and accepted one at a time, and each caller
+has one evaluation running at a time (:data:`EVALS_PER_CALLER`).
 """
 
 from __future__ import annotations
