@@ -8,13 +8,15 @@ message starts with this node's id, and leaves the node's state unchanged.
 
 Thread-safety: called concurrently from RPC threads. Handlers never touch the
 node's own model: they train and evaluate fresh copies, and the inbox is
-thread-safe.
+thread-safe. Deliveries are stored and accepted one at a time, and each caller
+has one evaluation running at a time (:data:`EVALS_PER_CALLER`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -34,6 +36,7 @@ from flmesh.node.learning.trainer import TrainingStopped, evaluate, steps_for, t
 from flmesh.node.local_training import NO_DATA_YET, rewind_training
 from flmesh.node.reports import EvalResult
 from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
+from flmesh.node.wire.limits import EVALS_PER_CALLER, CallerSlots
 from flmesh.topology import TrainingConfig
 from flmesh.topology.peers import may_deliver, may_rewind
 from flmesh.v1 import model_pb2 as pb
@@ -59,6 +62,8 @@ class NodeHandlers:
     def __init__(self, ctx: RoundContext):
         self.ctx = ctx
         self.node_id = ctx.settings.node_id
+        self._evaluations = CallerSlots(EVALS_PER_CALLER)
+        self._keeping = threading.Lock()  # one delivery at a time from "is it new" to "it is in"
 
     # ------------------------------------------------------------------ checks
     def _member(self, peer_id: str, what: str) -> None:
@@ -178,18 +183,14 @@ class NodeHandlers:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Deliver takes trained models and plug-in "
                           f"extras, not {meta.kind!r}")
         self._in_window(meta.round, "the model")
+        if len(meta.label_counts) > self.ctx.data.train.num_classes:
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: the model's label_counts lists "
+                          f"{len(meta.label_counts)} classes, the federation's data has "
+                          f"{self.ctx.data.train.num_classes}")
         model = self._read(header, stream)
         key = InboxKey(meta.round, meta.sender, kind)
-        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
-            from flmesh.node.checkpoint import keep_delivery
-            from flmesh.node.state_file import StateWriteError
-
-            try:  # stored before it is accepted: a delivery acknowledged is one a resume still has
-                keep_delivery(self.ctx.checkpoint_dir, key, model)
-            except StateWriteError as exc:
-                self.ctx.links.log.error("%s", exc, extra={"node": self.node_id})
-                raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
-        fresh = self.ctx.links.inbox.put(key, model)
+        with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
+            fresh = self._keep(key, model)
         self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
         if self.ctx.links.metrics is not None:
             self.ctx.links.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
@@ -199,15 +200,36 @@ class NodeHandlers:
                                                        "peer": meta.sender})
         return DeliverResult(accepted=fresh, duplicate=not fresh, bytes_received=model.total_bytes)
 
+    def _keep(self, key: InboxKey, model: DecodedModel) -> bool:
+        """Put a delivery in the inbox, stored first when the node keeps state: a delivery
+        acknowledged is one a resume still has, and the copy stored is the one accepted.
+        False for a duplicate. Called under ``_keeping``."""
+        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
+            from flmesh.node.checkpoint import keep_delivery
+            from flmesh.node.state_file import StateWriteError
+
+            try:
+                keep_delivery(self.ctx.checkpoint_dir, key, model)
+            except StateWriteError as exc:
+                self.ctx.links.log.error("%s", exc, extra={"node": self.node_id})
+                raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
+        return self.ctx.links.inbox.put(key, model)
+
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
         header, stream = self._peek(chunks)
         asker = caller if caller is not None else header.sender
         if asker not in self.ctx.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {asker!r} may not evaluate on this node's "
                           "test split (members of the federation may)")
-        model = self._read(header, stream)
-        max_task = model.meta.metadata.get("max_task")
-        return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
+        if not self._evaluations.take(asker):  # before the payload is read: a stalled stream holds it
+            raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {asker} has an Evaluate in flight here "
+                          f"(limit {EVALS_PER_CALLER} per caller); retry once it is answered")
+        try:
+            model = self._read(header, stream)
+            max_task = model.meta.metadata.get("max_task")
+            return self.evaluate_state(model.state_dict, max_task if isinstance(max_task, int) else None)
+        finally:
+            self._evaluations.give(asker)
 
     def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
                chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:

@@ -3,11 +3,41 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections import Counter
 from dataclasses import dataclass
 
 #: Streams one caller may hold on a server at once: a member has at most a Deliver (or its
 #: extras), an Evaluate and a Rewind in flight to one peer, and a busy refusal is retried.
 PER_CALLER = 4
+
+#: Evaluations one caller may have running on a node at once. Each is a pass over the node's
+#: test split on the node's CPU, and every caller flmesh runs asks for one at a time.
+EVALS_PER_CALLER = 1
+
+
+class CallerSlots:
+    """At most ``per_caller`` of one kind of call running per caller at once. Thread-safe."""
+
+    def __init__(self, per_caller: int):
+        self.per_caller = per_caller
+        self._lock = threading.Lock()
+        self._running: Counter[str] = Counter()
+
+    def take(self, caller: str) -> bool:
+        """Take a slot for ``caller``; False (nothing taken) when it holds them all."""
+        with self._lock:
+            if self._running[caller] >= self.per_caller:
+                return False
+            self._running[caller] += 1
+            return True
+
+    def give(self, caller: str) -> None:
+        """Give back a slot :meth:`take` gave."""
+        with self._lock:
+            self._running[caller] -= 1
+            if self._running[caller] <= 0:
+                del self._running[caller]
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
-"""Requests that do not parse get INVALID_ARGUMENT, not a crash in the log (wire wing).
+"""Requests that do not parse, or hold a field over its bound, get INVALID_ARGUMENT (wire wing).
 
 gRPC's Python server logs a traceback ("Exception deserializing request!") and
 answers INTERNAL when a request's bytes are not the message the method takes.
 Every flmesh server runs :class:`MalformedRequests` innermost: it wraps each
 method's deserializer so that garbage becomes a :class:`Malformed` marker,
 and the method answers INVALID_ARGUMENT naming the method and the parse
-error, with nothing logged as a crash and nothing reaching a handler.
+error, with nothing logged as a crash and nothing reaching a handler. A request
+that parses but holds a field over its bound
+(:func:`~flmesh.node.wire.field_limits.oversized`) is refused the same way,
+naming the field.
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
+
+from flmesh.node.wire.field_limits import oversized
 
 
 class Malformed:
     """What a request's bytes turned into when they did not parse."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "what")
 
-    def __init__(self, error: str):
-        self.error = error
+    def __init__(self, error: str, what: str = "malformed"):
+        self.error, self.what = error, what
 
 
 def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
@@ -31,15 +37,17 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 
     def parse(raw: bytes) -> Any:
         try:
-            return deserialize(raw)
+            request = deserialize(raw)
         except Exception as exc:  # protobuf's DecodeError, or anything a custom parser raises
             return Malformed(f"{type(exc).__name__}: {exc}")
+        problem = oversized(request) if isinstance(request, Message) else None  # data chunks: bytes
+        return request if problem is None else Malformed(problem, "oversized")
 
     return parse
 
 
 def _refuse(context: grpc.ServicerContext, method: str, bad: Malformed) -> None:
-    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {method.rsplit('/', 1)[-1]} request "
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{bad.what} {method.rsplit('/', 1)[-1]} request "
                   f"({bad.error})")
 
 
