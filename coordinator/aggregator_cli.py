@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.node.node_run import input_errors
     from flmesh.node.observe import row_scalars, setup_logging
     from flmesh.node.results import Final, RunWriter, Summary, mean_bytes, write_atomic
-    from flmesh.node.state_file import lock_folder
+    from flmesh.node.state_file import StateWriteError, lock_folder
     from flmesh.topology import FederationError, load_federation
 
     prog = "fl-node aggregator"
@@ -140,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         aggregator.run(on_round, join_timeout=args.join_timeout)
+        if aggregator.replay is not None:
+            aggregator.replay.check_written()
+    except StateWriteError as exc:  # the privacy ledger: one line naming it, as a checkpoint's
+        error = str(exc)
+        print(f"{prog}: error: {error}", file=sys.stderr)
     except Exception as exc:  # a strategy or evaluation failure: keep the finished rounds, say what
         error = f"{type(exc).__name__}: {exc}"
         print(f"{prog}: error: {error}", file=sys.stderr)

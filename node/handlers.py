@@ -177,10 +177,11 @@ class NodeHandlers:
         else:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Deliver takes trained models and plug-in "
                           f"extras, not {meta.kind!r}")
-        self._in_window(meta.round, "the model")
-        model = self._read(header, stream)
         key = InboxKey(meta.round, meta.sender, kind)
-        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
+        if not self.ctx.links.inbox.held(key):  # a model it already took is a duplicate, however old
+            self._in_window(meta.round, "the model")
+        model = self._read(header, stream)
+        if self.ctx.checkpoint_dir is not None and not self.ctx.links.inbox.held(key):
             from flmesh.node.checkpoint import keep_delivery
             from flmesh.node.state_file import StateWriteError
 

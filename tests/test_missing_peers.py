@@ -1,0 +1,219 @@
+"""Who a round names as missing: only a peer whose model really did not arrive.
+
+The in-memory cases use no socket and a manual clock; the process cases
+(marked ``faults``) restart, stop and crash real fl-node processes and check
+each summary's ``missing_peers`` against what the other nodes' rows say they
+got.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from flmesh.node.inbox import InboxKey
+from flmesh.node.peer_exchange import deliver_onward
+from flmesh.topology import parse_federation
+
+from conftest import tiny_raw, wait_until
+from harness import Cluster
+from procs import FL_NODE, federation_file, launch, read_results
+
+
+def fed(**sections):
+    return parse_federation(tiny_raw(**sections), source="tiny.toml")
+
+
+def test_a_model_sent_again_after_its_destination_took_it_is_a_duplicate_not_a_failure():
+    """A sender that crashed after delivering and before its checkpoint runs the round again:
+    its destination, rounds further on, answers 'duplicate', so nobody is named."""
+    f = fed(nodes=4, rounds=8)
+    with Cluster(f, "memory") as c:
+        sender = c.by_id["node0"]
+        dest = f.schedule().plan(2)["node0"].destination
+        assert dest is not None
+        notes: list[str] = []
+        assert deliver_onward(sender.ctx, 2, dest, notes) == (dest, None)
+        c.by_id[dest].finish_round(4, 0.5)  # it used the model in round 3, and went on
+        c.by_id[dest].inbox.prune(4)
+        assert c.by_id[dest].inbox.get(InboxKey(2, "node0", "trained")) is None
+        assert deliver_onward(sender.ctx, 2, dest, notes) == (dest, None) and notes == []
+
+
+def test_a_destination_that_went_on_without_a_late_model_is_not_named():
+    """The sender was away (stopped) until its destination had finished the round that needed
+    its model: the destination refuses it as too old; the sender names nobody and hands the
+    model to no successor."""
+    f = fed(nodes=4, rounds=8)
+    with Cluster(f, "memory") as c:
+        sender = c.by_id["node0"]
+        dest = f.schedule().plan(3)["node0"].destination
+        assert dest is not None
+        c.by_id[dest].finish_round(4, 0.5)
+        notes: list[str] = []
+        assert deliver_onward(sender.ctx, 3, dest, notes) == (None, None)
+        assert notes == [f"{dest} finished round 4 before this node's model came; not sent on"]
+        assert not any(n.inbox.held(InboxKey(3, "node0", "trained")) for n in c.nodes)
+
+
+def test_a_source_that_finished_while_this_node_was_away_is_not_named():
+    """The source finished round 1 (its model went elsewhere while this node could not take
+    it): round 2 trains the model it had, and names nobody; a source that never ran round 1
+    is still named (tests/test_rounds.py)."""
+    f = fed(nodes=3, rounds=3, federation={"round_timeout_s": 60})
+    with Cluster(f, "memory") as c:
+        me = c.by_id["node1"]
+        source = f.schedule().plan(2)["node1"].source
+        assert source is not None
+        c.by_id[source].finish_round(1, 0.5)
+        report = me.run_round(2)
+    assert not report.received and report.missing is None and report.failed == ()
+    assert f"{source} finished round 1 while this node could not take its model" in report.notes[0]
+
+
+# ---------------------------------------------------------------- real processes
+KILL_AFTER_ROW_2 = """
+import os, signal
+from pathlib import Path
+_replace = os.replace
+def _crash(src, dst, *args, **kwargs):
+    # n3 dies after writing its round-2 row and before its round-2 checkpoint (once): it has
+    # delivered its round-2 model, and runs round 2 again when resumed
+    dst = Path(dst)
+    marker = dst.parent / "crashed"
+    if (dst.name == "checkpoint.flmesh" and dst.parent.name == "procs-n3" and not marker.exists()
+            and (dst.parent / "rounds.jsonl").read_text().count("\\n") == 2):
+        marker.write_text("")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _replace(src, dst, *args, **kwargs)
+os.replace = _crash
+"""
+
+
+def _rows(tmp_path, node: str) -> list[dict]:
+    from flmesh.node.results import read_rows
+
+    path = tmp_path / "runs" / f"procs-{node}" / "rounds.jsonl"
+    return read_rows(path) if path.exists() else []
+
+
+def _actually_missing(tmp_path, ids: list[str], away: str, rounds: int) -> dict[str, set[str]]:
+    """Who each node should name, from what the others' rows say they got: a healthy node names
+    ``away`` when a model of its from ``away`` or to ``away`` did not arrive (``away``'s own rows,
+    for the models it should have got); ``away`` names nobody, every other peer being healthy."""
+    rows = {i: {r["round"]: r["nodes"][i] for r in _rows(tmp_path, i)} for i in ids}
+    out: dict[str, set[str]] = {i: set() for i in ids}
+    for node in ids:
+        if node == away:
+            continue
+        for t, entry in rows[node].items():
+            if entry["source"] == away and entry["received_from"] != away:
+                out[node].add(away)  # its model from the away node did not come
+            if entry["destination"] == away and t < rounds and rows[away][t + 1]["received_from"] != node:
+                out[node].add(away)  # its model did not reach the away node
+    return out
+
+
+def _finish(procs: dict) -> dict[str, str]:
+    try:
+        return {i: p.communicate(timeout=600)[1] for i, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+
+
+@pytest.mark.faults
+def test_a_node_killed_and_resumed_is_named_only_where_its_models_were_missing(tmp_path, monkeypatch):
+    """CWT n1 -> n2 -> n3 -> n4 -> n1; n3 is killed after delivering its round-2 model and
+    before its checkpoint, and resumed: it runs round 2 again and sends that model again to
+    n4, which took it already and is a round further (a duplicate, not a failure)."""
+    ids, rounds = ["n1", "n2", "n3", "n4"], 5
+    fed = federation_file(tmp_path, ids, rounds=rounds, timeout=30)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_AFTER_ROW_2)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    procs = launch(tmp_path, fed, ids)
+    try:
+        assert procs["n3"].wait(timeout=300) == -signal.SIGKILL, procs["n3"].communicate()[1][-3000:]
+        procs["n3"] = subprocess.Popen(
+            [FL_NODE, "--id", "n3", "--federation", str(fed), "--listen",
+             (tmp_path / "addr" / "n3.addr").read_text().strip(), "--peers-file",
+             str(tmp_path / "addr" / "peers.json"), "--resume", "--insecure"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        errs = _finish(procs)
+    assert all(p.returncode == 0 for p in procs.values()), errs
+    assert "resuming after round 1" in errs["n3"] and "Traceback" not in "".join(errs.values())
+    assert "duplicate trained model from n3 for round 2 ignored" in errs["n4"], "n3 sent it again"
+    expected = _actually_missing(tmp_path, ids, "n3", rounds)
+    assert expected["n4"] == set(), "n4 got n3's round-2 model (before the crash)"
+    for i in ids:
+        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["missing_peers"] == sorted(expected[i]), i
+
+
+@pytest.mark.faults
+def test_a_stopped_node_is_named_where_its_models_were_missing_and_names_nobody(tmp_path):
+    """n3 is SIGSTOPped until n2 has handed a model to n4 (n3's successor) instead, then
+    SIGCONTed: n2 and n4 name n3, n1 names nobody, and n3 names neither n2 (which finished its
+    rounds while n3 could not take the models) nor n4 (which went on without n3's late model)."""
+    ids, rounds = ["n1", "n2", "n3", "n4"], 6
+    fed = federation_file(tmp_path, ids, rounds=rounds, timeout=8)
+    procs = launch(tmp_path, fed, ids)
+    try:
+        wait_until(lambda: len(_rows(tmp_path, "n3")) >= 2, timeout=300)
+        procs["n3"].send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: any(r["nodes"]["n4"]["received_from"] == "n2" for r in _rows(tmp_path, "n4")),
+                       timeout=300, interval=0.1)
+        finally:
+            procs["n3"].send_signal(signal.SIGCONT)
+    finally:
+        errs = _finish(procs)
+    assert all(p.returncode == 0 for p in procs.values()), errs
+    expected = _actually_missing(tmp_path, ids, "n3", rounds)
+    assert expected == {"n1": set(), "n2": {"n3"}, "n3": set(), "n4": {"n3"}}
+    for i in ids:
+        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["missing_peers"] == sorted(expected[i]), i
+    notes = [n for r in _rows(tmp_path, "n3") for n in r["notes"]]
+    assert any("n2 finished round" in n for n in notes), notes
+
+
+@pytest.mark.faults
+def test_an_aggregator_killed_and_resumed_leaves_no_node_named(tmp_path):
+    """The aggregator is killed after its round-2 checkpoint and resumed; the nodes reconnect:
+    no node names anyone, and the aggregator names only a node whose update it did not get."""
+    ids = ["a", "b", "c"]
+    fed = federation_file(tmp_path, ids, rounds=5, timeout=10, graph="complete",
+                          extra='[aggregator]\nstrategy = "fedavg"\ndeadline_s = 10\n')
+    log = tmp_path / "aggregator.log"
+
+    def aggregator(*extra: str) -> subprocess.Popen:
+        with open(log, "a") as err:
+            return subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), "--insecure",
+                                     *extra], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err, text=True)
+
+    ready = tmp_path / "agg.addr"
+    first = aggregator("--listen", "127.0.0.1:0", "--ready-file", str(ready))
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_until(lambda: ready.exists() or first.poll() is not None, timeout=120)
+        address = ready.read_text().strip()
+        procs = launch(tmp_path, fed, ids, "--aggregator", address)
+        # its round-2 line comes after its round-2 checkpoint
+        wait_until(lambda: "round 2/5" in log.read_text() or first.poll() is not None, timeout=300)
+        first.kill()
+        first.wait(timeout=30)
+        procs["aggregator"] = aggregator("--listen", address, "--resume")
+    finally:
+        errs = _finish(procs)
+        first.kill()
+    assert all(p.returncode == 0 for p in procs.values()), (errs, log.read_text()[-3000:])
+    assert "resuming after round 2" in log.read_text()
+    for i in ids:
+        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["missing_peers"] == [], i
+    lost = sorted({i for i in ids for r in _rows(tmp_path, i)
+                   if r["nodes"][i]["selected"] and not r["nodes"][i]["submitted"]})
+    assert read_results(tmp_path / "runs" / "procs-aggregator")[1]["missing_peers"] == lost
