@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # heavy imports after the flags are read (``--help`` and bad flags answer at once)
     from flmesh.coordinator.aggregator import Aggregator, accuracy_text
-    from flmesh.coordinator.aggregator_checkpoint import restore
+    from flmesh.coordinator.aggregator_checkpoint import keep_update, restore
     from flmesh.coordinator.pictures import draw
     from flmesh.node.checkpoint import CHECKPOINT
     from flmesh.node.node_run import input_errors
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         _lock = lock_folder(out)  # held until the process exits: one process per state folder
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
+        aggregator.core.keep = lambda update: keep_update(out, update)
         ops = start_ops(args, "aggregator", run=out.name)
         if ops.metrics is not None:
             aggregator.core.metrics = ops.metrics
