@@ -34,6 +34,7 @@ from flmesh.node.state_file import StateFileError, read_state, write_state
 
 if TYPE_CHECKING:
     from flmesh.coordinator.aggregator import Aggregator
+    from flmesh.node.format.codec import ModelSpec
 
 UPDATES = "updates"  # one file per update accepted since the last checkpoint
 
@@ -75,13 +76,17 @@ def _update_round(path: Path) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def kept_updates(folder: Path, round: int) -> list[Update]:
-    """The updates kept for ``round``; StateFileError (one line naming the file) when damaged."""
+def kept_updates(folder: Path, round: int, spec: ModelSpec) -> list[Update]:
+    """The updates kept for ``round``; StateFileError (one line naming the file) when damaged,
+    CheckpointError when its tensors do not fit ``spec`` (the aggregator's update spec)."""
     out = []
     for path in sorted((folder / UPDATES).glob("*.flmesh")):
         if _update_round(path) != round:
             continue
         tensors, values = read_state(path)
+        shapes = {k.split("/", 1)[1]: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
+        if shapes != spec:
+            raise CheckpointError(f"{path}: the kept update does not fit this federation's [model]")
         try:
             out.append(Update(str(values["node"]), int(values["round"]), split(tensors, "state/"),
                               int(values["num_samples"]), tuple(int(c) for c in values["label_counts"]),
@@ -96,7 +101,8 @@ def restore(aggregator: Aggregator, folder: Path) -> int:
     after (0: none, a fresh start). Raises CheckpointError or StateFileError."""
     path = folder / CHECKPOINT
     if not path.exists():
-        aggregator.core.take_back(kept_updates(folder, 1))  # it crashed in its first round
+        core = aggregator.core  # it crashed in its first round: take back what it had acknowledged
+        core.take_back(kept_updates(folder, 1, core.update_spec))
         return 0
     tensors, values = read_state(path)
     core = aggregator.core
@@ -116,7 +122,7 @@ def restore(aggregator: Aggregator, folder: Path) -> int:
         raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
     check_rounds(path, round, aggregator.federation.rounds)
     core.resume(glob, joined, round, last_accuracy)
-    core.take_back(kept_updates(folder, round + 1))
+    core.take_back(kept_updates(folder, round + 1, core.update_spec))
     core.server.restore(split(tensors, "server/"), values.get("server", {}))
     if "prev_global" in tensors:
         prev = tensors["prev_global"].numpy().astype(float)

@@ -2,8 +2,8 @@
 
 Thread-safe: RPC handler threads put, the round loop waits. A second delivery
 of the same key is a duplicate and is dropped, which makes Deliver idempotent,
-also after the first one was pruned: the inbox remembers every key it held (a
-few bytes a delivery), so a sender that crashed before its checkpoint and sends
+also after the first one was pruned: the inbox remembers every key it held (one
+small key a delivery), so a sender that crashed before its checkpoint and sends
 its round again learns that its model did arrive.
 Waiting goes through a :class:`~flmesh.node.clock.Clock`, so tests can use
 virtual time.

@@ -282,7 +282,7 @@ def test_an_update_is_stored_before_it_is_accepted_and_a_restarted_aggregator_ta
     assert core.submit(None, _update("node1", 1, 3.0)).accepted
     # the aggregator dies here, before its round-1 checkpoint; node0 and node1 will not send again
     again = _core()
-    again.take_back(kept_updates(tmp_path / "out", 1))
+    again.take_back(kept_updates(tmp_path / "out", 1, again.update_spec))
     again.open_round(1)
     again.wait_for_updates(1, deadline=again.clock.now() + 30)  # node2 never comes
     outcome = again.close_round(1)
