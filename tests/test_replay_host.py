@@ -271,3 +271,42 @@ epsilon = 10.0
     assert [r["round"] for r in rows] == [1, 2] and not rows[-1]["privacy_spent"]
     assert summary["error"] == said and summary["interrupted"]
     assert not (tmp_path / "runs/procs-aggregator/privacy_ledger.json").exists()
+
+
+@pytest.mark.slow
+def test_a_node_hosting_the_buffer_whose_ledger_cannot_be_written_exits_1_in_one_line(tmp_path, monkeypatch):
+    """The same full disk under the privacy ledger of the node that hosts the buffer (a peer
+    federation): the node finishes its rounds, then ends non-zero with one error line naming
+    the ledger; the other nodes end as usual."""
+    from procs import federation_file, launch, read_results
+
+    ids = ["a", "b", "c", "d"]
+    fed = federation_file(tmp_path, ids, rounds=2, timeout=30, extra="""
+[tasks]
+scenario = "novel_targets"
+tasks = 2
+rounds_per_task = 1
+initial_clients = 2
+joining_clients = 2
+participation = "full"
+[replay]
+mode = "client"
+epsilon = 10.0
+""")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_LEDGER_DISK)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    procs = launch(tmp_path, fed, ids)
+    try:
+        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+    said = "runs/procs-a/privacy_ledger.json: cannot write: No space left on device"
+    assert procs["a"].returncode == 1, errs["a"][-3000:]
+    assert "Traceback" not in "".join(errs.values())
+    assert [line for line in errs["a"].splitlines() if "error" in line] == [f"fl-node a: error: {said}"]
+    assert all(procs[i].returncode == 0 for i in ("b", "c", "d")), errs
+    rows, summary = read_results(tmp_path / "runs/procs-a")
+    assert [r["round"] for r in rows] == [1, 2] and summary["error"] == said
