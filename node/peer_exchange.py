@@ -24,8 +24,9 @@ gone elsewhere, so a run slowed to a round timeout per round.
 Both name the peer whose model was missing, for the report, and only a peer
 that was: a source whose model never came or whose fallback's came instead, a
 destination this node's model did not reach. A peer that finished the round
-(its ``Status`` says so) while this node could not take or send the model in
-time is not named: this node was the one away (stopped, restarting, late).
+(its ``Status`` says so, or a later model it sent) while this node could not
+take or send the model in time is not named: this node was the one away
+(stopped, restarting, late).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ EXTEND_SHARE = 0.5
 MAX_WAIT_FACTOR = 4.0
 #: Seconds to wait for one Status answer.
 STATUS_TIMEOUT_S = 3.0
+#: ...and for the one that decides whether a source that sent nothing is named missing: a busy
+#: peer may answer late, and naming a healthy peer is worse than a few seconds more.
+LAST_STATUS_TIMEOUT_S = 10.0
 #: Longest pause between two Status calls while a destination catches up (seconds).
 CATCH_UP_POLL_S = 0.5
 
@@ -60,10 +64,10 @@ def senders_for(ctx: RoundContext, round: int) -> list[str]:
     return sorted(ordered, key=lambda s: successors(plan, s, FALLBACK_HOPS).index(me))
 
 
-def _status(ctx: RoundContext, peer: str) -> PeerStatus | None:
-    """``peer``'s Status, or None when it does not answer. Blocks up to STATUS_TIMEOUT_S."""
+def _status(ctx: RoundContext, peer: str, timeout: float = STATUS_TIMEOUT_S) -> PeerStatus | None:
+    """``peer``'s Status, or None when it does not answer within ``timeout`` seconds."""
     try:
-        return ctx.links.transport.status(peer, timeout=STATUS_TIMEOUT_S)
+        return ctx.links.transport.status(peer, timeout=timeout)
     except PeerError:
         return None
 
@@ -79,8 +83,8 @@ def _working_on(ctx: RoundContext, peer: str, round: int) -> bool:
 
 def finished(ctx: RoundContext, peer: str, round: int) -> bool:
     """Does ``peer`` answer ``Status`` as done with round ``round``, its model handed on (past
-    that round, or in it and no longer sending)? Blocks up to STATUS_TIMEOUT_S."""
-    status = _status(ctx, peer)
+    that round, or in it and no longer sending)? Blocks up to LAST_STATUS_TIMEOUT_S."""
+    status = _status(ctx, peer, LAST_STATUS_TIMEOUT_S)
     return status is not None and (status.round > round or (status.round == round
                                                             and status.state != "sending"))
 
@@ -117,8 +121,11 @@ def wait_for_source(ctx: RoundContext, round: int,
         extended = True
     waited = f"{timeout:g}s" + (" and longer while it was still working" if extended else "")
     source = senders[0]
-    # a source that finished the round sent its model while this node could not take it
-    away = not ctx.links.stop_event.is_set() and finished(ctx, source, round - 1)
+    # a source that finished the round (it sent this node a later model, or says so) sent its
+    # model while this node could not take it; it may have left since, its run over
+    later = any(k.sender == source and k.kind == "trained" and k.round >= round
+                for k in ctx.links.inbox.keys())
+    away = not ctx.links.stop_event.is_set() and (later or finished(ctx, source, round - 1))
     why = (f" ({source} finished round {round - 1} while this node could not take its model)"
            if away else "")
     notes.append(f"no model from {source} within {waited}{why}; trained the model it had")

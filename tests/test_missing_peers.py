@@ -73,6 +73,22 @@ def test_a_source_that_finished_while_this_node_was_away_is_not_named():
     assert f"{source} finished round 1 while this node could not take its model" in report.notes[0]
 
 
+
+def test_a_source_that_sent_a_later_model_and_left_is_not_named():
+    """The source's round-1 model went elsewhere while this node was away, and the source has
+    since sent this node its round-2 model and left (its run over): it does not answer, but
+    the later model says it finished round 1, so it is not named."""
+    f = fed(nodes=3, rounds=4, federation={"round_timeout_s": 60})
+    with Cluster(f, "memory") as c:
+        me = c.by_id["node1"]
+        source = f.schedule().plan(2)["node1"].source
+        assert source is not None and c.network is not None
+        me.inbox.put(InboxKey(2, source, "trained"), c.by_id[source].encode(round=2))
+        c.network.take_down(source)
+        report = me.run_round(2)
+    assert not report.received and report.missing is None and report.failed == ()
+    assert f"{source} finished round 1 while this node could not take its model" in report.notes[0]
+
 # ---------------------------------------------------------------- real processes
 KILL_AFTER_ROW_2 = """
 import os, signal
@@ -176,7 +192,8 @@ def test_a_stopped_node_is_named_where_its_models_were_missing_and_names_nobody(
     expected = _actually_missing(tmp_path, ids, "n3", rounds)
     assert expected == {"n1": set(), "n2": {"n3"}, "n3": set(), "n4": {"n3"}}
     for i in ids:
-        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["missing_peers"] == sorted(expected[i]), i
+        assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["missing_peers"] == sorted(expected[i]), \
+            errs[i][-3000:]
     notes = [n for r in _rows(tmp_path, "n3") for n in r["notes"]]
     assert any("n2 finished round" in n for n in notes), notes
 
