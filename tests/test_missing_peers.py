@@ -173,24 +173,25 @@ def test_a_node_killed_and_resumed_is_named_only_where_its_models_were_missing(t
 @pytest.mark.faults
 def test_a_stopped_node_is_named_where_its_models_were_missing_and_names_nobody(tmp_path):
     """n3 is SIGSTOPped until n2 has handed a model to n4 (n3's successor) instead, then
-    SIGCONTed: n2 and n4 name n3, n1 names nobody, and n3 names neither n2 (which finished its
-    rounds while n3 could not take the models) nor n4 (which went on without n3's late model)."""
-    ids, rounds = ["n1", "n2", "n3", "n4"], 6
+    SIGCONTed: n2 names n3, n1 nobody, n4 n3 if it took n2's model in place of n3's; and n3
+    names neither n2 (which finished its rounds while n3 could not take the models) nor n4
+    (which went on without n3's late model)."""
+    ids, rounds = ["n1", "n2", "n3", "n4"], 8
     fed = federation_file(tmp_path, ids, rounds=rounds, timeout=8)
     procs = launch(tmp_path, fed, ids)
     try:
         wait_until(lambda: len(_rows(tmp_path, "n3")) >= 2, timeout=300)
         procs["n3"].send_signal(signal.SIGSTOP)
         try:
-            wait_until(lambda: any(r["nodes"]["n4"]["received_from"] == "n2" for r in _rows(tmp_path, "n4")),
-                       timeout=300, interval=0.1)
+            wait_until(lambda: any(r["nodes"]["n2"]["delivered_to"] == "n4" for r in _rows(tmp_path, "n2")),
+                       timeout=300, interval=0.05)
         finally:
             procs["n3"].send_signal(signal.SIGCONT)
     finally:
         errs = _finish(procs)
     assert all(p.returncode == 0 for p in procs.values()), errs
     expected = _actually_missing(tmp_path, ids, "n3", rounds)
-    assert expected == {"n1": set(), "n2": {"n3"}, "n3": set(), "n4": {"n3"}}
+    assert expected["n1"] == set() and expected["n2"] == {"n3"} and expected["n4"] <= {"n3"}
     for i in ids:
         assert read_results(tmp_path / "runs" / f"procs-{i}")[1]["missing_peers"] == sorted(expected[i]), \
             errs[i][-3000:]
