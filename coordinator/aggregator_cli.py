@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # heavy imports after the flags are read (``--help`` and bad flags answer at once)
     from flmesh.coordinator.aggregator import Aggregator
-    from flmesh.coordinator.aggregator_checkpoint import restore
+    from flmesh.coordinator.aggregator_checkpoint import keep_update, restore
     from flmesh.coordinator.pictures import draw
     from flmesh.coordinator.sim_console import max_spent
     from flmesh.coordinator.star_rows import accuracy_text
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.node.observe import row_scalars, setup_logging
     from flmesh.node.results import Final, Summary
     from flmesh.node.run_files import RunWriter, mean_bytes, write_atomic
-    from flmesh.node.state_file import lock_folder
+    from flmesh.node.state_file import StateWriteError, lock_folder
     from flmesh.topology import FederationError, load_federation
 
     prog = "fl-node aggregator"
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         _lock = lock_folder(out)  # held until the process exits: one process per state folder
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
         aggregator.checkpoint_dir = out
+        aggregator.core.keep = lambda update: keep_update(out, update)
         ops = start_ops(args, "aggregator", run=out.name)
         if ops.metrics is not None:
             aggregator.core.metrics = ops.metrics
@@ -143,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         aggregator.run(on_round, join_timeout=args.join_timeout)
+        if aggregator.replay is not None:
+            aggregator.replay.check_written()
+    except StateWriteError as exc:  # the privacy ledger: one line naming it, as a checkpoint's
+        error = str(exc)
+        print(f"{prog}: error: {error}", file=sys.stderr)
     except Exception as exc:  # a strategy or evaluation failure: keep the finished rounds, say what
         error = f"{type(exc).__name__}: {exc}"
         print(f"{prog}: error: {error}", file=sys.stderr)

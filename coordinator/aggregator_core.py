@@ -10,7 +10,9 @@ and named), aggregates with the strategy's server half when at least
 (:mod:`~flmesh.coordinator.aggregator_round`).
 
 Nodes learn whether they are sampled from :meth:`AggregatorCore.poll` (a small
-reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model.
+reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model. With
+``keep`` set, each update is stored before it is accepted, for a restarted
+aggregator to take back (:meth:`AggregatorCore.take_back`).
 
 Thread-safety: the driver (:class:`~flmesh.coordinator.aggregator.Aggregator`)
 calls ``open_round``/``wait_for_updates``/``close_round``/``finish_round``
@@ -20,7 +22,9 @@ condition guards the state. Waits go through the injected clock.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flmesh.coordinator.aggregator_round import RoundOutcome, decide_round
@@ -36,6 +40,8 @@ from flmesh.topology.sampling import selected
 
 if TYPE_CHECKING:
     from flmesh.node.metrics import Metrics
+
+log = logging.getLogger("flmesh.aggregator")
 
 #: The longest one Poll waits on the server, whatever the caller asks: a stalled
 #: caller cannot hold a worker thread longer than this.
@@ -69,6 +75,9 @@ class AggregatorCore:
         self._closed = 0  # the last round that stopped taking updates
         self._message: EncodedModel | None = None
         self._updates: dict[str, Update] = {}
+        # stores an update before it is accepted (StateWriteError when it cannot); None: nowhere
+        self.keep: Callable[[Update], None] | None = None
+        self._taken_back: list[Update] = []  # kept updates of the round a resume opens next
         self._joined: dict[str, str] = {}  # node -> address
         self._declared: dict[str, int] = {}  # node -> the sample count it declared at Join
         self._state = "waiting"
@@ -163,6 +172,12 @@ class AggregatorCore:
         state = {k: v for k, v in decoded.state_dict.items() if k in self.model_spec}
         extras = {k: v for k, v in decoded.state_dict.items() if k not in self.model_spec}
         update = Update(meta.sender, meta.round, state, meta.num_samples, tuple(meta.label_counts), extras)
+        if self.keep is not None:
+            try:  # stored before it is accepted: an update acknowledged is one a resume still has
+                self.keep(update)
+            except OSError as exc:  # StateWriteError: one line naming the file
+                log.error("aggregator: %s", exc)
+                raise Refused("INTERNAL", f"aggregator: cannot store the update: {exc}") from None
         with self._cond:
             late = self._check_open(update.node, update.round)  # the round may have closed meanwhile
             if late is not None:
@@ -226,6 +241,12 @@ class AggregatorCore:
             self.last_accuracy = last_accuracy
             self._cond.notify_all()
 
+    def take_back(self, updates: list[Update]) -> None:
+        """After :meth:`resume`: updates accepted before a crash; those of the round that opens
+        next are in it from the start."""
+        with self._cond:
+            self._taken_back = list(updates)
+
     def joined(self) -> list[str]:
         with self._cond:
             return [n for n in self.node_ids if n in self._joined]
@@ -249,7 +270,8 @@ class AggregatorCore:
                                                 metadata={"strategy": self.strategy}), self.wire)
         with self._cond:
             self._message = message
-            self._updates = {}
+            self._updates = {u.node: u for u in self._taken_back if u.round == round and u.node in selected}
+            self._taken_back = []
             self._open = round
             self._state = "waiting"
             self._cond.notify_all()

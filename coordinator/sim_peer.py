@@ -272,8 +272,7 @@ def peer_row(federation: Federation, t: int, ids: list[str],
         entry.per_class_total = list(own.per_class_total)
         entry.cross_accuracy = {ids[j]: r.score(federation.metric) for j, r in sorted(results[i].items())}
         nodes[node_id] = entry
-    missing = sorted({p for r in reports.values() if isinstance(r, RoundReport)
-                      for p in (r.missing, None if r.delivered else r.destination) if p})
+    missing = sorted({p for r in reports.values() if isinstance(r, RoundReport) for p in r.failed})
     by_kind = {"sent": sum(r.bytes_sent for r in reports.values())}
     spent = {i: r.privacy_spent for i, r in reports.items()
              if isinstance(r, RoundReport) and r.privacy_spent is not None}

@@ -182,13 +182,14 @@ class NodeHandlers:
         else:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Deliver takes trained models and plug-in "
                           f"extras, not {meta.kind!r}")
-        self._in_window(meta.round, "the model")
+        key = InboxKey(meta.round, meta.sender, kind)
+        if not self.ctx.links.inbox.held(key):  # a model it already took is a duplicate, however old
+            self._in_window(meta.round, "the model")
         if len(meta.label_counts) > self.ctx.data.train.num_classes:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: the model's label_counts lists "
                           f"{len(meta.label_counts)} classes, the federation's data has "
                           f"{self.ctx.data.train.num_classes}")
         model = self._read(header, stream)
-        key = InboxKey(meta.round, meta.sender, kind)
         with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
             fresh = self._keep(key, model)
         self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
@@ -204,7 +205,7 @@ class NodeHandlers:
         """Put a delivery in the inbox, stored first when the node keeps state: a delivery
         acknowledged is one a resume still has, and the copy stored is the one accepted.
         False for a duplicate. Called under ``_keeping``."""
-        if self.ctx.checkpoint_dir is not None and self.ctx.links.inbox.get(key) is None:
+        if self.ctx.checkpoint_dir is not None and not self.ctx.links.inbox.held(key):
             from flmesh.node.checkpoint import keep_delivery
             from flmesh.node.state_file import StateWriteError
 

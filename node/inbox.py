@@ -1,7 +1,10 @@
 """The node's inbox: delivered messages keyed by (round, sender, kind).
 
 Thread-safe: RPC handler threads put, the round loop waits. A second delivery
-of the same key is a duplicate and is dropped, which makes Deliver idempotent.
+of the same key is a duplicate and is dropped, which makes Deliver idempotent,
+also after the first one was pruned: the inbox remembers every key it held (one
+small key a delivery), so a sender that crashed before its checkpoint and sends
+its round again learns that its model did arrive.
 Waiting goes through a :class:`~flmesh.node.clock.Clock`, so tests can use
 virtual time.
 """
@@ -30,17 +33,24 @@ class InboxKey:
 class Inbox:
     def __init__(self, clock: Clock = REAL_CLOCK) -> None:
         self._items: dict[InboxKey, Any] = {}
+        self._held: set[InboxKey] = set()  # every key ever stored, pruned or not
         self._cond = threading.Condition()
         self._clock = clock
 
     def put(self, key: InboxKey, item: Any) -> bool:
-        """Store ``item`` under ``key``; False (and nothing stored) when the key is already there."""
+        """Store ``item`` under ``key``; False (and nothing stored) when the key was stored before."""
         with self._cond:
-            if key in self._items:
+            if key in self._held:
                 return False
             self._items[key] = item
+            self._held.add(key)
             self._cond.notify_all()
             return True
+
+    def held(self, key: InboxKey) -> bool:
+        """Was ``key`` ever stored (it may have been pruned since)?"""
+        with self._cond:
+            return key in self._held
 
     def get(self, key: InboxKey) -> Any | None:
         with self._cond:

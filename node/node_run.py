@@ -96,7 +96,8 @@ class NodeRun:
             self.writer = RunWriter(self.out, append=self.resume, upto=done)
         except OSError as exc:
             raise OSError(f"--out {self.out}: cannot write results there: {exc.strerror or exc}") from None
-        if self.resume:
+        if self.resume:  # the summary covers the rounds before the crash too
+            self.missing_peers |= {p for row in self.writer.rows for p in row.get("missing") or ()}
             log.info("resuming after round %d (checkpoint in %s)", done, self.out)
         self.node.start()
         self._started = self.node.clock.now()
@@ -130,7 +131,9 @@ class NodeRun:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
-        """Wait for peers, run every round, linger; the exit status (0 or 1)."""
+        """Wait for peers, run every round, linger; the exit status (0 or 1). Raises OSError
+        (StateWriteError) when a state file could not be written: a checkpoint at once, the
+        privacy ledger of a replay buffer this node hosts at the end."""
         node, fed = self.node, self.federation
         star = fed.aggregator is not None
         # where it listens is the stdout line of announce(); this says what it waits for
@@ -158,6 +161,8 @@ class NodeRun:
                               fed.round_timeout_s, node.stop_event)
                 if busy:
                     log.warning("left while %s still running", ", ".join(busy))
+        if node.replay_host is not None:
+            node.replay_host.check_written()  # a ledger write that failed ends the run as a failed write
         return 0
 
     def _say_silent(self, silent: list[str], failures: dict[str, PeerError]) -> None:
@@ -195,20 +200,16 @@ class NodeRun:
 
     def _on_round(self, report: Report) -> None:
         self.reports.append(report)
-        fed_rounds = self.federation.rounds
         entry = NodeRound.from_report(report)
+        missing = sorted(report.failed) if isinstance(report, RoundReport) else []
+        self.missing_peers.update(missing)
         if isinstance(report, RoundReport):
-            self.missing_peers |= {p for p in (report.missing,) if p}
-            if report.destination and report.delivered_to != report.destination and report.round < fed_rounds:
-                self.missing_peers.add(report.destination)  # undelivered, or handed to its successor
-            if report.source and report.received_from not in (None, report.source):
-                self.missing_peers.add(report.source)  # its fallback sent the model instead
             if self.cross_eval:
                 entry.cross_accuracy = self._cross_evaluate(report.round, report.task)
         kind = "star" if isinstance(report, StarReport) else "peer"
         row = RoundRow(report.round, kind, "fl-node", metric=self.federation.metric,
                        nodes={self.node_id: entry},
-                       missing=sorted(p for p in (getattr(report, "missing", None),) if p),
+                       missing=missing,
                        bytes_by_kind={"sent": report.bytes_sent, "received": report.bytes_received},
                        wall_s=round(report.wall_s, 4), notes=list(report.notes))
         self.writer.write_round(row)

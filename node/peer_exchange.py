@@ -20,6 +20,13 @@ is steadily slower than the rest of a CWT ring (one of N nodes can fall up to
 N-1 rounds behind its source) had its source's models go to its successor
 round after round, and waited a round timeout each time for a model that had
 gone elsewhere, so a run slowed to a round timeout per round.
+
+Both name the peer whose model was missing, for the report, and only a peer
+that was: a source whose model never came or whose fallback's came instead, a
+destination this node's model did not reach. A peer that finished the round
+(its ``Status`` says so, or a later model it sent) while this node could not
+take or send the model in time is not named: this node was the one away
+(stopped, restarting, late).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING
 from flmesh.node.errors import PeerError
 from flmesh.node.format.codec import DecodedModel, EncodedModel
 from flmesh.node.inbox import ROUND_WINDOW, InboxKey
-from flmesh.node.transport import DeliverResult
+from flmesh.node.transport import DeliverResult, PeerStatus
 from flmesh.topology.peers import FALLBACK_HOPS, successors
 
 if TYPE_CHECKING:
@@ -41,6 +48,9 @@ EXTEND_SHARE = 0.5
 MAX_WAIT_FACTOR = 4.0
 #: Seconds to wait for one Status answer.
 STATUS_TIMEOUT_S = 3.0
+#: ...and for the one that decides whether a source that sent nothing is named missing: a busy
+#: peer may answer late, and naming a healthy peer is worse than a few seconds more.
+LAST_STATUS_TIMEOUT_S = 10.0
 #: Longest pause between two Status calls while a destination catches up (seconds).
 CATCH_UP_POLL_S = 0.5
 
@@ -54,22 +64,37 @@ def senders_for(ctx: RoundContext, round: int) -> list[str]:
     return sorted(ordered, key=lambda s: successors(plan, s, FALLBACK_HOPS).index(me))
 
 
+def _status(ctx: RoundContext, peer: str, timeout: float = STATUS_TIMEOUT_S) -> PeerStatus | None:
+    """``peer``'s Status, or None when it does not answer within ``timeout`` seconds."""
+    try:
+        return ctx.links.transport.status(peer, timeout=timeout)
+    except PeerError:
+        return None
+
+
 def _working_on(ctx: RoundContext, peer: str, round: int) -> bool:
     """Is ``peer`` up and still producing its round-``round`` model (not past that round, or
     still sending it: it may be retrying a dead destination before it falls back)?"""
-    try:
-        status = ctx.links.transport.status(peer, timeout=STATUS_TIMEOUT_S)
-    except PeerError:
-        return False
-    if status.state in ("done", "stopped"):
+    status = _status(ctx, peer)
+    if status is None or status.state in ("done", "stopped"):
         return False
     return status.round < round or (status.round == round and status.state == "sending")
 
 
+def finished(ctx: RoundContext, peer: str, round: int) -> bool:
+    """Does ``peer`` answer ``Status`` as done with round ``round``, its model handed on (past
+    that round, or in it and no longer sending)? Blocks up to LAST_STATUS_TIMEOUT_S."""
+    status = _status(ctx, peer, LAST_STATUS_TIMEOUT_S)
+    return status is not None and (status.round > round or (status.round == round
+                                                            and status.state != "sending"))
+
+
 def wait_for_source(ctx: RoundContext, round: int,
-                    notes: list[str]) -> tuple[str | None, DecodedModel | None]:
+                    notes: list[str]) -> tuple[str | None, DecodedModel | None, str | None]:
     """Block until a model of round ``round - 1`` arrives from one of :func:`senders_for`, or
-    no sender makes progress any more; (sender, model), or (None, None) with a note."""
+    no sender makes progress any more; (sender, model, the source when its model was missing:
+    a fallback sent instead, or nothing came and the source did not finish that round), with
+    a note when not from the source."""
     senders = senders_for(ctx, round)
     keys = [InboxKey(round - 1, s, "trained") for s in senders]
     timeout = ctx.settings.round_timeout_s
@@ -81,9 +106,10 @@ def wait_for_source(ctx: RoundContext, round: int,
                                          ctx.links.stop_event)
         if found:
             sender = next(k.sender for k in keys if k in found)
-            if sender != senders[0]:
-                notes.append(f"{senders[0]} was down; got {sender}'s model instead (its fallback)")
-            return sender, found[InboxKey(round - 1, sender, "trained")]
+            if sender == senders[0]:
+                return sender, found[InboxKey(round - 1, sender, "trained")], None
+            notes.append(f"{senders[0]} was down; got {sender}'s model instead (its fallback)")
+            return sender, found[InboxKey(round - 1, sender, "trained")], senders[0]
         if last_look or ctx.links.stop_event.is_set() or ctx.links.clock.now() >= last_chance:
             break
         if not any(_working_on(ctx, s, round - 1) for s in senders):
@@ -94,10 +120,18 @@ def wait_for_source(ctx: RoundContext, round: int,
         deadline = min(last_chance, ctx.links.clock.now() + EXTEND_SHARE * timeout)
         extended = True
     waited = f"{timeout:g}s" + (" and longer while it was still working" if extended else "")
-    notes.append(f"no model from {senders[0]} within {waited}; trained the model it had")
+    source = senders[0]
+    # a source that finished the round (it sent this node a later model, or says so) sent its
+    # model while this node could not take it; it may have left since, its run over
+    later = any(k.sender == source and k.kind == "trained" and k.round >= round
+                for k in ctx.links.inbox.keys())
+    away = not ctx.links.stop_event.is_set() and (later or finished(ctx, source, round - 1))
+    why = (f" ({source} finished round {round - 1} while this node could not take its model)"
+           if away else "")
+    notes.append(f"no model from {source} within {waited}{why}; trained the model it had")
     ctx.links.log.warning("round %d: %s", round, notes[-1],
                           extra={"node": ctx.settings.node_id, "round": round})
-    return None, None
+    return None, None, None if away else source
 
 
 def await_catch_up(ctx: RoundContext, peer: str, round: int) -> bool | None:
@@ -144,10 +178,13 @@ def _deliver_once_admitted(ctx: RoundContext, to: str, message: EncodedModel, ro
                                 "without progress for a round timeout") from None
 
 
-def deliver_onward(ctx: RoundContext, round: int, destination: str, notes: list[str]) -> str | None:
+def deliver_onward(ctx: RoundContext, round: int, destination: str,
+                   notes: list[str]) -> tuple[str | None, str | None]:
     """Send this node's round-``round`` model to ``destination`` (retries with backoff; waits
-    while a destination that is rounds behind catches up), else to its successor; who got it
-    (None: nobody, noted)."""
+    while a destination that is rounds behind catches up), else to its successor; (who got it,
+    the destination when it was missing). A destination that finished round ``round + 1``
+    without the model went on while this node was late: nobody gets it, nobody is missing
+    (noted)."""
     ctx.activity.set_state("sending", destination)
     message = ctx.encode(round)
     plan = ctx.settings.federation.schedule().plan(round)
@@ -161,6 +198,12 @@ def deliver_onward(ctx: RoundContext, round: int, destination: str, notes: list[
         if ctx.links.calls.call(target, "delivery to", round, send) is not None:
             if target != destination:
                 notes.append(f"{destination} was unreachable; delivered to {target} (its successor)")
-            return target
+                return target, destination
+            return target, None
+        moved_on = _status(ctx, destination) if target == destination else None
+        if moved_on is not None and moved_on.round > round:  # it finished the round that needed it
+            notes.append(f"{destination} finished round {round + 1} before this node's model came; "
+                         "not sent on")
+            return None, None
     notes.append(f"could not deliver to {destination}")
-    return None
+    return None, destination

@@ -22,7 +22,9 @@ The **privacy ledger** records every release (client, task, epsilon); a
 client's spend is the sum (sequential composition; one release of all its
 class means costs epsilon, see :mod:`flmesh.node.learning.replay`). It is
 written atomically to ``state_dir`` before the means are used, and read back
-when the service starts again.
+when the service starts again. A release whose ledger entry cannot be written
+(a full disk, a read-only folder) is refused INTERNAL, naming the file, and
+not stored; the host process ends non-zero (:meth:`ReplayBufferCore.check_written`).
 
 The global buffer for task t holds, for every class, the contributed means
 of tasks before t re-averaged into at most N means (seeded groups).
@@ -34,6 +36,7 @@ guards the state. Waits go through the injected clock.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -47,12 +50,13 @@ from flmesh.node.format import codec
 from flmesh.node.format.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.replay import regroup
-from flmesh.node.run_files import write_atomic
 from flmesh.node.transport import Chunks, ContributeResult, ReplayStatus
 from flmesh.topology import Federation
 from flmesh.topology.tasks import joined_task, present, task_classes
 
 SEED_REGROUP = 24
+
+log = logging.getLogger("flmesh.node")
 
 #: The longest one FetchBuffer waits on the server, whatever the caller asks.
 MAX_FETCH_WAIT_S = 30.0
@@ -88,12 +92,16 @@ class PrivacyLedger:
         return dict(sorted(out.items()))
 
     def record(self, client: str, task: int, epsilon: float) -> None:
+        """Add a release, written to ``path`` first (blocks: fsync). StateWriteError (one line
+        naming the file) when it cannot be written: then nothing is recorded."""
         entry: dict[str, float | int | str] = {"client": client, "task": task, "epsilon": epsilon}
         releases = [*self.releases, entry]
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps({"releases": releases}, indent=1) + "\n")
+            from flmesh.node.state_file import write_file
+
+            write_file(self.path, [(json.dumps({"releases": releases}, indent=1) + "\n").encode()])
         self.releases = releases
+
 
 
 def _read_ledger(path: Path) -> list[dict[str, float | int | str]]:
@@ -139,6 +147,7 @@ class ReplayBufferCore:
         # first two, so it does not depend on the order in which concurrent releases arrived
         self._means: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
         self._reported: set[tuple[int, str]] = set()  # (task, client) that contributed or withheld
+        self._write_failure: OSError | None = None  # the first ledger write that failed
         self._version = 0
         self._cond = threading.Condition()
 
@@ -167,7 +176,12 @@ class ReplayBufferCore:
                     raise self._refuse("RESOURCE_EXHAUSTED",
                                        f"{sender} has spent epsilon {spent:g} of its budget {budget:g}; "
                                        f"another release of {self.cfg.epsilon:g} is refused")
-                self.ledger.record(sender, task, self.cfg.epsilon)  # written before the means are used
+                try:  # written before the means are used: a release it cannot record is not taken
+                    self.ledger.record(sender, task, self.cfg.epsilon)
+                except OSError as exc:  # StateWriteError: one line naming the ledger
+                    self._write_failure = self._write_failure or exc
+                    log.error("replay buffer: %s", exc)
+                    raise self._refuse("INTERNAL", f"cannot record the release of {sender}: {exc}") from None
                 spent += self.cfg.epsilon
                 place = self.federation.node_ids.index(sender)
                 for c in released:
@@ -255,6 +269,14 @@ class ReplayBufferCore:
         if latest is not None and made_in > latest:
             raise self._refuse("INVALID_ARGUMENT", f"{sender} has not reached the end of task {task}: its "
                                f"release comes in round {made_in}, and no client is past round {latest}")
+
+    def check_written(self) -> None:
+        """Raise the first privacy-ledger write that failed (StateWriteError, one line naming the
+        file), if any: the host process calls it when its run ends, to end non-zero."""
+        with self._cond:
+            failure = self._write_failure
+        if failure is not None:
+            raise failure
 
     # ------------------------------------------------------------------ the global buffer
     def expected(self, task: int) -> list[str]:

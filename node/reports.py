@@ -24,7 +24,7 @@ class RoundReport:
     source: str | None
     destination: str | None
     received: bool
-    missing: str | None  # the source whose model never came, if any
+    missing: str | None  # the source whose model never came (not one that finished while this node was out)
     delivered: bool
     train_size: int  # samples in the node's training split
     train: TrainStats
@@ -40,6 +40,10 @@ class RoundReport:
     privacy_spent: float | None = None  # epsilon released so far (DP replay)
     task: int | None = None  # continual federations: the task the round belongs to
     received_from: str | None = None  # who the model came from (the source, or its fallback)
+    # the peers whose models were missing: the source when its model never came or its fallback's
+    # came instead, the destination when this node's model did not reach it; not a peer that
+    # finished the round while this node was away (flmesh.node.peer_exchange)
+    failed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -118,9 +118,10 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
     notes = ctx.continual.advance(ctx, round) if ctx.continual is not None else []
     trains = ctx.continual is None or ctx.continual.participates(ctx.settings, round)
     received, missing, received_accuracy, sender = False, None, None, None
+    missing_source: str | None = None
     ctx.activity.set_state("waiting", hop.source)
     if hop.source is not None:
-        sender, incoming = wait_for_source(ctx, round, notes)
+        sender, incoming, missing_source = wait_for_source(ctx, round, notes)
         refused = (ctx.guard.check(ctx.model.state_dict(), incoming.state_dict, incoming.meta.sender)
                    if incoming is not None and ctx.guard.enabled else None)  # no model copy when off
         if refused is not None:
@@ -132,7 +133,7 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
             received = True
             received_accuracy = ctx.evaluate_own().accuracy
         else:
-            missing = hop.source
+            missing = missing_source  # None: the source finished while this node was away
     gossip_keys = [InboxKey(round - 1, p, f"extras/{n}") for n in ctx.plugins.gossip_servers
                    for p in ctx.settings.neighbours] if round > 1 else []
     arrived = (ctx.links.inbox.wait_all(gossip_keys, ctx.settings.round_timeout_s, ctx.links.stop_event)
@@ -151,9 +152,9 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
         notes.append("did not take part this round (participation); passed the model on untrained")
     local = ctx.evaluate_own()
     ctx.activity.finish_round(round, local.accuracy)
-    delivered, delivered_to = True, None
+    delivered, delivered_to, missing_destination = True, None, None
     if hop.destination is not None and round < ctx.settings.rounds:
-        delivered_to = deliver_onward(ctx, round, hop.destination, notes)
+        delivered_to, missing_destination = deliver_onward(ctx, round, hop.destination, notes)
         delivered = delivered_to is not None
     ctx.links.inbox.prune(round - 1)
     ctx.activity.set_state("idle")
@@ -163,7 +164,8 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
                        tuple(notes), received_accuracy, rewound_to, delivered_to, sum(sent.values()),
                        sum(got.values()), participated=trains, privacy_spent=_privacy_spent(ctx),
                        task=ctx.continual.task if ctx.continual is not None else None,
-                       received_from=sender)
+                       received_from=sender,
+                       failed=tuple(p for p in (missing_source, missing_destination) if p))
 
 
 def _privacy_spent(ctx: RoundContext) -> float | None:

@@ -16,7 +16,7 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -63,6 +63,13 @@ def write_state(path: Path, tensors: Mapping[str, torch.Tensor], values: Mapping
     encoded = codec.encode(dict(tensors), ModelMeta(kind="checkpoint",
                                                     metadata={"values": json.dumps(values)}))
     header = encoded.header.SerializeToString()
+    write_file(path, [MAGIC + _LENGTH.pack(len(header)) + header, encoded.payload.numpy().tobytes()])
+
+
+def write_file(path: Path, parts: Iterable[bytes]) -> None:
+    """Write ``parts`` one after the other to ``path`` atomically: a temporary file in its
+    folder, fsynced, renamed over it. Blocks. StateWriteError (one line naming ``path``) when
+    it cannot: the old file, if any, stays, and no temporary file is left."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -72,8 +79,8 @@ def write_state(path: Path, tensors: Mapping[str, torch.Tensor], values: Mapping
         raise StateWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _LENGTH.pack(len(header)) + header)
-            f.write(encoded.payload.numpy().tobytes())
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

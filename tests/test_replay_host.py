@@ -171,3 +171,142 @@ def test_a_continual_star_federation_over_mtls_releases_and_fetches_as_before(tm
         summary = sim.run()
     assert summary.final is not None and not summary.missing_peers
     assert summary.privacy_spent == {"node0": 10.0, "node1": 10.0}, "both initial clients released task 0"
+
+
+@pytest.mark.parametrize("transport", ["grpc", "memory"])
+def test_a_ledger_that_cannot_be_written_refuses_the_release_internal_in_one_line(tmp_path, caplog,
+                                                                                    transport):
+    """A directory where the privacy ledger goes (as a full disk or a read-only folder would):
+    the release is refused INTERNAL naming the file, nothing is counted, no traceback is
+    logged, and the host's end-of-run check raises the one-line write error; once the ledger
+    can be written, the same release goes through."""
+    from flmesh.node.replay_buffer import ReplayBufferCore
+    from flmesh.node.state_file import StateWriteError
+
+    host = Host()
+    host.latest = 3
+    host.core = ReplayBufferCore(host.core.federation, SHAPE, 10, state_dir=tmp_path,
+                                 progress=lambda: host.latest)
+    ledger = tmp_path / "privacy_ledger.json"
+    ledger.mkdir()  # made after the host started: its first write fails
+    host.core.check_written()  # nothing failed yet
+    if transport == "grpc":
+        server, address = host.serve()
+        client: Any = GrpcReplayTransport(address)
+    else:
+        network = MemoryNetwork()
+        network.register_replay(host.core)
+        client = MemoryReplayTransport(network, "node0")
+    try:
+        with caplog.at_level(logging.WARNING):
+            err = _refused(lambda: client.contribute(release("node0"), timeout=10))
+        said = f"{ledger}: cannot write: Is a directory"
+        assert (err.code, err.details) == ("INTERNAL", f"replay buffer: cannot record the release of node0: "
+                                           f"{said}")
+        assert host.untouched(), "the release is not counted as stored"
+        assert [r.getMessage() for r in caplog.records] == [f"replay buffer: {said}"]
+        assert not any(r.exc_info for r in caplog.records), "no traceback"
+        with pytest.raises(StateWriteError) as failed:
+            host.core.check_written()
+        assert str(failed.value) == said
+        ledger.rmdir()
+        assert client.contribute(release("node0"), timeout=10).spent == 10.0, "the retry is stored"
+        assert host.core.ledger.totals() == {"node0": 10.0} and ledger.is_file()
+        with pytest.raises(StateWriteError):
+            host.core.check_written()  # the failed write still ends the run non-zero
+    finally:
+        client.close()
+        if transport == "grpc":
+            server.stop(0)
+
+
+FULL_LEDGER_DISK = """
+import errno, os
+_replace = os.replace
+def _full(src, dst, *args, **kwargs):
+    if str(dst).endswith("privacy_ledger.json"):  # the disk is full when the ledger is written
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return _replace(src, dst, *args, **kwargs)
+os.replace = _full
+"""
+
+
+@pytest.mark.slow
+def test_an_aggregator_whose_ledger_cannot_be_written_runs_on_and_exits_1_in_one_line(tmp_path, monkeypatch):
+    """A full disk under the aggregator's privacy ledger (tests/test_state.py's way): each
+    release is refused, the rounds go on, and the aggregator ends non-zero with one error
+    line naming the ledger, as after a checkpoint that could not be written."""
+    from procs import federation_file, read_results, run_star
+
+    ids = ["a", "b", "c", "d"]
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete", extra="""
+[aggregator]
+strategy = "fedavg"
+deadline_s = 60
+public_fraction = 0.0
+[tasks]
+scenario = "novel_targets"
+tasks = 2
+rounds_per_task = 1
+initial_clients = 2
+joining_clients = 2
+participation = "full"
+[replay]
+mode = "client"
+epsilon = 10.0
+""")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_LEDGER_DISK)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    agg, _, agg_err, procs, errs = run_star(tmp_path, fed, ids)
+    said = "runs/procs-aggregator/privacy_ledger.json: cannot write: No space left on device"
+    assert agg.returncode == 1, agg_err[-3000:]
+    assert "Traceback" not in agg_err + "".join(errs.values())
+    said_lines = [line for line in agg_err.splitlines() if "error" in line]
+    assert said_lines == [f"fl-node aggregator: error: {said}"]
+    assert all(p.returncode == 0 for p in procs.values()), errs
+    assert all(f"cannot record the release of {i}: {said}" in errs[i] for i in ("a", "b")), errs
+    rows, summary = read_results(tmp_path / "runs/procs-aggregator")
+    assert [r["round"] for r in rows] == [1, 2] and not rows[-1]["privacy_spent"]
+    assert summary["error"] == said and summary["interrupted"]
+    assert not (tmp_path / "runs/procs-aggregator/privacy_ledger.json").exists()
+
+
+@pytest.mark.slow
+def test_a_node_hosting_the_buffer_whose_ledger_cannot_be_written_exits_1_in_one_line(tmp_path, monkeypatch):
+    """The same full disk under the privacy ledger of the node that hosts the buffer (a peer
+    federation): the node finishes its rounds, then ends non-zero with one error line naming
+    the ledger; the other nodes end as usual."""
+    from procs import federation_file, launch, read_results
+
+    ids = ["a", "b", "c", "d"]
+    fed = federation_file(tmp_path, ids, rounds=2, timeout=30, extra="""
+[tasks]
+scenario = "novel_targets"
+tasks = 2
+rounds_per_task = 1
+initial_clients = 2
+joining_clients = 2
+participation = "full"
+[replay]
+mode = "client"
+epsilon = 10.0
+""")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_LEDGER_DISK)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    procs = launch(tmp_path, fed, ids)
+    try:
+        errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+    said = "runs/procs-a/privacy_ledger.json: cannot write: No space left on device"
+    assert procs["a"].returncode == 1, errs["a"][-3000:]
+    assert "Traceback" not in "".join(errs.values())
+    assert [line for line in errs["a"].splitlines() if "error" in line] == [f"fl-node a: error: {said}"]
+    assert all(procs[i].returncode == 0 for i in ("b", "c", "d")), errs
+    rows, summary = read_results(tmp_path / "runs/procs-a")
+    assert [r["round"] for r in rows] == [1, 2] and summary["error"] == said

@@ -195,7 +195,7 @@ def test_a_destination_rounds_behind_gets_the_model_once_it_catches_up():
         node2.finish_round(5, 0.5)  # would take the model (its window) if node0 gave up on node1
         asked = _progresses_after(node1, 3, to_round=2)
         notes: list[str] = []
-        assert deliver_onward(node0.ctx, 6, "node1", notes) == "node1" and notes == []
+        assert deliver_onward(node0.ctx, 6, "node1", notes) == ("node1", None) and notes == []
         assert node1.inbox.get(InboxKey(6, "node0", "trained")) is not None
         assert node2.inbox.get(InboxKey(6, "node0", "trained")) is None
         assert len(asked) == 3, "asked until node1 had caught up, then sent it again"
@@ -208,7 +208,7 @@ def test_a_destination_that_stays_behind_is_passed_over_after_a_round_timeout():
         node1.finish_round(1, 0.5)  # and never further
         node2.finish_round(5, 0.5)
         notes: list[str] = []
-        assert deliver_onward(node0.ctx, 6, "node1", notes) == "node2"
+        assert deliver_onward(node0.ctx, 6, "node1", notes) == ("node2", "node1")
         assert notes == ["node1 was unreachable; delivered to node2 (its successor)"]
         assert node2.inbox.get(InboxKey(6, "node0", "trained")) is not None
         assert 30 <= c.clock.now() < 40, "one round timeout without progress, then the successor"
