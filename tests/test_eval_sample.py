@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flmesh.coordinator.peer_rows import peer_row
 from flmesh.coordinator.sim_cli import main
-from flmesh.coordinator.sim_peer import evaluated_columns, peer_row
+from flmesh.coordinator.sim_peer import evaluated_columns
 from flmesh.node.learning.metrics import (
     federation_metrics,
     sampled_federation_accuracy,
