@@ -2,10 +2,8 @@
 
     fl-sim FILE [--rounds N] [--out DIR] [--set KEY=VALUE ...] [--transport memory|grpc [--insecure]]
                [--seeds S1,S2,...] [--sweep KEY=V1,V2 ...] [--tensorboard DIR] [--log-format F]
-    fl-sim --resume RUN_DIR
-    fl-sim rerun RUN_DIR [--out DIR]
-    fl-sim report RUN_DIR | fl-sim report NODE_DIR... [--out DIR]
-    fl-sim compare RUN_DIR... [--out DIR]
+    fl-sim --resume RUN_DIR | fl-sim rerun RUN_DIR [--out DIR]
+    fl-sim report RUN_DIR | fl-sim report NODE_DIR... [--out DIR] | fl-sim compare RUN_DIR... [--out DIR]
 
 Prints a live progress bar and one table row per round (FA, FF, PFA in
 percent); writes DIR/rounds.jsonl, DIR/summary.json, pictures (none with

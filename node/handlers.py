@@ -47,15 +47,10 @@ if TYPE_CHECKING:
     from flmesh.node.round_context import RoundContext
 
 
-def package_version() -> str:
-    """flmesh's installed version (from the package metadata, not a constant)."""
-    try:
-        return importlib.metadata.version("flmesh")
-    except importlib.metadata.PackageNotFoundError:  # running from a source tree without an install
-        return "0+unknown"
-
-
-VERSION = package_version()
+try:  # flmesh's installed version, from the package metadata (Hello says it)
+    VERSION = importlib.metadata.version("flmesh")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree without an install
+    VERSION = "0+unknown"
 
 
 class NodeHandlers:
