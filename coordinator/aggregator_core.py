@@ -12,7 +12,8 @@ and named), aggregates with the strategy's server half when at least
 Nodes learn whether they are sampled from :meth:`AggregatorCore.poll` (a small
 reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model. With
 ``keep`` set, each update is stored before it is accepted, for a restarted
-aggregator to take back (:meth:`AggregatorCore.take_back`).
+aggregator to take back (:meth:`AggregatorCore.take_back`). Who may act and
+who joined is :class:`~flmesh.coordinator.aggregator_members.Members`.
 
 Thread-safety: the driver (:class:`~flmesh.coordinator.aggregator.Aggregator`)
 calls ``open_round``/``wait_for_updates``/``close_round``/``finish_round``
@@ -27,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from flmesh.coordinator.aggregator_members import Members
 from flmesh.coordinator.aggregator_round import RoundOutcome, decide_round
 from flmesh.node.algorithms.base import ServerHalf, Tensors, Update
 from flmesh.node.clock import REAL_CLOCK, Clock
@@ -78,25 +80,13 @@ class AggregatorCore:
         # stores an update before it is accepted (StateWriteError when it cannot); None: nowhere
         self.keep: Callable[[Update], None] | None = None
         self._taken_back: list[Update] = []  # kept updates of the round a resume opens next
-        self._joined: dict[str, str] = {}  # node -> address
-        self._declared: dict[str, int] = {}  # node -> the sample count it declared at Join
         self._state = "waiting"
         self._done = False
         self._selected: dict[int, tuple[str, ...]] = {}  # round -> its sample (see selected)
         self.stop_event = threading.Event()
+        self.members = Members(federation, self._cond, clock, self.stop_event)
 
-    # ------------------------------------------------------------------ checks
-    def _member(self, node_id: str, caller: str | None = None) -> None:
-        """``node_id`` is a member, and the authenticated caller (when the transport knows it) is
-        that node: nobody joins, polls, fetches or submits for another."""
-        if not node_id:
-            raise Refused("INVALID_ARGUMENT", "aggregator: the request names no node")
-        if node_id not in self.node_ids:
-            raise Refused("PERMISSION_DENIED", f"aggregator: unknown node {node_id!r} (the federation has "
-                          f"{', '.join(self.node_ids)})")
-        if caller is not None and caller != node_id:
-            raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} may not act for {node_id!r}")
-
+    # ------------------------------------------------------------------ sampling
     def selected(self, round: int) -> list[str]:
         """Who takes part in ``round`` (:func:`flmesh.topology.sampling.selected`). Kept per
         round: every Poll, fetch and update asks, and a draw costs a seeded generator (a tenth
@@ -110,16 +100,14 @@ class AggregatorCore:
     # ------------------------------------------------------------------ handlers (RPC threads)
     def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
              address: str) -> JoinInfo:
-        self._member(node_id, caller)
-        self._within_bound(node_id, num_samples, "Join")
+        self.members.check(node_id, caller)
+        self.members.within_bound(node_id, num_samples, "Join")
         with self._cond:
-            self._joined[node_id] = address
-            self._declared[node_id] = num_samples
-            self._cond.notify_all()
+            self.members.join(node_id, num_samples, address)
             return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
 
     def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo:
-        self._member(node_id, caller)
+        self.members.check(node_id, caller)
         deadline = self.clock.now() + max(0.0, min(wait_s, MAX_POLL_WAIT_S))
         with self._cond:
             while self._open < round and not self._done and not self.stop_event.is_set():
@@ -132,7 +120,7 @@ class AggregatorCore:
 
     def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
         """The open round's global model for a sampled node."""
-        self._member(node_id, caller)
+        self.members.check(node_id, caller)
         with self._cond:
             if round != self._open or self._message is None:
                 raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
@@ -154,14 +142,14 @@ class AggregatorCore:
             meta = codec.meta_of(header)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"aggregator: {exc}") from None
-        self._member(meta.sender, caller)
+        self.members.check(meta.sender, caller)
         if meta.kind != "update":
             raise Refused("INVALID_ARGUMENT",
                           f"aggregator: SubmitUpdate takes kind 'update', not {meta.kind!r}")
         late = self._check_open(meta.sender, meta.round)
         if late is not None:
             return late
-        self._within_bound(meta.sender, meta.num_samples, "SubmitUpdate")
+        self.members.within_bound(meta.sender, meta.num_samples, "SubmitUpdate")
         try:
             decoded = codec.decode(stream, self.update_spec, self.max_model_bytes, wire=self.wire)
         except codec.CodecError as exc:
@@ -186,20 +174,6 @@ class AggregatorCore:
             self._cond.notify_all()
         return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
 
-    def _within_bound(self, node: str, count: int, call: str) -> None:
-        """Refuse a sample count over ``[aggregator] max_samples`` or, in an update of a federation
-        whose data does not change, over what ``node`` declared when it joined: FedAvg weighs by
-        it, so an unbounded claim would let one member take over the global model."""
-        bound = self.config.max_samples
-        if bound and count > bound:
-            raise Refused("INVALID_ARGUMENT", f"aggregator: {call} from {node} claims {count} samples, over "
-                          f"[aggregator] max_samples = {bound}")
-        declared = self._declared.get(node)
-        if call == "SubmitUpdate" and self.federation.tasks is None and declared is not None \
-                and count > declared:
-            raise Refused("INVALID_ARGUMENT", f"aggregator: SubmitUpdate from {node} claims {count} samples, "
-                          f"over the {declared} it declared when it joined")
-
     def _check_open(self, node: str, round: int) -> SubmitResult | None:
         """None when ``node`` may submit for ``round`` now; the late or duplicate answer, or a
         refusal for a round that is not open or a node that was not sampled."""
@@ -220,23 +194,21 @@ class AggregatorCore:
             raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} is not in this federation")
         with self._cond:
             return AggregatorStatus(self.strategy, self._open, self.federation.rounds,
-                                    tuple(sorted(self._joined)), self._state, self.last_accuracy)
+                                    self.members.names(), self._state, self.last_accuracy)
 
     # ------------------------------------------------------------------ driver side (one thread)
     def addresses(self) -> dict[str, str]:
-        with self._cond:
-            return {n: a for n, a in self._joined.items() if a}
+        return self.members.addresses()
 
     def addresses_all(self) -> dict[str, str]:
         """Every node that joined, with the address it gave (possibly empty)."""
-        with self._cond:
-            return dict(self._joined)
+        return self.members.addresses_all()
 
     def resume(self, global_state: Tensors, joined: dict[str, str], round: int, last_accuracy: float) -> None:
         """Take back a checkpoint's state: ``round`` is over, the next one opens next."""
         with self._cond:
             self.global_state = {k: v.detach().to("cpu").clone() for k, v in global_state.items()}
-            self._joined = {n: a for n, a in joined.items() if n in self.node_ids}
+            self.members.restore(joined)
             self._open = self._closed = round
             self.last_accuracy = last_accuracy
             self._cond.notify_all()
@@ -248,19 +220,11 @@ class AggregatorCore:
             self._taken_back = list(updates)
 
     def joined(self) -> list[str]:
-        with self._cond:
-            return [n for n in self.node_ids if n in self._joined]
+        return self.members.joined()
 
     def wait_for_joins(self, timeout: float) -> list[str]:
         """Block until every node joined, ``timeout`` passes or stop; the nodes still missing."""
-        deadline = self.clock.now() + timeout
-        with self._cond:
-            while len(self._joined) < len(self.node_ids) and not self.stop_event.is_set():
-                remaining = deadline - self.clock.now()
-                if remaining <= 0:
-                    break
-                self.clock.wait(self._cond, remaining)
-            return [n for n in self.node_ids if n not in self._joined]
+        return self.members.wait_for_joins(timeout)
 
     def open_round(self, round: int) -> list[str]:
         """Publish the global model (and the strategy's extras) for ``round``; the sampled nodes."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from flmesh.coordinator.run_tools import RunError
 from flmesh.node.learning.metrics import personalized_federation_accuracy, sampled_federation_metrics
-from flmesh.node.replay_buffer import LEDGER_FILE, PrivacyLedger
+from flmesh.node.privacy_ledger import LEDGER_FILE, PrivacyLedger
 from flmesh.node.results import Final, Matrix, NodeRound, RoundRow, SparseMatrix, Summary
 from flmesh.node.run_files import RunWriter, mean_bytes, to_json
 

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from flmesh.coordinator.sim_resume import SimCheckpoints
     from flmesh.node.learning.learner import Learner
     from flmesh.node.learning.models import ModelFactory
-    from flmesh.node.replay_buffer import PrivacyLedger, ReplayBufferCore
+    from flmesh.node.privacy_ledger import PrivacyLedger
+    from flmesh.node.replay_buffer import ReplayBufferCore
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from flmesh.node.run_files import write_atomic
 from flmesh.topology import Federation, FederationError, parse_federation
 
 if TYPE_CHECKING:
-    from flmesh.node.replay_buffer import PrivacyLedger
+    from flmesh.node.privacy_ledger import PrivacyLedger
 
 RUN_FILE = "run.json"
 FEDERATION_FILE = "federation.toml"
@@ -154,9 +154,9 @@ def write_ledger(folder: Path, ledger: PrivacyLedger) -> Path:
     """Write ``folder``/privacy_ledger.json (atomically) from a replay buffer host's ledger:
     ``releases`` as the host keeps them (client, task, epsilon; the host's own ledger file
     reads back from it) and ``spent``, each client's epsilon in all
-    (:meth:`~flmesh.node.replay_buffer.PrivacyLedger.totals`). Its path. Blocks; safe while the
+    (:meth:`~flmesh.node.privacy_ledger.PrivacyLedger.totals`). Its path. Blocks; safe while the
     host still records releases (a release replaces the ledger's list whole)."""
-    from flmesh.node.replay_buffer import LEDGER_FILE, PrivacyLedger
+    from flmesh.node.privacy_ledger import LEDGER_FILE, PrivacyLedger
 
     snapshot = PrivacyLedger(None)  # one list for both keys, whatever the host records meanwhile
     snapshot.releases = list(ledger.releases)

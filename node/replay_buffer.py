@@ -18,11 +18,10 @@ release is for, so no other process can spend a client's budget. In
 plaintext (loopback or ``--insecure``) the claimed sender is all there is:
 any process that reaches the host can release as any member.
 
-The **privacy ledger** records every release (client, task, epsilon); a
-client's spend is the sum (sequential composition; one release of all its
-class means costs epsilon, see :mod:`flmesh.node.learning.replay`). It is
-written atomically to ``state_dir`` before the means are used, and read back
-when the service starts again. A release whose ledger entry cannot be written
+The **privacy ledger** (:mod:`flmesh.node.privacy_ledger`) records every
+release (client, task, epsilon); a client's spend is the sum. It is written
+atomically to ``state_dir`` before the means are used, and read back when the
+service starts again. A release whose ledger entry cannot be written
 (a full disk, a read-only folder) is refused INTERNAL, naming the file, and
 not stored; the host process ends non-zero (:meth:`ReplayBufferCore.check_written`).
 
@@ -35,7 +34,6 @@ guards the state. Waits go through the injected clock.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -50,6 +48,7 @@ from flmesh.node.format import codec
 from flmesh.node.format.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.node.learning.data import derive_seed
 from flmesh.node.learning.replay import regroup
+from flmesh.node.privacy_ledger import LEDGER_FILE, PrivacyLedger
 from flmesh.node.transport import Chunks, ContributeResult, ReplayStatus
 from flmesh.topology import Federation
 from flmesh.topology.tasks import joined_task, present, task_classes
@@ -65,57 +64,6 @@ MAX_FETCH_WAIT_S = 30.0
 CONTRIBUTION_METADATA: dict[str, tuple[tuple[type, ...], str]] = {
     "task": ((int,), "an integer"), "epsilon": ((float, int), "a number"),
     "withheld": ((bool,), "true or false")}
-
-
-#: The privacy ledger's file name in its host's folder (and in an fl-sim run folder).
-LEDGER_FILE = "privacy_ledger.json"
-
-
-class PrivacyLedger:
-    """Every release, per client, persisted atomically as JSON at ``path`` (None: in memory)."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self.releases: list[dict[str, float | int | str]] = []
-        if path is not None and path.exists():
-            self.releases = _read_ledger(path)
-
-    def spent(self, client: str) -> float:
-        return math.fsum(float(r["epsilon"]) for r in self.releases if r["client"] == client)
-
-    def totals(self, before_task: int | None = None) -> dict[str, float]:
-        """Epsilon per client, over the releases of tasks ``< before_task`` (default: all)."""
-        rows = [r for r in self.releases if before_task is None or int(r["task"]) < before_task]
-        out: dict[str, float] = {}
-        for r in rows:
-            out[str(r["client"])] = out.get(str(r["client"]), 0.0) + float(r["epsilon"])
-        return dict(sorted(out.items()))
-
-    def record(self, client: str, task: int, epsilon: float) -> None:
-        """Add a release, written to ``path`` first (blocks: fsync). StateWriteError (one line
-        naming the file) when it cannot be written: then nothing is recorded."""
-        entry: dict[str, float | int | str] = {"client": client, "task": task, "epsilon": epsilon}
-        releases = [*self.releases, entry]
-        if self.path is not None:
-            from flmesh.node.state_file import write_file
-
-            write_file(self.path, [(json.dumps({"releases": releases}, indent=1) + "\n").encode()])
-        self.releases = releases
-
-
-
-def _read_ledger(path: Path) -> list[dict[str, float | int | str]]:
-    """The releases in the ledger at ``path``; StateFileError (one line naming it) when damaged."""
-    from flmesh.node.state_file import StateFileError
-
-    try:
-        releases = json.loads(path.read_text(encoding="utf-8"))["releases"]
-        out: list[dict[str, float | int | str]] = [
-            {"client": str(r["client"]), "task": int(r["task"]), "epsilon": float(r["epsilon"])}
-            for r in releases]
-    except (OSError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise StateFileError(f"{path}: damaged privacy ledger: {type(exc).__name__}: {exc}") from None
-    return out
 
 
 def buffer_spec(num_classes: int, n: int, input_shape: tuple[int, ...]) -> ModelSpec:

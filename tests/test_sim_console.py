@@ -206,7 +206,7 @@ class _Driver:
     rounds_done = 1
 
     def __init__(self, fail: bool):
-        from flmesh.node.replay_buffer import PrivacyLedger
+        from flmesh.node.privacy_ledger import PrivacyLedger
 
         self.fail, self.ledger = fail, PrivacyLedger(None)
         self.ledger.record("node0", 0, 10.0)

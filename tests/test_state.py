@@ -18,7 +18,7 @@ from flmesh.node.checkpoint import CHECKPOINT, INBOX, CheckpointError, keep_deli
 from flmesh.node.cli import main
 from flmesh.node.errors import PeerError
 from flmesh.node.inbox import InboxKey
-from flmesh.node.replay_buffer import PrivacyLedger
+from flmesh.node.privacy_ledger import PrivacyLedger
 from flmesh.node.state_file import LOCK, StateFileError, StateWriteError, lock_folder, read_state, write_state
 from flmesh.topology import parse_federation
 
