@@ -165,7 +165,7 @@ def _restore_inbox(ctx: RoundContext, folder: Path, round: int) -> None:
         except (KeyError, TypeError, ValueError) as exc:
             raise StateFileError(f"{path}: damaged inbox entry: missing or bad {exc}") from None
         size = sum(t.numel() * t.element_size() for t in state.values())
-        ctx.links.inbox.put(key, DecodedModel(state, meta, size))
+        ctx.links.inbox.restore(key, DecodedModel(state, meta, size))
 
 
 def restore(ctx: RoundContext, folder: Path) -> int:

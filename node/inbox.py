@@ -47,6 +47,15 @@ class Inbox:
             self._cond.notify_all()
             return True
 
+    def restore(self, key: InboxKey, item: Any) -> None:
+        """Put back a delivery a checkpoint kept: stored unless the inbox has ``key`` now (it may
+        have arrived again first); unlike :meth:`put`, a key pruned before is stored again."""
+        with self._cond:
+            if key not in self._items:
+                self._items[key] = item
+                self._held.add(key)
+                self._cond.notify_all()
+
     def held(self, key: InboxKey) -> bool:
         """Was ``key`` ever stored (it may have been pruned since)?"""
         with self._cond:

@@ -260,7 +260,7 @@ FULL_DISK = """
 import errno, os
 _replace = os.replace
 def _full(src, dst, *args, **kwargs):
-    if str(dst).endswith("checkpoint.flmesh"):  # the disk fills up when the checkpoint is written
+    if str(dst).endswith("procs-a/checkpoint.flmesh"):  # a's disk fills up when its checkpoint is written
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return _replace(src, dst, *args, **kwargs)
 os.replace = _full
