@@ -186,9 +186,18 @@ def test_a_member_evaluates_one_model_at_a_time_on_a_node_and_others_are_served(
     ch2, as_node2 = _peer_stub(node1, pki["node2"], "node1")
     ch0, as_node0 = _peer_stub(node1, pki["node0"], "node1")
     held = HeldEvaluate(as_node2, model)
+
+    def holding() -> bool:
+        """Whether node2's held Evaluate keeps its one slot (a probe that took the slot first
+        gets the held call refused: then it is held again)."""
+        nonlocal held
+        if held.future.done():
+            held = HeldEvaluate(as_node2, model)
+        return _code(lambda: as_node2.Evaluate(model.chunks(), timeout=10))[0] == \
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+
     try:
-        wait_until(lambda: _code(lambda: as_node2.Evaluate(model.chunks(), timeout=10))[0]
-                   == grpc.StatusCode.RESOURCE_EXHAUSTED, timeout=30)
+        wait_until(holding, timeout=30)
         code, details = _code(lambda: as_node2.Evaluate(model.chunks(), timeout=10))
         assert (code, details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "node1: node2 has an Evaluate in "
                                    "flight here (limit 1 per caller); retry once it is answered")
