@@ -231,7 +231,7 @@ os.replace = _full
 """
 
 
-@pytest.mark.slow
+@pytest.mark.faults  # a full disk under real processes: make test-faults
 def test_an_aggregator_whose_ledger_cannot_be_written_runs_on_and_exits_1_in_one_line(tmp_path, monkeypatch):
     """A full disk under the aggregator's privacy ledger (tests/test_state.py's way): each
     release is refused, the rounds go on, and the aggregator ends non-zero with one error
@@ -273,7 +273,7 @@ epsilon = 10.0
     assert not (tmp_path / "runs/procs-aggregator/privacy_ledger.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.faults  # a full disk under real processes: make test-faults
 def test_a_node_hosting_the_buffer_whose_ledger_cannot_be_written_exits_1_in_one_line(tmp_path, monkeypatch):
     """The same full disk under the privacy ledger of the node that hosts the buffer (a peer
     federation): the node finishes its rounds, then ends non-zero with one error line naming
