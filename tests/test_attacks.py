@@ -419,16 +419,18 @@ def test_one_identity_in_two_processes_gets_one_model_kept_and_stored(tmp_path, 
     the copy node1 stores for a resume is the one it accepted."""
     fed = parse_federation(tiny_raw(nodes=3, rounds=3), source="t.toml")
     keep = checkpoint.keep_delivery
-    arrived = threading.Event()
+    first_in, second_in = threading.Event(), threading.Event()
 
     def racing(folder: Any, key: InboxKey, model: Any) -> None:
-        # The second writer signals and writes first; the first waits for it (or a second):
-        # without one delivery at a time the later write would replace the accepted copy.
-        if arrived.is_set():
+        # The first writer waits for the second to write (up to a second): without one delivery
+        # at a time the second gets in, writes first, and the first's later write replaces the
+        # copy of the delivery that was accepted; with it, the second waits its turn.
+        if first_in.is_set():
+            second_in.set()
             keep(folder, key, model)
             return
-        arrived.set()
-        time.sleep(0.3)
+        first_in.set()
+        second_in.wait(timeout=1)
         keep(folder, key, model)
 
     monkeypatch.setattr(checkpoint, "keep_delivery", racing)
