@@ -126,7 +126,7 @@ class Aggregator:
         core = AggregatorCore(fed, initial=initial.state_dict(), server=server, strategy=plugin.name,
                               model_spec=model_spec(initial.state_dict()),
                               update_spec=plugin.update_spec(params),
-                              clock=clock, counter=counter)
+                              clock=clock, counter=counter, num_classes=num_classes)
         if replay is not None:  # a node enters a round, and releases, before the aggregator opens it
             replay.progress = lambda: core.status(None).round + 1
         if transport is None:

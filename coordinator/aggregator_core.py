@@ -53,7 +53,7 @@ MAX_POLL_WAIT_S = 5.0
 class AggregatorCore:
     def __init__(self, federation: Federation, *, initial: Tensors, server: ServerHalf, strategy: str,
                  model_spec: ModelSpec, update_spec: ModelSpec, clock: Clock = REAL_CLOCK,
-                 counter: ByteCounter | None = None):
+                 counter: ByteCounter | None = None, num_classes: int | None = None):
         agg = federation.aggregator
         assert agg is not None, "an aggregator needs an [aggregator] section"
         self.federation = federation
@@ -62,6 +62,7 @@ class AggregatorCore:
         self.server = server
         self.strategy = strategy
         self.model_spec = model_spec
+        self.num_classes = num_classes  # an update's label counts: at most this many, padded to it
         self.update_spec = {**model_spec, **update_spec}
         self.max_model_bytes = int(federation.max_model_mib * 2**20)
         wire = federation.wire
@@ -159,7 +160,13 @@ class AggregatorCore:
             self.metrics.bytes.labels(self.metrics.node, meta.sender, "received").inc(decoded.wire_bytes)
         state = {k: v for k, v in decoded.state_dict.items() if k in self.model_spec}
         extras = {k: v for k, v in decoded.state_dict.items() if k not in self.model_spec}
-        update = Update(meta.sender, meta.round, state, meta.num_samples, tuple(meta.label_counts), extras)
+        counts = tuple(meta.label_counts)
+        if self.num_classes is not None:  # strategies stack the counts: one length for every update
+            if len(counts) > self.num_classes:
+                raise Refused("INVALID_ARGUMENT", f"aggregator: the update's label_counts lists "
+                              f"{len(counts)} classes, the federation's data has {self.num_classes}")
+            counts += (0,) * (self.num_classes - len(counts))  # a node's data may lack the last classes
+        update = Update(meta.sender, meta.round, state, meta.num_samples, counts, extras)
         if self.keep is not None:
             try:  # stored before it is accepted: an update acknowledged is one a resume still has
                 self.keep(update)

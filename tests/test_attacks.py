@@ -127,6 +127,34 @@ def test_a_replayed_update_is_late_and_a_relabelled_one_counts_once():
         assert [u.node for u in outcome.updates] == ["node0"], "one update per node per round"
 
 
+def test_label_counts_of_another_length_cannot_stop_a_flashback_round():
+    """Flashback stacks the updates' label counts: one update listing more classes than the
+    federation has is refused, one listing fewer (a node whose data lacks the last classes) is
+    padded, and the round aggregates."""
+    fed = parse_federation(tiny_raw(nodes=3, rounds=3, aggregator={"strategy": "flashback",
+                                                                   "fraction": 1.0}), source="t.toml")
+    with Cluster(fed, "memory") as c:
+        assert c.aggregator is not None
+        core = c.aggregator.core
+        classes = c.aggregator.num_classes
+        core.open_round(1)
+        state = {k: v for k, v in c.nodes[0].state_dict().items()}
+
+        def update(sender: str, counts: tuple[int, ...]) -> codec.EncodedModel:
+            meta = ModelMeta(round=1, sender=sender, kind="update", num_samples=sum(counts),
+                             label_counts=counts)
+            return codec.encode(state, meta)
+
+        with pytest.raises(Refused, match=rf"^aggregator: the update's label_counts lists {classes + 1} "
+                                          rf"classes, the federation's data has {classes}$"):
+            core.submit(None, update("node0", (1,) * (classes + 1)).chunks())
+        assert core.submit(None, update("node0", (2,) * classes).chunks()).accepted
+        assert core.submit(None, update("node1", (3,) * (classes - 2)).chunks()).accepted
+        outcome = core.close_round(1)
+        assert [len(u.label_counts) for u in outcome.updates] == [classes, classes]
+        assert outcome.updates[1].label_counts[-2:] == (0, 0)
+
+
 # ----------------------------------------------------------------------------- 2. look-alike models
 
 @pytest.fixture
