@@ -74,6 +74,7 @@ class AggregatorCore:
         self.global_state: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
         self.last_accuracy = 0.0
         self._cond = threading.Condition()
+        self._keeping = threading.Lock()  # held while an update is stored (disk), not while waiting
         self._open = 0  # the round whose updates are being collected (0 before the first)
         self._closed = 0  # the last round that stopped taking updates
         self._message: EncodedModel | None = None
@@ -167,18 +168,22 @@ class AggregatorCore:
                               f"{len(counts)} classes, the federation's data has {self.num_classes}")
             counts += (0,) * (self.num_classes - len(counts))  # a node's data may lack the last classes
         update = Update(meta.sender, meta.round, state, meta.num_samples, counts, extras)
-        if self.keep is not None:
-            try:  # stored before it is accepted: an update acknowledged is one a resume still has
-                self.keep(update)
-            except OSError as exc:  # StateWriteError: one line naming the file
-                log.error("aggregator: %s", exc)
-                raise Refused("INTERNAL", f"aggregator: cannot store the update: {exc}") from None
-        with self._cond:
-            late = self._check_open(update.node, update.round)  # the round may have closed meanwhile
+        with self._keeping:  # one update stored and taken at a time: the copy kept is the one used
+            late = self._check_open(update.node, update.round)  # a twin's copy may have come first
             if late is not None:
                 return late
-            self._updates[update.node] = update
-            self._cond.notify_all()
+            if self.keep is not None:
+                try:  # stored before it is accepted: an update acknowledged is one a resume still has
+                    self.keep(update)
+                except OSError as exc:  # StateWriteError: one line naming the file
+                    log.error("aggregator: %s", exc)
+                    raise Refused("INTERNAL", f"aggregator: cannot store the update: {exc}") from None
+            with self._cond:
+                late = self._check_open(update.node, update.round)  # the round may have closed meanwhile
+                if late is not None:
+                    return late
+                self._updates[update.node] = update
+                self._cond.notify_all()
         return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
 
     def _check_open(self, node: str, round: int) -> SubmitResult | None:
