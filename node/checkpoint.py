@@ -172,7 +172,8 @@ def restore(ctx: RoundContext, folder: Path) -> int:
     """Load ``folder``/checkpoint.flmesh into a freshly built ``node``; the round it was saved
     after (0 when there is none: a fresh start). Raises CheckpointError or StateFileError."""
     path = folder / CHECKPOINT
-    if not path.exists():
+    if not path.exists():  # stopped before its first checkpoint: what it acknowledged is kept
+        _restore_inbox(ctx, folder, 0)
         return 0
     tensors, values = read_state(path)
     for key, want in (("format", FORMAT), ("federation", ctx.settings.federation.name),

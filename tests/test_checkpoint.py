@@ -59,6 +59,20 @@ def test_deliveries_are_kept_as_they_arrive_and_dropped_when_no_round_needs_them
     assert not list((tmp_path / "inbox").glob("*.flmesh")), "a round-1 delivery no later round uses"
 
 
+def test_deliveries_kept_before_the_first_checkpoint_come_back_on_resume(tmp_path):
+    """A node stopped in round 1, before any checkpoint, acknowledged its peers' models: a
+    resume finds them (no checkpoint: a fresh start, with those deliveries in its inbox)."""
+    f = parse_federation(tiny_raw(nodes=3, rounds=4), source="t")
+    key = InboxKey(1, "node1", "trained")
+    with Cluster(f, "memory") as c:
+        c.peer_round(1)
+        keep_delivery(tmp_path, key, c.by_id["node2"].inbox.get(key))
+    with Cluster(f, "memory") as fresh:
+        node2 = fresh.by_id["node2"]
+        assert restore(node2.ctx, tmp_path) == 0, "no checkpoint: round 1 starts again"
+        assert node2.inbox.get(key) is not None, "the acknowledged delivery is back"
+
+
 def test_an_aggregator_resumes_its_global_model_and_strategy_state(tmp_path):
     f = parse_federation(tiny_raw(nodes=3, rounds=4, aggregator={"strategy": "flashback", "fraction": 1.0,
                                                                  "deadline_s": 5}), source="t")
