@@ -104,6 +104,8 @@ def merge(folders: Sequence[NodeFolder], out_dir: Path | None = None) -> Merged:
         entries = {f.node: _entry(f, t) for f in have}
         row, cross = _row(t, str(have[0].rows[t].get("metric", "accuracy")), entries)
         row.notes = [f"no row from node {n}" for n in ids if n not in entries]
+        # each node's own row names the peers whose models it really missed (its report's `failed`)
+        row.missing = sorted({p for f in have for p in f.rows[t].get("missing") or () if isinstance(p, str)})
         merged.cross_eval &= cross
         if not cross:
             merged.pfa_only.append(t)
@@ -166,12 +168,10 @@ def _row(t: int, metric: str, entries: dict[str, NodeRound]) -> tuple[RoundRow, 
     total = np.sum([e.per_class_total for e in entries.values() if e.per_class_total], axis=0)
     per_class = (np.divide(correct, total, out=np.zeros(len(total)), where=total > 0).round(6).tolist()
                  if np.ndim(total) == 1 else None)
-    missing = sorted({p for e in entries.values()
-                      for p in (e.missing, None if e.delivered is not False else e.destination) if p})
     spent = {n: e.privacy_spent for n, e in entries.items() if e.privacy_spent is not None}
     row = RoundRow(t, "peer", "fl-sim", metric=metric, fa=fa, ff=ff, pfa=pfa, accuracy_matrix=matrix,
                    eval_sample=max(len(e.cross_accuracy or {}) for e in entries.values()) if cross and sampled
-                   else None, per_class_accuracy=per_class, missing=missing,
+                   else None, per_class_accuracy=per_class,
                    bytes_by_kind={"sent": sum(e.bytes_sent for e in entries.values())},
                    privacy_spent=spent or None, nodes=dict(entries),
                    wall_s=max(e.wall_s for e in entries.values()))

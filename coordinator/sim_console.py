@@ -101,7 +101,7 @@ def round_line(row: RoundRow) -> str:
         updates = f"{len(row.received or [])}/{len(row.selected or [])}"
         return (f"{row.round:>5}  {pct(row.accuracy)}  {pct(row.global_forgetting)}  "
                 f"{pct(row.client_forgetting)}  {updates:>7}  {row.wall_s:6.2f}{eps}{tasks}")
-    missing = sum(e.missing is not None for e in row.nodes.values())
+    missing = len(row.missing)  # the peers whose models went missing this round
     return (f"{row.round:>5}  {pct(row.fa)}  {pct(row.ff)}  {pct(row.pfa)}  {missing:>7}  "
             f"{row.wall_s:6.2f}{eps}{tasks}")
 

@@ -32,7 +32,7 @@ def _star():
 
 
 def test_a_round_line_sits_under_its_header_in_both_kinds():
-    peer = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=None, wall_s=1.234,
+    peer = RoundRow(1, "peer", "fl-sim", fa=0.5, ff=0.25, pfa=None, wall_s=1.234, missing=["b"],
                     nodes={"a": NodeRound("a", 1, missing="b"), "b": NodeRound("b", 1)})
     assert columns(_peer()) == "round    FA %    FF %   PFA %  missing       s"
     assert round_line(peer) == "    1   50.00   25.00       -        1    1.23"
