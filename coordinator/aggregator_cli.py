@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # heavy imports after the flags are read (``--help`` and bad flags answer at once)
     from flmesh.coordinator.aggregator import Aggregator
-    from flmesh.coordinator.aggregator_checkpoint import keep_update, restore
+    from flmesh.coordinator.aggregator_checkpoint import UPDATES, keep_update, restore
     from flmesh.coordinator.pictures import draw
     from flmesh.coordinator.sim_console import max_spent
     from flmesh.coordinator.star_rows import accuracy_text
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("no address to listen on: pass --listen HOST:PORT or set [aggregator] address")
         check_address("--listen", listen)
         out = args.out or Path("runs") / f"{fed.name}-aggregator"
-        if not args.resume and (out / CHECKPOINT).exists():
-            raise UsageError(f"--out {out} holds a checkpoint of an earlier run: pass --resume to continue "
-                             "it, or another --out to start afresh (nothing there is overwritten)")
+        if not args.resume and ((out / CHECKPOINT).exists() or any((out / UPDATES).glob("*.flmesh"))):
+            raise UsageError(f"--out {out} holds a checkpoint or updates of an earlier run: pass --resume to "
+                             "continue it, or another --out to start afresh (nothing there is overwritten)")
         tls = tls_from_args(args, "aggregator", listen)
         _lock = lock_folder(out)  # held until the process exits: one process per state folder
         aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)

@@ -295,3 +295,17 @@ dataset = "digits"
 [aggregator]
 deadline_s = 0.05
 """
+
+
+def test_an_aggregator_does_not_start_afresh_over_updates_an_earlier_run_kept(tmp_path, capsys):
+    """An aggregator that crashed in its first round left the updates it acknowledged: a fresh
+    start there would let a later --resume take them back as this run's."""
+    from flmesh.node.state_file import write_state
+
+    fed = federation_file(tmp_path, ["a", "b"], rounds=1, graph="complete", extra="[aggregator]\n")
+    out = tmp_path / "agg"
+    write_state(out / "updates" / "00000001-a.flmesh", {}, {"format": 1})
+    assert entry_main(["--role", "aggregator", "--federation", str(fed), "--listen", "127.0.0.1:0",
+                       "--insecure", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} holds a checkpoint or updates of an earlier run: pass --resume" in err
