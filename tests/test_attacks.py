@@ -477,6 +477,7 @@ def test_one_identity_in_two_processes_gets_one_model_kept_and_stored(tmp_path, 
             t.start()
         for t in threads:
             t.join(60)
+        assert first_in.is_set(), "the deliveries were stored through the racing writer"
         assert sorted(r.accepted for r in results) == [False, True]
         kept = node1.inbox.get(InboxKey(1, "node0", "trained")).state_dict
         stored, _ = read_state(next((tmp_path / "node1" / INBOX).glob("*.flmesh")))
