@@ -65,7 +65,10 @@ def senders_for(ctx: RoundContext, round: int) -> list[str]:
 
 
 def _status(ctx: RoundContext, peer: str, timeout: float = STATUS_TIMEOUT_S) -> PeerStatus | None:
-    """``peer``'s Status, or None when it does not answer within ``timeout`` seconds."""
+    """``peer``'s Status, or None when it does not answer within ``timeout`` seconds or this
+    node is stopping (it asks nobody then)."""
+    if ctx.links.stop_event.is_set():
+        return None
     try:
         return ctx.links.transport.status(peer, timeout=timeout)
     except PeerError:
