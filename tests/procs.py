@@ -23,6 +23,28 @@ from conftest import wait_until
 FL_NODE = str(Path(sys.executable).with_name("fl-node"))
 
 
+#: A star federation's aggregator (FedAvg, no public split): ``extra`` of :func:`federation_file`.
+STAR = """
+[aggregator]
+strategy = "fedavg"
+deadline_s = 60
+public_fraction = 0.0
+"""
+#: Two tasks of novel targets (two nodes, then four) with DP replay by clients.
+CONTINUAL_REPLAY = """
+[tasks]
+scenario = "novel_targets"
+tasks = 2
+rounds_per_task = 1
+initial_clients = 2
+joining_clients = 2
+participation = "full"
+[replay]
+mode = "client"
+epsilon = 10.0
+"""
+
+
 def federation_file(tmp_path: Path, ids: list[str], *, rounds: int, extra: str = "",
                     node_extra: dict[str, str] | None = None, timeout: float = 60,
                     graph: str = "ring") -> Path:

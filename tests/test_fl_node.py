@@ -20,7 +20,7 @@ from flmesh.topology import load_federation
 from flmesh.topology.sampling import eval_splits
 
 from conftest import REPO, wait_until
-from procs import FL_NODE, federation_file, launch, read_results, run_star
+from procs import CONTINUAL_REPLAY, FL_NODE, STAR, federation_file, launch, read_results, run_star
 
 
 @pytest.mark.slow
@@ -238,23 +238,8 @@ def test_role_flag_picks_the_process(tmp_path, capsys, role_args, expect):
 @pytest.mark.slow
 def test_continual_federation_with_the_buffer_on_a_separate_aggregator_process(tmp_path):
     ids = ["a", "b", "c", "d"]
-    fed = federation_file(tmp_path, ids, rounds=2, graph="complete", extra="""
-[aggregator]
-strategy = "fedavg"
-deadline_s = 60
-public_fraction = 0.0
-[tasks]
-scenario = "novel_targets"
-tasks = 2
-rounds_per_task = 1
-initial_clients = 2
-joining_clients = 2
-participation = "full"
-[replay]
-mode = "client"
-epsilon = 10.0
-budget = 50.0
-""")
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete",
+                          extra=STAR + CONTINUAL_REPLAY + "budget = 50.0\n")
     agg, _, agg_err, procs, errs = run_star(tmp_path, fed, ids)
     assert agg.returncode == 0, agg_err[-3000:]
     assert all(p.returncode == 0 for p in procs.values()), errs

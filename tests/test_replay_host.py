@@ -6,6 +6,7 @@ transport; every refusal is one line and leaves the buffer and the privacy ledge
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -231,34 +232,24 @@ os.replace = _full
 """
 
 
+def fill_the_ledger_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes launched from now on find the disk full when they write a privacy ledger."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_LEDGER_DISK)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+
+
 @pytest.mark.faults  # a full disk under real processes: make test-faults
 def test_an_aggregator_whose_ledger_cannot_be_written_runs_on_and_exits_1_in_one_line(tmp_path, monkeypatch):
     """A full disk under the aggregator's privacy ledger (tests/test_state.py's way): each
     release is refused, the rounds go on, and the aggregator ends non-zero with one error
     line naming the ledger, as after a checkpoint that could not be written."""
-    from procs import federation_file, read_results, run_star
+    from procs import CONTINUAL_REPLAY, STAR, federation_file, read_results, run_star
 
     ids = ["a", "b", "c", "d"]
-    fed = federation_file(tmp_path, ids, rounds=2, graph="complete", extra="""
-[aggregator]
-strategy = "fedavg"
-deadline_s = 60
-public_fraction = 0.0
-[tasks]
-scenario = "novel_targets"
-tasks = 2
-rounds_per_task = 1
-initial_clients = 2
-joining_clients = 2
-participation = "full"
-[replay]
-mode = "client"
-epsilon = 10.0
-""")
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(FULL_LEDGER_DISK)
-    monkeypatch.setenv("PYTHONPATH", str(hook))
+    fed = federation_file(tmp_path, ids, rounds=2, graph="complete", extra=STAR + CONTINUAL_REPLAY)
+    fill_the_ledger_disk(tmp_path, monkeypatch)
     agg, _, agg_err, procs, errs = run_star(tmp_path, fed, ids)
     said = "runs/procs-aggregator/privacy_ledger.json: cannot write: No space left on device"
     assert agg.returncode == 1, agg_err[-3000:]
@@ -278,25 +269,11 @@ def test_a_node_hosting_the_buffer_whose_ledger_cannot_be_written_exits_1_in_one
     """The same full disk under the privacy ledger of the node that hosts the buffer (a peer
     federation): the node finishes its rounds, then ends non-zero with one error line naming
     the ledger; the other nodes end as usual."""
-    from procs import federation_file, launch, read_results
+    from procs import CONTINUAL_REPLAY, federation_file, launch, read_results
 
     ids = ["a", "b", "c", "d"]
-    fed = federation_file(tmp_path, ids, rounds=2, timeout=30, extra="""
-[tasks]
-scenario = "novel_targets"
-tasks = 2
-rounds_per_task = 1
-initial_clients = 2
-joining_clients = 2
-participation = "full"
-[replay]
-mode = "client"
-epsilon = 10.0
-""")
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(FULL_LEDGER_DISK)
-    monkeypatch.setenv("PYTHONPATH", str(hook))
+    fed = federation_file(tmp_path, ids, rounds=2, timeout=30, extra=CONTINUAL_REPLAY)
+    fill_the_ledger_disk(tmp_path, monkeypatch)
     procs = launch(tmp_path, fed, ids)
     try:
         errs = {i: p.communicate(timeout=300)[1] for i, p in procs.items()}
