@@ -128,18 +128,23 @@ def failed_delivery(node: str) -> None:
     assert calls.call("b", "delivery to", 1, fail) is None
 
 
-def test_fl_nodes_log_names_the_node_once(monkeypatch):
+def fl_node_logged(monkeypatch: pytest.MonkeyPatch, log_format: str) -> str:
+    """What fl-node a's logging (``--log-format log_format``) writes for a failed delivery."""
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
-        setup_logging("a", "INFO", "text", "fl-node a")
+        setup_logging("a", "INFO", log_format, "fl-node a")
         failed_delivery("a")
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
-    line = stream.getvalue().strip()
+    return stream.getvalue()
+
+
+def test_fl_nodes_log_names_the_node_once(monkeypatch):
+    line = fl_node_logged(monkeypatch, "text").strip()
     assert line.endswith(" fl-node a: round 1: delivery to b failed: peer 'b' at 127.0.0.1:1: "
                          "INVALID_ARGUMENT: no"), line
 
@@ -161,16 +166,6 @@ def test_fl_sims_log_names_each_node():
 
 
 def test_fl_nodes_json_log_names_the_node_in_its_field(monkeypatch):
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    try:
-        setup_logging("a", "INFO", "json", "fl-node a")
-        failed_delivery("a")
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
-    entry = json.loads(stream.getvalue())
+    entry = json.loads(fl_node_logged(monkeypatch, "json"))
     assert (entry["node"], entry["round"], entry["peer"]) == ("a", 1, "b")
     assert entry["event"] == "round 1: delivery to b failed: peer 'b' at 127.0.0.1:1: INVALID_ARGUMENT: no"
