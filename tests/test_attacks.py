@@ -39,6 +39,14 @@ def _stop(nodes: list[Node]) -> None:
         n.stop(grace=0)
 
 
+def run_threads(nodes: list[Any]) -> tuple[dict[str, list[Any]], list[threading.Thread]]:
+    """Each node's ``run()`` on a thread of its own (not started) and where its reports go."""
+    reports: dict[str, list[Any]] = {n.node_id: [] for n in nodes}
+    runs = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
+            for n in nodes]
+    return reports, runs
+
+
 def _code(fn: Any) -> tuple[grpc.StatusCode, str]:
     """The status a raw gRPC call ends with (OK and the reply's text when it succeeds)."""
     try:
@@ -258,9 +266,7 @@ def test_an_evaluate_flood_from_a_member_leaves_the_rounds_running():
             answers.append((code, details if code != grpc.StatusCode.OK else ""))
 
     floods = [threading.Thread(target=flood, args=(stub,), daemon=True) for _, stub in channels]
-    reports: dict[str, list[Any]] = {n.node_id: [] for n in nodes}
-    runs = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
-            for n in nodes]
+    reports, runs = run_threads(nodes)
     try:
         for t in floods:
             t.start()
@@ -532,9 +538,7 @@ def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
     net = MemoryNetwork()
     nodes = [memory_node(fed, n, net, data=data[n], clock=REAL_CLOCK) for n in fed.node_ids]
     monkeypatch.setattr(time, "time", jumping)
-    reports: dict[str, list[Any]] = {n.node_id: [] for n in nodes}
-    runs = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
-            for n in nodes]
+    reports, runs = run_threads(nodes)
     try:
         for t in runs:
             t.start()
