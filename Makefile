@@ -12,7 +12,7 @@ MODULES := $(VENV)/.modules
 
 $(MODULES): FORCE
 	@mkdir -p $(VENV)
-	@find api protos topology node coordinator -name '*.py' | sort > $@.new
+	@find src -name '*.py' | sort > $@.new
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
 # `make demo` installs what running needs (the runtime dependencies and the vision and
@@ -35,7 +35,7 @@ $(DEV): $(STAMP)
 # CI), every start would otherwise compile every module again, which delays fl-node's
 # launch to SERVING (benchmarks/startup.py). A stale .pyc is only ignored, never wrong.
 PYC := $(VENV)/.compiled
-$(PYC): $(STAMP) $(shell find api protos topology node coordinator -name '*.py')
+$(PYC): $(STAMP) $(shell find src -name '*.py')
 	$(PY) -m compileall -q build/__editable__.*
 	touch $(PYC)
 

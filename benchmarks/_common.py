@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flmesh.node.results import RoundRow, Summary
+    from flmesh.reports.results import RoundRow, Summary
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -199,8 +199,8 @@ class Run:
 def run(raw: dict[str, Any], out: Path, eval_every: int = 1) -> Run:
     """Run one federation as fl-sim does, in this process, and keep its rows. Peer runs
     cross-evaluate every ``eval_every`` rounds and after the last; star runs every round."""
-    from flmesh.coordinator.sim import Simulation
-    from flmesh.topology import parse_federation
+    from flmesh.config import parse_federation
+    from flmesh.sim.simulation import Simulation
 
     fed = parse_federation(raw, source=raw["federation"]["name"])
     rows: list[RoundRow] = []

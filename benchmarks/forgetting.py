@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from _common import Progress, add_json_flag, merge, pm, run, stats, write_json
 
-from flmesh.node.learning.forgetting import rounds_to_target, target_accuracy
+from flmesh.learning.forgetting import rounds_to_target, target_accuracy
 
 PUBLIC = (0.025, 0.1)
 

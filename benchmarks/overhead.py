@@ -14,7 +14,7 @@ ways, alternated so that all three see the same phases of the machine:
   baseline for fl-sim's CPU;
 - ``fl-sim``: ``fl-sim FILE --out DIR --quiet``, as shipped (pictures included);
 - ``fl-sim, factory``: the same with the file's ``[model]`` replaced by the same MLP from a
-  user's import path (``factory = "flmesh.node.learning.models:mlp"`` and its
+  user's import path (``factory = "flmesh.learning.models:mlp"`` and its
   ``[model.args]``): what bringing one's own model costs (it should be nothing: the same
   weights, the same numbers).
 
@@ -40,7 +40,7 @@ from _common import BIN, REPO, Measured, add_json_flag, measure, write_json
 
 JOBS = {"fedavg": REPO / "examples/fedavg.toml", "quickstart": REPO / "examples/quickstart.toml"}
 WAYS = ("plain", "plain, 1 thread", "fl-sim", "fl-sim, factory")
-FACTORY = '[model]\nfactory = "flmesh.node.learning.models:mlp"\n\n[model.args]\nhidden = \\1\n'
+FACTORY = '[model]\nfactory = "flmesh.learning.models:mlp"\n\n[model.args]\nhidden = \\1\n'
 PSS_EVERY_S = 0.25  # smaps_rollup walks page tables: sampled more often, it slows what it measures
 
 

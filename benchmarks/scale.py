@@ -51,7 +51,7 @@ hidden = [64]
 
 
 def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Path) -> dict[str, Any]:
-    from flmesh.node.run_files import read_rows
+    from flmesh.reports.run_files import read_rows
 
     file = work / f"scale{nodes}.toml"
     file.write_text(FEDERATION.format(seed=SEED, rounds=rounds, nodes=nodes, eval_sample=eval_sample))

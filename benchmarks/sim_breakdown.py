@@ -41,7 +41,7 @@ import torch
 marks["torch"] = time.time()
 import torch._dynamo
 marks["dynamo"] = time.time()
-from flmesh.coordinator import sim_cli
+from flmesh.cli import fl_sim as sim_cli
 code = sim_cli.main(sys.argv[1:])
 marks["main"] = time.time()
 print(json.dumps({"marks": marks, "code": code}), file=sys.stderr)

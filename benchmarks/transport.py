@@ -53,15 +53,15 @@ import grpc
 import torch
 from torch import nn
 
-from flmesh.node.errors import Refused
-from flmesh.node.format import codec
-from flmesh.node.format.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
-from flmesh.node.reports import EvalResult
-from flmesh.node.transport import Chunks, DeliverResult, HelloInfo, PeerStatus
-from flmesh.node.wire.certs import federation_pki
-from flmesh.node.wire.peer_client import GrpcPeerTransport
-from flmesh.node.wire.server import serve_peer
-from flmesh.node.wire.tls import Tls, load_tls
+from flmesh.format import codec
+from flmesh.format.codec import DEFAULT_CHUNK_BYTES, EncodedModel, ModelMeta, ModelSpec
+from flmesh.pki.certs import federation_pki
+from flmesh.runtime.reports import EvalResult
+from flmesh.transports.errors import Refused
+from flmesh.transports.grpc.peer_client import GrpcPeerTransport
+from flmesh.transports.grpc.server import serve_peer
+from flmesh.transports.grpc.tls import Tls, load_tls
+from flmesh.transports.seam import Chunks, DeliverResult, HelloInfo, PeerStatus
 
 MiB = 2**20
 WAYS = ("mtls", "tls", "plain", "tcp")

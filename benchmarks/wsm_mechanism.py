@@ -45,10 +45,10 @@ def measure(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch.nn import functional as F
 
-    from flmesh.node.algorithms.wsm import wsm_loss
-    from flmesh.node.learning.data import federation_data
-    from flmesh.node.learning.models import federation_model
-    from flmesh.topology import parse_federation
+    from flmesh.algorithms.wsm import wsm_loss
+    from flmesh.config import parse_federation
+    from flmesh.learning.data import federation_data
+    from flmesh.learning.models import federation_model
 
     fed = parse_federation(federation("FedAvg", 1.0, seed, args), source="wsm_mechanism")
     shares = [d.train for d in federation_data(fed).values()]

@@ -38,7 +38,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # 2. the project's environment (a clean clone has none) ---------------------------------------------
-if ! .venv/bin/python -c 'import flmesh.coordinator.deploy_cli, pytest' 2>/dev/null; then
+if ! .venv/bin/python -c 'import flmesh.cli.fl_deploy, pytest' 2>/dev/null; then
   say "making .venv"
   make .venv/.installed >/dev/null
 fi

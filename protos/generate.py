@@ -1,7 +1,7 @@
 """Regenerate the committed protobuf/gRPC code from the ``.proto`` files (a dev tool).
 
-``python protos/generate.py`` (``make protos``) rewrites the files beside the
-sources; :func:`generate` can write into any folder, which is how the staleness
+``python protos/generate.py`` (``make protos``) rewrites the generated files in
+``src/flmesh/v1``; :func:`generate` can write into any folder, which is how the staleness
 test compares a fresh generation with what is committed. It needs grpcio-tools
 (a dev dependency), so it lives outside the runtime package.
 """
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent  # the folder that holds flmesh/v1/*.proto
-PROTO_DIR = PROTO_ROOT / "flmesh" / "v1"
+SRC_ROOT = PROTO_ROOT.parent / "src"  # the package: the generated code lands in src/flmesh/v1
+PROTO_DIR = SRC_ROOT / "flmesh" / "v1"  # where the committed generated code is
 PROTO_FILES = ("model.proto", "peer.proto", "aggregator.proto", "replay.proto")
 
 
@@ -44,9 +45,9 @@ def generate(out_root: Path) -> list[Path]:
 
 
 def main() -> int:
-    written = generate(PROTO_ROOT)
+    written = generate(SRC_ROOT)
     for path in written:
-        print(path.relative_to(PROTO_ROOT))
+        print(path.relative_to(SRC_ROOT.parent))
     return 0
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flmesh.node.node import Node
-from flmesh.node.wire.tls import Tls
-from flmesh.topology import Federation, parse_federation
+from flmesh.config import Federation, parse_federation
+from flmesh.runtime.node import Node
+from flmesh.transports.grpc.tls import Tls
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,8 +27,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
 
 def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
     """A fresh federation CA under ``root`` and each id's mTLS material from it."""
-    from flmesh.node.wire.certs import federation_pki
-    from flmesh.node.wire.tls import load_tls
+    from flmesh.pki.certs import federation_pki
+    from flmesh.transports.grpc.tls import load_tls
 
     return {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0] for i, p in federation_pki(root, ids).items()}
 
@@ -36,7 +36,7 @@ def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
 def started_nodes(fed: Federation, tls: dict[str, Tls] | None = None) -> list[Node]:
     """Every node of ``fed`` serving on 127.0.0.1:0 (with ``tls``: each its mTLS identity;
     without, plaintext, as wire tests ask for it), connected to the others. The caller stops them."""
-    from flmesh.node.learning.data import federation_data
+    from flmesh.learning.data import federation_data
 
     data = federation_data(fed)
     nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from flmesh.node.run_files import read_rows
+from flmesh.reports.run_files import read_rows
 
 from conftest import wait_until
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.coordinator.aggregator_core import MAX_POLL_WAIT_S, AggregatorCore
-from flmesh.coordinator.aggregator_service import serve
-from flmesh.coordinator.sim import Simulation
-from flmesh.node.algorithms.fedavg import FedAvgServer
-from flmesh.node.clock import ManualClock
-from flmesh.node.errors import PeerError, Refused
-from flmesh.node.format.codec import ModelMeta, encode, model_spec
-from flmesh.node.learning.data import ArrayData, federation_data, load_digits, public_data
-from flmesh.node.run_files import read_rows
-from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
-from flmesh.topology import FederationError, parse_federation
+from flmesh.aggregator.core import MAX_POLL_WAIT_S, AggregatorCore
+from flmesh.algorithms.fedavg import FedAvgServer
+from flmesh.clock import ManualClock
+from flmesh.config import FederationError, parse_federation
+from flmesh.format.codec import ModelMeta, encode, model_spec
+from flmesh.learning.data import ArrayData, federation_data, load_digits, public_data
+from flmesh.reports.run_files import read_rows
+from flmesh.sim.simulation import Simulation
 from flmesh.topology.sampling import sample_clients
+from flmesh.transports.errors import PeerError, Refused
+from flmesh.transports.grpc.aggregator_client import GrpcAggregatorTransport
+from flmesh.transports.grpc.aggregator_service import serve
 
 from conftest import tiny_raw
 
@@ -262,7 +262,7 @@ def test_only_in_process_evaluation_without_tasks_runs_beside_the_next_round():
     """Over Evaluate RPCs the evaluation would take the nodes' CPU while they train (and its
     bytes would land in the next row); in a continual federation a node's test split changes
     as it enters the next round's task. Both keep the lock-step."""
-    from flmesh.coordinator.aggregator import Aggregator
+    from flmesh.aggregator.aggregator import Aggregator
 
     digits = load_digits()
     plain = parse_federation(tiny_raw(nodes=4, aggregator={"strategy": "fedavg"}))

@@ -7,17 +7,17 @@ import sys
 
 import pytest
 
-from flmesh.node import algorithms
-from flmesh.node.algorithms.base import Algorithm, ServerContext, ServerHalf
-from flmesh.topology import FederationError
-from flmesh.topology.algorithms import AlgorithmError, Param, names, register_algorithm, unregister_algorithm
-from flmesh.topology.federation import parse_federation
+from flmesh import algorithms
+from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf
+from flmesh.config import FederationError
+from flmesh.config.parser import parse_federation
+from flmesh.registry import AlgorithmError, Param, names, register_algorithm, unregister_algorithm
 
 from conftest import REPO, tiny_raw
 
 PLUGIN = '''
-from flmesh.node.algorithms.base import Algorithm
-from flmesh.topology.algorithms import Param
+from flmesh.algorithms.base import Algorithm
+from flmesh.registry import Param
 
 
 class PathAvg(Algorithm):

@@ -15,15 +15,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flmesh.node.algorithms import fedcurv_terms, flashback, wsm
-from flmesh.node.algorithms.fedavg import fedavg
-from flmesh.node.learning import distillation, forgetting
-from flmesh.node.learning import fisher as fisher_mod
-from flmesh.node.learning.data import ArrayData
-from flmesh.node.learning.models import MLP
-from flmesh.node.learning.objectives import cross_entropy
-from flmesh.node.learning.trainer import train
-from flmesh.topology import TrainingConfig
+from flmesh.algorithms import fedcurv_terms, flashback, wsm
+from flmesh.algorithms.fedavg import fedavg
+from flmesh.config import TrainingConfig
+from flmesh.learning import distillation, forgetting
+from flmesh.learning import fisher as fisher_mod
+from flmesh.learning.data import ArrayData
+from flmesh.learning.models import MLP
+from flmesh.learning.objectives import cross_entropy
+from flmesh.learning.trainer import train
 
 
 def _t(*values, dtype=torch.float64):

@@ -14,19 +14,19 @@ import grpc
 import pytest
 import torch
 
-from flmesh.node import checkpoint
-from flmesh.node.checkpoint import INBOX
-from flmesh.node.errors import PeerError, Refused
-from flmesh.node.format import codec
-from flmesh.node.format.codec import ModelMeta
-from flmesh.node.inbox import InboxKey
-from flmesh.node.node import Node
-from flmesh.node.state_file import read_state
-from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
-from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.peer_client import GrpcPeerTransport
-from flmesh.node.wire.tls import Tls
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.format import codec
+from flmesh.format.codec import ModelMeta
+from flmesh.format.state_file import read_state
+from flmesh.runtime import checkpoint
+from flmesh.runtime.checkpoint import INBOX
+from flmesh.runtime.inbox import InboxKey
+from flmesh.runtime.node import Node
+from flmesh.transports.errors import PeerError, Refused
+from flmesh.transports.grpc.aggregator_client import GrpcAggregatorTransport
+from flmesh.transports.grpc.channels import make_channel
+from flmesh.transports.grpc.peer_client import GrpcPeerTransport
+from flmesh.transports.grpc.tls import Tls
 from flmesh.v1 import aggregator_pb2, peer_pb2, peer_pb2_grpc, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
@@ -382,8 +382,8 @@ def _raw_call(channel: grpc.Channel, service: str, method: str, request: Any) ->
 @pytest.fixture
 def recorders():
     """A Peer server with the ReplayBuffer service and an Aggregator server, each recording."""
-    from flmesh.coordinator.aggregator_service import serve as serve_aggregator
-    from flmesh.node.wire.server import serve_peer
+    from flmesh.transports.grpc.aggregator_service import serve as serve_aggregator
+    from flmesh.transports.grpc.server import serve_peer
 
     peer, agg = Recorder(), Recorder()
     peer_server, _, peer_address = serve_peer(peer, "127.0.0.1:0", replay=peer)  # type: ignore[arg-type]
@@ -495,8 +495,8 @@ def test_one_identity_in_two_processes_gets_one_model_kept_and_stored(tmp_path, 
 def test_a_second_join_of_one_identity_moves_its_address(tmp_path):
     """A restarted node (or a second process with its certificate) joins again from another
     address: the aggregator keeps the newest, one address per node."""
-    from flmesh.coordinator.aggregator import Aggregator
-    from flmesh.node.learning.data import load_dataset
+    from flmesh.aggregator.aggregator import Aggregator
+    from flmesh.learning.data import load_dataset
 
     ids = identities(tmp_path, ["node0", "node1", "aggregator"])
     fed = parse_federation(tiny_raw(nodes=2, rounds=2, aggregator={"fraction": 1.0}), source="t.toml")
@@ -521,10 +521,10 @@ def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
     """The wall clock jumps a day forward and back on every read while three nodes run their
     rounds on the real clock (in-memory transport, a thread each): deadlines are on the
     monotonic clock, so no round times out and none is skipped."""
-    from flmesh.node.clock import REAL_CLOCK
-    from flmesh.node.learning.data import federation_data
-    from flmesh.node.memory import MemoryNetwork
-    from flmesh.node.memory_node import memory_node
+    from flmesh.clock import REAL_CLOCK
+    from flmesh.learning.data import federation_data
+    from flmesh.runtime.memory_node import memory_node
+    from flmesh.transports.memory.network import MemoryNetwork
 
     real = time.time
     reads = [0]

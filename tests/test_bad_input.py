@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flmesh.coordinator.sim_cli import main
-from flmesh.topology import FederationError, parse_federation, schema
-from flmesh.topology.continual import REPLAY_KEYS, TASK_KEYS
-from flmesh.topology.graphs import ALIASES, GENERATORS
+from flmesh.cli.fl_sim import main
+from flmesh.config import FederationError, parse_federation, schema
+from flmesh.config.continual import REPLAY_KEYS, TASK_KEYS
+from flmesh.config.graphs import ALIASES, GENERATORS
 
 from conftest import REPO, tiny_raw
 
@@ -428,7 +428,7 @@ def user_models(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("lines", "message"), MODEL_CASES.values(), ids=MODEL_CASES.keys())
 def test_a_bad_model_is_one_line_exit_2(tmp_path, capsys, user_models, lines, message):
     """fl-sim and fl-node alike, before any training (fl-sim leaves no results folder)."""
-    from flmesh.node.cli import main as node_main
+    from flmesh.cli.node import main as node_main
 
     file = tmp_path / "f.toml"
     file.write_text(TINY.replace("hidden = [16]", lines))
@@ -450,7 +450,7 @@ def test_a_bad_model_is_one_line_exit_2(tmp_path, capsys, user_models, lines, me
 def test_fl_sim_process_exits_2_with_one_line(tmp_path, args):
     (tmp_path / "tiny.toml").write_text(TINY)
     (tmp_path / "taken.txt").write_text("precious")
-    proc = subprocess.run([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tmp_path / "tiny.toml"),
+    proc = subprocess.run([sys.executable, "-m", "flmesh.cli.fl_sim", str(tmp_path / "tiny.toml"),
                            *[_fill(a, tmp_path) for a in args]], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.startswith("fl-sim: error: ") and proc.stderr.count("\n") == 1, proc.stderr
@@ -538,7 +538,7 @@ NODE_DATA_CASES: dict[str, tuple[list[str], str]] = {
 
 @pytest.mark.parametrize(("args", "message"), NODE_DATA_CASES.values(), ids=NODE_DATA_CASES.keys())
 def test_fl_node_bad_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
-    from flmesh.node.cli import main as node_main
+    from flmesh.cli.node import main as node_main
 
     from procs import federation_file
 
@@ -719,7 +719,7 @@ STREAMED_CASES: dict[str, tuple[list[str], str]] = {
 
 @pytest.mark.parametrize(("args", "message"), STREAMED_CASES.values(), ids=STREAMED_CASES.keys())
 def test_fl_node_bad_streamed_data_is_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
-    from flmesh.node.cli import main as node_main
+    from flmesh.cli.node import main as node_main
 
     from procs import federation_file
 

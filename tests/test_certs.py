@@ -1,4 +1,4 @@
-"""The federation PKI (flmesh.node.wire.certs) and fl-certs: files, checks, one-line errors, real mTLS."""
+"""The federation PKI (flmesh.pki.certs) and fl-certs: files, checks, one-line errors, real mTLS."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from flmesh.coordinator.certs_cli import main
-from flmesh.node.wire import cert_files
-from flmesh.node.wire.certs import (
+from flmesh.cli.fl_certs import main
+from flmesh.pki import files as cert_files
+from flmesh.pki.certs import (
     CertError,
     Identity,
     NameTaken,
@@ -30,7 +30,7 @@ from flmesh.node.wire.certs import (
     peer_id_from_auth_context,
     verify_certificate,
 )
-from flmesh.node.wire.tls import Tls
+from flmesh.transports.grpc.tls import Tls
 
 from conftest import REPO
 
@@ -403,7 +403,7 @@ def test_peer_id_from_auth_context() -> None:
 
 
 def test_node_id_rule_matches_the_federation_file() -> None:
-    from flmesh.topology.schema import NODE_ID
+    from flmesh.config.schema import NODE_ID
 
     assert cert_files.NODE_ID.pattern == NODE_ID.pattern
 
@@ -498,7 +498,7 @@ def test_a_node_starting_beside_a_ca_key_logs_one_warning(tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     import argparse
 
-    from flmesh.node.cli_tls import tls_from_args
+    from flmesh.cli.tls_flags import tls_from_args
 
     create_ca(tmp_path, "CA")
     issue(tmp_path, "node0")
@@ -527,7 +527,7 @@ def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_subprocess_fails_with_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "flmesh.coordinator.certs_cli", "issue", "node0",
+    proc = subprocess.run([sys.executable, "-m", "flmesh.cli.fl_certs", "issue", "node0",
                            "--ca-dir", str(tmp_path / "none")], capture_output=True, text=True, timeout=60,
                           cwd=REPO)
     assert proc.returncode == 1

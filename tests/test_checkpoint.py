@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.coordinator.aggregator_checkpoint import restore as restore_aggregator
-from flmesh.coordinator.aggregator_checkpoint import save as save_aggregator
-from flmesh.node.checkpoint import CHECKPOINT, CheckpointError, keep_delivery, restore, save
-from flmesh.node.inbox import InboxKey
-from flmesh.node.state_file import StateFileError
-from flmesh.topology import parse_federation
+from flmesh.aggregator.checkpoint import restore as restore_aggregator
+from flmesh.aggregator.checkpoint import save as save_aggregator
+from flmesh.config import parse_federation
+from flmesh.format.state_file import StateFileError
+from flmesh.runtime.checkpoint import CHECKPOINT, CheckpointError, keep_delivery, restore, save
+from flmesh.runtime.inbox import InboxKey
 
 from conftest import tiny_raw
 from harness import Cluster
@@ -116,7 +116,7 @@ def test_a_round_is_reported_before_its_checkpoint(tmp_path, monkeypatch):
     makes --resume run round t again (its row replaced), never skip a round that has no row."""
     from types import SimpleNamespace
 
-    import flmesh.node.checkpoint as checkpoint
+    import flmesh.runtime.checkpoint as checkpoint
 
     f = parse_federation(tiny_raw(nodes=2, rounds=3), source="t")
     order: list[tuple[str, int]] = []

@@ -22,7 +22,7 @@ def entry(module: str, env: dict[str, str], stderr: int) -> subprocess.Popen[str
                             stderr=stderr)
 
 
-MODULES = ["flmesh.coordinator.sim_cli", "flmesh.coordinator.node_entry"]
+MODULES = ["flmesh.cli.fl_sim", "flmesh.cli.fl_node"]
 
 EXITING = """
 def main():
@@ -54,12 +54,12 @@ def test_output_that_no_pipe_takes_is_exit_120_not_0(module):
 
 def test_fl_sim_and_fl_node_are_installed_as_their_entry_points():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["fl-sim"] == "flmesh.coordinator.sim_cli:entry"
-    assert scripts["fl-node"] == "flmesh.coordinator.node_entry:entry"
+    assert scripts["fl-sim"] == "flmesh.cli.fl_sim:entry"
+    assert scripts["fl-node"] == "flmesh.cli.fl_node:entry"
     assert (Path(sys.executable).parent / "fl-sim").read_text().count("entry") >= 2
 
 
-@pytest.mark.parametrize("module", ["flmesh.coordinator.sim_cli", "flmesh.coordinator.node_entry"])
+@pytest.mark.parametrize("module", ["flmesh.cli.fl_sim", "flmesh.cli.fl_node"])
 @pytest.mark.parametrize(("given", "seen"), [(None, "1"), ("3", "3")])
 def test_fl_sim_and_fl_node_give_numpy_one_blas_thread_unless_the_user_chose(module, given, seen):
     """``cli_common.one_blas_thread``: set by the entry point, before main imports numpy."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.node.format import codec
-from flmesh.node.format.codec import CodecError, ModelMeta, decode, encode, model_spec
-from flmesh.node.format.compression import WireFormat
-from flmesh.node.format.digests import DIGEST_BYTES, DIGESTS, new_digest
-from flmesh.node.format.frames import parse_chunk
+from flmesh.format import codec
+from flmesh.format.codec import CodecError, ModelMeta, decode, encode, model_spec
+from flmesh.format.compression import WireFormat
+from flmesh.format.digests import DIGEST_BYTES, DIGESTS, new_digest
+from flmesh.format.frames import parse_chunk
 from flmesh.v1 import model_pb2 as pb
 
 
@@ -300,7 +300,7 @@ def test_every_received_model_owns_its_tensors():
 
 
 def test_wire_formats_round_trip_zstd_exactly_and_float16_within_its_precision():
-    from flmesh.node.format.compression import WireFormat
+    from flmesh.format.compression import WireFormat
 
     state = sample_state()
     spec = model_spec(state)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from flmesh.coordinator.compare_runs import labels, points
-from flmesh.coordinator.pictures import run_title
-from flmesh.coordinator.sim_cli import main
-from flmesh.node.run_files import read_rows
+from flmesh.cli.fl_sim import main
+from flmesh.reports.compare_runs import labels, points
+from flmesh.reports.pictures import run_title
+from flmesh.reports.run_files import read_rows
 
 PEER = """
 [federation]

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.node.learning import trainer
-from flmesh.node.learning.data import ArrayData
-from flmesh.topology import TrainingConfig
+from flmesh.config import TrainingConfig
+from flmesh.learning import trainer
+from flmesh.learning.data import ArrayData
 
 
 @pytest.fixture

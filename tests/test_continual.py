@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from flmesh.node.learning.data import load_digits
-from flmesh.node.learning.tasks import TaskSource, pixel_permutation
-from flmesh.topology import FederationError, parse_federation
+from flmesh.config import FederationError, parse_federation
+from flmesh.learning.data import load_digits
+from flmesh.learning.tasks import TaskSource, pixel_permutation
 from flmesh.topology.tasks import (
     TaskStreamConfig,
     joined_task,

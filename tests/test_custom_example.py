@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import flmesh
-from flmesh.node.run_files import read_rows
+from flmesh.reports.run_files import read_rows
 
 from conftest import REPO
 

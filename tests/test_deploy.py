@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flmesh.coordinator import deploy_cli
-from flmesh.coordinator.deploy_files import dump_toml
-from flmesh.coordinator.probe import main as probe_main
-from flmesh.node.wire.certs import federation_pki, load_identity
-from flmesh.node.wire.server import serve
-from flmesh.node.wire.tls import load_tls
-from flmesh.topology import Federation, load_federation
+from flmesh.cli import fl_deploy as deploy_cli
+from flmesh.config import Federation, load_federation
+from flmesh.deploy.files import dump_toml
+from flmesh.pki.certs import federation_pki, load_identity
+from flmesh.cli.probe import main as probe_main
+from flmesh.transports.grpc.server import serve
+from flmesh.transports.grpc.tls import load_tls
 
 from conftest import REPO
 
@@ -165,7 +165,7 @@ def test_compose_one_service_per_process_with_its_own_key_volume_and_healthcheck
         assert all(v.endswith(":ro") for v in volumes if not v.startswith("./state/"))
         health = svc["healthcheck"]
         service = "flmesh.v1.Aggregator" if node_id == "aggregator" else "flmesh.v1.Peer"
-        assert health["test"][:6] == ["CMD", "python", "-m", "flmesh.coordinator.probe", "127.0.0.1:6000",
+        assert health["test"][:6] == ["CMD", "python", "-m", "flmesh.cli.probe", "127.0.0.1:6000",
                                       "--service"]
         assert health["test"][6] == service and "--tls-cert" in health["test"]
         assert (out / "state" / node_id).is_dir()
@@ -561,7 +561,8 @@ def test_probe_bad_flags_and_finished_file(capsys, pki, tmp_path):
 
 
 def test_probe_loads_neither_torch_nor_numpy():
-    code = ("import sys\nfrom flmesh.coordinator.probe import main\nmain(['127.0.0.1:1', '--timeout', '1'])\n"
+    code = ("import sys\nfrom flmesh.cli.probe import main\n"
+            "main(['127.0.0.1:1', '--timeout', '1'])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip().endswith("[]"), done.stdout + done.stderr

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flmesh.coordinator import deploy_cli
-from flmesh.topology import load_federation
+from flmesh.cli import fl_deploy as deploy_cli
+from flmesh.config import load_federation
 
 FEDERATION = """
 [federation]

@@ -27,9 +27,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 from test_deploy import FILES, write
 
-from flmesh.coordinator import certs_cli, deploy_cli
-from flmesh.node.wire.certs import load_identity
-from flmesh.topology import load_federation
+from flmesh.cli import fl_certs as certs_cli
+from flmesh.cli import fl_deploy as deploy_cli
+from flmesh.config import load_federation
+from flmesh.pki.certs import load_identity
 
 KUBECTL = shutil.which("kubectl")
 #: Every kind fl-deploy k8s makes; a new kind fails the audit until it is audited too.
@@ -238,7 +239,7 @@ def test_rotating_one_nodes_certificate_changes_only_its_secret_and_its_pod(tmp_
 
 
 def test_a_statefulset_for_a_process_the_federation_lacks_is_one_line(tmp_path):
-    from flmesh.coordinator.deploy_k8s import statefulset
+    from flmesh.deploy.k8s import statefulset
 
     federation = load_federation(write(tmp_path, "peer"))
     with pytest.raises(ValueError, match=r"^'nobody': not a process of federation .*\(its processes: "):

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flmesh.node.checkpoint import CHECKPOINT
-from flmesh.node.run_files import read_rows
-from flmesh.node.wire.certs import load_identity
+from flmesh.pki.certs import load_identity
+from flmesh.reports.run_files import read_rows
+from flmesh.runtime.checkpoint import CHECKPOINT
 
 from conftest import REPO, wait_until
 

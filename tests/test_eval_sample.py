@@ -14,18 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flmesh.coordinator.peer_rows import peer_row
-from flmesh.coordinator.sim_cli import main
-from flmesh.coordinator.sim_peer import evaluated_columns
-from flmesh.node.learning.metrics import (
+from flmesh.cli.fl_sim import main
+from flmesh.config import load_federation, parse_federation
+from flmesh.learning.metrics import (
     federation_metrics,
     sampled_federation_accuracy,
     sampled_federation_fairness,
     sampled_federation_metrics,
 )
-from flmesh.node.reports import EvalResult, RoundReport, TrainStats
-from flmesh.node.results import Matrix, SparseMatrix, matrix_values
-from flmesh.topology import load_federation, parse_federation
+from flmesh.reports.results import Matrix, SparseMatrix, matrix_values
+from flmesh.runtime.reports import EvalResult, RoundReport, TrainStats
+from flmesh.sim.peer import evaluated_columns, peer_row
 from flmesh.topology.sampling import eval_columns, eval_sampled, eval_splits
 
 from conftest import tiny_raw

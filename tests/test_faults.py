@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
 
 from conftest import tiny_raw, wait_until
 from harness import Cluster

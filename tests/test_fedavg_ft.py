@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from flmesh.node import algorithms
-from flmesh.node.algorithms.base import ServerContext, Update, trainable_spec
-from flmesh.node.algorithms.fedavg import fedavg
-from flmesh.node.algorithms.flashback import SEED_DISTILL
-from flmesh.node.learning.data import derive_seed, public_data
-from flmesh.node.learning.models import build_model
-from flmesh.node.learning.trainer import train
-from flmesh.topology import parse_federation
+from flmesh import algorithms
+from flmesh.algorithms.base import ServerContext, Update, trainable_spec
+from flmesh.algorithms.fedavg import fedavg
+from flmesh.algorithms.flashback import SEED_DISTILL
+from flmesh.config import parse_federation
+from flmesh.learning.data import derive_seed, public_data
+from flmesh.learning.models import build_model
+from flmesh.learning.trainer import train
 
 from conftest import tiny_raw
 

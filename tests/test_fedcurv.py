@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.node.algorithms import fedcurv, fedcurv_terms
-from flmesh.node.algorithms.base import ClientContext, Update, split
-from flmesh.node.learning.data import federation_data
-from flmesh.topology import parse_federation
+from flmesh.algorithms import fedcurv, fedcurv_terms
+from flmesh.algorithms.base import ClientContext, Update, split
+from flmesh.config import parse_federation
+from flmesh.learning.data import federation_data
 
 from conftest import tiny_raw
 from harness import Cluster

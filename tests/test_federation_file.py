@@ -7,8 +7,9 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from flmesh.topology import FederationError, GraphError, load_federation
-from flmesh.topology.graphs import ALIASES, GENERATORS, generate_graph, is_generator
+from flmesh.config import FederationError, GraphError, load_federation
+from flmesh.config.graphs import ALIASES, GENERATORS, generate_graph, is_generator
+from flmesh.topology.schedules import schedule_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,7 +49,7 @@ def test_valid_file_and_defaults(tmp_path):
     assert fed.training.epochs == 0.5 and fed.training.batch_size == 32
     assert fed.data.alpha == 0.3 and fed.data.partition == "dirichlet"
     assert fed.model.channels == (8,)
-    assert fed.schedule().plan(2)["node0"].destination == "node1"
+    assert schedule_of(fed).plan(2)["node0"].destination == "node1"
 
 
 def test_per_node_tables_override_training(tmp_path):
@@ -73,7 +74,7 @@ def test_overrides(tmp_path):
 
 
 def test_a_federation_file_takes_every_digest_a_node_can_check(tmp_path):
-    from flmesh.node.format.digests import DIGESTS
+    from flmesh.format.digests import DIGESTS
 
     assert load_federation(write(tmp_path, VALID)).wire.digest == DIGESTS[0] == "xxh3_128"
     for digest in DIGESTS:

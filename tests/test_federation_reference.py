@@ -1,4 +1,4 @@
-"""docs/federation-file.md is written from the schema (flmesh.topology.reference): the committed
+"""docs/federation-file.md is written from the schema (flmesh.config.reference): the committed
 page must be what the schema makes now, so a key added without its line, or a changed bound or
 default, fails here until the page is written again."""
 
@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from flmesh.topology import descriptions, schema
-from flmesh.topology.checks import integer
-from flmesh.topology.continual import REPLAY_KEYS, TASK_KEYS
-from flmesh.topology.reference import accepts, reference_text
+from flmesh.config import schema
+from flmesh.config.checks import integer
+from flmesh.config.continual import REPLAY_KEYS, TASK_KEYS
+from flmesh.config.reference import accepts, reference_text
 
 from conftest import REPO
 
 PAGE = REPO / "docs" / "federation-file.md"
-WRITE = "python -m flmesh.topology.reference > docs/federation-file.md"
+WRITE = "python -m flmesh.config.reference > docs/federation-file.md"
 
 
 def test_the_committed_page_is_what_the_schema_writes():
@@ -25,7 +25,7 @@ def test_the_committed_page_is_what_the_schema_writes():
 
 
 def test_the_module_prints_the_page():
-    done = subprocess.run([sys.executable, "-m", "flmesh.topology.reference"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "flmesh.config.reference"], capture_output=True,
                           text=True, timeout=120, check=True)
     assert done.stdout == reference_text()
 
@@ -50,8 +50,8 @@ def test_a_key_without_a_description_fails(monkeypatch):
 
 
 def test_a_description_of_no_key_fails(monkeypatch):
-    gone = {**descriptions.DESCRIPTIONS["wire"], "gone": "a removed key"}
-    monkeypatch.setitem(descriptions.DESCRIPTIONS, "wire", gone)
+    gone = {**schema.DESCRIPTIONS["wire"], "gone": "a removed key"}
+    monkeypatch.setitem(schema.DESCRIPTIONS, "wire", gone)
     with pytest.raises(ValueError, match="gone"):
         reference_text()
 

@@ -14,9 +14,9 @@ import subprocess
 
 import pytest
 
-from flmesh.coordinator.node_entry import main as entry_main
-from flmesh.node.cli import main
-from flmesh.topology import load_federation
+from flmesh.cli.fl_node import main as entry_main
+from flmesh.cli.node import main
+from flmesh.config import load_federation
 from flmesh.topology.sampling import eval_splits
 
 from conftest import REPO, wait_until
@@ -167,7 +167,7 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, message):
         base += ["--insecure"]  # plaintext, so that the case's own check is the one that speaks
     for name in ("CHECKPOINT_OF_ANOTHER", "WITH_A_CHECKPOINT"):  # results folders holding a checkpoint
         if name in args:
-            from flmesh.node.state_file import write_state
+            from flmesh.format.state_file import write_state
 
             write_state(tmp_path / name / "checkpoint.flmesh", {}, {"format": 1, "federation": "other"})
             args = [str(tmp_path / name) if a == name else a for a in args]
@@ -178,7 +178,7 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, message):
 
 
 def test_set_overrides_a_node_of_the_file(tmp_path):
-    from flmesh.topology import load_federation
+    from flmesh.config import load_federation
 
     fed = federation_file(tmp_path, ["a", "b", "c"], rounds=1)
     loaded = load_federation(fed, ["nodes.b.epochs=3", "nodes.b.address=\"127.0.0.1:7000\""])
@@ -285,7 +285,7 @@ deadline_s = 0.05
 def test_an_aggregator_does_not_start_afresh_over_updates_an_earlier_run_kept(tmp_path, capsys):
     """An aggregator that crashed in its first round left the updates it acknowledged: a fresh
     start there would let a later --resume take them back as this run's."""
-    from flmesh.node.state_file import write_state
+    from flmesh.format.state_file import write_state
 
     fed = federation_file(tmp_path, ["a", "b"], rounds=1, graph="complete", extra="[aggregator]\n")
     out = tmp_path / "agg"

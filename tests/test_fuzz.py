@@ -17,13 +17,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flmesh.coordinator.aggregator import Aggregator
-from flmesh.node.format import codec
-from flmesh.node.format.codec import ModelMeta
-from flmesh.node.learning.data import federation_data, load_dataset
-from flmesh.node.node import Node
-from flmesh.node.wire.channels import make_channel
-from flmesh.topology import parse_federation
+from flmesh.aggregator.aggregator import Aggregator
+from flmesh.config import parse_federation
+from flmesh.format import codec
+from flmesh.format.codec import ModelMeta
+from flmesh.learning.data import federation_data, load_dataset
+from flmesh.runtime.node import Node
+from flmesh.transports.grpc.channels import make_channel
 from flmesh.v1 import aggregator_pb2, peer_pb2, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 

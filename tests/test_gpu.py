@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from flmesh.topology import Federation, parse_federation
+from flmesh.config import Federation, parse_federation
 
 from conftest import tiny_raw
 from harness import Cluster

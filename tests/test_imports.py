@@ -34,60 +34,60 @@ def heavy(mods: set[str], *prefixes: str) -> list[str]:
 
 
 def test_topology_loads_neither_torch_nor_grpc():
-    mods = loaded("flmesh.topology", "flmesh.topology.peers", "flmesh.topology.algorithms")
-    assert not heavy(mods, "torch", "grpc", "flmesh.node", "flmesh.coordinator")
+    mods = loaded("flmesh.topology", "flmesh.topology.peers", "flmesh.registry")
+    assert not heavy(mods, "torch", "grpc", "flmesh.runtime", "flmesh.sim")
 
 
 def test_importing_flmesh_node_is_lazy():
-    mods = loaded("flmesh.node")
-    assert not heavy(mods, "torch", "grpc", "flmesh.node.node", "flmesh.node.wire")
+    mods = loaded("flmesh.runtime")
+    assert not heavy(mods, "torch", "grpc", "flmesh.runtime.node", "flmesh.transports.grpc")
 
 
 def test_partitions_is_pure_numpy():
-    mods = loaded("flmesh.node.learning.partitions")
+    mods = loaded("flmesh.learning.partitions")
     assert not heavy(mods, "torch", "grpc")
 
 
 def test_the_learning_wing_loads_no_grpc_and_no_wire():
-    mods = loaded("flmesh.node.learning", walk=True)
-    assert "flmesh.node.learning.trainer" in mods
-    assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.rounds", "flmesh.node.node")
+    mods = loaded("flmesh.learning", walk=True)
+    assert "flmesh.learning.trainer" in mods
+    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.runtime.rounds", "flmesh.runtime.node")
 
 
 def test_the_model_format_loads_no_grpc_and_no_transport():
-    mods = loaded("flmesh.node.format", walk=True)
-    assert "flmesh.node.format.codec" in mods
-    assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.learning", "flmesh.node.algorithms",
-                     "flmesh.node.rounds", "flmesh.node.node", "flmesh.coordinator")
+    mods = loaded("flmesh.format", walk=True)
+    assert "flmesh.format.codec" in mods
+    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.learning", "flmesh.algorithms",
+                     "flmesh.runtime.rounds", "flmesh.runtime.node", "flmesh.sim")
 
 
 def test_algorithms_and_the_transport_seam_speak_only_the_format():
-    mods = loaded("flmesh.node.algorithms", "flmesh.node.transport", walk=True)
-    assert "flmesh.node.algorithms.fedcurv" in mods and "flmesh.node.format.codec" in mods
-    assert not heavy(mods, "grpc", "flmesh.node.wire", "flmesh.node.rounds", "flmesh.node.node",
-                     "flmesh.coordinator")
+    mods = loaded("flmesh.algorithms", "flmesh.transports.seam", walk=True)
+    assert "flmesh.algorithms.fedcurv" in mods and "flmesh.format.codec" in mods
+    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.runtime.rounds", "flmesh.runtime.node",
+                     "flmesh.sim")
 
 
 def test_the_trainer_imports_nothing_from_the_engine():
-    mods = loaded("flmesh.node.learning.trainer")
+    mods = loaded("flmesh.learning.trainer")
     # user_code only imports what an import path names (a learner, an optimizer)
-    allowed = ("flmesh.node.learning", "flmesh.node.format", "flmesh.node.errors", "flmesh.node.user_code")
-    engine = sorted(m for m in mods if m.startswith("flmesh.node.") and not m.startswith(allowed))
+    allowed = ("flmesh.learning", "flmesh.format", "flmesh.transports.errors", "flmesh.user_code")
+    engine = sorted(m for m in mods if m.startswith("flmesh.runtime.") and not m.startswith(allowed))
     assert engine == []
 
 
 def test_the_wire_wing_imports_no_training_code():
-    mods = loaded("flmesh.node.wire", walk=True)
-    assert "flmesh.node.wire.peer_client" in mods and "grpc" in mods
-    mods -= {"flmesh.node.learning", "flmesh.node.learning.stats"}  # the reports' dataclasses, no torch
-    assert not heavy(mods, "flmesh.node.learning", "flmesh.node.algorithms", "flmesh.node.rounds",
-                     "flmesh.node.local_training", "flmesh.coordinator")
+    mods = loaded("flmesh.transports.grpc", walk=True)
+    assert "flmesh.transports.grpc.peer_client" in mods and "grpc" in mods
+    mods -= {"flmesh.learning", "flmesh.learning.stats"}  # the reports' dataclasses, no torch
+    assert not heavy(mods, "flmesh.learning", "flmesh.algorithms", "flmesh.runtime.rounds",
+                     "flmesh.runtime.local_training", "flmesh.sim")
 
 
-@pytest.mark.parametrize("module", ["flmesh.node.algorithms.fedavg", "flmesh.node.algorithms.flashback",
-                                    "flmesh.node.algorithms.fedcurv", "flmesh.node.algorithms.wsm"])
+@pytest.mark.parametrize("module", ["flmesh.algorithms.fedavg", "flmesh.algorithms.flashback",
+                                    "flmesh.algorithms.fedcurv", "flmesh.algorithms.wsm"])
 def test_algorithm_plugins_load_no_grpc(module):
-    assert not heavy(loaded(module), "grpc", "flmesh.coordinator")
+    assert not heavy(loaded(module), "grpc", "flmesh.sim")
 
 
 #: The round engine: what a round and the answers to peers run, on a node's RoundContext.
@@ -97,15 +97,15 @@ ROUND_ENGINE = ["rounds", "local_training", "peer_exchange", "continual", "handl
 
 def node_imports(source: str) -> list[str]:
     """Each import in ``source`` (under ``if TYPE_CHECKING`` and in functions too) that names
-    flmesh.node.node, or the Node that flmesh.node re-exports."""
+    flmesh.runtime.node, or the Node that flmesh.runtime re-exports."""
     found = []
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.Import):
-            found += [a.name for a in n.names if a.name == "flmesh.node.node"]
+            found += [a.name for a in n.names if a.name == "flmesh.runtime.node"]
         elif isinstance(n, ast.ImportFrom):
             base = "." * n.level + (n.module or "")
             names = [a.name for a in n.names]
-            if base in ("flmesh.node.node", ".node") or (base in ("flmesh.node", ".")
+            if base in ("flmesh.runtime.node", ".node") or (base in ("flmesh.runtime", ".")
                                                          and {"node", "Node"} & set(names)):
                 found.append(f"from {base} import {', '.join(names)}")
     return found
@@ -121,39 +121,39 @@ def source_of(module: str) -> str:
 def test_the_round_engine_never_imports_the_node(name):
     """Round functions and handlers take the node's RoundContext: none of their modules imports
     node.py, not even for type hints, so the Node shell can import them all without a cycle."""
-    assert node_imports(source_of(f"flmesh.node.{name}")) == []
+    assert node_imports(source_of(f"flmesh.runtime.{name}")) == []
 
 
 def test_the_import_check_sees_every_way_of_naming_the_node():
     source = "\n".join([
         "from typing import TYPE_CHECKING",
         "if TYPE_CHECKING:",
-        "    from flmesh.node.node import Node",
+        "    from flmesh.runtime.node import Node",
         "def f():",
-        "    from flmesh.node import Node",
+        "    from flmesh.runtime import Node",
         "    from . import node",
-        "    import flmesh.node.node",
-        "from flmesh.node import rounds",
-        "from flmesh.node.node_run import NodeRun",
+        "    import flmesh.runtime.node",
+        "from flmesh.runtime import rounds",
+        "from flmesh.cli.node_run import NodeRun",
     ])
-    assert sorted(node_imports(source)) == ["flmesh.node.node", "from . import node",
-                                            "from flmesh.node import Node",
-                                            "from flmesh.node.node import Node"]
+    assert sorted(node_imports(source)) == ["flmesh.runtime.node", "from . import node",
+                                            "from flmesh.runtime import Node",
+                                            "from flmesh.runtime.node import Node"]
 
 
 def test_loading_the_round_engine_does_not_load_the_node():
-    mods = loaded(*(f"flmesh.node.{name}" for name in ROUND_ENGINE))
-    assert "flmesh.node.rounds" in mods and not heavy(mods, "flmesh.node.node", "flmesh.node.node_view")
+    mods = loaded(*(f"flmesh.runtime.{name}" for name in ROUND_ENGINE))
+    assert "flmesh.runtime.rounds" in mods and not heavy(mods, "flmesh.runtime.node", "flmesh.runtime.node_view")
 
 
 def test_round_logic_on_the_memory_transport_loads_no_grpc():
-    mods = loaded("flmesh.node.rounds", "flmesh.node.memory", "flmesh.node.node")
+    mods = loaded("flmesh.runtime.rounds", "flmesh.transports.memory.network", "flmesh.runtime.node")
     assert not heavy(mods, "grpc")
 
 
-@pytest.mark.parametrize("module", ["flmesh.coordinator.sim_cli", "flmesh.node.cli",
-                                    "flmesh.coordinator.aggregator_cli", "flmesh.coordinator.node_entry",
-                                    "flmesh.coordinator.certs_cli"])
+@pytest.mark.parametrize("module", ["flmesh.cli.fl_sim", "flmesh.cli.node",
+                                    "flmesh.cli.aggregator", "flmesh.cli.fl_node",
+                                    "flmesh.cli.fl_certs"])
 def test_the_commands_read_their_flags_before_anything_heavy(module):
     """--help and a bad flag answer at once: torch, grpc, networkx, scipy, matplotlib, rich,
     scikit-learn and torchvision load only after the flags are read, when they are used."""
@@ -163,7 +163,7 @@ def test_the_commands_read_their_flags_before_anything_heavy(module):
 
 
 def test_digits_are_read_without_importing_scikit_learn():
-    code = ("import sys; from flmesh.node.learning.data import load_digits; d = load_digits(); "
+    code = ("import sys; from flmesh.learning.data import load_digits; d = load_digits(); "
             "print(len(d), 'sklearn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          timeout=120)
@@ -176,7 +176,7 @@ def test_a_plaintext_fl_node_starts_without_cryptography(tmp_path):
     fed = tmp_path / "fed.toml"
     fed.write_text('[federation]\nname = "solo"\nrounds = 1\nbaseline = "standalone"\n'
                    '[topology]\nnodes = 2\n[model]\nhidden = [8]\n')  # node0 trains alone
-    code = ("import sys, json\nfrom flmesh.node.cli import main\n"
+    code = ("import sys, json\nfrom flmesh.cli.node import main\n"
             f"status = main(['--id', 'node0', '--federation', {str(fed)!r}, '--listen', '127.0.0.1:0', "
             f"'--insecure', '--out', {str(tmp_path / 'out')!r}])\n"
             "crypto = sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography')\n"

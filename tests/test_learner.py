@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 import flmesh
-from flmesh.coordinator.sim import Simulation
-from flmesh.node.learning.learner import LearnerError
-from flmesh.node.learning.trainer import TrainingStopped, train
-from flmesh.node.user_code import UserCodeError
+from flmesh.config import FederationError, TrainingConfig, parse_federation
+from flmesh.learning.learner import LearnerError
+from flmesh.learning.trainer import TrainingStopped, train
+from flmesh.sim.simulation import Simulation
 from flmesh.testing import run
-from flmesh.topology import FederationError, TrainingConfig, parse_federation
+from flmesh.user_code import UserCodeError
 
 from conftest import tiny_raw
 
@@ -84,7 +84,7 @@ def test_an_own_loss_changes_the_models():
 
 
 def flmesh_learner(federation, learner):
-    from flmesh.node.learning.learner import with_learner
+    from flmesh.learning.learner import with_learner
 
     return with_learner(federation, learner)
 
@@ -209,7 +209,7 @@ def test_an_optimizer_callable_from_the_file_works(learners):
 def test_a_metric_the_learner_does_not_return_is_refused(learners):
     raw = tiny_raw(rounds=1)
     raw["federation"]["metric"] = "f1"
-    raw["training"] = {"learner": "flmesh.node.learning.learner:Learner"}
+    raw["training"] = {"learner": "flmesh.learning.learner:Learner"}
     with pytest.raises(LearnerError, match=r"\[federation\] metric = 'f1', but Learner.evaluate returns no"):
         run(parse_federation(raw, source="tiny.toml"))
 

@@ -10,16 +10,16 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flmesh.node import algorithms
-from flmesh.node.learning import data as data_mod
-from flmesh.node.learning import models, partitions
-from flmesh.node.learning.data import ArrayData, federation_data, load_digits
-from flmesh.node.learning.metrics import federation_metrics
-from flmesh.node.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_state
-from flmesh.node.learning.trainer import evaluate, split_steps, steps_for, train
-from flmesh.node.local_training import rewind_training
-from flmesh.topology import ModelConfig, TrainingConfig, parse_federation, schema
-from flmesh.topology.algorithms import names
+from flmesh import algorithms
+from flmesh.config import ModelConfig, TrainingConfig, parse_federation, schema
+from flmesh.learning import data as data_mod
+from flmesh.learning import models, partitions
+from flmesh.learning.data import ArrayData, federation_data, load_digits
+from flmesh.learning.metrics import federation_metrics
+from flmesh.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_state
+from flmesh.learning.trainer import evaluate, split_steps, steps_for, train
+from flmesh.registry import names
+from flmesh.runtime.local_training import rewind_training
 
 from conftest import tiny_raw
 

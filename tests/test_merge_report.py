@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from flmesh.coordinator.pictures import accuracy_curves
-from flmesh.coordinator.sim_cli import main as sim_main
-from flmesh.node.results import NodeRound, RoundRow, Summary
-from flmesh.node.run_files import RunWriter, read_rows
+from flmesh.cli.fl_sim import main as sim_main
+from flmesh.reports.pictures import accuracy_curves
+from flmesh.reports.results import NodeRound, RoundRow, Summary
+from flmesh.reports.run_files import RunWriter, read_rows
 
 from procs import federation_file, launch, read_results
 

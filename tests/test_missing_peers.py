@@ -13,9 +13,10 @@ import subprocess
 
 import pytest
 
-from flmesh.node.inbox import InboxKey
-from flmesh.node.peer_exchange import deliver_onward
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.runtime.inbox import InboxKey
+from flmesh.runtime.peer_exchange import deliver_onward
+from flmesh.topology.schedules import schedule_of
 
 from conftest import tiny_raw, wait_until
 from harness import Cluster
@@ -32,7 +33,7 @@ def test_a_model_sent_again_after_its_destination_took_it_is_a_duplicate_not_a_f
     f = fed(nodes=4, rounds=8)
     with Cluster(f, "memory") as c:
         sender = c.by_id["node0"]
-        dest = f.schedule().plan(2)["node0"].destination
+        dest = schedule_of(f).plan(2)["node0"].destination
         assert dest is not None
         notes: list[str] = []
         assert deliver_onward(sender.ctx, 2, dest, notes) == (dest, None)
@@ -49,7 +50,7 @@ def test_a_destination_that_went_on_without_a_late_model_is_not_named():
     f = fed(nodes=4, rounds=8)
     with Cluster(f, "memory") as c:
         sender = c.by_id["node0"]
-        dest = f.schedule().plan(3)["node0"].destination
+        dest = schedule_of(f).plan(3)["node0"].destination
         assert dest is not None
         c.by_id[dest].finish_round(4, 0.5)
         notes: list[str] = []
@@ -65,7 +66,7 @@ def test_a_source_that_finished_while_this_node_was_away_is_not_named():
     f = fed(nodes=3, rounds=3, federation={"round_timeout_s": 60})
     with Cluster(f, "memory") as c:
         me = c.by_id["node1"]
-        source = f.schedule().plan(2)["node1"].source
+        source = schedule_of(f).plan(2)["node1"].source
         assert source is not None
         c.by_id[source].finish_round(1, 0.5)
         report = me.run_round(2)
@@ -81,7 +82,7 @@ def test_a_source_that_sent_a_later_model_and_left_is_not_named():
     f = fed(nodes=3, rounds=4, federation={"round_timeout_s": 60})
     with Cluster(f, "memory") as c:
         me = c.by_id["node1"]
-        source = f.schedule().plan(2)["node1"].source
+        source = schedule_of(f).plan(2)["node1"].source
         assert source is not None and c.network is not None
         me.inbox.put(InboxKey(2, source, "trained"), c.by_id[source].encode(round=2))
         c.network.take_down(source)
@@ -109,7 +110,7 @@ os.replace = _crash
 
 
 def _rows(tmp_path, node: str) -> list[dict]:
-    from flmesh.node.run_files import read_rows
+    from flmesh.reports.run_files import read_rows
 
     path = tmp_path / "runs" / f"procs-{node}" / "rounds.jsonl"
     return read_rows(path) if path.exists() else []
@@ -259,10 +260,10 @@ def test_an_aggregator_killed_and_resumed_names_nobody_and_no_node_names_anyone(
 def _core():
     import torch
 
-    from flmesh.coordinator.aggregator_core import AggregatorCore
-    from flmesh.node.algorithms.fedavg import FedAvgServer
-    from flmesh.node.clock import ManualClock
-    from flmesh.node.format.codec import model_spec
+    from flmesh.aggregator.core import AggregatorCore
+    from flmesh.algorithms.fedavg import FedAvgServer
+    from flmesh.clock import ManualClock
+    from flmesh.format.codec import model_spec
 
     raw = tiny_raw(nodes=3, rounds=3, aggregator={"fraction": 1.0, "deadline_s": 30.0})
     state = {"w": torch.zeros(2)}
@@ -273,7 +274,7 @@ def _core():
 def _update(node: str, round: int, value: float):
     import torch
 
-    from flmesh.node.format.codec import ModelMeta, encode
+    from flmesh.format.codec import ModelMeta, encode
 
     meta = ModelMeta(round=round, sender=node, kind="update", num_samples=1, label_counts=(1, 0))
     return encode({"w": torch.full((2,), value)}, meta).chunks()
@@ -283,8 +284,8 @@ def test_an_update_is_stored_before_it_is_accepted_and_a_restarted_aggregator_ta
     """An update the aggregator acknowledged is not sent again: a restarted aggregator takes
     back the kept ones of the round it opens, and does not name their nodes missing. One it
     cannot store is refused INTERNAL and not accepted."""
-    from flmesh.coordinator.aggregator_checkpoint import keep_update, kept_updates
-    from flmesh.node.errors import Refused
+    from flmesh.aggregator.checkpoint import keep_update, kept_updates
+    from flmesh.transports.errors import Refused
 
     blocked = tmp_path / "taken.txt"
     blocked.write_text("a file where the state folder should be")

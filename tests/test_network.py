@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flmesh.node.wire.certs import create_ca, issue
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.pki.certs import create_ca, issue
 
 from conftest import tiny_raw, wait_until
 from harness import Cluster

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.node import algorithms
-from flmesh.node.algorithms.base import ClientContext, ServerContext, ServerHalf, Update
-from flmesh.node.algorithms.fedprox import proximal_term
-from flmesh.node.learning.data import ArrayData
-from flmesh.topology import Federation, FederationError, parse_federation
+from flmesh import algorithms
+from flmesh.algorithms.base import ClientContext, ServerContext, ServerHalf, Update
+from flmesh.algorithms.fedprox import proximal_term
+from flmesh.config import Federation, FederationError, parse_federation
+from flmesh.learning.data import ArrayData
 
 from conftest import tiny_raw
 from harness import Cluster

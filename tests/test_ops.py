@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from flmesh.coordinator import run_tools
-from flmesh.coordinator.sim_cli import main as sim_main
-from flmesh.node.cli_ops import metrics_endpoint, start_ops
-from flmesh.node.cli_tls import tls_from_args
-from flmesh.node.metrics import Metrics
-from flmesh.node.observe import Board, JsonFormatter
-from flmesh.node.wire.certs import federation_pki
+from flmesh.cli.fl_sim import main as sim_main
+from flmesh.cli.ops_flags import metrics_endpoint, start_ops
+from flmesh.cli.tls_flags import tls_from_args
+from flmesh.observe.logs import Board, JsonFormatter
+from flmesh.observe.metrics import Metrics
+from flmesh.pki.certs import federation_pki
+from flmesh.reports import run_tools
 
 from conftest import wait_until
 from procs import FL_NODE, federation_file, launch, metrics_url, scrape, total
@@ -252,7 +252,7 @@ def test_with_tls_metrics_are_https_and_ask_for_a_federation_certificate(tmp_pat
 def test_json_formatter_carries_round_and_peer_from_extra():
     import logging
 
-    record = logging.LogRecord("flmesh.node", logging.WARNING, __file__, 1, "peer %s late", ("b",), None)
+    record = logging.LogRecord("flmesh.runtime", logging.WARNING, __file__, 1, "peer %s late", ("b",), None)
     record.round, record.peer = 4, "b"
     entry = json.loads(JsonFormatter("a").format(record))
     assert entry["node"] == "a" and entry["round"] == 4 and entry["peer"] == "b"
@@ -339,7 +339,7 @@ def test_fl_sim_help_names_the_run_tools():
 def test_progress_line_names_round_phase_and_peer():
     from types import SimpleNamespace
 
-    from flmesh.node.cli_ops import progress_line
+    from flmesh.cli.ops_flags import progress_line
 
     status = SimpleNamespace(round=2, state="sending", last_accuracy=0.712)
     line = progress_line(status, 40, ("sending", "node4"))

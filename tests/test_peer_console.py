@@ -14,14 +14,14 @@ import threading
 
 import pytest
 
-from flmesh.node.clock import REAL_CLOCK
-from flmesh.node.errors import PeerError, TlsMismatch
-from flmesh.node.observe import NodeNamed, setup_logging
-from flmesh.node.peer_calls import PeerCalls
-from flmesh.node.wire.certs import federation_pki
-from flmesh.node.wire.channels import bind, make_server
-from flmesh.node.wire.peer_client import GrpcPeerTransport
-from flmesh.node.wire.tls import Tls, load_tls
+from flmesh.clock import REAL_CLOCK
+from flmesh.observe.logs import NodeNamed, setup_logging
+from flmesh.pki.certs import federation_pki
+from flmesh.runtime.peer_calls import PeerCalls
+from flmesh.transports.errors import PeerError, TlsMismatch
+from flmesh.transports.grpc.channels import bind, make_server
+from flmesh.transports.grpc.peer_client import GrpcPeerTransport
+from flmesh.transports.grpc.tls import Tls, load_tls
 
 from conftest import wait_until
 from procs import FL_NODE, federation_file
@@ -101,7 +101,7 @@ def test_two_fl_nodes_one_plaintext_one_mtls_each_say_why_in_one_line(tmp_path):
                          "(is a serving plaintext? this node uses mTLS)"], errs["b"]
 
 
-@pytest.mark.parametrize("module", ["flmesh.coordinator.sim_cli", "flmesh.coordinator.node_entry"])
+@pytest.mark.parametrize("module", ["flmesh.cli.fl_sim", "flmesh.cli.fl_node"])
 @pytest.mark.parametrize(("given", "seen"), [(None, "ERROR"), ("INFO", "INFO")])
 def test_fl_sim_and_fl_node_keep_grpcs_core_to_errors_unless_the_user_chose(module, given, seen):
     """``cli_common.quiet_grpc_core``: set by the entry point, before grpc is imported (its core
@@ -153,7 +153,7 @@ def test_fl_sims_log_names_each_node():
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(NodeNamed("%(message)s"))
-    log = logging.getLogger("flmesh.node")
+    log = logging.getLogger("flmesh.runtime")
     log.addHandler(handler)
     try:
         failed_delivery("node3")

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import flmesh
-from flmesh.node.peer_guard import DistanceGuard, distance
+from flmesh.config import parse_federation
+from flmesh.runtime.peer_guard import DistanceGuard, distance
 from flmesh.testing import Cluster
-from flmesh.topology import parse_federation
 
 from conftest import tiny_raw
 

@@ -13,7 +13,7 @@ import torch
 
 import flmesh
 from flmesh import testing
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
 
 from conftest import tiny_raw
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from flmesh.node.errors import Refused
-from flmesh.node.format.codec import ModelMeta, encode
-from flmesh.node.learning.data import ArrayData
-from flmesh.node.learning.replay import (
+from flmesh.config import parse_federation
+from flmesh.format.codec import ModelMeta, encode
+from flmesh.learning.data import ArrayData
+from flmesh.learning.replay import (
     class_means,
     dp_class_means,
     l1_sensitivity,
@@ -17,8 +17,8 @@ from flmesh.node.learning.replay import (
     regroup,
     shard_means,
 )
-from flmesh.node.replay_buffer import ReplayBufferCore
-from flmesh.topology import parse_federation
+from flmesh.replay.buffer import ReplayBufferCore
+from flmesh.transports.errors import Refused
 
 from conftest import tiny_raw
 from harness import TRANSPORTS, Cluster

@@ -13,16 +13,16 @@ import grpc
 import pytest
 import torch
 
-from flmesh.node.errors import PeerError
-from flmesh.node.format.codec import EncodedModel, ModelMeta, encode
-from flmesh.node.memory import MemoryNetwork, MemoryReplayTransport
-from flmesh.node.replay_buffer import ReplayBufferCore
-from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.replay_client import GrpcReplayTransport
-from flmesh.node.wire.replay_service import SERVICE_NAME, add_replay
-from flmesh.node.wire.server import serve
-from flmesh.node.wire.tls import Tls
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.format.codec import EncodedModel, ModelMeta, encode
+from flmesh.replay.buffer import ReplayBufferCore
+from flmesh.transports.errors import PeerError
+from flmesh.transports.grpc.channels import make_channel
+from flmesh.transports.grpc.replay_client import GrpcReplayTransport
+from flmesh.transports.grpc.replay_service import SERVICE_NAME, add_replay
+from flmesh.transports.grpc.server import serve
+from flmesh.transports.grpc.tls import Tls
+from flmesh.transports.memory.network import MemoryNetwork, MemoryReplayTransport
 from flmesh.v1 import replay_pb2, replay_pb2_grpc
 
 from conftest import identities, tiny_raw
@@ -160,7 +160,7 @@ def test_the_in_memory_transport_refuses_the_same_releases():
 def test_a_continual_star_federation_over_mtls_releases_and_fetches_as_before(tmp_path):
     """The host's progress (the aggregator's round) and the caller checks let every honest
     release and fetch through."""
-    from flmesh.coordinator.sim import Simulation
+    from flmesh.sim.simulation import Simulation
 
     raw = tiny_raw(nodes=4, rounds=4, data={"partition": "iid"},
                    tasks={"scenario": "novel_targets", "tasks": 2, "rounds_per_task": 2, "initial_clients": 2,
@@ -181,8 +181,8 @@ def test_a_ledger_that_cannot_be_written_refuses_the_release_internal_in_one_lin
     the release is refused INTERNAL naming the file, nothing is counted, no traceback is
     logged, and the host's end-of-run check raises the one-line write error; once the ledger
     can be written, the same release goes through."""
-    from flmesh.node.replay_buffer import ReplayBufferCore
-    from flmesh.node.state_file import StateWriteError
+    from flmesh.format.state_file import StateWriteError
+    from flmesh.replay.buffer import ReplayBufferCore
 
     host = Host()
     host.latest = 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from flmesh.node.results import (
+from flmesh.reports.results import (
     SCHEMA_VERSION,
     Final,
     Matrix,
@@ -16,7 +16,7 @@ from flmesh.node.results import (
     Summary,
     matrix_values,
 )
-from flmesh.node.run_files import RunWriter, read_rows
+from flmesh.reports.run_files import RunWriter, read_rows
 
 
 def test_rows_are_appended_and_the_summary_replaced_atomically_and_versioned(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.node.algorithms.base import Update
-from flmesh.node.algorithms.robust import clip_updates, coordinate_median, trimmed_mean
-from flmesh.topology import parse_federation
+from flmesh.algorithms.base import Update
+from flmesh.algorithms.robust import clip_updates, coordinate_median, trimmed_mean
+from flmesh.config import parse_federation
 
 from conftest import tiny_raw
 from harness import Cluster

@@ -9,16 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flmesh.node.errors import UnknownPeerError
-from flmesh.node.format.codec import ModelMeta, decode, encode
-from flmesh.node.format.digests import DIGEST_BYTES, DIGESTS
-from flmesh.node.inbox import InboxKey
-from flmesh.node.learning.data import federation_data
-from flmesh.node.learning.trainer import split_steps, steps_for
-from flmesh.node.node import Node
-from flmesh.node.peer_exchange import deliver_onward
-from flmesh.node.wire.peer_client import GrpcPeerTransport
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.format.codec import ModelMeta, decode, encode
+from flmesh.format.digests import DIGEST_BYTES, DIGESTS
+from flmesh.learning.data import federation_data
+from flmesh.learning.trainer import split_steps, steps_for
+from flmesh.runtime.inbox import InboxKey
+from flmesh.runtime.node import Node
+from flmesh.runtime.peer_exchange import deliver_onward
+from flmesh.transports.errors import UnknownPeerError
+from flmesh.transports.grpc.peer_client import GrpcPeerTransport
 
 from conftest import tiny_raw
 from harness import TRANSPORTS, Cluster
@@ -299,7 +299,7 @@ def test_embedding_api_runs_every_round_with_a_callback():
 
 
 def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
-    from flmesh.coordinator.aggregator_eval import local_evaluator
+    from flmesh.aggregator.evaluation import local_evaluator
 
     f = fed(nodes=4, rounds=2, aggregator={"strategy": "fedavg", "fraction": 0.5, "deadline_s": 60})
     rows = {}

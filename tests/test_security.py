@@ -10,21 +10,21 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from flmesh.coordinator.aggregator import Aggregator
-from flmesh.coordinator.sim import Simulation
-from flmesh.node.errors import PeerError
-from flmesh.node.format import codec
-from flmesh.node.format.codec import ModelMeta
-from flmesh.node.learning.data import load_dataset
-from flmesh.node.node import Node
-from flmesh.node.transport import DeliverResult, PeerStatus
-from flmesh.node.wire.aggregator_client import GrpcAggregatorTransport
-from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.limits import StreamLimits
-from flmesh.node.wire.peer_client import GrpcPeerTransport
-from flmesh.node.wire.server import serve_peer
-from flmesh.node.wire.tls import Tls
-from flmesh.topology import parse_federation
+from flmesh.aggregator.aggregator import Aggregator
+from flmesh.config import parse_federation
+from flmesh.format import codec
+from flmesh.format.codec import ModelMeta
+from flmesh.learning.data import load_dataset
+from flmesh.runtime.node import Node
+from flmesh.sim.simulation import Simulation
+from flmesh.transports.errors import PeerError
+from flmesh.transports.grpc.aggregator_client import GrpcAggregatorTransport
+from flmesh.transports.grpc.channels import make_channel
+from flmesh.transports.grpc.peer_client import GrpcPeerTransport
+from flmesh.transports.grpc.server import serve_peer
+from flmesh.transports.grpc.tls import Tls
+from flmesh.transports.limits import StreamLimits
+from flmesh.transports.seam import DeliverResult, PeerStatus
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2_grpc
 
@@ -212,9 +212,9 @@ def test_a_member_whose_certificate_also_names_another_is_refused_as_that_server
     handshake, because it checks a's identity name, not the names b's certificate lists."""
     from grpc_health.v1 import health, health_pb2
 
-    from flmesh.node.wire.certs import create_ca, issue
-    from flmesh.node.wire.channels import bind, make_server
-    from flmesh.node.wire.tls import load_tls
+    from flmesh.pki.certs import create_ca, issue
+    from flmesh.transports.grpc.channels import bind, make_server
+    from flmesh.transports.grpc.tls import load_tls
 
     ca = tmp_path / "ca"
     create_ca(ca, "test CA")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flmesh.coordinator.sim_cli import main
-from flmesh.coordinator.sim_threads import Lockstep
+from flmesh.cli.fl_sim import main
+from flmesh.sim.threads import Lockstep
 
 from conftest import wait_until
 
@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_file, capsys, args, message):
 
 
 def test_missing_file_from_the_console_script(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tmp_path / "no.toml")],
+    proc = subprocess.run([sys.executable, "-m", "flmesh.cli.fl_sim", str(tmp_path / "no.toml")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"fl-sim: error: {tmp_path / 'no.toml'}: federation file not found"
@@ -152,7 +152,7 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     """Ctrl-C in a terminal reaches fl-sim's process group: the run ends with the finished
     rounds, their summary and their pictures."""
     out = tmp_path / "int"
-    proc = subprocess.Popen([sys.executable, "-m", "flmesh.coordinator.sim_cli", str(tiny_file),
+    proc = subprocess.Popen([sys.executable, "-m", "flmesh.cli.fl_sim", str(tiny_file),
                              "--out", str(out), "--rounds", "500", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -201,7 +201,7 @@ def test_the_diagonal_from_the_reports_is_a_fresh_evaluation(tiny_file, tmp_path
     """fl-sim takes each model's own-split accuracy from the node's report instead of evaluating
     it again: the rows are those of a run that evaluates the diagonal afresh (with rewind, whose
     Rewind calls train peers' copies while the node's own model must stay as it reported)."""
-    from flmesh.coordinator import sim_peer
+    from flmesh.sim import peer as sim_peer
 
     calls = []
 
@@ -228,8 +228,8 @@ def test_the_diagonal_from_the_reports_is_a_fresh_evaluation(tiny_file, tmp_path
 def test_no_model_is_cross_evaluated_before_every_node_finished_the_round(tiny_file, tmp_path, monkeypatch):
     """The N x N evaluation of an evaluated round starts only once every node has finished that
     round, so it does not share the cores with a late node's round (nor with the next round)."""
-    from flmesh.coordinator import sim_peer
-    from flmesh.node.activity import Activity
+    from flmesh.runtime.activity import Activity
+    from flmesh.sim import peer as sim_peer
 
     finished: dict[int, int] = {}  # id of a node's activity -> the last round it finished
     seen: list[set[int]] = []

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flmesh.coordinator.sim_console import columns, final_table, header, key, pct, round_line, title
-from flmesh.node.results import Final, NodeRound, RoundRow, Summary
-from flmesh.node.run_files import read_rows
-from flmesh.topology import parse_federation
+from flmesh.cli.sim_console import columns, final_table, header, key, pct, round_line, title
+from flmesh.config import parse_federation
+from flmesh.reports.results import Final, NodeRound, RoundRow, Summary
+from flmesh.reports.run_files import read_rows
 
 from conftest import tiny_raw
 
@@ -194,7 +194,7 @@ def test_a_dp_run_folder_holds_the_ledger_and_the_privacy_picture(tmp_path, text
     assert str(out / "privacy.png") in summary["pictures"] and (out / "privacy.png").stat().st_size > 0
     from PIL import Image
 
-    from flmesh.coordinator.pictures import run_title
+    from flmesh.reports.pictures import run_title
 
     title = Image.open(out / "privacy.png").text["Title"]
     assert title == run_title(out, rows)  # titled like the run's other pictures
@@ -206,7 +206,7 @@ class _Driver:
     rounds_done = 1
 
     def __init__(self, fail: bool):
-        from flmesh.node.privacy_ledger import PrivacyLedger
+        from flmesh.replay.ledger import PrivacyLedger
 
         self.fail, self.ledger = fail, PrivacyLedger(None)
         self.ledger.record("node0", 0, 10.0)
@@ -233,8 +233,8 @@ class _Driver:
 def test_a_ledger_that_cannot_be_written_is_one_line_and_hides_no_error(tmp_path, caplog, fail):
     import tomllib
 
-    from flmesh.coordinator.pictures import PicturesError
-    from flmesh.coordinator.sim import Simulation
+    from flmesh.reports.pictures import PicturesError
+    from flmesh.sim.simulation import Simulation
 
     sim = Simulation(parse_federation(tomllib.loads(DP_PEER), source="dp.toml"), tmp_path / "run")
     sim.driver, sim.draw_pictures = _Driver(fail), False

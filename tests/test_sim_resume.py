@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from flmesh.coordinator import sim_console
-from flmesh.coordinator.sim_cli import main
-from flmesh.coordinator.sim_record import toml_text
-from flmesh.node.run_files import read_rows
+from flmesh.cli import sim_console
+from flmesh.cli.fl_sim import main
+from flmesh.reports.run_files import read_rows
+from flmesh.sim.record import toml_text
 
 from conftest import REPO
 
@@ -238,7 +238,7 @@ def test_a_replay_federation_is_not_checkpointed_and_resume_says_why(tmp_path, c
 def test_a_run_folder_in_use_is_refused(tmp_path, capsys, monkeypatch):
     """One fl-sim per run folder: while another process holds it (its lock), a resume there is
     one line, exit 2, and nothing in the folder changes."""
-    from flmesh.node.state_file import lock_folder
+    from flmesh.format.state_file import lock_folder
 
     fed = tmp_path / "fed.toml"
     fed.write_text(REWIND)

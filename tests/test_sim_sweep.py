@@ -9,9 +9,9 @@ import statistics
 import pytest
 from test_sim_resume import STAR, TINY, interrupt_after, numbers
 
-from flmesh.coordinator.sim_cli import main
-from flmesh.coordinator.sim_sweep import SweepError, parse_seeds, parse_sweep, points, split_values
-from flmesh.node.run_files import read_rows
+from flmesh.cli.fl_sim import main
+from flmesh.reports.run_files import read_rows
+from flmesh.sim.sweep import SweepError, parse_seeds, parse_sweep, points, split_values
 
 REWIND = TINY.replace("rounds = 8", "rounds = 2") + """
 [rewind]

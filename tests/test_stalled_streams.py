@@ -12,17 +12,17 @@ import grpc
 import pytest
 import torch
 
-from flmesh.node.format import codec
-from flmesh.node.format.codec import ModelMeta
-from flmesh.node.learning.data import federation_data
-from flmesh.node.node import Node
-from flmesh.node.reports import RoundReport
-from flmesh.node.transport import DeliverResult
-from flmesh.node.wire.channels import make_channel
-from flmesh.node.wire.limits import StreamLimits
-from flmesh.node.wire.server import serve_peer
-from flmesh.node.wire.tls import Tls
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.format import codec
+from flmesh.format.codec import ModelMeta
+from flmesh.learning.data import federation_data
+from flmesh.runtime.node import Node
+from flmesh.runtime.reports import RoundReport
+from flmesh.transports.grpc.channels import make_channel
+from flmesh.transports.grpc.server import serve_peer
+from flmesh.transports.grpc.tls import Tls
+from flmesh.transports.limits import StreamLimits
+from flmesh.transports.seam import DeliverResult
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 

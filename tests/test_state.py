@@ -12,15 +12,22 @@ import sys
 
 import pytest
 
-from flmesh.coordinator.aggregator_checkpoint import restore as restore_aggregator
-from flmesh.coordinator.aggregator_checkpoint import save as save_aggregator
-from flmesh.node.checkpoint import CHECKPOINT, INBOX, CheckpointError, keep_delivery, restore, save
-from flmesh.node.cli import main
-from flmesh.node.errors import PeerError
-from flmesh.node.inbox import InboxKey
-from flmesh.node.privacy_ledger import PrivacyLedger
-from flmesh.node.state_file import LOCK, StateFileError, StateWriteError, lock_folder, read_state, write_state
-from flmesh.topology import parse_federation
+from flmesh.aggregator.checkpoint import restore as restore_aggregator
+from flmesh.aggregator.checkpoint import save as save_aggregator
+from flmesh.cli.node import main
+from flmesh.config import parse_federation
+from flmesh.format.state_file import (
+    LOCK,
+    StateFileError,
+    StateWriteError,
+    lock_folder,
+    read_state,
+    write_state,
+)
+from flmesh.replay.ledger import PrivacyLedger
+from flmesh.runtime.checkpoint import CHECKPOINT, INBOX, CheckpointError, keep_delivery, restore, save
+from flmesh.runtime.inbox import InboxKey
+from flmesh.transports.errors import PeerError
 
 from conftest import tiny_raw
 from harness import Cluster
@@ -45,7 +52,7 @@ def test_a_second_process_on_a_state_folder_is_refused_in_one_line(tmp_path):
     out = tmp_path / "run"
     held = lock_folder(out)
     try:
-        code = ("import sys; from pathlib import Path; from flmesh.node.state_file import lock_folder\n"
+        code = ("import sys; from pathlib import Path; from flmesh.format.state_file import lock_folder\n"
                 "try:\n    lock_folder(Path(sys.argv[1]))\nexcept ValueError as e:\n"
                 "    print(e, file=sys.stderr); sys.exit(2)\n")
         second = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
@@ -69,7 +76,7 @@ def test_fl_node_resume_refuses_a_folder_another_process_holds(tmp_path, capsys)
 
 
 def test_the_aggregator_refuses_a_folder_another_process_holds(tmp_path, capsys):
-    from flmesh.coordinator.aggregator_cli import main as aggregator_main
+    from flmesh.cli.aggregator import main as aggregator_main
 
     fed_file = federation_file(tmp_path, ["a", "b"], rounds=1,
                                extra='[aggregator]\naddress = "127.0.0.1:1"\n')
@@ -184,8 +191,8 @@ def test_an_inbox_entry_without_its_key_is_one_line_naming_it(tmp_path):
 def test_fl_node_resume_on_a_damaged_inbox_entry_exits_2_in_one_line(tmp_path, capsys):
     fed_file = federation_file(tmp_path, ["a", "b", "c"], rounds=3)
     out = tmp_path / "run"
-    from flmesh.node.node import Node
-    from flmesh.topology import load_federation
+    from flmesh.config import load_federation
+    from flmesh.runtime.node import Node
 
     node = Node.from_federation(load_federation(fed_file, []), "a")
     try:

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from flmesh.node.clock import REAL_CLOCK, ManualClock
-from flmesh.node.errors import PeerError
-from flmesh.node.inbox import Inbox, InboxKey
-from flmesh.node.transport import with_retry
+from flmesh.clock import REAL_CLOCK, ManualClock
+from flmesh.runtime.inbox import Inbox, InboxKey
+from flmesh.transports.errors import PeerError
+from flmesh.transports.seam import with_retry
 
 
 def _flaky(failures: int, code: str = "UNAVAILABLE"):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from flmesh.node.user_code import UserCodeError, is_import_path, load_callable, load_object
+from flmesh.user_code import UserCodeError, is_import_path, load_callable, load_object
 
 
 @pytest.fixture

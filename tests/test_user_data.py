@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from flmesh.coordinator.sim import Simulation
-from flmesh.node.learning.data import federation_data
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.learning.data import federation_data
+from flmesh.sim.simulation import Simulation
 
 from conftest import tiny_raw
 from procs import federation_file, launch, read_results
@@ -116,7 +116,7 @@ def test_a_separate_test_pair_is_dealt_out_in_each_partitions_label_mix(blobs_mo
 
 
 def test_a_node_source_gets_the_node_id_and_a_seeded_test_split(blobs_module):
-    from flmesh.node.learning.user_data import own_data
+    from flmesh.learning.user_data import own_data
 
     fed = blob_federation(f"{blobs_module}:blobs")
     shares = [own_data(fed, node, source=f"{blobs_module}:per_node", what="--data-source")
@@ -200,7 +200,7 @@ def _finals(fed, out):
 
 
 def test_a_streamed_dataset_repeats_and_trains_as_its_tensors_do(tmp_path, blobs_module):
-    from flmesh.node.learning.streamed import DatasetData
+    from flmesh.learning.streamed import DatasetData
 
     fed = streamed_federation(f"{blobs_module}:dataset")
     shares, arrays = federation_data(fed), federation_data(blob_federation(f"{blobs_module}:blobs"))
@@ -239,7 +239,7 @@ LABELLED = textwrap.dedent("""
 
 
 def test_labels_come_from_targets_without_reading_the_items(tmp_path, monkeypatch):
-    from flmesh.node.learning.streamed import streamed
+    from flmesh.learning.streamed import streamed
 
     (tmp_path / "user_counted.py").write_text(LABELLED)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -253,7 +253,7 @@ def test_labels_come_from_targets_without_reading_the_items(tmp_path, monkeypatc
 
 
 def test_federations_that_need_in_memory_data_refuse_a_streamed_one(blobs_module):
-    from flmesh.node.learning.data import DataError
+    from flmesh.learning.data import DataError
 
     raw = tiny_raw(nodes=4, rounds=4, tasks={"tasks": 2, "rounds_per_task": 2},
                    data={"stream": True, "source": f"{blobs_module}:dataset", "args": {"n": 240, "seed": 7}})
@@ -267,8 +267,8 @@ def test_federations_that_need_in_memory_data_refuse_a_streamed_one(blobs_module
 
 
 def test_a_star_federation_tunes_on_a_streamed_public_split(tmp_path, blobs_module):
-    from flmesh.node.learning.data import public_data
-    from flmesh.node.learning.streamed import DatasetData
+    from flmesh.learning.data import public_data
+    from flmesh.learning.streamed import DatasetData
 
     raw = tiny_raw(rounds=2, data={"stream": True, "source": f"{blobs_module}:dataset", "partition": "iid",
                                    "args": {"n": 240, "seed": 7}},

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.coordinator.sim import Simulation
-from flmesh.node.learning.data import federation_data, load_dataset
-from flmesh.node.learning.models import MODEL_FACTORIES, ModelError, build_model, register_model
-from flmesh.node.memory import MemoryNetwork, MemoryPeerTransport
-from flmesh.node.node import Node
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.learning.data import federation_data, load_dataset
+from flmesh.learning.models import MODEL_FACTORIES, ModelError, build_model, register_model
+from flmesh.runtime.node import Node
+from flmesh.sim.simulation import Simulation
+from flmesh.transports.memory.network import MemoryNetwork, MemoryPeerTransport
 
 from conftest import tiny_raw
 from harness import Cluster
@@ -107,7 +107,7 @@ def final_numbers(tmp_path, name: str, model: dict) -> tuple[object, dict[str, d
 def test_a_built_in_named_as_a_factory_gives_the_same_numbers(tmp_path):
     by_name = final_numbers(tmp_path, "name", {"name": "mlp", "hidden": [16]})
     registered = final_numbers(tmp_path, "registered", {"factory": "mlp", "args": {"hidden": [16]}})
-    by_path = final_numbers(tmp_path, "path", {"factory": "flmesh.node.learning.models:mlp",
+    by_path = final_numbers(tmp_path, "path", {"factory": "flmesh.learning.models:mlp",
                                                 "args": {"hidden": [16]}})
     for final, states in (registered, by_path):
         assert final == by_name[0]

@@ -30,14 +30,14 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.coordinator.sim_cli import main
-from flmesh.node.learning import data as learning_data
-from flmesh.node.learning import models
-from flmesh.node.learning import vision as data_mod
-from flmesh.node.learning.data import DataError, federation_data, load_dataset
-from flmesh.node.learning.models import ModelError, build_model
-from flmesh.node.learning.trainer import evaluate, train
-from flmesh.topology import FederationError, ModelConfig, parse_federation
+from flmesh.cli.fl_sim import main
+from flmesh.config import FederationError, ModelConfig, parse_federation
+from flmesh.learning import data as learning_data
+from flmesh.learning import models
+from flmesh.learning import vision as data_mod
+from flmesh.learning.data import DataError, federation_data, load_dataset
+from flmesh.learning.models import ModelError, build_model
+from flmesh.learning.trainer import evaluate, train
 
 from conftest import tiny_raw
 
@@ -192,7 +192,7 @@ def assert_one_line(message: str, *parts: str) -> None:
 
 # ------------------------------------------------------------------ data sets
 def test_registries_list_the_torchvision_sets():
-    from flmesh.topology import schema
+    from flmesh.config import schema
 
     assert set(VISION) | set(EMNIST) <= set(learning_data.DATASETS) == set(schema.DATASETS)
     assert set(data_mod.VISION_SETS) == set(VISION) | set(EMNIST)
@@ -427,7 +427,7 @@ def test_forward_shapes(cfg, shape):
 
 
 def test_registries_list_the_models():
-    from flmesh.topology import schema
+    from flmesh.config import schema
 
     assert set(models.MODELS) == set(schema.MODELS) == {"mlp", "cnn", "cnn2", "resnet18"}
 
@@ -584,7 +584,7 @@ def test_mnist_and_fashion_mnist_join_into_20_classes_for_novel_targets(tmp_path
     joined = load_dataset(fed.data)
     assert joined.num_classes == 20 and len(joined) == 120
     assert sorted(set(joined.y.tolist())) == list(range(20)), "Fashion-MNIST's labels follow MNIST's"
-    from flmesh.node.learning.tasks import TaskSource
+    from flmesh.learning.tasks import TaskSource
 
     last = TaskSource(fed, "node0", lambda: joined).share(9)
     assert set(last.train.y.tolist()) | set(last.test.y.tolist()) <= {18, 19}, "task 9: two Fashion classes"
@@ -595,9 +595,9 @@ def test_without_torchvision_the_core_runs_and_vision_names_the_extra(monkeypatc
     asking for a vision set or ResNet-18 without it is one line naming flmesh[vision]."""
     import sys
 
-    from flmesh.node.learning.extras import MissingExtra, require
-    from flmesh.node.learning.models import build_model
-    from flmesh.topology import ModelConfig
+    from flmesh.config import ModelConfig
+    from flmesh.learning.extras import MissingExtra, require
+    from flmesh.learning.models import build_model
 
     for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -638,8 +638,8 @@ def image_federation(tmp_path: Path, folders: dict[str, str], **data):
 
 
 def test_an_image_folder_streams_with_sorted_classes_one_size_and_a_seeded_split(tmp_path):
-    from flmesh.node.learning.streamed import DatasetData
-    from flmesh.node.learning.user_data import own_data
+    from flmesh.learning.streamed import DatasetData
+    from flmesh.learning.user_data import own_data
 
     write_images(tmp_path / "a", per_class=5, seed=0)
     fed = image_federation(tmp_path, {"a": "a", "b": "a"}, image_size=[6, 7])
@@ -659,7 +659,7 @@ def test_an_image_folder_streams_with_sorted_classes_one_size_and_a_seeded_split
 
 
 def test_train_and_test_subfolders_are_the_split_matched_by_class_name(tmp_path):
-    from flmesh.node.learning.user_data import own_data
+    from flmesh.learning.user_data import own_data
 
     write_images(tmp_path / "a" / "train", per_class=4, seed=0)
     write_images(tmp_path / "a" / "test", per_class=2, seed=1, classes=("red", "blue"))
@@ -672,7 +672,7 @@ def test_fl_sim_trains_nodes_on_their_image_folders(tmp_path):
     for i, node in enumerate("abc"):
         write_images(tmp_path / node, per_class=6, seed=i)
     fed = image_federation(tmp_path, {n: n for n in "abc"})
-    from flmesh.coordinator.sim import Simulation
+    from flmesh.sim.simulation import Simulation
 
     with Simulation(fed, tmp_path / "run") as sim:
         summary = sim.run()
@@ -720,8 +720,8 @@ def test_fl_node_processes_train_on_their_image_folders(tmp_path):
 def test_an_image_folder_without_torchvision_names_the_extra(tmp_path, monkeypatch):
     import sys
 
-    from flmesh.node.learning.extras import MissingExtra
-    from flmesh.node.learning.user_data import own_data
+    from flmesh.learning.extras import MissingExtra
+    from flmesh.learning.user_data import own_data
 
     write_images(tmp_path / "a", per_class=2, seed=0)
     fed = image_federation(tmp_path, {"a": "a", "b": "a"})
@@ -734,9 +734,9 @@ def test_an_image_folder_without_torchvision_names_the_extra(tmp_path, monkeypat
 
 
 def test_an_image_damaged_past_its_header_is_named_when_a_batch_reads_it(tmp_path):
-    from flmesh.node.learning.data import DataError
-    from flmesh.node.learning.image_folder import read_image_folder
-    from flmesh.node.learning.trainer import train
+    from flmesh.learning.data import DataError
+    from flmesh.learning.image_folder import read_image_folder
+    from flmesh.learning.trainer import train
 
     write_images(tmp_path / "a", per_class=2, seed=0)
     damaged = tmp_path / "a" / "red" / "1.png"

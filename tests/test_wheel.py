@@ -38,7 +38,7 @@ def test_a_wheel_installs_and_runs_a_federation(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
                     "--no-index", str(wheel)], check=True, timeout=600)
 
-    where = subprocess.run([str(python), "-c", "import flmesh.node, json; print(flmesh.node.__file__)"],
+    where = subprocess.run([str(python), "-c", "import flmesh.runtime, json; print(flmesh.runtime.__file__)"],
                            check=True, capture_output=True, text=True).stdout.strip()
     assert where.startswith(purelib), f"flmesh came from {where}, not the wheel"
     version = subprocess.run([str(env / "bin" / "fl-sim"), "--version"], check=True, capture_output=True,

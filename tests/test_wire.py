@@ -9,14 +9,14 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from flmesh.node.errors import PeerError
-from flmesh.node.format import codec
-from flmesh.node.format.codec import ModelMeta
-from flmesh.node.handlers import VERSION
-from flmesh.node.learning.data import federation_data
-from flmesh.node.node import Node
-from flmesh.node.wire.channels import make_channel
-from flmesh.topology import parse_federation
+from flmesh.config import parse_federation
+from flmesh.format import codec
+from flmesh.format.codec import ModelMeta
+from flmesh.learning.data import federation_data
+from flmesh.runtime.handlers import VERSION
+from flmesh.runtime.node import Node
+from flmesh.transports.errors import PeerError
+from flmesh.transports.grpc.channels import make_channel
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 

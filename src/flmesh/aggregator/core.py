@@ -1,0 +1,289 @@
+"""The aggregator's rounds and its answers to nodes, transport-free.
+
+A star federation (``[aggregator]`` in the federation file) runs rounds driven
+by the aggregator. In round t it samples a fraction C of the nodes (from the
+seed and t, so anyone can recompute the choice), publishes the global model
+of round t-1 with the strategy's extras, takes the sampled nodes' updates
+until all have arrived or ``deadline_s`` passes (the stragglers are dropped
+and named), aggregates with the strategy's server half when at least
+``min_updates`` arrived, and otherwise keeps the previous global model
+(:mod:`~flmesh.aggregator.decision`).
+
+Nodes learn whether they are sampled from :meth:`AggregatorCore.poll` (a small
+reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model. With
+``keep`` set, each update is stored before it is accepted, for a restarted
+aggregator to take back (:meth:`AggregatorCore.take_back`). Who may act and
+who joined is :class:`~flmesh.aggregator.members.Members`.
+
+Thread-safety: the driver (:class:`~flmesh.aggregator.aggregator.Aggregator`)
+calls ``open_round``/``wait_for_updates``/``close_round``/``finish_round``
+from one thread; the handler methods are called from RPC threads; one
+condition guards the state. Waits go through the injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flmesh.aggregator.decision import RoundOutcome, decide_round
+from flmesh.aggregator.members import Members
+from flmesh.algorithms.base import ServerHalf, Tensors, Update
+from flmesh.clock import REAL_CLOCK, Clock
+from flmesh.config import Federation
+from flmesh.format import codec
+from flmesh.format.codec import EncodedModel, ModelMeta, ModelSpec
+from flmesh.format.compression import WireFormat
+from flmesh.topology.sampling import selected
+from flmesh.transports.errors import Refused
+from flmesh.transports.seam import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
+
+if TYPE_CHECKING:
+    from flmesh.observe.metrics import Metrics
+
+log = logging.getLogger("flmesh.aggregator")
+
+#: The longest one Poll waits on the server, whatever the caller asks: a stalled
+#: caller cannot hold a worker thread longer than this.
+MAX_POLL_WAIT_S = 5.0
+
+
+class AggregatorCore:
+    def __init__(self, federation: Federation, *, initial: Tensors, server: ServerHalf, strategy: str,
+                 model_spec: ModelSpec, update_spec: ModelSpec, clock: Clock = REAL_CLOCK,
+                 counter: ByteCounter | None = None, num_classes: int | None = None):
+        agg = federation.aggregator
+        assert agg is not None, "an aggregator needs an [aggregator] section"
+        self.federation = federation
+        self.config = agg
+        self.node_ids = federation.node_ids
+        self.server = server
+        self.strategy = strategy
+        self.model_spec = model_spec
+        self.num_classes = num_classes  # an update's label counts: at most this many, padded to it
+        self.update_spec = {**model_spec, **update_spec}
+        self.max_model_bytes = int(federation.max_model_mib * 2**20)
+        wire = federation.wire
+        self.wire = WireFormat.named(wire.dtype, wire.compression, wire.zstd_level,
+                                     wire.digest)  # how models travel
+        self.clock = clock
+        self.counter = counter or ByteCounter()
+        self.metrics: Metrics | None = None  # Prometheus (--metrics-port): bytes per node
+        self.global_state: Tensors = {k: v.detach().to("cpu").clone() for k, v in initial.items()}
+        self.last_accuracy = 0.0
+        self._cond = threading.Condition()
+        self._keeping = threading.Lock()  # held while an update is stored (disk), not while waiting
+        self._open = 0  # the round whose updates are being collected (0 before the first)
+        self._closed = 0  # the last round that stopped taking updates
+        self._message: EncodedModel | None = None
+        self._updates: dict[str, Update] = {}
+        # stores an update before it is accepted (StateWriteError when it cannot); None: nowhere
+        self.keep: Callable[[Update], None] | None = None
+        self._taken_back: list[Update] = []  # kept updates of the round a resume opens next
+        self._state = "waiting"
+        self._done = False
+        self._selected: dict[int, tuple[str, ...]] = {}  # round -> its sample (see selected)
+        self.stop_event = threading.Event()
+        self.members = Members(federation, self._cond, clock, self.stop_event)
+
+    # ------------------------------------------------------------------ sampling
+    def selected(self, round: int) -> list[str]:
+        """Who takes part in ``round`` (:func:`flmesh.topology.sampling.selected`). Kept per
+        round: every Poll, fetch and update asks, and a draw costs a seeded generator (a tenth
+        of the aggregator's RPC time in the FedAvg benchmark). Thread-safe: a race computes the
+        same answer twice."""
+        sample = self._selected.get(round)
+        if sample is None:
+            sample = self._selected[round] = tuple(selected(self.federation, round))
+        return list(sample)
+
+    # ------------------------------------------------------------------ handlers (RPC threads)
+    def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
+             address: str) -> JoinInfo:
+        self.members.check(node_id, caller)
+        self.members.within_bound(node_id, num_samples, "Join")
+        with self._cond:
+            self.members.join(node_id, num_samples, address)
+            return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
+
+    def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo:
+        self.members.check(node_id, caller)
+        deadline = self.clock.now() + max(0.0, min(wait_s, MAX_POLL_WAIT_S))
+        with self._cond:
+            while self._open < round and not self._done and not self.stop_event.is_set():
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
+            return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
+                            self._done, self.federation.rounds)
+
+    def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
+        """The open round's global model for a sampled node."""
+        self.members.check(node_id, caller)
+        with self._cond:
+            if round != self._open or self._message is None:
+                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
+                              f"is in round {self._open})")
+            if node_id not in self.selected(round):
+                raise Refused("FAILED_PRECONDITION",
+                              f"aggregator: {node_id} was not sampled for round {round}")
+            message = self._message
+        self.counter.add_sent("global", message.wire_bytes())
+        if self.metrics is not None:
+            self.metrics.bytes.labels(self.metrics.node, node_id, "sent").inc(message.wire_bytes())
+        return message
+
+    def submit(self, caller: str | None, chunks: Chunks) -> SubmitResult:
+        """Take a sampled node's update for the open round. Who sent it, its kind and its
+        round are checked from the header before any payload byte is read."""
+        try:
+            header, stream = codec.peek_header(chunks)
+            meta = codec.meta_of(header)
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"aggregator: {exc}") from None
+        self.members.check(meta.sender, caller)
+        if meta.kind != "update":
+            raise Refused("INVALID_ARGUMENT",
+                          f"aggregator: SubmitUpdate takes kind 'update', not {meta.kind!r}")
+        late = self._check_open(meta.sender, meta.round)
+        if late is not None:
+            return late
+        self.members.within_bound(meta.sender, meta.num_samples, "SubmitUpdate")
+        try:
+            decoded = codec.decode(stream, self.update_spec, self.max_model_bytes, wire=self.wire)
+        except codec.CodecError as exc:
+            raise Refused(exc.code, f"aggregator: {exc}") from None
+        self.counter.add_received("update", decoded.wire_bytes)
+        if self.metrics is not None:
+            self.metrics.bytes.labels(self.metrics.node, meta.sender, "received").inc(decoded.wire_bytes)
+        state = {k: v for k, v in decoded.state_dict.items() if k in self.model_spec}
+        extras = {k: v for k, v in decoded.state_dict.items() if k not in self.model_spec}
+        counts = tuple(meta.label_counts)
+        if self.num_classes is not None:  # strategies stack the counts: one length for every update
+            if len(counts) > self.num_classes:
+                raise Refused("INVALID_ARGUMENT", f"aggregator: the update's label_counts lists "
+                              f"{len(counts)} classes, the federation's data has {self.num_classes}")
+            counts += (0,) * (self.num_classes - len(counts))  # a node's data may lack the last classes
+        update = Update(meta.sender, meta.round, state, meta.num_samples, counts, extras)
+        with self._keeping:  # one update stored and taken at a time: the copy kept is the one used
+            late = self._check_open(update.node, update.round)  # a twin's copy may have come first
+            if late is not None:
+                return late
+            if self.keep is not None:
+                try:  # stored before it is accepted: an update acknowledged is one a resume still has
+                    self.keep(update)
+                except OSError as exc:  # StateWriteError: one line naming the file
+                    log.error("aggregator: %s", exc)
+                    raise Refused("INTERNAL", f"aggregator: cannot store the update: {exc}") from None
+            with self._cond:
+                late = self._check_open(update.node, update.round)  # the round may have closed meanwhile
+                if late is not None:
+                    return late
+                self._updates[update.node] = update
+                self._cond.notify_all()
+        return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
+
+    def _check_open(self, node: str, round: int) -> SubmitResult | None:
+        """None when ``node`` may submit for ``round`` now; the late or duplicate answer, or a
+        refusal for a round that is not open or a node that was not sampled."""
+        with self._cond:
+            if round <= self._closed:
+                return SubmitResult(accepted=False, duplicate=False, late=True, round=round)
+            if round != self._open:
+                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the "
+                              f"aggregator is in round {self._open})")
+            if node not in self.selected(round):
+                raise Refused("FAILED_PRECONDITION", f"aggregator: {node} was not sampled for round {round}")
+            if node in self._updates:
+                return SubmitResult(accepted=False, duplicate=True, late=False, round=round)
+        return None
+
+    def status(self, caller: str | None) -> AggregatorStatus:
+        if caller is not None and caller not in self.node_ids:
+            raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} is not in this federation")
+        with self._cond:
+            return AggregatorStatus(self.strategy, self._open, self.federation.rounds,
+                                    self.members.names(), self._state, self.last_accuracy)
+
+    # ------------------------------------------------------------------ driver side (one thread)
+    def addresses(self) -> dict[str, str]:
+        return self.members.addresses()
+
+    def addresses_all(self) -> dict[str, str]:
+        """Every node that joined, with the address it gave (possibly empty)."""
+        return self.members.addresses_all()
+
+    def resume(self, global_state: Tensors, joined: dict[str, str], round: int, last_accuracy: float) -> None:
+        """Take back a checkpoint's state: ``round`` is over, the next one opens next."""
+        with self._cond:
+            self.global_state = {k: v.detach().to("cpu").clone() for k, v in global_state.items()}
+            self.members.restore(joined)
+            self._open = self._closed = round
+            self.last_accuracy = last_accuracy
+            self._cond.notify_all()
+
+    def take_back(self, updates: list[Update]) -> None:
+        """After :meth:`resume`: updates accepted before a crash; those of the round that opens
+        next are in it from the start."""
+        with self._cond:
+            self._taken_back = list(updates)
+
+    def joined(self) -> list[str]:
+        return self.members.joined()
+
+    def wait_for_joins(self, timeout: float) -> list[str]:
+        """Block until every node joined, ``timeout`` passes or stop; the nodes still missing."""
+        return self.members.wait_for_joins(timeout)
+
+    def open_round(self, round: int) -> list[str]:
+        """Publish the global model (and the strategy's extras) for ``round``; the sampled nodes."""
+        selected = self.selected(round)
+        state = {**self.global_state, **self.server.published_extras(round)}
+        message = codec.encode(state, ModelMeta(round=round, sender="aggregator", kind="global",
+                                                metadata={"strategy": self.strategy}), self.wire)
+        with self._cond:
+            self._message = message
+            self._updates = {u.node: u for u in self._taken_back if u.round == round and u.node in selected}
+            self._taken_back = []
+            self._open = round
+            self._state = "waiting"
+            self._cond.notify_all()
+        return selected
+
+    def wait_for_updates(self, round: int, deadline: float) -> None:
+        """Block until every sampled node's update is in, the clock reaches ``deadline``, or stop."""
+        wanted = len(self.selected(round))
+        with self._cond:
+            while len(self._updates) < wanted and not self.stop_event.is_set():
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
+
+    def close_round(self, round: int) -> RoundOutcome:
+        """Stop taking updates for ``round``; aggregate when at least ``min_updates`` arrived."""
+        selected = self.selected(round)
+        with self._cond:
+            self._closed = round
+            self._state = "aggregating"
+            updates = [self._updates[n] for n in selected if n in self._updates]
+        outcome = decide_round(self.server, self.config, round, selected, updates, self.global_state,
+                               stopped=self.stop_event.is_set())
+        self.global_state = outcome.new_global
+        return outcome
+
+    def finish_round(self, round: int, accuracy: float) -> None:
+        """The round is evaluated: nodes may go on (and after the last round, leave)."""
+        with self._cond:
+            self.last_accuracy = accuracy
+            self._done = round >= self.federation.rounds
+            self._state = "done" if self._done else "waiting"
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        with self._cond:
+            self._cond.notify_all()

@@ -1,0 +1,60 @@
+"""flmesh.algorithms: one file per algorithm, loaded by name from the registry.
+
+The registry is :mod:`flmesh.registry` (entry points of ``flmesh.algorithms``,
+run-time registrations, import paths). :func:`load` imports a plug-in on first use;
+:func:`for_node` picks the plug-ins a node runs, each deciding for itself from the
+federation file (:meth:`~flmesh.algorithms.base.Algorithm.enabled`), so no caller
+branches on an algorithm's name.
+"""
+
+from __future__ import annotations
+
+from flmesh.algorithms.base import Algorithm
+from flmesh.config import Federation, TrainingConfig
+from flmesh.registry import AlgorithmError, builtin_names, resolve
+
+#: The order client halves are consulted in: objectives, strategies, then data plug-ins.
+_KIND_ORDER = {"objective": 0, "strategy": 1, "data": 2}
+
+
+def load(name: str) -> Algorithm:
+    """The plug-in registered as ``name`` (or at the import path ``name``); KeyError (one
+    line) names the known ones."""
+    try:
+        plugin = resolve(name)
+    except AlgorithmError as exc:
+        raise KeyError(str(exc)) from None
+    if not isinstance(plugin, Algorithm):
+        raise TypeError(f"{name!r} is not an flmesh.algorithms.base.Algorithm")
+    return plugin
+
+
+def named_by(federation: Federation) -> list[str]:
+    """The plug-ins a node of ``federation`` consults: flmesh's own, its strategy, every node's
+    objective and its ``[algorithm.NAME]`` tables. A plug-in from outside runs only where the
+    file names it, so one that is installed but broken stops no federation that does not."""
+    found = dict.fromkeys(builtin_names())
+    if federation.aggregator is not None:
+        found[federation.aggregator.strategy] = None
+    for node in federation.nodes:
+        found[node.training.objective] = None
+    found.update(dict.fromkeys(federation.algorithms))
+    return list(found)
+
+
+def for_node(federation: Federation, training: TrainingConfig) -> list[Algorithm]:
+    """The plug-ins whose client half a node with ``training`` runs: objectives first, then
+    strategies, then data plug-ins, by name within a kind."""
+    plugins = {id(p): p for p in (load(name) for name in named_by(federation))}.values()
+    chosen = [p for p in plugins if p.enabled(federation, training)]
+    return sorted(chosen, key=lambda p: (_KIND_ORDER.get(p.kind, 3), p.name))
+
+
+def strategy(federation: Federation) -> Algorithm:
+    """The plug-in whose server half the aggregator runs (``[aggregator] strategy``)."""
+    if federation.aggregator is None:
+        raise ValueError(f"{federation.source}: no [aggregator] section, so no strategy")
+    return load(federation.aggregator.strategy)
+
+
+__all__ = ["Algorithm", "for_node", "load", "named_by", "strategy"]

@@ -1,0 +1,315 @@
+"""The federation file's settings as immutable dataclasses (pure: no torch, no grpc).
+
+:func:`flmesh.config.parser.load_federation` builds a :class:`Federation`
+from a file; everything else in flmesh reads these objects. Units: seconds
+for ``*_s``, MiB for ``*_mib``; ``epochs`` may be fractional (a share of one
+pass over the node's batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from flmesh.config.graphs import GraphError, build_graph
+
+SCENARIOS = ("novel_inputs", "novel_targets")
+PARTICIPATION = ("exponential", "uniform", "full")
+REPLAY_MODES = ("client", "aggregator", "local")
+
+
+@dataclass(frozen=True)
+class TaskStreamConfig:
+    """``[tasks]``: the task sequence, who is present when, and how often they take part."""
+
+    scenario: str = "novel_targets"
+    tasks: int = 5
+    rounds_per_task: int = 10
+    classes_per_task: int = 2
+    initial_clients: int = 2
+    joining_clients: int = 2
+    participation: str = "exponential"
+    beta: float = 0.5
+    p: float = 0.5
+
+    @property
+    def clients_needed(self) -> int:
+        """How many nodes the stream brings in by its last task."""
+        return self.initial_clients + self.joining_clients * (self.tasks - 1)
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """``[replay]``: replay buffers of class means (Zizzo et al., Sec. 3.2).
+
+    ``mode``: "client" (the DP global buffer goes back to the clients, which
+    train on it with their local buffer), "aggregator" (the aggregator trains
+    the global model on it after averaging), or "local" (the baseline: local
+    buffers only, nothing shared, no DP). ``local_means`` / ``global_means``:
+    N means per class. ``epsilon``: Laplace DP epsilon of one release;
+    ``clip``: the range inputs and outputs are clipped to; ``budget``: the most
+    epsilon a client may spend (sequential composition), 0 = no limit;
+    ``min_count``: fewest samples of a class a client releases a mean of;
+    ``host``: the node that serves the buffer in a federation without an
+    aggregator; ``server_epochs``: aggregator training's epochs over the buffer.
+    """
+
+    mode: str = "client"
+    local_means: int = 5
+    global_means: int = 5
+    epsilon: float = 10.0
+    clip: tuple[float, float] = (0.0, 1.0)
+    budget: float = 0.0
+    min_count: int = 5
+    host: str | None = None
+    server_epochs: float = 1.0
+
+
+class FederationError(ValueError):
+    """A federation file (or an override of it) is invalid. ``str()`` is one line: control
+    characters that a user's value carried into the message (a path ending in a carriage
+    return, say) are shown escaped."""
+
+    def __init__(self, message: object = "") -> None:
+        text = str(message)
+        super().__init__("".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                                 for c in text))
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Local training settings. ``epochs`` may be fractional; ``lr`` is per step.
+
+    ``optimizer`` is "sgd", "adam" or an import path of a callable building one;
+    ``learner`` is what trains and evaluates (None: the default; an import path from the
+    file, or from Python a learner object: :mod:`flmesh.learning.learner`)."""
+
+    epochs: float = 1.0
+    batch_size: int = 32
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    objective: str = "ce"
+    device: str = "auto"
+    fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
+    learner: str | Any | None = field(default=None, hash=False)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data set, and how it is split across nodes and into train/test.
+
+    ``source`` names user code that returns the data (:mod:`flmesh.learning.user_data`),
+    called with ``args``; it replaces ``dataset``."""
+
+    dataset: str = "digits"
+    root: str | None = None
+    download: bool = False
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    shards_per_node: int = 2
+    test_fraction: float = 0.2
+    min_samples: int = 10
+    source: str | None = None  # "package.module:callable" returning the data (instead of dataset)
+    args: Mapping[str, Any] = field(default_factory=dict)  # the source's keyword arguments
+    classes: int | None = None  # the federation's class count (None: from the labels)
+    label_column: str = "label"  # a node's CSV file: the column holding the labels
+    stream: bool = False  # a source's Dataset is streamed from disk, not read into memory
+    workers: int = 0  # DataLoader worker processes reading a streamed set (0: the training thread)
+    image_size: tuple[int, int] | None = None  # an image folder's (H, W) (None: its first image's)
+
+    @property
+    def origin(self) -> str:
+        """What the data comes from: the source's import path, or the data set's name."""
+        return self.source or self.dataset
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture name and its sizes (``hidden`` for the MLP, ``channels`` for the CNN).
+
+    For ``resnet18``: ``norm`` "batch" or "group" (GroupNorm with ``groups`` groups) and
+    ``small_input`` (3x3 stem without max-pool; None: when H and W <= 64). ``weights`` is a
+    local state-dict file any model starts from (absolute once parsed).
+
+    ``factory`` (set: ``name`` and its sizes are not used) is what builds the model instead:
+    an import path ``"package.module:callable"`` or a registered name from the file, or, from
+    Python, a callable or a ``torch.nn.Module``; ``args`` are the callable's keyword
+    arguments (``[model.args]``). See :mod:`flmesh.learning.models`.
+    """
+
+    name: str = "mlp"
+    hidden: tuple[int, ...] = (64,)
+    channels: tuple[int, ...] = (16, 32)
+    norm: str = "batch"
+    groups: int = 2
+    weights: str | None = None
+    small_input: bool | None = None
+    factory: str | Callable[..., Any] | None = None
+    args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def label(self) -> str:
+        """What builds the model, for titles and results: the factory (its import path or
+        registered name, or a Python object's name), else the built-in ``name``."""
+        if self.factory is None:
+            return self.name
+        if isinstance(self.factory, str):
+            return self.factory
+        return str(getattr(self.factory, "__qualname__", type(self.factory).__qualname__))
+
+
+@dataclass(frozen=True)
+class RewindConfig:
+    """FedRewind (Eq. 2): ``mode`` "off", "previous" (to the source) or "random"
+    (RandRewind); ``lam`` is lambda, the share of E spent on the rewind node (0 < lam <= 0.5).
+
+    ``scope`` matters with a server (Eq. 4, Alg. 2): "sampled" (the default) rewinds
+    to the previous node of the chain *that the round sampled* (RandRewind: a random
+    sampled node), so a round trains only on the data it selected; "chain" rewinds
+    to the chain's previous node whether it was sampled or not. At C = 1 they agree."""
+
+    mode: str = "off"
+    lam: float = 0.1
+    scope: str = "sampled"  # with a server: "sampled" (only nodes sampled this round) or "chain"
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    """The optional server role (``[aggregator]``): a star federation around one aggregator.
+
+    ``fraction`` is C, the share of nodes sampled per round (at least one);
+    ``deadline_s`` closes a round with the updates that arrived (stragglers are
+    dropped); fewer than ``min_updates`` keeps the previous global model.
+    ``public_fraction`` of the data set is carved out before partitioning as the
+    aggregator's labelled public split (Flashback's server distillation), never
+    overlapping client data. ``clip_norm`` > 0 scales every update's change from the
+    global model down to that L2 norm before any strategy aggregates (0: no clipping).
+    ``max_samples`` bounds the sample count a node may claim (at Join and in every update;
+    0: no bound beyond the count the node declared when it joined).
+    ``strategy`` is a registered name or an import path ``package.module:Class``;
+    ``params`` its parameters (``[aggregator.params]`` over the strategy's declared
+    defaults; docs/algorithms.md lists the built-ins').
+    """
+
+    strategy: str = "fedavg"
+    address: str | None = None
+    fraction: float = 1.0
+    min_updates: int = 1
+    deadline_s: float = 120.0
+    public_fraction: float = 0.1
+    clip_norm: float = 0.0
+    max_samples: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WireConfig:
+    """How model streams travel (``[wire]``): floats as ``dtype`` ("native": as they are;
+    "float16" / "bfloat16": half the bytes, lossy) and the payload compressed with
+    ``compression`` ("none" or "zstd" at ``zstd_level``, lossless); the payload's ``digest``
+    that the receiver checks every byte against: "xxh3_128" (the default, catches corruption),
+    "blake3" or "sha256" (cryptographic, for a digest that must also be a content address)."""
+
+    dtype: str = "native"
+    compression: str = "none"
+    zstd_level: int = 3
+    digest: str = "xxh3_128"
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    graph: str = "complete"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    file: Path | None = None
+    schedule: str = "cwt"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node: its id, optional address (HOST:PORT), partition index and training; ``data``
+    is the node's own data file (absolute), which fl-node trains on instead of a partition."""
+
+    id: str
+    index: int
+    training: TrainingConfig
+    address: str | None = None
+    partition: int | None = None
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class Federation:
+    """A validated federation file. Immutable; build with :func:`load_federation`."""
+
+    name: str
+    seed: int
+    rounds: int
+    round_timeout_s: float
+    max_model_mib: float
+    topology: TopologyConfig
+    training: TrainingConfig
+    data: DataConfig
+    model: ModelConfig
+    nodes: tuple[NodeConfig, ...]
+    rewind: RewindConfig = RewindConfig()
+    baseline: str = "none"
+    aggregator: AggregatorConfig | None = None
+    wire: WireConfig = WireConfig()
+    eval_every: int = 1  # FA/FF/PFA every that many rounds and the last (star: global accuracy each round)
+    # > 0: each model evaluated on its own test split and eval_sample - 1 others drawn from
+    # (seed, round, node) instead of all N (the N x N cross-evaluation is quadratic); peer only
+    eval_sample: int = 0
+    metric: str = "accuracy"  # what FA, FF and PFA average: accuracy or a learner's metric
+    # > 0: a peer's model farther from the node's own than this many recent medians is refused
+    distance_guard: float = 0.0
+    # what it was parsed from (overrides applied), so another process can parse the same one
+    raw: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    base_dir: str | None = field(default=None, compare=False, repr=False)
+    source: str = "<federation>"
+    tasks: TaskStreamConfig | None = None  # a continual federation (topology/tasks.py)
+    replay: ReplayConfig | None = None  # replay buffers of class means, with DP sharing
+    # [algorithm.NAME] tables, each over its plug-in's declared defaults (name or import path)
+    algorithms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+    def node(self, node_id: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise FederationError(f"{self.source}: unknown node {node_id!r} "
+                              f"(the federation has {', '.join(self.node_ids)})")
+
+    def derived(self, key: str, build: Callable[[], Any]) -> Any:
+        """A value derived from this file alone (its graph, its schedule), built by ``build`` on
+        first use and kept: every node of an fl-sim asks for the same one. ``replace()`` makes a
+        new object with nothing kept. Thread-safe enough: two first callers may both build,
+        and one result is kept."""
+        if key not in self.__dict__:
+            object.__setattr__(self, key, build())
+        return self.__dict__[key]
+
+    def graph(self) -> nx.Graph:
+        """The communication graph (built once; do not mutate it)."""
+        def build() -> nx.Graph:
+            try:
+                return build_graph(self.topology.graph, self.node_ids, params=self.topology.params,
+                                   path=self.topology.file, seed=self.seed)
+            except GraphError as exc:
+                raise FederationError(f"{self.source}: [topology] {exc}") from None
+        return self.derived("_graph", build)
+
+    def neighbours(self, node_id: str) -> list[str]:
+        """The nodes ``node_id`` has an edge to in the graph (successors if directed), in
+        federation order."""
+        graph = self.graph()
+        near = set(graph.successors(node_id) if graph.is_directed() else graph.neighbors(node_id))
+        return [n for n in self.node_ids if n in near and n != node_id]

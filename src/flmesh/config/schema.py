@@ -1,0 +1,308 @@
+"""The federation file's schema: every section's keys, the check each value must pass, and
+what each key means.
+
+:data:`SECTIONS` maps a section to its keys' checks (:mod:`flmesh.config.checks`),
+:data:`NODE_KEYS` is what a ``[nodes.<id>]`` table may hold, :data:`REQUIRED` the
+keys without a default, :data:`DESCRIPTIONS` one line per key (units included), from which
+with the checks :mod:`flmesh.config.reference` writes the reference page (a key without a
+line, or a line without a key, is an error there, so the page cannot drift from the schema).
+The choices a key may name (data sets, partitions, models, optimizers, baselines) are listed
+here too. :mod:`flmesh.config.parser` reads
+a file against these tables. No torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flmesh.config.checks import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_LAYERS,
+    MAX_LR,
+    MAX_MODEL_MIB,
+    MAX_NODES,
+    MAX_PENALTY,
+    MAX_ROUNDS,
+    MAX_TIMEOUT_S,
+    MAX_WIDTH,
+    Bad,
+    Check,
+    address,
+    at_most,
+    boolean,
+    dataset_name,
+    device,
+    int_list,
+    integer,
+    number,
+    path_string,
+    sample_size,
+    string,
+    table,
+)
+from flmesh.config.graphs import MAX_SEED
+from flmesh.registry import algorithm_name
+from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
+            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
+PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
+MODELS = ("mlp", "cnn", "cnn2", "resnet18")
+OPTIMIZERS = ("sgd", "adam")
+
+BASELINES = ("none", "standalone", "joint")
+
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ID_RULE = "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+FACTORY = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$")
+
+
+def _factory(v: Any) -> str:
+    # Only the form: the import is tried when the model is built (flmesh.user_code). The
+    # value is also printed as rich markup, which "[" would break.
+    if not isinstance(v, str) or not FACTORY.match(v) or len(v) > 1000:
+        raise Bad("an import path package.module:callable or a registered model name")
+    return v
+
+
+def _name(v: Any) -> str:
+    # The name becomes a results folder (runs/<name>-...) and is printed as rich markup: a
+    # "/" or ".." would write elsewhere, a "[/x]" would crash the printer.
+    if not isinstance(v, str) or not NODE_ID.match(v):
+        raise Bad(f"{ID_RULE} (it names the results folder)")
+    return v
+
+
+# flmesh.user_code.IMPORT_PATH; topology loads nothing of flmesh.runtime (tests/test_imports.py)
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+MAX_WORKERS = 64
+MAX_IMAGE_SIDE = 4096
+
+
+def _image_size(v: Any) -> tuple[int, int]:
+    if (not isinstance(v, list) or len(v) != 2
+            or any(isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_IMAGE_SIDE for s in v)):
+        raise Bad(f"[height, width]: two integers from 1 to {MAX_IMAGE_SIDE}")
+    return v[0], v[1]
+
+
+def _import_path(v: Any) -> str:
+    if not isinstance(v, str) or not _IMPORT_PATH.match(v):
+        raise Bad("an import path of the form package.module:name")
+    return v
+
+
+def _optimizer(v: Any) -> str:
+    if isinstance(v, str) and (v in OPTIMIZERS or _IMPORT_PATH.match(v)):
+        return v
+    raise Bad(f"one of {', '.join(repr(o) for o in OPTIMIZERS)}, or an import path package.module:name "
+              "of a callable f(params, lr=..., weight_decay=...)")
+
+
+def _metric(v: Any) -> str:
+    if not isinstance(v, str) or not v.isidentifier() or len(v) > 100:
+        raise Bad("'accuracy' or the name of a metric the learner's evaluate returns")
+    return v
+
+
+MAX_CLASSES = 1_000_000
+_TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
+_SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
+_PENALTY = at_most(number(0), MAX_PENALTY)
+
+TRAINING: dict[str, Check] = {
+    "epochs": at_most(number(0, lo_open=True), MAX_EPOCHS),
+    "batch_size": at_most(integer(1), MAX_BATCH),
+    "lr": at_most(number(0, lo_open=True), MAX_LR),
+    "optimizer": _optimizer,
+    "momentum": number(0, 1, hi_open=True),
+    "weight_decay": at_most(number(0), 1),
+    "objective": algorithm_name("objective"),
+    "learner": _import_path,
+    "device": device,
+    "fedcurv_lambda": _PENALTY,
+}
+
+SECTIONS: dict[str, dict[str, Check]] = {
+    "federation": {
+        "name": _name, "seed": at_most(integer(0), MAX_SEED, "TOML's 64-bit integers"),
+        "rounds": at_most(integer(1), MAX_ROUNDS),
+        "round_timeout_s": _TIMEOUT, "max_model_mib": at_most(number(0, lo_open=True), MAX_MODEL_MIB),
+        "baseline": string(BASELINES), "eval_every": at_most(integer(1), MAX_ROUNDS),
+        "metric": _metric,
+        "distance_guard": at_most(number(0), 1e6),
+        "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
+    },
+    "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
+               "scope": string(("sampled", "chain"))},
+    "aggregator": {
+        "strategy": algorithm_name("strategy"), "address": address, "fraction": number(0, 1, lo_open=True),
+        "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
+        "public_fraction": number(0, 1, hi_open=True), "clip_norm": at_most(number(0), 1e6),
+        "max_samples": at_most(integer(0), 2**53, "2^53"),
+        "params": table,  # the strategy's parameters, checked against what it declares
+        # Deprecated: the built-in strategies' parameters before they moved to [aggregator.params].
+        "server_epochs": _SERVER_EPOCHS, "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
+        "fedcurv_average": string(("plain", "weighted")),
+        "fedcurv_max_age": at_most(integer(0), MAX_ROUNDS), "trim": number(0, 0.5, hi_open=True),
+    },
+    "wire": {"dtype": string(("native", "float16", "bfloat16")), "compression": string(("none", "zstd")),
+             "zstd_level": at_most(integer(1), 19), "digest": string(("xxh3_128", "blake3", "sha256"))},
+    "topology": {
+        "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
+        "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),
+    },
+    "training": TRAINING,
+    "data": {
+        "dataset": dataset_name(DATASETS), "root": path_string, "download": boolean,
+        "partition": string(PARTITIONS),
+        # Dirichlet(alpha) is IID in all but name long before 1e6; past ~1e300 numpy's draw is 0/0.
+        "alpha": at_most(number(0, lo_open=True), 1e6),
+        "shards_per_node": at_most(integer(1), MAX_WIDTH),
+        "test_fraction": number(0, 1, lo_open=True, hi_open=True),
+        "min_samples": at_most(integer(1), 1_000_000),
+        # user data: a callable that returns it, its keyword arguments, the federation's class
+        # count (labels 0..classes-1) and a node's CSV label column
+        "source": _import_path, "args": table, "classes": at_most(integer(2), MAX_CLASSES),
+        "label_column": string(),
+        # streamed data (flmesh.learning.streamed): a source's Dataset read batch by batch,
+        # the DataLoader's worker processes, an image folder's image size [H, W]
+        "stream": boolean, "workers": at_most(integer(0), MAX_WORKERS, "each is a process"),
+        "image_size": _image_size,
+    },
+    "model": {
+        "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
+        "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
+        "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
+        "weights": path_string, "small_input": boolean, "factory": _factory, "args": table,
+    },
+}
+NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), "data": path_string, **TRAINING}
+REQUIRED = {"federation": ("name", "rounds")}
+
+#: section -> key -> its meaning, units included.
+DESCRIPTIONS: dict[str, dict[str, str]] = {
+    "federation": {
+        "name": "the federation's name; results go to runs/<name>-...",
+        "seed": "seeds partitions, models, schedules and draws: same file, same numbers",
+        "rounds": "rounds to run",
+        "round_timeout_s": "seconds a node waits for its source's model (longer while the source works)",
+        "max_model_mib": "MiB: a larger incoming model is refused",
+        "baseline": "run a FedRewind baseline instead: each node alone, or every node's data on one",
+        "eval_every": "FA/FF/PFA every N rounds and after the last (N x N evaluations each time)",
+        "metric": "what FA, FF, PFA and the matrix are over: accuracy or a metric the learner returns",
+        "distance_guard": "between peers: refuse a model farther from the node's own than this many "
+                          "times its own distance from the initial model (0: off)",
+        "eval_sample": "K >= 2: each model on its own test split and K-1 others (FA/FF estimated); "
+                       "0: every split",
+    },
+    "rewind": {
+        "mode": "FedRewind's rewind phase: off, to the previous node, or to a random node (RandRewind)",
+        "lambda": "share of a round's steps trained on the rewind node's data",
+        "scope": "with an aggregator: rewind among the round's sampled nodes, or along the whole chain",
+    },
+    "aggregator": {
+        "strategy": "the plug-in that aggregates (docs/algorithms.md); the section makes a star federation",
+        "address": "HOST:PORT where the aggregator serves (fl-node --role aggregator)",
+        "fraction": "C: the share of nodes sampled each round (at least one)",
+        "min_updates": "fewest updates that change the global model; fewer keep the previous one",
+        "deadline_s": "seconds after which a round closes with the updates that arrived",
+        "public_fraction": "share of the data set carved out as the aggregator's labelled public split",
+        "clip_norm": "scale each update's change from the global model down to this L2 norm (0: off)",
+        "max_samples": "most samples a node may claim at Join and in an update (0: what it declared)",
+        "params": "the strategy's parameters ([aggregator.params], docs/algorithms.md)",
+        "server_epochs": "deprecated: [aggregator.params] server_epochs",
+        "gamma": "deprecated: [aggregator.params] gamma",
+        "fedcurv_lambda": "deprecated: [aggregator.params] lambda",
+        "fedcurv_average": "deprecated: [aggregator.params] average",
+        "fedcurv_max_age": "deprecated: [aggregator.params] max_age",
+        "trim": "deprecated: [aggregator.params] trim",
+    },
+    "wire": {
+        "dtype": "floats on the wire: as they are, or half the bytes (lossy)",
+        "compression": "the model stream's compression (lossless)",
+        "zstd_level": "zstd's level with compression = \"zstd\"",
+        "digest": "the digest the receiver checks every byte against",
+    },
+    "topology": {
+        "nodes": "node count: ids node0 .. node<N-1> (or list [nodes.<id>] tables)",
+        "graph": "a graph generator: ring, complete, erdos_renyi, star or a listed networkx one",
+        "params": "the graph generator's parameters, e.g. { p = 0.5 }",
+        "file": "a GraphML or edge-list file whose node labels are the node ids, instead of graph",
+        "schedule": "who sends to whom: a fixed cycle (cwt) or a fresh random cycle cover each round (rwt)",
+    },
+    "training": {
+        "epochs": "local epochs per round; a fraction is a share of one pass's batches",
+        "batch_size": "samples per optimizer step",
+        "lr": "learning rate, per step",
+        "optimizer": "sgd, adam or an import path of an optimizer factory",
+        "momentum": "SGD's momentum",
+        "weight_decay": "the optimizer's weight decay",
+        "objective": "the local loss: ce, wsm (re-weighted softmax) or a plug-in",
+        "learner": "import path of a flmesh.Learner subclass that trains and evaluates",
+        "device": "where to train: auto (CUDA when present), cpu, cuda, cuda:N or mps",
+        "fedcurv_lambda": "> 0: FedCurv's penalty between peers (neighbours' Fisher diagonals)",
+    },
+    "data": {
+        "dataset": "a built-in data set, or several joined by '+' into one label space",
+        "root": "folder torchvision reads data sets from (relative to the file)",
+        "download": "let torchvision download a missing data set",
+        "partition": "how the data set is split across nodes",
+        "alpha": "the Dirichlet partition's concentration: small is skewed, large near IID",
+        "shards_per_node": "label shards per node with partition = \"shards\"",
+        "test_fraction": "share of each node's data held out as its test split",
+        "min_samples": "fewest samples every node's Dirichlet share must hold (the split is drawn again)",
+        "source": "import path of a callable that returns the data, instead of dataset",
+        "args": "the source's keyword arguments ([data.args])",
+        "classes": "the federation's class count (labels 0..classes-1), so every node builds one model",
+        "label_column": "the label column of a node's CSV file",
+        "stream": "read a source's Dataset batch by batch from disk, not into memory",
+        "workers": "DataLoader worker processes for a streamed set (0: the training thread)",
+        "image_size": "an image folder's image size [height, width] (unset: its first image's)",
+    },
+    "model": {
+        "name": "a built-in architecture",
+        "hidden": "the MLP's hidden layer widths",
+        "channels": "the CNN's convolution channels",
+        "norm": "resnet18's normalization: BatchNorm or GroupNorm",
+        "groups": "resnet18's GroupNorm groups",
+        "weights": "a local state-dict file every model starts from (relative to the file)",
+        "small_input": "resnet18: a 3x3 stem without max-pool (unset: when height and width <= 64)",
+        "factory": "import path or registered name of a callable that builds the model, instead of name",
+        "args": "the factory's keyword arguments ([model.args])",
+    },
+    "tasks": {
+        "scenario": "continual learning: new inputs of the same classes, or new classes per task",
+        "tasks": "how many tasks; tasks x rounds_per_task must equal [federation] rounds",
+        "rounds_per_task": "rounds each task lasts",
+        "classes_per_task": "classes a task adds in novel_targets",
+        "initial_clients": "nodes present from the first task",
+        "joining_clients": "nodes that join at each task change",
+        "participation": "how often a present node takes part: decaying, uniform or always",
+        "beta": "the exponential participation's decay",
+        "p": "the uniform participation's probability",
+    },
+    "replay": {
+        "mode": "who trains on the DP global buffer: the clients, the aggregator, or local buffers only",
+        "local_means": "class means per class in a client's local buffer",
+        "global_means": "class means per class a client releases to the global buffer",
+        "epsilon": "Laplace DP epsilon of one release",
+        "clip": "[lo, hi]: the range inputs and outputs are clipped to",
+        "budget": "most epsilon a client may spend in all (0: no limit)",
+        "min_count": "fewest samples of a class a client releases a mean of",
+        "host": "the node that hosts the global buffer in a federation without an aggregator",
+        "server_epochs": "the aggregator's epochs over the buffer with mode = \"aggregator\"",
+    },
+    "nodes.<id>": {
+        "address": "HOST:PORT the node serves on",
+        "partition": "which partition of the data set the node trains on (default: its position)",
+        "data": "the node's own data file (.npz, .csv, ...), instead of a partition",
+        **{key: f"this node's [training] {key}" for key in TRAINING},
+    },
+}

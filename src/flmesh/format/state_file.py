@@ -1,0 +1,117 @@
+"""A file of named tensors and JSON values, written atomically and verified when read.
+
+The checkpoint format of every flmesh process. It reuses the wire codec (no
+pickle; names, dtypes, shapes and a SHA-256 over the payload): the file is a
+magic line, the length of the serialised ``ModelHeader`` (kind "checkpoint",
+the values as JSON in its metadata), the header, then the payload. Writing
+goes to a temporary file in the same folder, fsynced, then renamed over the
+old one, so a crash leaves either the old checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from flmesh.format import codec
+from flmesh.format.codec import CodecError, ModelMeta
+from flmesh.v1 import model_pb2 as pb
+
+MAGIC = b"FLMESH-STATE\n"
+LOCK = ".lock"  # the state folder's lock file (flock; held for the process's lifetime)
+_LENGTH = struct.Struct("<Q")
+
+
+class StateFileError(ValueError):
+    """A state file cannot be used; the message (one line) names the file and why."""
+
+
+class StateWriteError(OSError):
+    """A state file could not be written (full disk, read-only folder); one line naming the file."""
+
+
+def lock_folder(folder: Path) -> IO[bytes]:
+    """Take an exclusive, non-blocking lock on the state ``folder`` (creating it); keep the
+    returned file open for as long as the process uses the folder: the lock goes with it
+    (closing it or exiting releases it). StateFileError (one line) when another process holds
+    it; OSError when the folder cannot be written."""
+    path = folder / LOCK
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(path, "ab")  # held open on purpose: the lock lives as long as it
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        f.close()
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise StateFileError(f"{folder}: in use by another process (it holds {path})") from None
+        raise
+    return f
+
+
+def write_state(path: Path, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> None:
+    """Write ``tensors`` and the JSON-able ``values`` to ``path`` atomically. Blocks (fsync).
+    StateWriteError (one line naming ``path``) when it cannot: the old file, if any, stays."""
+    encoded = codec.encode(dict(tensors), ModelMeta(kind="checkpoint",
+                                                    metadata={"values": json.dumps(values)}))
+    header = encoded.header.SerializeToString()
+    write_file(path, [MAGIC + _LENGTH.pack(len(header)) + header, encoded.payload.numpy().tobytes()])
+
+
+def write_file(path: Path, parts: Iterable[bytes]) -> None:
+    """Write ``parts`` one after the other to ``path`` atomically: a temporary file in its
+    folder, fsynced, renamed over it. Blocks. StateWriteError (one line naming ``path``) when
+    it cannot: the old file, if any, stays, and no temporary file is left."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except FileExistsError:  # its folder's name is taken by a file
+        raise StateWriteError(f"{path}: cannot write: {os.strerror(errno.ENOTDIR)}") from None
+    except OSError as exc:
+        raise StateWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise StateWriteError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors and values in ``path``; StateFileError (one line) when it is missing,
+    truncated, corrupt or not a state file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise StateFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + _LENGTH.size:
+        raise StateFileError(f"{path}: not a flmesh checkpoint")
+    (size,) = _LENGTH.unpack_from(raw, len(MAGIC))
+    start = len(MAGIC) + _LENGTH.size
+    try:
+        header = pb.ModelHeader.FromString(raw[start:start + size])
+        chunks = [pb.ModelChunk(header=header), pb.ModelChunk(data=raw[start + size:])]
+        decoded = codec.decode(chunks, None, max_bytes=len(raw))
+        if decoded.meta.kind != "checkpoint":
+            raise CodecError("invalid", f"holds a {decoded.meta.kind!r} model, not a checkpoint")
+        values = json.loads(str(decoded.meta.metadata.get("values", "{}")))
+    except (CodecError, ValueError) as exc:  # protobuf's DecodeError is a ValueError too
+        raise StateFileError(f"{path}: damaged checkpoint: {exc}") from None
+    if not isinstance(values, dict):
+        raise StateFileError(f"{path}: damaged checkpoint: its values are not a JSON object")
+    return {k: v.clone() for k, v in decoded.state_dict.items()}, values

@@ -1,0 +1,264 @@
+"""Data sets and each node's share of them (learning wing: torch, no grpc).
+
+The embedded default is scikit-learn's bundled digits set: 1,797 real 8x8
+grey-scale images of the digits 0-9, available offline. MNIST, Fashion-MNIST,
+EMNIST, CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root``
+(see :mod:`flmesh.learning.vision`); "a+b" joins sets into one label
+space. User data (a ``[data] source`` callable, a node's own file) comes
+through :mod:`flmesh.learning.user_data`. A data set is held in memory as an
+:class:`ArrayData` (inputs as float32, in [0, 1] for the built-in sets; labels int64), or,
+for an image folder or a Dataset with ``[data] stream = true``, streamed from disk as its
+subclass :class:`~flmesh.learning.streamed.DatasetData` (labels in memory, inputs read
+per batch).
+
+Every node derives the same partition from the federation seed, so a node
+needs no message to know its share. :func:`node_data` keeps only that share:
+the whole data set is read once, split, and dropped, so a node process holds
+its own training and test samples and nothing of its peers'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flmesh.config import DataConfig, Federation
+from flmesh.learning import partitions
+from flmesh.topology import sampling
+
+# Stream ids for numpy/torch seeding, so independent uses of one federation seed
+# never draw from the same stream.
+SEED_PARTITION = 1
+SEED_SPLIT = 2
+SEED_MODEL = 3
+SEED_TRAIN = 4
+SEED_PUBLIC = 5
+
+
+derive_seed = sampling.derive_seed
+
+class DataError(ValueError):
+    """A data set is missing or unusable; the message names what and where."""
+
+
+@dataclass(frozen=True)
+class ArrayData:
+    """An in-memory labelled set: ``x`` float32 (N, *input_shape), ``y`` int64 (N,).
+
+    In a continual federation test samples also carry ``task`` (int64 (N,),
+    the task they belong to, from 0) and ``num_tasks``, so evaluation can
+    report accuracy per task. ``held_out`` is a test set a ``[data] source`` gave
+    apart from these samples (a subset does not keep it)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    task: torch.Tensor | None = None
+    num_tasks: int = 0
+    held_out: ArrayData | None = None
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def subset(self, indices: np.ndarray) -> ArrayData:
+        """A copy of the samples at ``indices`` (it shares no memory with this set)."""
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        task = self.task[idx] if self.task is not None else None
+        return ArrayData(self.x[idx], self.y[idx], self.num_classes, task, self.num_tasks)
+
+    def up_to_task(self, task: int | None) -> ArrayData:
+        """The samples of tasks ``<= task`` (all of them when ``task`` is None or there are no ids)."""
+        if task is None or self.task is None:
+            return self
+        return self.subset(np.flatnonzero(self.task.numpy() <= task))
+
+    def label_counts(self) -> list[int]:
+        """Samples per class, a list of length ``num_classes``."""
+        return torch.bincount(self.y, minlength=self.num_classes).tolist()
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """One node's data: the split it trains on and the split its models are evaluated on.
+
+    ``largest_share`` is the sample count of the federation's largest partition (0:
+    unknown); it bounds the work a peer's rewind request may ask of this node. Immutable.
+    """
+
+    train: ArrayData
+    test: ArrayData
+    largest_share: int = 0  # samples in the federation's largest partition (0: unknown)
+
+
+def load_digits() -> ArrayData:
+    """scikit-learn's bundled digits as (N, 1, 8, 8) images scaled to [0, 1].
+
+    Read straight from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``:
+    64 pixel values 0..16 and the label per line, the rows ``sklearn.datasets.load_digits``
+    returns), found without importing scikit-learn, which alone takes over a second: a node
+    is serving sooner (benchmarks/startup.py)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the digits data set ships with scikit-learn, which is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    try:
+        with gzip.open(path, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read scikit-learn's digits file: {exc}") from None
+    x = torch.from_numpy(table[:, :64] / 16.0).reshape(-1, 1, 8, 8)
+    y = torch.from_numpy(table[:, 64].astype(np.int64))
+    return ArrayData(x, y, 10)
+
+
+def load_dataset(cfg: DataConfig) -> ArrayData:
+    """The whole data set named by ``cfg.dataset``; "a+b" joins sets into one label space
+    (b's classes after a's, e.g. MNIST + Fashion-MNIST: 20 classes, as Zizzo et al. use).
+    With ``cfg.source``, what that user code returns (:mod:`flmesh.learning.user_data`)."""
+    if cfg.source is not None:
+        from flmesh.learning.user_data import load_source
+
+        return load_source(cfg)
+    parts = [_load_one(name, cfg) for name in cfg.dataset.split("+")]
+    if len(parts) == 1:
+        return parts[0]
+    shapes = {p.input_shape for p in parts}
+    if len(shapes) != 1:
+        raise DataError(f"{cfg.dataset}: the sets have different input shapes {sorted(shapes)}; "
+                        "only sets of one shape can be joined")
+    offsets = np.cumsum([0] + [p.num_classes for p in parts[:-1]])
+    return ArrayData(torch.cat([p.x for p in parts]),
+                     torch.cat([p.y + int(o) for p, o in zip(parts, offsets, strict=True)]),
+                     sum(p.num_classes for p in parts))
+
+
+def _load_one(name: str, cfg: DataConfig) -> ArrayData:
+    if name == "digits":
+        return load_digits()
+    from flmesh.learning.vision import VISION_SETS, load_vision
+
+    if name in VISION_SETS:
+        return load_vision(name, cfg.root, cfg.download)
+    raise DataError(f"unknown dataset {name!r}")
+
+
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
+            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
+
+
+def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,
+                      seed: int) -> list[np.ndarray]:
+    """Every node's sample indices, derived from the federation seed alone."""
+    rng = np.random.default_rng([seed, SEED_PARTITION])
+    if cfg.partition == "iid":
+        return partitions.iid(len(labels), num_nodes, rng)
+    if cfg.partition == "dirichlet":
+        return partitions.dirichlet(labels, num_nodes, cfg.alpha, rng, cfg.min_samples)
+    if cfg.partition == "dirichlet_equal":
+        return partitions.dirichlet_equal(labels, num_nodes, cfg.alpha, rng)
+    if cfg.partition == "shards":
+        return partitions.shards(labels, num_nodes, cfg.shards_per_node, rng)
+    raise DataError(f"unknown partition {cfg.partition!r}")
+
+
+PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
+
+
+def public_split(labels: np.ndarray, federation: Federation) -> tuple[np.ndarray, np.ndarray]:
+    """(public indices, client indices): the aggregator's labelled public split, carved
+    from the whole data set before partitioning, so it never overlaps client data.
+
+    Stratified by label (each class gives ``public_fraction`` of its samples) and
+    seeded by the federation seed. Without an ``[aggregator]`` the public split is empty.
+    """
+    everything = np.arange(len(labels))
+    agg = federation.aggregator
+    if agg is None or agg.public_fraction <= 0:
+        return everything[:0], everything
+    rng = np.random.default_rng([federation.seed, SEED_PUBLIC])
+    public = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        public.append(idx[:int(round(len(idx) * agg.public_fraction))])
+    public_idx = np.sort(np.concatenate(public))
+    return public_idx, np.setdiff1d(everything, public_idx)
+
+
+def federation_data(federation: Federation, dataset: ArrayData | None = None,
+                    only: str | None = None) -> dict[str, NodeData]:
+    """Each node's train/test split, keyed by node id (with ``only``: just that node's).
+
+    A node's partition is ``[nodes.<id>] partition`` when set, else its position
+    in the federation. The train/test split of partition p uses its own seeded
+    stream, so it is the same whichever process computes it. With an
+    ``[aggregator]``, its public split is removed first (see :func:`public_split`).
+    A node with a ``[nodes.<id>] data`` file gets that file instead of its partition (the
+    others' partitions do not change). When the data set carries a ``held_out`` test set, a
+    node trains on its whole partition and tests on held-out samples in its partition's label
+    proportions (:func:`~flmesh.learning.partitions.proportional`).
+    Every share is a copy: nothing returned keeps the whole data set alive.
+    """
+    out = _own_files(federation, only)
+    if len(out) == (1 if only is not None else len(federation.nodes)):
+        return out
+    data = dataset if dataset is not None else load_dataset(federation.data)
+    from flmesh.learning.streamed import DatasetData, check_streamable
+
+    if isinstance(data, DatasetData):
+        check_streamable(federation, f"[data] source {federation.data.source!r}")
+    labels = data.y.numpy()
+    _, pool = public_split(labels, federation)
+    parts = [pool[p] for p in partition_indices(labels[pool], federation.data, len(federation.nodes),
+                                                federation.seed)]
+    largest = max(len(p) for p in parts)
+    held_out = data.held_out
+    tests = (partitions.proportional([labels[p] for p in parts], held_out.y.numpy(),
+                                     np.random.default_rng([federation.seed, SEED_SPLIT]))
+             if held_out is not None else [])
+    for node in federation.nodes:
+        if (only is not None and node.id != only) or node.id in out:
+            continue
+        p = node.partition if node.partition is not None else node.index
+        if held_out is not None:
+            out[node.id] = NodeData(data.subset(parts[p]), held_out.subset(tests[p]), largest)
+            continue
+        rng = np.random.default_rng([federation.seed, SEED_SPLIT, p])
+        train_idx, test_idx = partitions.train_test_split(parts[p], federation.data.test_fraction, rng)
+        out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx), largest)
+    return out
+
+
+def _own_files(federation: Federation, only: str | None) -> dict[str, NodeData]:
+    """The shares of nodes with a ``[nodes.<id>] data`` file: that file, not a partition."""
+    from flmesh.learning.user_data import own_data
+
+    return {n.id: own_data(federation, n.id, path=Path(n.data),
+                           what=f"{federation.source}: [nodes.{n.id}] data {n.data}")
+            for n in federation.nodes if n.data is not None and only in (None, n.id)}
+
+
+def node_data(federation: Federation, node_id: str) -> NodeData:
+    """Node ``node_id``'s own train/test share, and nothing else kept in memory.
+
+    The whole data set is loaded, split exactly as :func:`federation_data`
+    splits it, and released before this returns.
+    """
+    federation.node(node_id)  # one clear line for an unknown id
+    return federation_data(federation, only=node_id)[node_id]
+
+
+def public_data(federation: Federation, dataset: ArrayData | None = None) -> ArrayData:
+    """The aggregator's public split (empty without an ``[aggregator]``)."""
+    data = dataset if dataset is not None else load_dataset(federation.data)
+    public_idx, _ = public_split(data.y.numpy(), federation)
+    return data.subset(public_idx)

@@ -1,0 +1,102 @@
+"""A node's own folder of images, one subfolder per class, streamed from disk (learning wing).
+
+``fl-node --data FOLDER`` (or a ``[nodes.<id>] data`` folder) reads ``FOLDER/<class>/<image>``
+with torchvision's ``ImageFolder`` (the ``vision`` extra): the classes are the subfolders'
+names in sorted order (label 0 is the first), ``[data] classes`` when set is the class count
+(at least the number of subfolders). With ``FOLDER/train/<class>/...`` and
+``FOLDER/test/<class>/...`` those are the node's train and test sets (test's classes are
+matched to train's by name); otherwise the caller splits off a seeded test share.
+
+Every image is read as RGB and converted to a float32 tensor in [0, 1] (3, H, W), resized to
+``[data] image_size = [H, W]`` (default: the size of the first image). Each image's header
+is read before training, so a file that is not an image is one line naming it; the set is
+then streamed (:mod:`flmesh.learning.streamed`). Blocking: reads the folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flmesh.config import DataConfig
+from flmesh.learning.data import DataError
+from flmesh.learning.extras import require
+from flmesh.learning.streamed import DatasetData, streamed
+
+LAYOUT = "one subfolder of images per class: FOLDER/<class>/<image>"
+
+
+def _class_folders(folder: Path, what: str) -> list[str]:
+    try:
+        entries = list(folder.iterdir())
+    except OSError as exc:
+        raise DataError(f"{what}: cannot read the folder: {exc.strerror or exc}") from None
+    names = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+    if not names:
+        state = "is empty" if not entries else "holds no class subfolders"
+        raise DataError(f"{what}: {state}; expected {LAYOUT}")
+    return names
+
+
+def read_image_folder(folder: Path, what: str, cfg: DataConfig) -> tuple[DatasetData, DatasetData | None]:
+    """The images under ``folder``: (all of them, None), or (train/, test/) when it has both.
+    Raises DataError naming ``what`` and the file, or MissingExtra without torchvision."""
+    datasets = require("torchvision.datasets", "vision", f"{what} (a folder of images)")
+    transforms = require("torchvision.transforms", "vision", f"{what} (a folder of images)")
+    split = (folder / "train").is_dir() and (folder / "test").is_dir()
+    parts = [folder / "train", folder / "test"] if split else [folder]
+    named = [(p, f"{what}{'/' + p.name if split else ''}") for p in parts]
+    classes = _class_folders(named[0][0], named[0][1])
+    if cfg.classes is not None and len(classes) > cfg.classes:
+        raise DataError(f"{what}: {len(classes)} class subfolders, but [data] classes = {cfg.classes}")
+    sets = []
+    for path, label in named:
+        found = _class_folders(path, label)
+        unknown = sorted(set(found) - set(classes))
+        if unknown:
+            raise DataError(f"{label}: class subfolders that train/ lacks: {', '.join(unknown)}")
+        try:
+            ds = datasets.ImageFolder(str(path), loader=_rgb)
+        except (FileNotFoundError, OSError) as exc:  # a class subfolder without an image file
+            raise DataError(f"{label}: {' '.join(str(exc).split())}") from None
+        _check_headers(ds.samples)
+        sets.append(ds)
+    size = cfg.image_size or _first_size(sets[0].samples[0][0])
+    convert = transforms.Compose([transforms.Resize(size), transforms.ToTensor()])
+    out = []
+    for ds, (_, label) in zip(sets, named, strict=True):
+        ds.transform = convert
+        labels = [classes.index(ds.classes[t]) for t in ds.targets]  # by name: test/ may lack a class
+        out.append(streamed(ds, label, cfg.classes or len(classes), cfg.workers, labels=labels))
+    return out[0], (out[1] if split else None)
+
+
+def _rgb(path: str) -> Any:
+    """The image at ``path`` as RGB (what ImageFolder's default loader does), or a DataError
+    naming the file: an image damaged past its header fails here, when a batch reads it."""
+    image: Any = require("PIL.Image", "vision", "an image folder")
+    try:
+        with image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
+
+
+def _check_headers(samples: list[tuple[str, int]]) -> None:
+    image = require("PIL.Image", "vision", "an image folder")
+    for path, _ in samples:
+        try:
+            with image.open(path):
+                pass
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
+
+
+def _first_size(path: str) -> tuple[int, int]:
+    image: Any = require("PIL.Image", "vision", "an image folder")
+    with image.open(path) as im:
+        width, height = im.size
+    return int(height), int(width)
+
+
+__all__ = ["read_image_folder"]

@@ -1,0 +1,1 @@
+"""flmesh.reports."""

@@ -1,0 +1,273 @@
+"""Pictures of a run, drawn from its rounds.jsonl rows (matplotlib, files only).
+
+``accuracy.png`` (FA with FA ± FF, and PFA or the global model's accuracy),
+``per_class.png`` (per-class accuracy over rounds) and, for star runs,
+``local_forgetting.png`` (each node's F_k,t). Rows are the JSON objects of
+:class:`flmesh.reports.results.RoundRow`. Every picture is titled with the run's name and main
+settings (:func:`run_title`), on the image and in the PNG's ``Title`` text field; ``fl-sim
+compare`` draws its panels with :func:`plot_panels`.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Fixed margins for the pictures whose labels are fixed (axis titles, tick labels of at most
+#: three digits): what ``tight_layout`` computes for them, without its extra drawing pass, which
+#: is a large share of the drawing time. The
+#: node-forgetting and task pictures, whose labels are node names or vary, keep tight_layout.
+FIXED_MARGINS = {"left": 0.11, "right": 0.977, "bottom": 0.146, "top": 0.89}
+
+
+#: PNG at zlib level 1 instead of Pillow's 6: the pictures are somewhat larger (still tens of KB)
+#: and written sooner, which a run waits for at its end (matplotlib passes these to Pillow).
+PNG = {"pil_kwargs": {"compress_level": 1}}
+
+
+class PicturesError(Exception):
+    """The pictures of a run could not be drawn (its rows and summary are written)."""
+
+
+#: Draws one picture of the rows to the path, under the title, and returns the path.
+Plot = Callable[[Sequence[Mapping[str, Any]], Path, str], Path]
+
+
+def draw(rows: Sequence[Mapping[str, Any]], out_dir: Path, title: str | None = None) -> list[Path]:
+    """Draw the pictures of ``rows`` into ``out_dir``; their paths (none without rows). ``title``:
+    the pictures' title (default :func:`run_title` of the folder). Blocks on the disk."""
+    if not rows:
+        return []
+    named = run_title(Path(out_dir), rows) if title is None else title
+    return [plot(rows, path, named) for plot, path in plans(rows, out_dir)]
+
+
+def run_title(folder: Path, rows: Sequence[Mapping[str, Any]]) -> str:
+    """The title of a run's pictures: its federation's name, then its algorithm (schedule or
+    strategy, and rewind), nodes, planned rounds and seed, e.g. ``quickstart — CWT + rewind,
+    10 nodes, 40 rounds, seed 1``. Read from the folder's summary.json (fl-sim writes it before
+    drawing); what it lacks comes from the rows, and the name from the folder's."""
+    summary = _summary(folder / "summary.json")
+    config: dict[str, Any] = summary["config"] if isinstance(summary.get("config"), dict) else {}
+    last = rows[-1] if rows else {}
+    star = last.get("kind") == "star"
+    if config.get("baseline") not in (None, "none"):
+        algorithm = f"{config['baseline']} baseline"
+    elif config.get("schedule") or config.get("strategy"):
+        algorithm = str(config["schedule"]).upper() if config.get("schedule") else str(config["strategy"])
+    else:
+        algorithm = "star" if star else "peer"
+    rewind: dict[str, Any] = config["rewind"] if isinstance(config.get("rewind"), dict) else {}
+    if rewind.get("mode") not in (None, "off"):
+        algorithm += " + rewind" if rewind["mode"] == "previous" else f" + {rewind['mode']} rewind"
+    nodes = config.get("nodes") if isinstance(config.get("nodes"), list) else list(last.get("nodes") or {})
+    rounds = summary.get("rounds_planned") or last.get("round")
+    parts = [algorithm, f"{len(nodes)} nodes" if nodes else "", f"{rounds} rounds" if rounds else "",
+             f"seed {summary['seed']}" if isinstance(summary.get("seed"), int) else ""]
+    name = summary.get("federation") or folder.name
+    return f"{name} — " + ", ".join(p for p in parts if p)
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    """A summary.json's object; {} when there is none or it cannot be read (the title is all it
+    is read for)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def heading(fig: Any, ax: Any, title: str, fixed: bool = True) -> None:
+    """Put ``title`` above ``ax``, wrapped at 80 characters (never cut); with ``fixed``, set the
+    fixed margins, the top one lowered for each line past the first."""
+    text = textwrap.fill(title, 80)
+    ax.set_title(text, fontsize=10)
+    if fixed:
+        fig.subplots_adjust(**{**FIXED_MARGINS, "top": FIXED_MARGINS["top"] - 0.045 * text.count("\n")})
+
+
+def save(fig: Any, path: Path, title: str, **options: Any) -> None:
+    """Save ``fig`` as a PNG whose ``Title`` text field is ``title``."""
+    fig.savefig(path, metadata={"Title": title}, **PNG, **options)
+
+
+def plans(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[tuple[Plot, Path]]:
+    """The pictures ``rows`` get, in order: how each is drawn and where to."""
+    if not rows:
+        return []
+    out_dir = Path(out_dir)
+    pictures: list[tuple[Plot, Path]] = [(plot_accuracy, out_dir / "accuracy.png"),
+                                         (plot_per_class, out_dir / "per_class.png")]
+    if rows[0].get("kind") == "star":
+        pictures.append((plot_local_forgetting, out_dir / "local_forgetting.png"))
+    if any(r.get("task_accuracy") for r in rows):
+        pictures.append((plot_tasks, out_dir / "tasks.png"))
+    return pictures
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def accuracy_curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """What :func:`plot_accuracy` draws, in percent: ``"fa"`` and ``"ff"`` at the rounds with
+    FA, ``"pfa"`` at those with PFA (a merged run without cross-evaluation has PFA only) and,
+    for star runs, ``"accuracy"`` (the global model) at every round: name -> (rounds, values)."""
+    def curve(key: str, having: str) -> tuple[list[int], list[float]]:
+        kept = [r for r in rows if r.get(having) is not None]
+        return [r["round"] for r in kept], [100 * (r.get(key) or 0.0) for r in kept]
+
+    out = {"fa": curve("fa", "fa"), "ff": curve("ff", "fa"), "pfa": curve("pfa", "pfa")}
+    if rows and rows[0].get("kind") == "star":
+        out["accuracy"] = curve("accuracy", "round")
+    return out
+
+
+def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """FA and PFA over rounds (percent), with FA ± FF shaded; star runs add the global model
+    (:func:`accuracy_curves`)."""
+    plt = pyplot()
+    curves = accuracy_curves(rows)
+    rounds, fa = curves["fa"]
+    ff = curves["ff"][1]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    ax.plot(rounds, fa, marker="o", label="FA (federation accuracy)")
+    ax.fill_between(rounds, [a - s for a, s in zip(fa, ff, strict=True)],
+                    [a + s for a, s in zip(fa, ff, strict=True)], alpha=0.2, label="FA ± FF")
+    ax.plot(*curves["pfa"], marker="s", label="PFA (personalized)")
+    if "accuracy" in curves:
+        ax.plot(*curves["accuracy"], marker="^", label="global model accuracy")
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    heading(fig, ax, title)
+    save(fig, path, title)
+    plt.close(fig)
+    return path
+
+
+def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Heat map of the federation's per-class accuracy (class x round), in percent."""
+    plt = pyplot()
+    import numpy as np
+
+    matrix = np.array([[np.nan if v is None else v for v in r.get("per_class_accuracy") or []] for r in rows],
+                      dtype=float).T * 100
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    image = ax.imshow(matrix, aspect="auto", origin="lower", vmin=0, vmax=100, cmap="viridis",
+                      extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5,
+                              matrix.shape[0] - 0.5))
+    ax.set_xlabel("round")
+    ax.set_ylabel("class")
+    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    heading(fig, ax, title)
+    save(fig, path, title)
+    plt.close(fig)
+    return path
+
+
+def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Heat map of each node's local forgetting F_k,t (percent; blank when not sampled),
+    as in the WSM thesis Fig. 2.2 and Flashback's per-client view."""
+    plt = pyplot()
+    import numpy as np
+
+    nodes = list(rows[0]["nodes"])
+    matrix = np.full((len(nodes), len(rows)), np.nan)
+    for j, row in enumerate(rows):
+        for i, node in enumerate(nodes):
+            value = row["nodes"][node].get("local_forgetting")
+            if value is not None:
+                matrix[i, j] = 100 * value
+    fig, ax = plt.subplots(figsize=(6.4, max(3.0, 0.18 * len(nodes) + 1.5)), dpi=100)
+    image = ax.imshow(matrix, aspect="auto", origin="lower", cmap="magma_r", vmin=0,
+                      extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5, len(nodes) - 0.5))
+    ax.set_xlabel("round")
+    ax.set_ylabel("node")
+    if len(nodes) <= 20:
+        ax.set_yticks(range(len(nodes)), nodes)
+    fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
+    heading(fig, ax, title, fixed=False)
+    fig.tight_layout()
+    save(fig, path, title)
+    plt.close(fig)
+    return path
+
+
+def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Accuracy on each task's test data over rounds (percent), with the task changes marked:
+    forgetting shows as a task's line falling after the stream moved on."""
+    plt = pyplot()
+    tasks = max(len(r.get("task_accuracy") or []) for r in rows)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for k in range(tasks):
+        points = [(r["round"], 100 * r["task_accuracy"][k]) for r in rows
+                  if r.get("task_accuracy") and k < len(r["task_accuracy"])
+                  and r["task_accuracy"][k] is not None]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"task {k}")
+    changes = [b["round"] for a, b in zip(rows, rows[1:], strict=False) if b.get("task") != a.get("task")]
+    for x in changes:
+        ax.axvline(x - 0.5, color="grey", alpha=0.3, linewidth=1)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy on the task (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize="small", ncol=2)
+    heading(fig, ax, title, fixed=False)
+    fig.tight_layout()
+    save(fig, path, title)
+    plt.close(fig)
+    return path
+
+
+def plot_panels(panels: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
+    """One axis per panel (``{"title", "unit", "curves": [{"label", "rounds", "values", "low",
+    "high"}]}``, as in compare.json), up to three a row; a curve with ``low`` and ``high`` is
+    drawn with that band shaded. A curve keeps its colour in every panel, and one legend below
+    the panels names each curve once; the figure grows to hold every label whole. Blocks."""
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    columns = 2 if len(panels) == 4 else min(3, max(1, len(panels)))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.8 * columns, 3.4 * rows), dpi=100, squeeze=False)
+    labels = list(dict.fromkeys(c["label"] for panel in panels for c in panel["curves"]))
+    palette = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    colours = {label: palette(i % palette.N) for i, label in enumerate(labels)}
+    handles: dict[str, Any] = {}
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for c in panel["curves"]:
+            colour = colours[c["label"]]
+            (line,) = ax.plot(c["rounds"], c["values"], color=colour,
+                              marker="." if len(c["rounds"]) < 40 else None)
+            handles.setdefault(c["label"], line)
+            if c.get("low") is not None and c.get("high") is not None:
+                ax.fill_between(c["rounds"], c["low"], c["high"], color=colour, alpha=0.2, linewidth=0)
+        ax.set_title(textwrap.fill(panel["title"], 50), fontsize=9)
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(panel["unit"])
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(textwrap.fill(title, 100), fontsize=11)
+    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=1 if max(map(len, labels), default=0) > 40 else min(3, len(labels)), fontsize=9,
+               frameon=False)
+    save(fig, path, title, bbox_inches="tight")  # bbox "tight": the legend below is kept whole
+    plt.close(fig)
+    return path

@@ -1,0 +1,144 @@
+"""A node's place in a task stream: which task it is in, what it holds, whether it takes part.
+
+The round engine calls :meth:`ContinualState.advance` at the start of every
+round. On a task change the node's client halves see the training data about
+to be lost (DP replay keeps its local buffer and releases its means), the
+node swaps in its share of the new task (its test share joins the test
+shares of earlier tasks, so evaluation covers every task seen), the client
+halves fetch what they need (the global buffer), and the node trains from
+then on on the new share plus whatever the client halves add. Not
+thread-safe: the round loop calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from flmesh.learning.data import ArrayData, NodeData
+from flmesh.learning.tasks import TaskSource, concat
+from flmesh.topology.tasks import participates, task_of
+
+if TYPE_CHECKING:
+    from flmesh.algorithms.base import ClientHalf
+    from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.runtime.round_context import RoundContext, Settings
+    from flmesh.transports.grpc.tls import Tls
+    from flmesh.transports.seam import ReplayTransport
+
+
+class HasClients(Protocol):
+    """What holds a node's client halves (its plug-ins, or the node)."""
+
+    @property
+    def clients(self) -> Mapping[str, ClientHalf]: ...
+
+
+class ContinualState:
+    def __init__(self, source: TaskSource):
+        self.source = source
+        self.cfg = source.cfg
+        self.task = -1  # no task entered yet
+        self.released = 0  # the last task change whose release happened (task changes from 1)
+        self.share: ArrayData | None = None  # the current task's training share
+        self.tests: list[ArrayData] = []  # this node's test shares of every task it was in
+
+    def participates(self, settings: Settings, round: int) -> bool:
+        fed = settings.federation
+        return participates(self.cfg, fed.node_ids, settings.node_id, round, fed.seed)
+
+    def advance(self, ctx: RoundContext, round: int) -> list[str]:
+        """Enter the task ``round`` belongs to (one task at a time); what the report should say."""
+        notes: list[str] = []
+        target = task_of(self.cfg, round)
+        while self.task < target:
+            self.release(ctx.plugins, self.task + 1)
+            notes += self._enter(ctx, self.task + 1)
+        return notes
+
+    def release(self, plugins: HasClients, task: int) -> None:
+        """The first half of a task change, once: the client halves see the data about to be
+        lost (DP replay keeps its local buffer and releases its means). Separate so a test can
+        let every node release before any fetches the buffer the releases make."""
+        if task <= self.released or task != self.task + 1 or task == 0:
+            return
+        old = self.share if self.share is not None and len(self.share) else None
+        for client in plugins.clients.values():
+            client.on_task_change(old, self.task, task)
+        self.released = task
+
+    def resume(self, ctx: RoundContext, task: int, released: int) -> None:
+        """Back in ``task`` after a restart (:mod:`flmesh.runtime.checkpoint`): the same data as
+        entering it, without the task-change hooks (the plug-ins' state is restored already)."""
+        if task < 0:
+            return
+        self.tests = [share.test for t in range(task + 1) if len((share := self.source.share(t)).test)]
+        share = self.source.share(task)
+        self.share, self.task, self.released = share.train, task, released
+        test = concat(self.tests) if self.tests else share.test
+        extra = [d for client in ctx.plugins.clients.values() for d in client.extra_training_data() if len(d)]
+        ctx.data = NodeData(concat([share.train, *extra]) if extra else share.train, test)
+
+    def _enter(self, ctx: RoundContext, task: int) -> list[str]:
+        share = self.source.share(task)
+        if len(share.test):
+            self.tests.append(share.test)
+        self.share, self.task = share.train, task
+        test = concat(self.tests) if self.tests else share.test
+        ctx.data = NodeData(share.train, test)  # client halves read the new data from here
+        for client in ctx.plugins.clients.values():
+            client.after_task_change(task)
+        extra = [d for client in ctx.plugins.clients.values() for d in client.extra_training_data() if len(d)]
+        if extra:
+            ctx.data = NodeData(concat([share.train, *extra]), test)
+        notes = [f"entered task {task}: {len(share.train)} samples of its own"
+                 + (f", {sum(len(d) for d in extra)} replayed" if extra else "")]
+        for client in ctx.plugins.clients.values():
+            notes += client.notes
+            client.notes.clear()
+        return notes
+
+
+def empty_share(source: TaskSource) -> NodeData:
+    """Shapes without samples: what a node holds before it enters its first task."""
+    share = source.share(0)
+    return NodeData(ArrayData(share.train.x[:0], share.train.y[:0], share.train.num_classes),
+                    ArrayData(share.test.x[:0], share.test.y[:0], share.test.num_classes,
+                              task=share.test.task[:0] if share.test.task is not None else None,
+                              num_tasks=share.test.num_tasks))
+
+
+def wire_replay(ctx: RoundContext, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None,
+                tls: Tls | None = None) -> ReplayBufferCore | None:
+    """Point a node of a federation with ``[replay]`` at its buffer host over gRPC: the
+    aggregator of a star federation, else the node ``[replay] host`` names (default: the
+    first node), which serves the buffer itself (its privacy ledger in ``state_dir``): the
+    buffer it serves then, else None. With ``tls`` the channel is mTLS and checks the
+    host's certificate."""
+    from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.runtime.inbox import ROUND_WINDOW
+    from flmesh.runtime.replay_link import local_replay
+    from flmesh.transports.grpc.replay_client import GrpcReplayTransport
+
+    fed, replay = ctx.settings.federation, ctx.settings.federation.replay
+    if replay is None:
+        return None
+
+    host = "aggregator" if aggregator else replay.host or fed.node_ids[0]
+
+    def remote(address: str) -> ReplayTransport:
+        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=ctx.links.counter, tls=tls,
+                                   host_id=host)
+
+    if aggregator:
+        ctx.links.replay.target = remote(aggregator)
+        return None
+    if host == ctx.settings.node_id:
+        core = ReplayBufferCore(fed, ctx.data.train.input_shape, ctx.data.train.num_classes,
+                                state_dir=state_dir, clock=ctx.links.clock,
+                                progress=lambda: ctx.activity.last_round + 1 + ROUND_WINDOW)
+        ctx.links.replay.target = local_replay(core, ctx.settings.node_id, ctx.links.counter)
+        return core
+    ctx.links.replay.host, ctx.links.replay.factory = host, remote
+    return None

@@ -1,0 +1,69 @@
+"""A node's own model and what describes it: the one copy its round loop trains.
+
+Thread-safety: ``lock`` (re-entrant) guards ``module``; :meth:`ModelState.state_dict`,
+:meth:`ModelState.load_state` and :meth:`ModelState.evaluate` take it, and so must any
+other reader or writer of ``module``. RPC handlers never touch ``module``: they work on
+copies from ``spare``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from flmesh.config import Federation, TrainingConfig
+from flmesh.format.specs import ModelSpec, fingerprint, model_spec
+from flmesh.learning.data import ArrayData
+from flmesh.learning.learner import DEFAULT_LEARNER, Learner, federation_learner
+from flmesh.learning.models import ModelPool, federation_model
+from flmesh.learning.trainer import evaluate
+from flmesh.runtime.reports import EvalResult
+
+Tensors = dict[str, torch.Tensor]
+
+
+class ModelState:
+    def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str,
+                 initial: nn.Module | None = None, learner: Learner = DEFAULT_LEARNER):
+        """``factory``: a fresh model with the initial weights M_0 (on the CPU); ``name``: the
+        architecture's name, the start of its fingerprint; ``initial``: a model ``factory``
+        already built, kept as the node's own (None: built here); ``learner``: what trains and
+        evaluates it (stateless, shared by every caller)."""
+        self.new_model = factory
+        self.learner = learner
+        self.device = device
+        self.module = initial if initial is not None else factory()
+        self.module.to(device)
+        self.lock = threading.RLock()
+        self.spare = ModelPool(factory, device)  # copies that RPC handlers work on
+        self.spec: ModelSpec = model_spec(self.module.state_dict())
+        self.architecture = fingerprint(name, self.spec)  # what Hello and every message compare
+
+    @classmethod
+    def for_federation(cls, federation: Federation, data: ArrayData, device: torch.device,
+                       training: TrainingConfig | None = None) -> ModelState:
+        """The federation's model for samples shaped like ``data``'s, seeded by the federation
+        seed: every node starts from the same M_0 (:func:`~flmesh.learning.models.federation_model`,
+        which checks it on one of ``data``'s samples; raises ModelError), and the learner of
+        ``training`` (default: the file's), checked on a copy of it (raises ValueError)."""
+        sample = data.x[:1] if len(data.x) else None
+        factory, label, initial = federation_model(federation, data.input_shape, data.num_classes, sample)
+        learner = federation_learner(federation, training or federation.training, initial, data)
+        return cls(factory, device, label, initial, learner)
+
+    def state_dict(self) -> Tensors:
+        """A snapshot of the current weights (CPU copies)."""
+        with self.lock:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def load_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        with self.lock:
+            self.module.load_state_dict(state)
+
+    def evaluate(self, test: ArrayData) -> EvalResult:
+        """The current model on ``test``; blocks while the model is in use."""
+        with self.lock:
+            return evaluate(self.module, test, device=self.device, learner=self.learner)

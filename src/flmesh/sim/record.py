@@ -1,0 +1,226 @@
+"""What a run folder records so the run can be repeated or continued from it alone.
+
+``fl-sim`` writes, before the first round:
+
+* ``federation.toml``: the effective federation file (the file as read, ``--set`` and the
+  flags that override keys applied), written by :func:`toml_text` from
+  :attr:`~flmesh.config.Federation.raw`;
+* ``run.json``: the command line, the file it came from and the folder its relative paths
+  resolve against, the transport, the seed, the device and the flmesh, torch, numpy and Python
+  versions (:func:`write_record`);
+
+and, when the run ends, with a DP replay buffer (``[replay]``), ``privacy_ledger.json``: the
+buffer host's privacy ledger (:func:`write_ledger`).
+
+:func:`load_record` reads both back into a :class:`RunRecord` (``fl-sim rerun`` and
+``fl-sim --resume``); a folder without them, or whose ``federation.toml`` no longer is the
+one the run started with, raises :class:`RecordError` (one line).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import platform
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flmesh.config import Federation, FederationError, parse_federation
+from flmesh.reports.run_files import write_atomic
+from flmesh.sim.simulation import TRANSPORTS, Transport
+
+if TYPE_CHECKING:
+    from flmesh.replay.ledger import PrivacyLedger
+
+RUN_FILE = "run.json"
+FEDERATION_FILE = "federation.toml"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class RecordError(FederationError):
+    """A folder that holds no run record, or a record that cannot be used; one line."""
+
+
+# ---------------------------------------------------------------------------- TOML
+def toml_text(raw: Mapping[str, Any]) -> str:
+    """``raw`` (a parsed TOML document: tables, arrays, strings, numbers, booleans) as TOML
+    text that :mod:`tomllib` reads back equal to ``raw``. Tables become ``[a.b]`` sections;
+    tables inside arrays become inline tables. Raises TypeError on any other value."""
+    lines: list[str] = []
+    _table(raw, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _table(table: Mapping[str, Any], path: list[str], lines: list[str]) -> None:
+    subtables = {k: v for k, v in table.items() if isinstance(v, Mapping)}
+    for key, value in table.items():
+        if key not in subtables:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    for key, value in subtables.items():
+        lines.extend(["", "[" + ".".join(_key(p) for p in [*path, key]) + "]"])
+        _table(value, [*path, key], lines)
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
+
+
+def _string(text: str) -> str:
+    # JSON's escapes are TOML's, but for DEL (TOML wants it escaped) and non-ASCII (kept as is:
+    # JSON would write surrogate pairs, which TOML refuses)
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str):
+        return _string(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for a {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------- the record
+@dataclass
+class RunRecord:
+    """A run folder's record: its federation (parsed again from federation.toml) and how it ran."""
+
+    folder: Path
+    federation: Federation
+    transport: Transport
+    tls: bool
+    values: dict[str, Any]
+
+
+def versions() -> dict[str, str]:
+    """The versions a run's numbers depend on."""
+    import numpy
+    import torch
+
+    from flmesh.cli.common import flmesh_version
+
+    return {"flmesh": flmesh_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version()}
+
+
+def device_of(federation: Federation) -> str:
+    """The device ``[training] device`` picks on this machine (``"cpu"``, ``"cuda:0"``, ...)."""
+    from flmesh.learning.device import select_device
+
+    return str(select_device(federation.training.device))
+
+
+def write_record(folder: Path, federation: Federation, argv: Sequence[str], transport: str,
+                 tls: bool) -> None:
+    """Write ``folder``/federation.toml and ``folder``/run.json (atomically). Blocks."""
+    text = toml_text(federation.raw or {})
+    header = (f"# The effective federation file of a run (after --set). Relative paths resolve "
+              f"against {federation.base_dir}.\n# Repeat it: fl-sim rerun {folder}\n\n")
+    write_atomic(folder / FEDERATION_FILE, header + text)
+    record = {"command": ["fl-sim", *argv], "file": federation.source, "base_dir": federation.base_dir,
+              "federation": FEDERATION_FILE, "federation_sha256": _digest(header + text),
+              "seed": federation.seed, "transport": transport, "tls": tls,
+              "device": device_of(federation), "versions": versions(), "platform": platform.platform(),
+              "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "resumed": []}
+    write_atomic(folder / RUN_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def note_resume(folder: Path, after: int, argv: Sequence[str]) -> None:
+    """Add a resume (after round ``after``, by ``argv``) to ``folder``/run.json."""
+    path = folder / RUN_FILE
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record.setdefault("resumed", []).append(
+        {"after_round": after, "command": ["fl-sim", *argv], "versions": versions(),
+         "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
+    write_atomic(path, json.dumps(record, indent=2) + "\n")
+
+
+def write_ledger(folder: Path, ledger: PrivacyLedger) -> Path:
+    """Write ``folder``/privacy_ledger.json (atomically) from a replay buffer host's ledger:
+    ``releases`` as the host keeps them (client, task, epsilon; the host's own ledger file
+    reads back from it) and ``spent``, each client's epsilon in all
+    (:meth:`~flmesh.replay.ledger.PrivacyLedger.totals`). Its path. Blocks; safe while the
+    host still records releases (a release replaces the ledger's list whole)."""
+    from flmesh.replay.ledger import LEDGER_FILE, PrivacyLedger
+
+    snapshot = PrivacyLedger(None)  # one list for both keys, whatever the host records meanwhile
+    snapshot.releases = list(ledger.releases)
+    path = folder / LEDGER_FILE
+    write_atomic(path, json.dumps({"releases": snapshot.releases, "spent": snapshot.totals()},
+                                  indent=1) + "\n")
+    return path
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_record(folder: Path) -> RunRecord:
+    """The record in ``folder``. Raises RecordError (one line) when it has none, when a file
+    cannot be read, or when federation.toml is not the file the run started with."""
+    path, toml_path = folder / RUN_FILE, folder / FEDERATION_FILE
+    if not folder.is_dir():
+        raise RecordError(f"{folder}: no such run folder")
+    if not path.is_file() or not toml_path.is_file():
+        raise RecordError(f"{folder}: not an fl-sim run folder (no {RUN_FILE} and {FEDERATION_FILE})")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        text = toml_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{path}: cannot read it: {exc}") from None
+    if not isinstance(values, dict) or not {"base_dir", "transport", "tls"} <= values.keys():
+        raise RecordError(f"{path}: not an fl-sim run record")
+    transport = next((t for t in TRANSPORTS if t == values["transport"]), None)
+    if transport is None:
+        raise RecordError(f"{path}: unknown transport {values['transport']!r}")
+    if _digest(text) != values.get("federation_sha256"):
+        raise RecordError(f"{toml_path}: differs from the federation file the run started with "
+                          "(edited since?); run it as a new federation instead")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RecordError(f"{toml_path}: not valid TOML: {exc}") from None
+    federation = parse_federation(raw, source=str(toml_path), base_dir=Path(values["base_dir"]))
+    return RunRecord(folder, federation, transport, bool(values["tls"]), values)
+
+
+def same_federation(a: Federation, b: Federation) -> bool:
+    """Whether two federations were read from the same effective file (keys and values)."""
+    return toml_text(a.raw or {}) == toml_text(b.raw or {})
+
+
+def host(federation: Federation) -> dict[str, Any]:
+    """Where a run ran: the versions its numbers depend on, the device, the CPU threads."""
+    import torch
+
+    return {**versions(), "device": device_of(federation), "cpus": torch.get_num_threads()}
+
+
+def base_config(federation: Federation) -> dict[str, Any]:
+    """What every summary says about the set-up."""
+    fed = federation
+    return {"nodes": fed.node_ids, "dataset": fed.data.origin,
+            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
+            "objective": fed.training.objective,
+            "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
+            "epochs": fed.training.epochs}
+
+
+def sim_config(federation: Federation, transport: str, tls: bool) -> dict[str, Any]:
+    """The set-up every summary records, with the transport the run used."""
+    return {**base_config(federation), "transport": transport, "tls": tls}

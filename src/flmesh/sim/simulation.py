@@ -1,0 +1,294 @@
+"""Simulate a whole federation in one process: the one runner.
+
+:class:`Simulation` owns what both kinds of federation share: set-up and
+teardown, Ctrl-C, writing rounds.jsonl and summary.json (the schema of
+:mod:`flmesh.reports.results`) and the pictures. A *driver* runs the federation:
+:class:`~flmesh.sim.peer.PeerDriver` (every node a
+:class:`~flmesh.runtime.node.Node` running its own :meth:`~flmesh.runtime.node.Node.run`
+on a thread) or :class:`~flmesh.sim.star.StarDriver` (the same
+nodes around an :class:`~flmesh.aggregator.aggregator.Aggregator`).
+
+The nodes talk over a *transport*: ``"memory"`` (the default,
+:mod:`flmesh.transports.memory.network`: handlers called directly, models still encoded and
+checked as on the wire) or ``"grpc"`` (every process a real gRPC server on
+127.0.0.1:0, optionally with mTLS: a rehearsal of a deployment). The round
+engine, codec checks and results are the same code on both, and so are the
+numbers.
+
+Blocking; use from one thread. ``stop()`` may be called from another thread
+(or a signal handler) to end the run after the round in progress.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from flmesh.config import Federation
+from flmesh.reports.pictures import PicturesError
+from flmesh.reports.results import Final, RoundRow, Summary
+from flmesh.reports.run_files import RunWriter, mean_bytes
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from flmesh.learning.learner import Learner
+    from flmesh.learning.models import ModelFactory
+    from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.replay.ledger import PrivacyLedger
+    from flmesh.sim.resume import SimCheckpoints
+
+log = logging.getLogger(__name__)
+
+Transport = Literal["memory", "grpc"]
+TRANSPORTS: tuple[Transport, ...] = ("memory", "grpc")
+
+
+class LedgerError(PicturesError):
+    """The privacy ledger could not be written into the run folder (its rows and summary are)."""
+
+
+class Driver(Protocol):
+    def start(self) -> None: ...
+
+    def rows(self) -> Iterator[RoundRow]:
+        """Finished rounds' rows, in round order; ends when the run ends. Blocks."""
+        ...
+
+    @property
+    def rounds_done(self) -> int: ...
+
+    def config(self) -> dict[str, Any]: ...
+
+    def replay_host(self) -> ReplayBufferCore | None:
+        """The DP replay buffer one of its processes hosts; None without one or before start."""
+        ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def default_out_dir(federation: Federation, root: Path = Path("runs")) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return root / f"{federation.name}-{stamp}"
+
+
+class Simulation:
+    """A federation on localhost, peer or star by its file (``[aggregator]`` present: star)."""
+
+    def __init__(self, federation: Federation, out_dir: Path | None = None,
+                 eval_every: int | None = None, transport: Transport = "memory", insecure: bool = False,
+                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
+        """``model``: what every node and the aggregator build M_0 with instead of the file's
+        ``[model]`` (a factory called as ``[model] factory`` is, or a module every process starts
+        from a copy of). ``learner``: what every node trains and evaluates with instead of the
+        file's ``[training] learner`` (:class:`~flmesh.learning.learner.Learner`).
+        ``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
+        rounds and after the last (default: ``[federation] eval_every``); star runs still
+        evaluate the global model every round (F_t compares consecutive rounds).
+        ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
+        127.0.0.1:0): every process gets a certificate from a throwaway CA and every call is
+        mTLS with the same checks as a deployment, unless ``insecure`` (plaintext, logged).
+
+        Set before :meth:`start`: :attr:`checkpoint_every` (when > 0, every process saves its
+        state into ``out_dir``/checkpoints after every that many rounds that write a row,
+        :mod:`~flmesh.sim.resume`; removed when the last round is done) and
+        :attr:`resume` (restore every process from the last committed round there, keep the
+        rows up to it and run the rounds after it)."""
+        if eval_every is not None:
+            if eval_every < 1:
+                raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+            federation = replace(federation, eval_every=eval_every)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        if insecure and transport != "grpc":
+            raise ValueError("insecure needs the grpc transport (the in-memory transport has no wire)")
+        from flmesh.learning.learner import with_learner
+        from flmesh.learning.models import with_model
+        from flmesh.sim.identities import SimIdentities
+
+        federation = with_learner(with_model(federation, model), learner)
+        self.federation = federation
+        self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
+        self.kind = "star" if federation.aggregator is not None else "peer"
+        self.transport = transport
+        self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"],
+                                        enabled=transport == "grpc" and not insecure)
+        self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
+        self.checkpoint_every = 0  # > 0: checkpoints after every that many rows (fl-sim: 10)
+        self.resume = False  # go on from out_dir's last committed round
+        self.checkpoints: SimCheckpoints | None = None  # made in start()
+        self.resumed_after = 0  # the committed round a resumed run went on from
+        self.last_summary: Summary | None = None  # what run() wrote last (also when interrupted)
+        self.driver: Driver
+        if self.kind == "star":
+            from flmesh.sim.star import StarDriver
+
+            self.driver = StarDriver(federation, transport, self.identities)
+        else:
+            from flmesh.sim.peer import PeerDriver
+
+            self.driver = PeerDriver(federation, transport, self.identities)
+
+    def start(self) -> None:
+        """Split the data, build every process and start its server."""
+        from flmesh.learning.trainer import host_nodes
+
+        fed = self.federation
+        host_nodes(1 if fed.baseline == "joint" else len(fed.nodes))  # Joint: one trainer, every core
+        self.driver.start()
+        if self.checkpoint_every or self.resume:
+            from flmesh.sim.resume import attach
+
+            every = max(1, self.checkpoint_every)
+            self.checkpoints = attach(self.driver, self.out_dir, self.resume, every)
+            self.resumed_after = self.checkpoints.resumed_after
+
+    def stop(self) -> None:
+        """End the run after the round in progress. Thread-safe."""
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
+        self.driver.stop()
+
+    def close(self) -> None:
+        """Stop the run, every node and the aggregator (their servers too) and drop the throwaway
+        TLS identities. Blocks until the round in progress ends (up to the round timeout)."""
+        self.driver.close()
+        self.identities.close()
+
+    def __enter__(self) -> Simulation:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def rounds_done(self) -> int:
+        """How many rounds have finished so far. Thread-safe."""
+        return self.driver.rounds_done
+
+    def run(self, on_round: Callable[[RoundRow], None] | None = None) -> Summary:
+        """Run every round, writing rounds.jsonl as it goes; returns the summary it writes
+        (also when interrupted or failed: the finished rounds are kept). Raises
+        :class:`~flmesh.reports.pictures.PicturesError` when the pictures cannot be drawn
+        (after the summary is written), :class:`LedgerError` when the privacy ledger cannot be
+        written (after the pictures; when the run failed, the ledger's error is logged instead)."""
+        before = self._previous_summary()
+        writer = RunWriter(self.out_dir, append=self.resume, upto=self.resumed_after)
+        started = time.monotonic()
+        frozen = ended = False
+        lost: str | None = None  # why the privacy ledger could not be written
+        try:
+            for row in self.driver.rows():
+                writer.write_round(row)
+                if not frozen and gc.get_freeze_count() == 0:
+                    # What exists after the first row mostly lives for the whole run (every node's
+                    # model and data, the torch modules imported on first use). Frozen, Python's
+                    # full collections stop walking it again: with N nodes a round's objects reach
+                    # the oldest generation more often, and each walk cost O(N) per node-round.
+                    gc.freeze()
+                    frozen = True
+                if self.checkpoints is not None:
+                    self.checkpoints.commit(row.round)
+                if on_round is not None:
+                    on_round(row)
+            ended = True
+        finally:
+            if frozen:
+                gc.unfreeze()  # collectable again once the run is over
+            summary = self.summary(writer.rows, time.monotonic() - started + before.get("wall_s", 0.0))
+            if self.resumed_after:
+                summary.resumed_after = [*before.get("resumed_after", []), self.resumed_after]
+            self.last_summary = summary
+            writer.write_summary(summary)
+            lost = self._write_ledger()
+            if lost is not None and not ended:
+                log.error("%s", lost)  # the run's own exception is the one that goes on
+            if self.checkpoints is not None and not summary.interrupted:
+                self.checkpoints.remove()
+            if self.draw_pictures:
+                summary.pictures = self._draw(writer)
+                writer.write_summary(summary)
+        if lost is not None:
+            raise LedgerError(lost)
+        return summary
+
+    def privacy_ledger(self) -> PrivacyLedger | None:
+        """The DP replay buffer host's privacy ledger (the aggregator's, or the hosting node's);
+        None without ``[replay]`` or before :meth:`start`. fl-sim keeps it in memory and
+        :meth:`run` writes it into the run folder when the run ends (``privacy_ledger.json``)."""
+        host = self.driver.replay_host() if self.federation.replay is not None else None
+        return host.ledger if host is not None else None
+
+    def _write_ledger(self) -> str | None:
+        """Write the privacy ledger into the run folder; why it could not be (one line), or None."""
+        if (ledger := self.privacy_ledger()) is None:
+            return None
+        from flmesh.sim.record import write_ledger
+
+        try:
+            write_ledger(self.out_dir, ledger)
+        except OSError as exc:
+            return f"cannot write the privacy ledger in {self.out_dir}: {exc.strerror or exc}"
+        return None
+
+    def _previous_summary(self) -> dict[str, Any]:
+        """A resumed run's summary.json as the interrupted run left it ({} when none)."""
+        path = self.out_dir / "summary.json"
+        if not self.resume or not path.is_file():
+            return {}
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def _draw(self, writer: RunWriter) -> list[str]:
+        """The run's pictures, drawn after the last round; their paths."""
+        from flmesh.reports.pictures import PicturesError, draw
+        from flmesh.reports.privacy_picture import privacy_pictures
+
+        try:
+            drawn = draw(writer.rows, self.out_dir) + privacy_pictures(writer.rows, self.out_dir)
+        except Exception as exc:  # a full disk, a missing matplotlib: one line, not a traceback
+            raise PicturesError(f"cannot draw the pictures in {self.out_dir}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        return [str(p) for p in drawn]
+
+    def summary(self, rows: list[dict[str, Any]], wall_s: float) -> Summary:
+        """The summary of the rows written so far (dicts, as in rounds.jsonl: a resumed run's
+        rows include those before the resume)."""
+        from flmesh.sim.record import host
+
+        fed = self.federation
+        last = rows[-1] if rows else None
+        with_fa = [r for r in rows if r.get("fa") is not None]
+        best = max(with_fa, key=lambda r: r["fa"]) if with_fa else None
+        forgetting = [r["global_forgetting"] for r in rows if r.get("global_forgetting") is not None]
+        missing = sorted({p for r in rows for p in r.get("missing", [])})
+        final = None
+        if last is not None:
+            final = Final(last["round"], last.get("fa"), last.get("ff"), last.get("pfa"),
+                          last.get("accuracy"), {n: e["accuracy"] for n, e in last.get("nodes", {}).items()
+                           if e.get("accuracy") is not None},
+                          {n: e["metrics"] for n, e in last.get("nodes", {}).items() if e.get("metrics")})
+        return Summary(
+            kind=self.kind, writer="fl-sim", federation=fed.name, file=fed.source, seed=fed.seed,
+            rounds=self.rounds_done, rounds_planned=fed.rounds, interrupted=self.rounds_done < fed.rounds,
+            config=self.driver.config(), final=final,
+            best_fa={"round": best["round"], "fa": best["fa"]} if best is not None else None,
+            accuracy_curve=[r["accuracy"] for r in rows if r.get("accuracy") is not None],
+            mean_global_forgetting=sum(forgetting) / len(forgetting) if forgetting else None,
+            task_accuracy=last.get("task_accuracy") if last is not None else None,
+            privacy_spent=last.get("privacy_spent") if last is not None else None,
+            missing_peers=missing, bytes_per_round=mean_bytes(rows), wall_s=round(wall_s, 3),
+            out_dir=str(self.out_dir), host=host(fed))

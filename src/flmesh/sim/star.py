@@ -1,0 +1,166 @@
+"""fl-sim's star driver: a federation with an aggregator, on localhost.
+
+The aggregator (:meth:`~flmesh.aggregator.aggregator.Aggregator.from_federation`,
+exactly as ``fl-node --role aggregator`` builds it) and every node live in this
+process, on the in-memory transport or as gRPC servers on 127.0.0.1:0
+(:class:`~flmesh.sim.processes.SimProcesses`). Each node runs its own
+:meth:`~flmesh.runtime.node.Node.run` (join, poll, and when sampled fetch, train,
+submit; rewinds go node to node), and the aggregator runs its own loop. It
+evaluates in-process on the nodes' test splits, which it can reach here; an
+aggregator process (``fl-node --role aggregator``) asks the nodes over
+``Evaluate`` instead, with the same numbers (tests/test_aggregator.py). A round's row is the
+aggregator's, with each node's own report (starting accuracy, loss, rewind,
+notes) added once every node has finished that round.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from flmesh.aggregator.aggregator import Aggregator
+from flmesh.config import Federation
+from flmesh.learning.data import federation_data, load_dataset
+from flmesh.reports.results import NodeRound, RoundRow
+from flmesh.runtime.node import Node, Report
+from flmesh.runtime.reports import StarReport
+from flmesh.sim.identities import SimIdentities
+from flmesh.sim.processes import SimProcesses
+from flmesh.sim.record import sim_config
+from flmesh.sim.threads import RowQueue, join_threads, run_threads
+from flmesh.transports.errors import PeerError
+
+if TYPE_CHECKING:
+    from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.sim.resume import SimCheckpoints
+
+
+class StarDriver:
+    def __init__(self, federation: Federation, transport: str = "memory",
+                 identities: SimIdentities | None = None):
+        """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
+        process (gRPC unless ``fl-sim --insecure``); None: plaintext."""
+        if federation.aggregator is None:
+            raise ValueError("a star simulation needs an [aggregator] section")
+        self.federation = federation
+        self.identities = identities or SimIdentities((), enabled=False)
+        self.processes = SimProcesses(federation, transport, self.identities)
+        self.nodes: list[Node] = []
+        self.aggregator: Aggregator | None = None
+        self._lock = threading.Lock()
+        self._agg_rows: dict[int, RoundRow] = {}
+        self._reports: dict[int, dict[str, Report]] = {}
+        self._next = 1
+        self._rounds_done = 0
+        self._rows = RowQueue()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.checkpoints: SimCheckpoints | None = None  # every process saves after every round
+
+    def resume_after(self, round: int) -> None:
+        """Run from round ``round`` + 1 (every process restored from that round's checkpoint)."""
+        self._next, self._rounds_done = round + 1, round
+
+    def replay_host(self) -> ReplayBufferCore | None:
+        """The aggregator's replay buffer (None without ``[replay]``, before start)."""
+        return self.aggregator.replay if self.aggregator is not None else None
+
+    def config(self) -> dict[str, Any]:
+        agg = self.federation.aggregator
+        assert agg is not None
+        return {**sim_config(self.federation, self.processes.transport, self.identities.enabled),
+                "strategy": agg.strategy, "fraction": agg.fraction,
+                "deadline_s": agg.deadline_s, "min_updates": agg.min_updates,
+                "eval_every": self.federation.eval_every}
+
+    @property
+    def rounds_done(self) -> int:
+        return self._rounds_done
+
+    def start(self) -> None:
+        fed = self.federation
+        dataset = load_dataset(fed.data)
+        data = federation_data(fed, dataset)
+        self.aggregator = self.processes.aggregator(
+            dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes})
+        self.nodes = self.processes.nodes(data, dataset)  # rewinds go node to node
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.aggregator is not None:
+            self.aggregator.stop()
+        for n in self.nodes:
+            n.cancel()
+
+    def close(self) -> None:
+        self.stop()
+        join_threads(self._threads, self.federation.round_timeout_s)
+        if self.aggregator is not None:
+            self.aggregator.close(grace=0.5)
+        for n in self.nodes:
+            n.stop(grace=0.5)
+
+    # ------------------------------------------------------------------ rounds
+    def _on_agg_row(self, row: RoundRow) -> None:
+        if self.checkpoints is not None:  # before the next round opens (the aggregator's thread)
+            assert self.aggregator is not None
+            self.checkpoints.save_aggregator(self.aggregator, row.round)
+        with self._lock:
+            self._agg_rows[row.round] = row
+            self._emit()
+
+    def _on_report(self, node: Node, report: Report) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.save_node(node, report.round)
+        with self._lock:
+            self._reports.setdefault(report.round, {})[report.node] = report
+            self._emit()
+
+    def _emit(self) -> None:
+        """Hand on every round whose aggregator row and node reports are all in (lock held)."""
+        while (self._next in self._agg_rows
+               and len(self._reports.get(self._next, {})) == len(self.federation.nodes)):
+            row = self._agg_rows.pop(self._next)
+            for node_id, report in self._reports.pop(self._next).items():
+                row.nodes[node_id] = merge(row.nodes.get(node_id), report)
+            row.writer = "fl-sim"
+            if not self._stopped.is_set():
+                self._rows.put(row)
+                self._rounds_done = self._next
+            self._next += 1
+
+    def rows(self) -> Iterator[RoundRow]:
+        assert self.aggregator is not None, "start() the simulation first"
+        aggregator = self.aggregator
+        targets: dict[str, Any] = {"aggregator": lambda: aggregator.run(self._on_agg_row, join_timeout=60.0)}
+        first = self._next
+        for n in self.nodes:
+            targets[n.node_id] = lambda n=n: self._node_loop(n, first)
+        self._threads = run_threads(targets, self._rows, self.stop)
+        yield from self._rows
+
+
+    def _node_loop(self, node: Node, first: int) -> None:
+        try:
+            node.run(on_round=lambda report: self._on_report(node, report), first=first)
+        except PeerError:
+            if not self._stopped.is_set():
+                raise  # a stop closes the aggregator under the nodes still polling it: no failure
+
+
+def merge(entry: NodeRound | None, report: Report) -> NodeRound:
+    """The aggregator's view of a node in a round, plus what the node itself reported."""
+    own = NodeRound.from_report(report)
+    if entry is None:
+        return own
+    if isinstance(report, StarReport) and report.selected:
+        entry.accuracy = own.accuracy
+        entry.start_accuracy = own.start_accuracy
+        entry.late, entry.rewound_to = own.late, own.rewound_to
+        entry.train_loss, entry.train_steps = own.train_loss, own.train_steps
+        entry.train_samples, entry.rewind_steps = own.train_samples, own.rewind_steps
+    entry.bytes_sent, entry.bytes_received = own.bytes_sent, own.bytes_received
+    entry.privacy_spent = own.privacy_spent
+    entry.wall_s, entry.notes = own.wall_s, own.notes
+    return entry

@@ -1,0 +1,261 @@
+"""Schedules: who sends to whom in round t.
+
+A schedule is a pure function of the graph, the federation seed and the round:
+``plan(t) -> {node: Hop(source, destination)}``. Every node computes the same
+plan locally, so no message is needed to agree on it.
+
+Round semantics (FedRewind Sec. 3): in round ``t`` node ``j``
+receives the model its ``source`` trained in round ``t-1``, trains it, and sends
+it to its ``destination``, which trains it in round ``t+1``. Round 1 has no
+source (``None``): every node starts from the initial model. Hence for every
+``t >= 2``: ``plan(t)[plan(t-1)[j].destination].source == j``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+import networkx as nx
+import numpy as np
+
+from flmesh.config.federation import Federation, FederationError
+
+#: Expansions the Hamiltonian-cycle search may make before it gives up. Enough
+#: for the few-hundred-node ring, complete, regular and Erdos-Renyi graphs
+#: federations use; a graph that needs more should list its cycle explicitly.
+SEARCH_BUDGET = 200_000
+
+
+class ScheduleError(ValueError):
+    """The graph does not admit the schedule; the message says why."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One node's exchange in a round.
+
+    ``source`` is the node whose previous-round model this node trains (None in
+    round 1); ``destination`` is where the trained model goes next (None when
+    the schedule exchanges nothing, as in the Standalone baseline).
+    """
+
+    source: str | None
+    destination: str | None
+
+
+Plan = Mapping[str, Hop]  # read-only: a schedule may hand the same one to every caller
+
+
+class Schedule(Protocol):
+    """What the round loop needs from any schedule. Implementations are pure."""
+
+    name: str
+
+    def plan(self, round: int) -> Plan:
+        ...
+
+
+def _successors(graph: nx.Graph, node: Hashable) -> list[Hashable]:
+    return list(graph.successors(node) if graph.is_directed() else graph.neighbors(node))
+
+
+def hamiltonian_cycle(graph: nx.Graph, budget: int = SEARCH_BUDGET) -> list[str]:
+    """A directed cycle visiting every node once, as a node list (closing edge implied).
+
+    Deterministic: starts at the first node in graph order and tries successors
+    with Warnsdorff's rule (fewest onward options first), ties broken by graph
+    order, so a complete graph yields the nodes in order. Works on directed and
+    undirected graphs. Raises ScheduleError when there is no such cycle or the
+    search exceeds ``budget`` expansions.
+    """
+    nodes = list(graph.nodes)
+    n = len(nodes)
+    if n < 2:
+        raise ScheduleError(f"a cycle needs at least 2 nodes, the graph has {n}")
+    order = {v: i for i, v in enumerate(nodes)}
+    succ = {v: [u for u in _successors(graph, v) if u != v] for v in nodes}
+    dead = [v for v in nodes if not succ[v]]
+    if dead:
+        raise ScheduleError(f"the graph has no cycle through every node: {dead[0]!r} has no neighbour")
+    start = nodes[0]
+    path = [start]
+    visited = {start}
+    expansions = 0
+
+    def options(v: Hashable) -> list[Hashable]:
+        cands = [u for u in succ[v] if u not in visited]
+        return sorted(cands, key=lambda u: (sum(w not in visited for w in succ[u]), order[u]))
+
+    stack = [iter(options(start))]
+    while stack:
+        if len(path) == n:
+            if start in succ[path[-1]]:
+                return [str(v) for v in path]
+            nxt = None
+        else:
+            nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            visited.discard(path.pop())
+            continue
+        expansions += 1
+        if expansions > budget:
+            raise ScheduleError(f"no cycle through all {n} nodes found within {budget} search steps; "
+                                "use a denser graph or list the cycle in a graph file")
+        path.append(nxt)
+        visited.add(nxt)
+        stack.append(iter(options(nxt)))
+    raise ScheduleError(f"the graph has no cycle through all {n} nodes, which CWT needs")
+
+
+class CyclicSchedule:
+    """Cyclic weight transfer (CWT, Chang et al.; FedRewind Sec. 3).
+
+    Every node passes its model along one fixed directed cycle through the
+    graph in every round. Pure: depends only on the graph.
+    """
+
+    name = "cwt"
+
+    def __init__(self, graph: nx.Graph, cycle: Sequence[str] | None = None):
+        self.cycle = list(cycle) if cycle is not None else hamiltonian_cycle(graph)
+        nxt = {v: self.cycle[(i + 1) % len(self.cycle)] for i, v in enumerate(self.cycle)}
+        prev = {v: self.cycle[i - 1] for i, v in enumerate(self.cycle)}
+        # Built once: every node asks for the plan several times a round, and building it is
+        # O(N) (quadratic per round in fl-sim's one process).
+        self._first: Plan = MappingProxyType({v: Hop(None, nxt[v]) for v in self.cycle})
+        self._later: Plan = MappingProxyType({v: Hop(prev[v], nxt[v]) for v in self.cycle})
+
+    def plan(self, round: int) -> Plan:
+        """The hops of ``round`` (read-only, shared between calls)."""
+        if round < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round}")
+        return self._later if round > 1 else self._first
+
+
+#: Stream id that keeps RWT's draws apart from every other use of the federation seed.
+_SEED_RWT = 101
+_SEED_RANDREWIND = 102
+
+
+def random_cycle_cover(graph: nx.Graph, rng: np.random.Generator) -> dict[str, str]:
+    """A random permutation sigma with (j, sigma(j)) an edge and sigma(j) != j for all j.
+
+    Every node sends exactly one model and receives exactly one. Drawn as a
+    minimum-weight perfect matching between senders and receivers under i.i.d.
+    uniform edge weights (scipy's assignment solver), which reaches every cycle
+    cover the graph has. Raises ScheduleError when the graph admits none.
+    """
+    nodes = list(graph.nodes)
+    index = {v: i for i, v in enumerate(nodes)}
+    n = len(nodes)
+    # Non-edges cost far more than any sum of real edges, so they are used only when forced.
+    cost = np.full((n, n), float(n + 1))
+    for v in nodes:
+        for u in _successors(graph, v):
+            if u != v:
+                cost[index[v], index[u]] = rng.random()
+    from scipy.optimize import linear_sum_assignment  # slow to import: only RWT needs it
+
+    rows, cols = linear_sum_assignment(cost)
+    if n < 2 or any(cost[r, c] > 1 for r, c in zip(rows, cols, strict=True)):
+        raise ScheduleError(f"the graph admits no cycle cover over its {n} nodes (RWT needs every node "
+                            "to send to one neighbour and receive from another)")
+    return {nodes[r]: nodes[c] for r, c in zip(rows, cols, strict=True)}
+
+
+class RandomSchedule:
+    """Random weight transfer (RWT, FedRewind Sec. 3): a fresh random cycle cover each round.
+
+    sigma_t is drawn from (seed, t) alone, so every node derives the same plan
+    without a message. In round t node j sends to sigma_t(j) and trains the
+    model of sigma_{t-1}^{-1}(j).
+    """
+
+    name = "rwt"
+
+    def __init__(self, graph: nx.Graph, seed: int = 0):
+        self.graph = graph
+        self.seed = seed
+        self.cover(1)  # fail at construction when the graph admits no cover
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 - schedules live as long as the federation
+    def cover(self, round: int) -> dict[str, str]:
+        return random_cycle_cover(self.graph, np.random.default_rng([self.seed, _SEED_RWT, round]))
+
+    def plan(self, round: int) -> Plan:
+        if round < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round}")
+        sent = self.cover(round)
+        received_from = {dst: src for src, dst in self.cover(round - 1).items()} if round > 1 else {}
+        return {v: Hop(received_from.get(v), sent[v]) for v in self.graph.nodes}
+
+
+class StandaloneSchedule:
+    """The Standalone baseline: nobody sends anything; every node trains its own model."""
+
+    name = "standalone"
+
+    def __init__(self, graph: nx.Graph):
+        self.nodes = list(graph.nodes)
+
+    def plan(self, round: int) -> Plan:
+        if round < 1:
+            raise ValueError(f"rounds are numbered from 1, got {round}")
+        return {v: Hop(None, None) for v in self.nodes}
+
+
+SCHEDULES = ("cwt", "rwt")
+REWIND_MODES = ("off", "previous", "random")
+
+
+def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,
+                  nodes: Sequence[str], first_round: int = 2) -> str | None:
+    """Where ``node`` rewinds in ``round`` (FedRewind Eq. 2 and Table 4), or None.
+
+    ``previous``: the node its model came from (``plan[node].source``).
+    ``random`` (RandRewind): a node drawn uniformly from the other federation
+    nodes, from (seed, round, node) alone: any node, not only a graph neighbour, as
+    FedRewind's "random node of the federation" (docs/algorithms.md). Either way there is
+    no rewind in round 1, where no model has been received yet: the node trains all E
+    epochs locally, so every variant has the same budget and the same first round.
+    ``first_round=1`` is for rewind with a server (Eq. 4, Alg. 2), where the chain
+    is fixed and a previous node exists from round 1 (pass the chain's plan).
+    """
+    if mode == "off" or round < first_round:
+        return None
+    if mode == "previous":
+        return plan[node].source
+    if mode == "random":
+        others = [v for v in nodes if v != node]
+        rng = np.random.default_rng([seed, _SEED_RANDREWIND, round, list(nodes).index(node)])
+        return others[int(rng.integers(len(others)))]
+    raise ScheduleError(f"unknown rewind mode {mode!r} (expected one of {', '.join(REWIND_MODES)})")
+
+
+def schedule_of(federation: Federation) -> Schedule:
+    """``federation``'s exchange schedule, built once per federation; the Standalone baseline
+    exchanges nothing. Raises FederationError (one line) when the graph does not admit it."""
+    def build() -> Schedule:
+        name = "standalone" if federation.baseline == "standalone" else federation.topology.schedule
+        try:
+            return make_schedule(name, federation.graph(), federation.seed)
+        except ScheduleError as exc:
+            raise FederationError(f"{federation.source}: [topology] schedule "
+                                  f"{federation.topology.schedule!r}: {exc}") from None
+    return federation.derived("_schedule", build)
+
+
+def make_schedule(name: str, graph: nx.Graph, seed: int = 0) -> Schedule:
+    """The schedule called ``name`` over ``graph``; ``seed`` feeds random schedules."""
+    if name == "cwt":
+        return CyclicSchedule(graph)
+    if name == "rwt":
+        return RandomSchedule(graph, seed)
+    if name == "standalone":
+        return StandaloneSchedule(graph)
+    raise ScheduleError(f"unknown schedule {name!r} (expected one of {', '.join(SCHEDULES)})")
