@@ -33,7 +33,6 @@ from flmesh.learning.metrics import federation_metrics
 from flmesh.learning.models import build_model
 from flmesh.learning.trainer import evaluate, train
 from flmesh.topology.sampling import selected
-from flmesh.topology.schedules import schedule_of
 
 
 def cross(models: dict[str, nn.Module], data: dict[str, NodeData], ids: list[str]) -> np.ndarray:
@@ -44,7 +43,7 @@ def cross(models: dict[str, nn.Module], data: dict[str, NodeData], ids: list[str
 def peer(fed: Federation, data: dict[str, NodeData], models: dict[str, nn.Module]) -> float:
     ids = fed.node_ids
     for t in range(1, fed.rounds + 1):
-        plan = schedule_of(fed).plan(t)
+        plan = fed.schedule().plan(t)
         if t > 1:  # take the model the source trained in round t-1
             states = {n: {k: v.clone() for k, v in models[n].state_dict().items()} for n in ids}
             for n in ids:

@@ -10,14 +10,16 @@ import pytest
 from flmesh import algorithms
 from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf
 from flmesh.config import FederationError
+from flmesh.config.params import Param
 from flmesh.config.parser import parse_federation
-from flmesh.registry import AlgorithmError, Param, names, register_algorithm, unregister_algorithm
+from flmesh.registry import AlgorithmError, register_algorithm
+from flmesh.registry import algorithms as registered
 
 from conftest import REPO, tiny_raw
 
 PLUGIN = '''
 from flmesh.algorithms.base import Algorithm
-from flmesh.registry import Param
+from flmesh.config.params import Param
 
 
 class PathAvg(Algorithm):
@@ -58,7 +60,7 @@ def extpkg(tmp_path, monkeypatch):
                                            "brokenavg = extpkg.broken:BrokenAvg\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
-    unregister_algorithm("entryavg")  # the package goes with tmp_path
+    registered.unregister("entryavg")  # the package goes with tmp_path
     for name in [m for m in sys.modules if m == "extpkg" or m.startswith("extpkg.")]:
         del sys.modules[name]
 
@@ -77,7 +79,7 @@ def test_a_strategy_by_import_path_reads_its_own_table(extpkg):
 
 
 def test_an_installed_entry_point_is_a_name(extpkg):
-    assert {"entryavg", "brokenavg"} <= set(names())
+    assert {"entryavg", "brokenavg"} <= set(registered.names())
     fed = parse_federation(tiny_raw(aggregator={"strategy": "entryavg"}))
     assert algorithms.strategy(fed).name == "entryavg"
     # a broken package stops only the federations that name it
@@ -125,7 +127,7 @@ def test_register_at_run_time():
         fed = parse_federation(tiny_raw(aggregator={"strategy": "runtime_mean", "params": {"weight": 4}}))
         assert algorithms.strategy(fed).settings(fed) == {"weight": 4}
     finally:
-        unregister_algorithm("runtime_mean")
+        registered.unregister("runtime_mean")
     with pytest.raises(FederationError, match="expected one of 'fedadam', 'fedavg'"):
         parse_federation(tiny_raw(aggregator={"strategy": "runtime_mean"}))
     algorithms.load("fedavg")  # the built-in holds its name
@@ -159,7 +161,7 @@ def test_the_algorithms_page_lists_every_built_in_and_its_parameters():
             listed[name] = {}
         if cells[3].startswith("`"):
             listed[name][cells[3].strip("`")] = cells[6]
-    for builtin in [n for n in names() if n != "entryavg"]:
+    for builtin in [n for n in registered.names() if n != "entryavg"]:
         assert builtin in listed, f"docs/algorithms.md has no row for {builtin}"
         plugin = algorithms.load(builtin)
         shown = listed["fedadam"] if builtin == "fedyogi" else listed[builtin]  # "(as `fedadam`)"

@@ -409,8 +409,8 @@ MODEL_CASES: dict[str, tuple[str, str]] = {
         "10 classes (expected [1, 10])"),
     "model-unknown-name": (
         'factory = "transformer"',
-        "[model] factory: unknown model 'transformer' (expected an import path package.module:callable "
-        "or one of mlp, cnn, cnn2, resnet18)"),
+        "[model] factory: unknown model 'transformer' (registered: cnn, cnn2, mlp, resnet18; "
+        "or give an import path package.module:name)"),
 }
 
 

@@ -23,10 +23,10 @@ import pytest
 import yaml
 
 from flmesh.cli import fl_deploy as deploy_cli
+from flmesh.cli.probe import main as probe_main
 from flmesh.config import Federation, load_federation
 from flmesh.deploy.files import dump_toml
 from flmesh.pki.certs import federation_pki, load_identity
-from flmesh.cli.probe import main as probe_main
 from flmesh.transports.grpc.server import serve
 from flmesh.transports.grpc.tls import load_tls
 

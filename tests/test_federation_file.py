@@ -9,7 +9,6 @@ import pytest
 
 from flmesh.config import FederationError, GraphError, load_federation
 from flmesh.config.graphs import ALIASES, GENERATORS, generate_graph, is_generator
-from flmesh.topology.schedules import schedule_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,7 +48,7 @@ def test_valid_file_and_defaults(tmp_path):
     assert fed.training.epochs == 0.5 and fed.training.batch_size == 32
     assert fed.data.alpha == 0.3 and fed.data.partition == "dirichlet"
     assert fed.model.channels == (8,)
-    assert schedule_of(fed).plan(2)["node0"].destination == "node1"
+    assert fed.schedule().plan(2)["node0"].destination == "node1"
 
 
 def test_per_node_tables_override_training(tmp_path):
@@ -111,12 +110,12 @@ MALFORMED = [
     ("alpha = 0.3", "alpha = 0", "[data] alpha: expected a number > 0, got 0"),
     ("alpha = 0.3", "test_fraction = 1.0", "[data] test_fraction: expected a number in (0, 1), got 1.0"),
     ("alpha = 0.3", 'dataset = "imagenet"',
-     "[data] dataset: expected one of 'digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100', "
-     "'emnist_byclass', 'emnist_bymerge', 'emnist_balanced', 'emnist_letters', 'emnist_digits', "
-     "'emnist_mnist', or several joined by '+', got 'imagenet'"),
+     "[data] dataset: expected one of 'cifar10', 'cifar100', 'digits', 'emnist_balanced', "
+     "'emnist_byclass', 'emnist_bymerge', 'emnist_digits', 'emnist_letters', 'emnist_mnist', "
+     "'fashion_mnist', 'mnist', or several joined by '+', got 'imagenet'"),
     ("alpha = 0.3", 'dataset = "digits+digits"', "[data] dataset: expected one of"),
     ('name = "cnn"', 'name = "vit"',
-     "[model] name: expected one of 'mlp', 'cnn', 'cnn2', 'resnet18', got 'vit'"),
+     "[model] name: expected one of 'cnn', 'cnn2', 'mlp', 'resnet18', got 'vit'"),
     ("channels = [8]", "channels = [8, 0]", "[model] channels: expected a non-empty list of positive"),
     ('graph = "ring"', 'graph = "path"', "[topology] schedule 'cwt': the graph has no cycle"),
     ('graph = "ring"', 'graph = "nosuch"', "[topology] unknown graph 'nosuch'"),

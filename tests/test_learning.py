@@ -10,26 +10,32 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flmesh import algorithms
-from flmesh.config import ModelConfig, TrainingConfig, parse_federation, schema
+from flmesh import algorithms, registry
+from flmesh.config import DataConfig, ModelConfig, TrainingConfig, parse_federation, schema
 from flmesh.learning import data as data_mod
 from flmesh.learning import models, partitions
 from flmesh.learning.data import ArrayData, federation_data, load_digits
 from flmesh.learning.metrics import federation_metrics
 from flmesh.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_state
 from flmesh.learning.trainer import evaluate, split_steps, steps_for, train
-from flmesh.registry import names
 from flmesh.runtime.local_training import rewind_training
 
 from conftest import tiny_raw
 
 
-def test_registries_match_the_federation_file_vocabulary():
-    assert set(schema.DATASETS) == set(data_mod.DATASETS)
-    assert set(schema.PARTITIONS) == set(data_mod.PARTITIONS)
-    assert set(schema.MODELS) == set(models.MODELS)
-    for name in names():
+def test_every_registered_name_loads():
+    for name in registry.algorithms.names():
         assert algorithms.load(name).name == name  # every registered plug-in loads under its name
+    for kind in ("models", "datasets", "schedules", "learners"):
+        for name in registry.REGISTRIES[kind].builtin_names():
+            assert callable(registry.REGISTRIES[kind].resolve(name)), (kind, name)
+
+
+def test_every_partition_the_file_accepts_splits():
+    labels = np.repeat(np.arange(4), 25)
+    for name in schema.PARTITIONS:
+        cfg = DataConfig(partition=name, alpha=1.0, min_samples=1)
+        assert len(data_mod.partition_indices(labels, cfg, 4, seed=0)) == 4, name
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.25, 1.0, 100.0])

@@ -16,7 +16,6 @@ import pytest
 from flmesh.config import parse_federation
 from flmesh.runtime.inbox import InboxKey
 from flmesh.runtime.peer_exchange import deliver_onward
-from flmesh.topology.schedules import schedule_of
 
 from conftest import tiny_raw, wait_until
 from harness import Cluster
@@ -33,7 +32,7 @@ def test_a_model_sent_again_after_its_destination_took_it_is_a_duplicate_not_a_f
     f = fed(nodes=4, rounds=8)
     with Cluster(f, "memory") as c:
         sender = c.by_id["node0"]
-        dest = schedule_of(f).plan(2)["node0"].destination
+        dest = f.schedule().plan(2)["node0"].destination
         assert dest is not None
         notes: list[str] = []
         assert deliver_onward(sender.ctx, 2, dest, notes) == (dest, None)
@@ -50,7 +49,7 @@ def test_a_destination_that_went_on_without_a_late_model_is_not_named():
     f = fed(nodes=4, rounds=8)
     with Cluster(f, "memory") as c:
         sender = c.by_id["node0"]
-        dest = schedule_of(f).plan(3)["node0"].destination
+        dest = f.schedule().plan(3)["node0"].destination
         assert dest is not None
         c.by_id[dest].finish_round(4, 0.5)
         notes: list[str] = []
@@ -66,7 +65,7 @@ def test_a_source_that_finished_while_this_node_was_away_is_not_named():
     f = fed(nodes=3, rounds=3, federation={"round_timeout_s": 60})
     with Cluster(f, "memory") as c:
         me = c.by_id["node1"]
-        source = schedule_of(f).plan(2)["node1"].source
+        source = f.schedule().plan(2)["node1"].source
         assert source is not None
         c.by_id[source].finish_round(1, 0.5)
         report = me.run_round(2)
@@ -82,7 +81,7 @@ def test_a_source_that_sent_a_later_model_and_left_is_not_named():
     f = fed(nodes=3, rounds=4, federation={"round_timeout_s": 60})
     with Cluster(f, "memory") as c:
         me = c.by_id["node1"]
-        source = schedule_of(f).plan(2)["node1"].source
+        source = f.schedule().plan(2)["node1"].source
         assert source is not None and c.network is not None
         me.inbox.put(InboxKey(2, source, "trained"), c.by_id[source].encode(round=2))
         c.network.take_down(source)

@@ -19,7 +19,6 @@ from flmesh.topology import (
 )
 from flmesh.topology.peers import may_deliver, may_rewind, star_rewind_target, successors
 from flmesh.topology.sampling import selected
-from flmesh.topology.schedules import schedule_of
 
 from conftest import tiny_raw
 
@@ -254,7 +253,7 @@ def test_standalone_exchanges_nothing():
 
 def test_only_the_schedule_may_deliver_or_rewind():
     fed = parse_federation(tiny_raw(nodes=6, rounds=5, rewind={"mode": "previous"}), source="t")
-    plan = schedule_of(fed).plan(2)  # CWT: node0 -> node1 -> ... -> node5 -> node0
+    plan = fed.schedule().plan(2)  # CWT: node0 -> node1 -> ... -> node5 -> node0
     assert successors(plan, "node1") == ["node2", "node3"]  # the destination, then its successor
     assert may_deliver(fed, "node1", "node2", 2) and may_deliver(fed, "node1", "node3", 2)
     assert not may_deliver(fed, "node1", "node4", 2) and not may_deliver(fed, "node1", "node0", 2)

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+from flmesh import registry
 from flmesh.config import parse_federation
 from flmesh.learning.data import federation_data, load_dataset
-from flmesh.learning.models import MODEL_FACTORIES, ModelError, build_model, register_model
+from flmesh.learning.models import ModelError, build_model, register_model
 from flmesh.runtime.node import Node
 from flmesh.sim.simulation import Simulation
 from flmesh.transports.memory.network import MemoryNetwork, MemoryPeerTransport
@@ -147,7 +148,7 @@ def test_a_registered_name_builds_its_factory():
         with pytest.raises(ValueError, match="already registered"):
             register_model("test_dropout_mlp", mlp)
     finally:
-        del MODEL_FACTORIES["test_dropout_mlp"]
+        registry.models.unregister("test_dropout_mlp")
 
 
 def mlp(*, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

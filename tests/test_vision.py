@@ -32,8 +32,6 @@ from torch import nn
 
 from flmesh.cli.fl_sim import main
 from flmesh.config import FederationError, ModelConfig, parse_federation
-from flmesh.learning import data as learning_data
-from flmesh.learning import models
 from flmesh.learning import vision as data_mod
 from flmesh.learning.data import DataError, federation_data, load_dataset
 from flmesh.learning.models import ModelError, build_model
@@ -192,9 +190,9 @@ def assert_one_line(message: str, *parts: str) -> None:
 
 # ------------------------------------------------------------------ data sets
 def test_registries_list_the_torchvision_sets():
-    from flmesh.config import schema
+    from flmesh import registry
 
-    assert set(VISION) | set(EMNIST) <= set(learning_data.DATASETS) == set(schema.DATASETS)
+    assert set(VISION) | set(EMNIST) | {"digits"} == set(registry.datasets.builtin_names())
     assert set(data_mod.VISION_SETS) == set(VISION) | set(EMNIST)
     assert {name: (spec.num_classes, dict(spec.kwargs)) for name, spec in data_mod.VISION_SETS.items()
             if name in EMNIST} == {name: (c, {"split": split}) for name, (split, c) in EMNIST.items()}
@@ -427,9 +425,9 @@ def test_forward_shapes(cfg, shape):
 
 
 def test_registries_list_the_models():
-    from flmesh.config import schema
+    from flmesh import registry
 
-    assert set(models.MODELS) == set(schema.MODELS) == {"mlp", "cnn", "cnn2", "resnet18"}
+    assert set(registry.models.builtin_names()) == {"mlp", "cnn", "cnn2", "resnet18"}
 
 
 def test_cnn2_is_the_fedavg_cnn():
@@ -496,7 +494,7 @@ def test_model_keys_are_parsed_and_weights_resolved(tmp_path):
         ("groups", 0, "[model] groups: expected an integer >= 1, got 0"),
         ("weights", 3, "[model] weights: expected a non-empty string, got 3"),
         ("small_input", "yes", "[model] small_input: expected true or false, got 'yes'"),
-        ("name", "vgg", "[model] name: expected one of 'mlp', 'cnn', 'cnn2', 'resnet18', got 'vgg'"),
+        ("name", "vgg", "[model] name: expected one of 'cnn', 'cnn2', 'mlp', 'resnet18', got 'vgg'"),
     ],
 )
 def test_bad_model_keys_are_one_line(tmp_path, key, value, expected):

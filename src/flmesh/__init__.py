@@ -57,7 +57,7 @@ _EXPORTS = {
     "ClientContext": "flmesh.algorithms.base",
     "ServerContext": "flmesh.algorithms.base",
     "Update": "flmesh.algorithms.base",
-    "Param": "flmesh.registry",
+    "Param": "flmesh.config.params",
     "register_algorithm": "flmesh.registry",
     "load_tls_identity": "flmesh.transports.grpc.tls",
     "Learner": "flmesh.learning.learner",
@@ -80,13 +80,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from flmesh.config import Federation as Federation
     from flmesh.config import FederationError as FederationError
     from flmesh.config import load_federation as load_federation
+    from flmesh.config.params import Param as Param
     from flmesh.learning.data import ArrayData as ArrayData
     from flmesh.learning.data import NodeData as NodeData
     from flmesh.learning.learner import EvalContext as EvalContext
     from flmesh.learning.learner import Learner as Learner
     from flmesh.learning.learner import TrainContext as TrainContext
     from flmesh.learning.models import register_model as register_model
-    from flmesh.registry import Param as Param
     from flmesh.registry import register_algorithm as register_algorithm
     from flmesh.runtime.node import Node as Node
     from flmesh.sim.simulation import Simulation as Simulation

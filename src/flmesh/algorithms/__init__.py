@@ -1,6 +1,6 @@
 """flmesh.algorithms: one file per algorithm, loaded by name from the registry.
 
-The registry is :mod:`flmesh.registry` (entry points of ``flmesh.algorithms``,
+The registry is :data:`flmesh.registry.algorithms` (entry points of ``flmesh.algorithms``,
 run-time registrations, import paths). :func:`load` imports a plug-in on first use;
 :func:`for_node` picks the plug-ins a node runs, each deciding for itself from the
 federation file (:meth:`~flmesh.algorithms.base.Algorithm.enabled`), so no caller
@@ -9,9 +9,9 @@ branches on an algorithm's name.
 
 from __future__ import annotations
 
+from flmesh import registry
 from flmesh.algorithms.base import Algorithm
 from flmesh.config import Federation, TrainingConfig
-from flmesh.registry import AlgorithmError, builtin_names, resolve
 
 #: The order client halves are consulted in: objectives, strategies, then data plug-ins.
 _KIND_ORDER = {"objective": 0, "strategy": 1, "data": 2}
@@ -21,8 +21,8 @@ def load(name: str) -> Algorithm:
     """The plug-in registered as ``name`` (or at the import path ``name``); KeyError (one
     line) names the known ones."""
     try:
-        plugin = resolve(name)
-    except AlgorithmError as exc:
+        plugin = registry.algorithms.resolve(name)
+    except registry.AlgorithmError as exc:
         raise KeyError(str(exc)) from None
     if not isinstance(plugin, Algorithm):
         raise TypeError(f"{name!r} is not an flmesh.algorithms.base.Algorithm")
@@ -33,7 +33,7 @@ def named_by(federation: Federation) -> list[str]:
     """The plug-ins a node of ``federation`` consults: flmesh's own, its strategy, every node's
     objective and its ``[algorithm.NAME]`` tables. A plug-in from outside runs only where the
     file names it, so one that is installed but broken stops no federation that does not."""
-    found = dict.fromkeys(builtin_names())
+    found = dict.fromkeys(registry.algorithms.builtin_names())
     if federation.aggregator is not None:
         found[federation.aggregator.strategy] = None
     for node in federation.nodes:

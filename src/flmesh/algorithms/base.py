@@ -37,10 +37,10 @@ import torch
 from torch import nn
 
 from flmesh.config import Federation, TrainingConfig
+from flmesh.config.params import Param, defaults
 from flmesh.format.specs import ModelSpec
 from flmesh.learning.data import ArrayData
 from flmesh.learning.objectives import Objective, Regularizer
-from flmesh.registry import Param, defaults
 from flmesh.transports.seam import ReplayTransport
 
 Tensors = dict[str, torch.Tensor]

@@ -15,7 +15,7 @@ import torch
 from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf
 from flmesh.algorithms.server_opt import ServerOptimizer
 from flmesh.config import Federation, TrainingConfig
-from flmesh.registry import Param
+from flmesh.config.params import Param
 
 #: Algorithm 2's parameters, shared with FedYogi.
 ADAPTIVE = (Param("server_lr", float, 0.01, "eta, the server learning rate", lo=0, hi=10, lo_open=True),

@@ -17,10 +17,10 @@ from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf, Tensors
 from flmesh.algorithms.fedavg import fedavg
 from flmesh.algorithms.flashback import SEED_DISTILL
 from flmesh.config import Federation, TrainingConfig
+from flmesh.config.params import Param
 from flmesh.learning.data import derive_seed
 from flmesh.learning.objectives import cross_entropy
 from flmesh.learning.trainer import train
-from flmesh.registry import Param
 
 
 class FedAvgFineTuneServer(ServerHalf):

@@ -15,7 +15,7 @@ import torch
 from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf
 from flmesh.algorithms.server_opt import ServerOptimizer
 from flmesh.config import Federation, TrainingConfig
-from flmesh.registry import Param
+from flmesh.config.params import Param
 
 
 class FedAvgMServer(ServerOptimizer):

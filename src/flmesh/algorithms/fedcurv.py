@@ -49,10 +49,10 @@ from flmesh.algorithms.base import (
 from flmesh.algorithms.fedavg import fedavg
 from flmesh.algorithms.fedcurv_terms import aggregate_uv, fedcurv_penalty, others_terms
 from flmesh.config import Federation, TrainingConfig
+from flmesh.config.params import Param
 from flmesh.format.specs import ModelSpec
 from flmesh.learning.fisher import fisher_diagonal
 from flmesh.learning.objectives import Regularizer
-from flmesh.registry import Param
 
 FISHER = "fisher/"           # + parameter name: a node's Fisher diagonal, float32, in its update
 FEDCURV_U = "fedcurv/u/"     # + parameter name: sum_j I_j over the nodes heard from (float64)

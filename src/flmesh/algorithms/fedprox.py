@@ -27,8 +27,8 @@ from flmesh.algorithms.base import (
 )
 from flmesh.algorithms.fedavg import fedavg
 from flmesh.config import Federation, TrainingConfig
+from flmesh.config.params import Param
 from flmesh.learning.objectives import Regularizer
-from flmesh.registry import Param
 
 
 def proximal_term(model: nn.Module, anchor: Tensors, mu: float) -> torch.Tensor:

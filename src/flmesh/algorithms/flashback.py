@@ -39,11 +39,11 @@ from flmesh.algorithms.base import (
 )
 from flmesh.algorithms.fedavg import fedavg
 from flmesh.config import Federation, TrainingConfig
+from flmesh.config.params import Param
 from flmesh.format.specs import ModelSpec
 from flmesh.learning.data import derive_seed
 from flmesh.learning.distillation import distill, dkd_loss
 from flmesh.learning.objectives import Regularizer
-from flmesh.registry import Param
 
 FLASHBACK_PI = "flashback/pi"  # the global label count pi, float64 (C,), published with the model
 SEED_DISTILL = 7  # stream id for the server's distillation order (see flmesh.learning.data)

@@ -35,10 +35,10 @@ from flmesh.algorithms.base import (
 )
 from flmesh.algorithms.fedavg import fedavg
 from flmesh.config import Federation, TrainingConfig
+from flmesh.config.params import Param
 from flmesh.format.specs import ModelSpec
 from flmesh.learning.objectives import Regularizer
 from flmesh.learning.trainer import steps_for
-from flmesh.registry import Param
 
 CONTROL = "scaffold/c/"  # the server's c, published beside the global model
 DELTA = "scaffold/dc/"  # a node's Delta c_i, sent with its update

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf, Tensors, Update
 from flmesh.algorithms.robust import trimmed_mean
 from flmesh.config import Federation, TrainingConfig
-from flmesh.registry import Param
+from flmesh.config.params import Param
 
 
 class TrimmedMeanServer(ServerHalf):

@@ -13,6 +13,7 @@ from typing import Any
 
 from flmesh.config.federation import FederationError
 from flmesh.config.graphs import shown
+from flmesh.user_code import is_import_path
 
 # Bounds on what a federation file (and fl-sim's flags) may ask of a machine. Past them a value is
 # a typo or an attack, not a plan, and the run would fail late with a traceback or stall in
@@ -208,12 +209,26 @@ class SectionReader:
         return out
 
 
-def dataset_name(known: Sequence[str]) -> Check:
-    """A known data set, or several joined by "+" (one label space: the first's classes, then
-    the next's after them, e.g. "mnist+fashion_mnist" has 20 classes)."""
+def dataset_name(known: Callable[[], Sequence[str]]) -> Check:
+    """A known data set (``known()``: the names now), or several joined by "+" (one label space:
+    the first's classes, then the next's after them, e.g. "mnist+fashion_mnist" has 20 classes)."""
     def check(v: Any) -> str:
+        names = known()
         parts = v.split("+") if isinstance(v, str) else []
-        if not parts or any(p not in known for p in parts) or len(set(parts)) != len(parts):
-            raise Bad(f"one of {', '.join(repr(k) for k in known)}, or several joined by '+'")
+        if not parts or any(p not in names for p in parts) or len(set(parts)) != len(parts):
+            raise Bad(f"one of {', '.join(repr(k) for k in names)}, or several joined by '+'")
         return str(v)
+    return check
+
+
+def registered(known: Callable[[], Sequence[str]], paths: bool = True) -> Check:
+    """A name ``known()`` lists now (a registry's names), or with ``paths`` an import path
+    ``package.module:name`` (only its form is checked here: the import is tried when the name
+    is resolved)."""
+    def check(v: Any) -> str:
+        names = known()
+        if isinstance(v, str) and (v in names or (paths and is_import_path(v))):
+            return v
+        listed = ", ".join(repr(k) for k in names)
+        raise Bad(f"one of {listed}, or an import path package.module:name" if paths else f"one of {listed}")
     return check

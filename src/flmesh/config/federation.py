@@ -11,15 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import networkx as nx
 
+from flmesh import registry
 from flmesh.config.graphs import GraphError, build_graph
+
+if TYPE_CHECKING:
+    from flmesh.topology.schedules import Schedule
 
 SCENARIOS = ("novel_inputs", "novel_targets")
 PARTICIPATION = ("exponential", "uniform", "full")
 REPLAY_MODES = ("client", "aggregator", "local")
+REWIND_MODES = ("off", "previous", "random")
 
 
 @dataclass(frozen=True)
@@ -313,3 +318,23 @@ class Federation:
         graph = self.graph()
         near = set(graph.successors(node_id) if graph.is_directed() else graph.neighbors(node_id))
         return [n for n in self.node_ids if n in near and n != node_id]
+
+    def schedule(self) -> Schedule:
+        """The exchange schedule (built once, through :data:`flmesh.registry.schedules`); the
+        Standalone baseline exchanges nothing. Raises FederationError (one line) when the name
+        is unknown or the graph does not admit the schedule."""
+        return self.derived("_schedule", self._build_schedule)
+
+    def _build_schedule(self) -> Schedule:
+        name = "standalone" if self.baseline == "standalone" else self.topology.schedule
+        graph = self.graph()
+        try:
+            factory = registry.schedules.resolve(name)
+            schedule = factory(graph, seed=self.seed)
+        except ValueError as exc:  # RegistryError, or the schedule refusing the graph
+            raise FederationError(f"{self.source}: [topology] schedule "
+                                  f"{self.topology.schedule!r}: {exc}") from None
+        if not callable(getattr(schedule, "plan", None)):
+            raise FederationError(f"{self.source}: [topology] schedule {name!r} made a "
+                                  f"{type(schedule).__name__}, which has no plan(round) method")
+        return cast("Schedule", schedule)

@@ -219,9 +219,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         wire=WireConfig(**r.section(raw, "wire", SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay, algorithms=algorithms,
     )
-    from flmesh.topology.schedules import schedule_of
 
-    schedule_of(federation)  # the graph must exist and admit the schedule: fail now, not mid-run
+    federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     return federation
 
 

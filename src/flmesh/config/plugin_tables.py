@@ -1,7 +1,7 @@
 """The plug-ins' tables of a federation file: ``[aggregator.params]`` (the strategy's) and
 ``[algorithm.NAME]`` (any plug-in's), each checked against the parameters the plug-in
-declares (:class:`flmesh.registry.Param`), with the same one-line errors as every
-other key. Resolving a plug-in imports it (:func:`flmesh.registry.resolve`).
+declares (:class:`flmesh.config.params.Param`), with the same one-line errors as every
+other key. Resolving a plug-in imports it (:data:`flmesh.registry.algorithms`).
 
 The built-in strategies' parameters were ``[aggregator]`` keys (``server_epochs``, ``gamma``,
 ``fedcurv_lambda``, ``fedcurv_average``, ``fedcurv_max_age``, ``trim``); those keys are still
@@ -17,8 +17,9 @@ from typing import Any
 from flmesh.config.checks import SectionReader, key_text
 from flmesh.config.federation import AggregatorConfig
 from flmesh.config.graphs import shown
+from flmesh.config.params import defaults, param_checks
 from flmesh.config.schema import SECTIONS
-from flmesh.registry import AlgorithmError, defaults, param_checks, resolve
+from flmesh.registry import AlgorithmError, algorithms
 
 #: The deprecated [aggregator] keys: a strategy's parameters before [aggregator.params].
 DEPRECATED = ("server_epochs", "gamma", "fedcurv_lambda", "fedcurv_average", "fedcurv_max_age", "trim")
@@ -38,7 +39,7 @@ def read_aggregator(r: SectionReader, raw: Mapping[str, Any]) -> AggregatorConfi
         return None
     agg = r.section(raw, "aggregator", SECTIONS["aggregator"])
     strategy = agg.get("strategy", AggregatorConfig.strategy)
-    plugin = resolve(strategy)  # checked by the schema when given; the default is built in
+    plugin = algorithms.resolve(strategy)  # checked by the schema when given; the default is built in
     given = _table(r, agg, "params", plugin, "[aggregator.params]")
     for p in plugin.params:
         if p.old is None or p.old not in agg:
@@ -61,7 +62,7 @@ def read_algorithm_tables(r: SectionReader, raw: Mapping[str, Any]) -> dict[str,
     for name in tables:
         label = f"[algorithm.{key_text(name)}]"
         try:
-            plugin = resolve(name)
+            plugin = algorithms.resolve(name)
         except AlgorithmError as exc:
             raise r.fail(label, str(exc)) from None
         out[name] = defaults(plugin, _table(r, tables, name, plugin, label))

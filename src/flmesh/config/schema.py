@@ -38,18 +38,17 @@ from flmesh.config.checks import (
     integer,
     number,
     path_string,
+    registered,
     sample_size,
     string,
     table,
 )
+from flmesh.config.federation import REWIND_MODES
 from flmesh.config.graphs import MAX_SEED
-from flmesh.registry import algorithm_name
-from flmesh.topology.schedules import REWIND_MODES, SCHEDULES
+from flmesh.registry import AlgorithmError, algorithms, datasets, learners, models, schedules
+from flmesh.user_code import is_import_path
 
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
-            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
 PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
-MODELS = ("mlp", "cnn", "cnn2", "resnet18")
 OPTIMIZERS = ("sgd", "adam")
 
 BASELINES = ("none", "standalone", "joint")
@@ -77,10 +76,6 @@ def _name(v: Any) -> str:
     return v
 
 
-# flmesh.user_code.IMPORT_PATH; topology loads nothing of flmesh.runtime (tests/test_imports.py)
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
 MAX_WORKERS = 64
 MAX_IMAGE_SIDE = 4096
 
@@ -92,14 +87,44 @@ def _image_size(v: Any) -> tuple[int, int]:
     return v[0], v[1]
 
 
+def algorithm_names(kind: str) -> list[str]:
+    """The registered names of ``kind``'s plug-ins (imports them; those that fail are left out)."""
+    found = []
+    for name in algorithms.names():
+        try:
+            if algorithms.resolve(name).kind == kind:
+                found.append(name)
+        except AlgorithmError:
+            continue
+    return found
+
+
+def algorithm_name(kind: str) -> Check:
+    """The check of a key that names a plug-in of ``kind``: resolves it (importing it)."""
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or not v:
+            raise Bad(f"a registered {kind} or an import path package.module:Class")
+        if v not in algorithms.names() and ":" not in v:
+            known = ", ".join(repr(n) for n in algorithm_names(kind)) or "none (is flmesh installed?)"
+            raise Bad(f"one of {known}, or an import path package.module:Class")
+        try:
+            plugin = algorithms.resolve(v)
+        except AlgorithmError as exc:
+            raise Bad(f"a usable {kind}: {exc}") from None
+        if plugin.kind != kind:
+            raise Bad(f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}, not the {plugin.kind} plug-in {v!r}")
+        return v
+    return check
+
+
 def _import_path(v: Any) -> str:
-    if not isinstance(v, str) or not _IMPORT_PATH.match(v):
+    if not isinstance(v, str) or not is_import_path(v):
         raise Bad("an import path of the form package.module:name")
     return v
 
 
 def _optimizer(v: Any) -> str:
-    if isinstance(v, str) and (v in OPTIMIZERS or _IMPORT_PATH.match(v)):
+    if isinstance(v, str) and (v in OPTIMIZERS or is_import_path(v)):
         return v
     raise Bad(f"one of {', '.join(repr(o) for o in OPTIMIZERS)}, or an import path package.module:name "
               "of a callable f(params, lr=..., weight_decay=...)")
@@ -124,7 +149,7 @@ TRAINING: dict[str, Check] = {
     "momentum": number(0, 1, hi_open=True),
     "weight_decay": at_most(number(0), 1),
     "objective": algorithm_name("objective"),
-    "learner": _import_path,
+    "learner": registered(learners.names),
     "device": device,
     "fedcurv_lambda": _PENALTY,
 }
@@ -156,11 +181,11 @@ SECTIONS: dict[str, dict[str, Check]] = {
              "zstd_level": at_most(integer(1), 19), "digest": string(("xxh3_128", "blake3", "sha256"))},
     "topology": {
         "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
-        "graph": string(), "params": table, "file": path_string, "schedule": string(SCHEDULES),
+        "graph": string(), "params": table, "file": path_string, "schedule": registered(schedules.names),
     },
     "training": TRAINING,
     "data": {
-        "dataset": dataset_name(DATASETS), "root": path_string, "download": boolean,
+        "dataset": dataset_name(datasets.names), "root": path_string, "download": boolean,
         "partition": string(PARTITIONS),
         # Dirichlet(alpha) is IID in all but name long before 1e6; past ~1e300 numpy's draw is 0/0.
         "alpha": at_most(number(0, lo_open=True), 1e6),
@@ -177,7 +202,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "image_size": _image_size,
     },
     "model": {
-        "name": string(MODELS), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
+        "name": registered(models.builtin_names, paths=False), "hidden": int_list(MAX_WIDTH, MAX_LAYERS),
         "channels": int_list(MAX_WIDTH, MAX_LAYERS), "norm": string(("batch", "group")),
         "groups": at_most(integer(1), 64, "ResNet's narrowest layer has 64 channels"),
         "weights": path_string, "small_input": boolean, "factory": _factory, "args": table,
@@ -235,7 +260,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "graph": "a graph generator: ring, complete, erdos_renyi, star or a listed networkx one",
         "params": "the graph generator's parameters, e.g. { p = 0.5 }",
         "file": "a GraphML or edge-list file whose node labels are the node ids, instead of graph",
-        "schedule": "who sends to whom: a fixed cycle (cwt) or a fresh random cycle cover each round (rwt)",
+        "schedule": "who sends to whom: a fixed cycle (cwt), a fresh random cycle cover each round (rwt), "
+                    "or a schedule a package registers (entry point group flmesh.schedules)",
     },
     "training": {
         "epochs": "local epochs per round; a fraction is a share of one pass's batches",
@@ -245,12 +271,13 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "momentum": "SGD's momentum",
         "weight_decay": "the optimizer's weight decay",
         "objective": "the local loss: ce, wsm (re-weighted softmax) or a plug-in",
-        "learner": "import path of a flmesh.Learner subclass that trains and evaluates",
+        "learner": "what trains and evaluates: a registered learner, or the import path of a "
+                   "flmesh.Learner subclass",
         "device": "where to train: auto (CUDA when present), cpu, cuda, cuda:N or mps",
         "fedcurv_lambda": "> 0: FedCurv's penalty between peers (neighbours' Fisher diagonals)",
     },
     "data": {
-        "dataset": "a built-in data set, or several joined by '+' into one label space",
+        "dataset": "a registered data set, or several joined by '+' into one label space",
         "root": "folder torchvision reads data sets from (relative to the file)",
         "download": "let torchvision download a missing data set",
         "partition": "how the data set is split across nodes",

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flmesh import registry
 from flmesh.config import DataConfig, Federation
 from flmesh.learning import partitions
 from flmesh.topology import sampling
@@ -142,18 +143,21 @@ def load_dataset(cfg: DataConfig) -> ArrayData:
                      sum(p.num_classes for p in parts))
 
 
+def digits(cfg: DataConfig) -> ArrayData:
+    """The ``digits`` data set as the data-set registry calls it (:func:`load_digits`)."""
+    return load_digits()
+
+
 def _load_one(name: str, cfg: DataConfig) -> ArrayData:
-    if name == "digits":
-        return load_digits()
-    from flmesh.learning.vision import VISION_SETS, load_vision
-
-    if name in VISION_SETS:
-        return load_vision(name, cfg.root, cfg.download)
-    raise DataError(f"unknown dataset {name!r}")
-
-
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist_byclass", "emnist_bymerge",
-            "emnist_balanced", "emnist_letters", "emnist_digits", "emnist_mnist")
+    """The data set registered as ``name`` (:data:`flmesh.registry.datasets`), called with ``cfg``."""
+    try:
+        load = registry.datasets.resolve(name)
+    except registry.RegistryError as exc:
+        raise DataError(str(exc)) from None
+    data = load(cfg)
+    if not isinstance(data, ArrayData):
+        raise DataError(f"dataset {name!r} returned a {type(data).__name__}, not an ArrayData")
+    return data
 
 
 def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,
@@ -171,7 +175,6 @@ def partition_indices(labels: np.ndarray, cfg: DataConfig, num_nodes: int,
     raise DataError(f"unknown partition {cfg.partition!r}")
 
 
-PARTITIONS = ("dirichlet", "dirichlet_equal", "iid", "shards")
 
 
 def public_split(labels: np.ndarray, federation: Federation) -> tuple[np.ndarray, np.ndarray]:

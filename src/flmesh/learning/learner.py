@@ -31,11 +31,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from flmesh import registry
 from flmesh.config import Federation, TrainingConfig
 from flmesh.learning.data import ArrayData
 from flmesh.learning.objectives import Objective, Regularizer, cross_entropy
 from flmesh.learning.optimizers import make_optimizer
-from flmesh.user_code import UserCodeError, load_callable
+from flmesh.user_code import UserCodeError
 
 #: One batch: inputs and integer labels, on the model's device.
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -128,14 +129,18 @@ class LearnerError(ValueError):
 
 
 def load_learner(spec: str | Learner | Any | None) -> Learner:
-    """The learner ``spec`` names: None for the default, an import path whose callable
-    returns one, or an object with ``train`` and ``evaluate``. Raises UserCodeError or
+    """The learner ``spec`` names: None for the default, a name registered in
+    :data:`flmesh.registry.learners` or an import path, whose callable returns one, or an
+    object with ``train`` and ``evaluate``. Raises UserCodeError or
     :class:`LearnerError`."""
     if spec is None:
         return DEFAULT_LEARNER
     learner = spec
     if isinstance(spec, str):
-        made = load_callable(spec)
+        try:
+            made = registry.learners.resolve(spec)
+        except registry.RegistryError as exc:
+            raise UserCodeError(str(exc)) from None
         try:
             learner = made()
         except Exception as exc:  # the user's constructor raised
@@ -227,6 +232,11 @@ def _label(obj: Any) -> str:
 
 
 DEFAULT_LEARNER = Learner()  # stateless: one serves every caller
+
+
+def default_learner() -> Learner:
+    """The default learner (``[training] learner = "default"``): one object serves every caller."""
+    return DEFAULT_LEARNER
 
 
 def eval_batches(x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int) -> Iterator[Batch]:

@@ -27,12 +27,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from flmesh import registry
 from flmesh.config import Federation, ModelConfig
 from flmesh.learning.architectures import MLP, FedAvgCNN, SmallCNN, resnet18
 from flmesh.learning.data import SEED_MODEL, derive_seed
 from flmesh.learning.extras import MissingExtra
 from flmesh.learning.weights import ModelError, load_weights, one_line
-from flmesh.user_code import UserCodeError, load_callable
+from flmesh.user_code import is_import_path
 
 ModelFactory = Callable[..., nn.Module]
 
@@ -67,21 +68,16 @@ def resnet(*, input_shape: tuple[int, ...], num_classes: int, norm: str = "batch
                     small_input=small_input)
 
 
-#: Model name -> factory: what ``[model] factory = "name"`` builds (and ``[model] name``, for
-#: the built-ins). :func:`register_model` adds to it.
-MODEL_FACTORIES: dict[str, ModelFactory] = {"mlp": mlp, "cnn": cnn, "cnn2": cnn2, "resnet18": resnet}
-MODELS = tuple(MODEL_FACTORIES)  # the built-ins, which [model] name accepts
+#: Which [model] keys each built-in model takes as its factory's arguments.
 _SIZES = {"mlp": ("hidden",), "cnn": ("channels",), "resnet18": ("norm", "groups", "small_input")}
 
 
 def register_model(name: str, factory: ModelFactory) -> None:
-    """Make ``[model] factory = "name"`` build with ``factory``. Not thread-safe: register at
-    import time, before any federation is built. Raises ValueError for a name already taken."""
-    if not name.isidentifier():
-        raise ValueError(f"a model name is a Python identifier, got {name!r}")
-    if MODEL_FACTORIES.get(name, factory) is not factory:
-        raise ValueError(f"model {name!r} is already registered")
-    MODEL_FACTORIES[name] = factory
+    """Make ``[model] factory = "name"`` build with ``factory`` (in
+    :data:`flmesh.registry.models`; an installed package can declare an entry point of
+    ``flmesh.models`` instead). Not thread-safe: register at import time, before any
+    federation is built. Raises ValueError for a name already taken."""
+    registry.models.register(name, factory)
 
 
 @dataclass(frozen=True)
@@ -138,22 +134,17 @@ def model_recipe(cfg: ModelConfig) -> ModelRecipe:
     """What builds ``cfg``'s model; imports a factory's module (blocking). Raises ModelError."""
     given = cfg.factory
     if given is None:
-        factory = MODEL_FACTORIES.get(cfg.name)
-        if factory is None:
-            raise ModelError(f"unknown model {cfg.name!r} (expected one of {', '.join(MODELS)})")
+        try:
+            factory = registry.models.resolve(cfg.name)
+        except registry.RegistryError as exc:
+            raise ModelError(f"[model] name: {exc}") from None
         return ModelRecipe(cfg.name, "[model] name", factory,
                            {k: getattr(cfg, k) for k in _SIZES.get(cfg.name, ())})
     if isinstance(given, str):
-        if ":" not in given:
-            factory = MODEL_FACTORIES.get(given)
-            if factory is None:
-                raise ModelError(f"[model] factory: unknown model {given!r} (expected an import path "
-                                 f"package.module:callable or one of {', '.join(MODEL_FACTORIES)})")
-        else:
-            try:
-                factory = load_callable(given)
-            except UserCodeError as exc:
-                raise ModelError(f"[model] factory {exc}") from None
+        try:
+            factory = registry.models.resolve(given)
+        except registry.RegistryError as exc:  # a path's own message names it: no colon before it
+            raise ModelError(f"[model] factory{' ' if is_import_path(given) else ': '}{exc}") from None
         return ModelRecipe(given, "[model] factory", factory, dict(cfg.args))
     if not callable(given):
         raise ModelError(f"model: expected a torch.nn.Module or a callable that returns one, "

@@ -13,11 +13,13 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
+from flmesh.config import DataConfig
 from flmesh.learning.data import ArrayData, DataError
 from flmesh.learning.extras import require
 
@@ -205,6 +207,21 @@ def load_vision(name: str, root: str | os.PathLike | None, download: bool = Fals
                             "(corrupt, or not the original file)") from None
         raise DataError(f"{name}: cannot read {root / spec.folder}: {_one_line(exc)}") from None
     return _as_array([_images_and_labels(ds, spec) for ds in splits], spec.num_classes, name)
+
+
+class VisionLoader:
+    """A torchvision set as the data-set registry calls it: ``load(cfg)`` reads it from
+    ``[data] root`` (:func:`load_vision`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, cfg: DataConfig) -> ArrayData:
+        return load_vision(self.name, cfg.root, cfg.download)
+
+
+#: What :data:`flmesh.registry.datasets` names: one loader per set of :data:`VISION_SETS`.
+LOADERS = SimpleNamespace(**{name: VisionLoader(name) for name in VISION_SETS})
 
 
 def _images_and_labels(ds: Any, spec: VisionSet) -> tuple[Any, Any]:

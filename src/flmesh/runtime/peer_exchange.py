@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 from flmesh.format.codec import DecodedModel, EncodedModel
 from flmesh.runtime.inbox import ROUND_WINDOW, InboxKey
 from flmesh.topology.peers import FALLBACK_HOPS, successors
-from flmesh.topology.schedules import schedule_of
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import DeliverResult, PeerStatus
 
@@ -60,7 +59,7 @@ def senders_for(ctx: RoundContext, round: int) -> list[str]:
     """Who may hand this node its round-``round`` input, in order of preference: the source,
     then the nodes whose fallback reaches this node (the source's source)."""
     fed, me = ctx.settings.federation, ctx.settings.node_id
-    plan = schedule_of(fed).plan(round - 1)
+    plan = fed.schedule().plan(round - 1)
     ordered = [s for s in fed.node_ids if s != me and me in successors(plan, s, FALLBACK_HOPS)]
     return sorted(ordered, key=lambda s: successors(plan, s, FALLBACK_HOPS).index(me))
 
@@ -191,7 +190,7 @@ def deliver_onward(ctx: RoundContext, round: int, destination: str,
     (noted)."""
     ctx.activity.set_state("sending", destination)
     message = ctx.encode(round)
-    plan = schedule_of(ctx.settings.federation).plan(round)
+    plan = ctx.settings.federation.schedule().plan(round)
     for target in successors(plan, ctx.settings.node_id, FALLBACK_HOPS):
         if not ctx.links.transport.knows(target):
             continue

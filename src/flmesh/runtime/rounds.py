@@ -26,7 +26,7 @@ from flmesh.runtime.local_training import train_round
 from flmesh.runtime.peer_exchange import deliver_onward, wait_for_source
 from flmesh.runtime.reports import RoundReport, StarReport, TrainStats
 from flmesh.topology.peers import round_peers, star_rewind_target
-from flmesh.topology.schedules import rewind_target, schedule_of
+from flmesh.topology.schedules import rewind_target
 from flmesh.transports.errors import PeerError, UnknownPeerError
 from flmesh.transports.seam import PollInfo, with_retry
 
@@ -113,7 +113,7 @@ def run_peer_round(ctx: RoundContext, round: int) -> RoundReport:
     check_addresses(ctx, round)
     start = ctx.links.clock.now()
     fed = ctx.settings.federation
-    plan = schedule_of(fed).plan(round)
+    plan = fed.schedule().plan(round)
     hop = plan[ctx.settings.node_id]
     notes = ctx.continual.advance(ctx, round) if ctx.continual is not None else []
     trains = ctx.continual is None or ctx.continual.participates(ctx.settings, round)

@@ -18,10 +18,8 @@ from flmesh.topology.schedules import (
     ScheduleError,
     StandaloneSchedule,
     hamiltonian_cycle,
-    make_schedule,
     random_cycle_cover,
     rewind_target,
-    schedule_of,
 )
 
 __all__ = [
@@ -33,8 +31,6 @@ __all__ = [
     "ScheduleError",
     "StandaloneSchedule",
     "hamiltonian_cycle",
-    "make_schedule",
     "random_cycle_cover",
     "rewind_target",
-    "schedule_of",
 ]

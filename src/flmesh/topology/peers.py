@@ -13,7 +13,7 @@ import numpy as np
 
 from flmesh.config.federation import Federation
 from flmesh.topology.sampling import previous_sampled, selected
-from flmesh.topology.schedules import Hop, rewind_target, schedule_of
+from flmesh.topology.schedules import Hop, rewind_target
 
 SEED_STAR_RANDREWIND = 27
 
@@ -26,7 +26,7 @@ def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, s
     last round delivers to nobody.
     """
     fed = federation
-    schedule = schedule_of(fed)
+    schedule = fed.schedule()
     roles: dict[str, str] = {}
     if fed.aggregator is not None:
         target = star_rewind_target(fed, node_id, round)
@@ -74,7 +74,7 @@ def star_rewind_target(federation: Federation, node_id: str, round: int) -> str 
     mode = fed.rewind.mode
     if mode == "off":
         return None
-    chain = schedule_of(fed).plan(2)
+    chain = fed.schedule().plan(2)
     if fed.rewind.scope == "chain":
         return rewind_target(chain, node_id, mode, round=round, seed=fed.seed, nodes=fed.node_ids,
                              first_round=1)
@@ -112,7 +112,7 @@ def may_deliver(federation: Federation, sender: str, receiver: str, round: int) 
     plan: to its destination, or past it to a live successor when that one is down."""
     if federation.aggregator is not None or federation.baseline != "none" or round < 1:
         return False
-    return receiver in successors(schedule_of(federation).plan(round), sender)
+    return receiver in successors(federation.schedule().plan(round), sender)
 
 
 def may_rewind(federation: Federation, caller: str, target: str, round: int) -> bool:
@@ -127,6 +127,6 @@ def may_rewind(federation: Federation, caller: str, target: str, round: int) -> 
     if fed.aggregator is not None:
         return star_rewind_target(fed, caller, round) == target
     if mode == "random":
-        plan = schedule_of(fed).plan(round)
+        plan = fed.schedule().plan(round)
         return rewind_target(plan, caller, mode, round=round, seed=fed.seed, nodes=fed.node_ids) == target
-    return round > 1 and caller in successors(schedule_of(fed).plan(round - 1), target)
+    return round > 1 and caller in successors(fed.schedule().plan(round - 1), target)

@@ -9,6 +9,11 @@ receives the model its ``source`` trained in round ``t-1``, trains it, and sends
 it to its ``destination``, which trains it in round ``t+1``. Round 1 has no
 source (``None``): every node starts from the initial model. Hence for every
 ``t >= 2``: ``plan(t)[plan(t-1)[j].destination].source == j``.
+
+A schedule is named by ``[topology] schedule`` and built through :data:`flmesh.registry.schedules`
+as ``factory(graph, seed=seed)``: flmesh's own (``cwt``, ``rwt``, and ``standalone`` for the
+baseline) are the classes here; an installed package adds one through the entry-point group
+``flmesh.schedules``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Protocol
 import networkx as nx
 import numpy as np
 
-from flmesh.config.federation import Federation, FederationError
+from flmesh.config.federation import REWIND_MODES
 
 #: Expansions the Hamiltonian-cycle search may make before it gives up. Enough
 #: for the few-hundred-node ring, complete, regular and Erdos-Renyi graphs
@@ -121,7 +126,9 @@ class CyclicSchedule:
 
     name = "cwt"
 
-    def __init__(self, graph: nx.Graph, cycle: Sequence[str] | None = None):
+    def __init__(self, graph: nx.Graph, cycle: Sequence[str] | None = None, *, seed: int = 0):
+        """``cycle``: the cycle to walk (default: the graph's, :func:`hamiltonian_cycle`);
+        ``seed`` is not used (the cycle is fixed)."""
         self.cycle = list(cycle) if cycle is not None else hamiltonian_cycle(graph)
         nxt = {v: self.cycle[(i + 1) % len(self.cycle)] for i, v in enumerate(self.cycle)}
         prev = {v: self.cycle[i - 1] for i, v in enumerate(self.cycle)}
@@ -200,7 +207,7 @@ class StandaloneSchedule:
 
     name = "standalone"
 
-    def __init__(self, graph: nx.Graph):
+    def __init__(self, graph: nx.Graph, *, seed: int = 0):
         self.nodes = list(graph.nodes)
 
     def plan(self, round: int) -> Plan:
@@ -209,8 +216,6 @@ class StandaloneSchedule:
         return {v: Hop(None, None) for v in self.nodes}
 
 
-SCHEDULES = ("cwt", "rwt")
-REWIND_MODES = ("off", "previous", "random")
 
 
 def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,
@@ -235,27 +240,3 @@ def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,
         rng = np.random.default_rng([seed, _SEED_RANDREWIND, round, list(nodes).index(node)])
         return others[int(rng.integers(len(others)))]
     raise ScheduleError(f"unknown rewind mode {mode!r} (expected one of {', '.join(REWIND_MODES)})")
-
-
-def schedule_of(federation: Federation) -> Schedule:
-    """``federation``'s exchange schedule, built once per federation; the Standalone baseline
-    exchanges nothing. Raises FederationError (one line) when the graph does not admit it."""
-    def build() -> Schedule:
-        name = "standalone" if federation.baseline == "standalone" else federation.topology.schedule
-        try:
-            return make_schedule(name, federation.graph(), federation.seed)
-        except ScheduleError as exc:
-            raise FederationError(f"{federation.source}: [topology] schedule "
-                                  f"{federation.topology.schedule!r}: {exc}") from None
-    return federation.derived("_schedule", build)
-
-
-def make_schedule(name: str, graph: nx.Graph, seed: int = 0) -> Schedule:
-    """The schedule called ``name`` over ``graph``; ``seed`` feeds random schedules."""
-    if name == "cwt":
-        return CyclicSchedule(graph)
-    if name == "rwt":
-        return RandomSchedule(graph, seed)
-    if name == "standalone":
-        return StandaloneSchedule(graph)
-    raise ScheduleError(f"unknown schedule {name!r} (expected one of {', '.join(SCHEDULES)})")
