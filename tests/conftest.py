@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from flmesh.config import Federation, parse_federation
 from flmesh.runtime.node import Node
+from flmesh.transports.backend import TransportSettings
+from flmesh.transports.grpc.backend import GrpcBackend
 from flmesh.transports.grpc.tls import Tls
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +34,12 @@ def identities(root: Path, ids: list[str]) -> dict[str, Tls]:
     from flmesh.transports.grpc.tls import load_tls
 
     return {i: load_tls(p.ca, p.cert, p.key, expected_id=i)[0] for i, p in federation_pki(root, ids).items()}
+
+
+def deployed(fed: Federation, me: str, tls: Tls | None = None, **options: Any) -> GrpcBackend:
+    """The gRPC backend of one deployed process ``me`` (with ``tls``: its mTLS identity; without,
+    plaintext, as wire tests ask for it); ``options``: the backend's (``limits=``)."""
+    return GrpcBackend(TransportSettings(fed, (me,), identity=tls, insecure=tls is None), **options)
 
 
 def started_nodes(fed: Federation, tls: dict[str, Tls] | None = None) -> list[Node]:

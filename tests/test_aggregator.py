@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from flmesh.aggregator.core import MAX_POLL_WAIT_S, AggregatorCore
 from flmesh.algorithms.fedavg import FedAvgServer
 from flmesh.clock import ManualClock
-from flmesh.config import FederationError, parse_federation
+from flmesh.config import Federation, FederationError, parse_federation
 from flmesh.format.codec import ModelMeta, encode, model_spec
 from flmesh.learning.data import ArrayData, federation_data, load_digits, public_data
 from flmesh.reports.run_files import read_rows
 from flmesh.sim.simulation import Simulation
 from flmesh.topology.sampling import sample_clients
+from flmesh.transports.backend import TransportSettings
 from flmesh.transports.errors import PeerError, Refused
 from flmesh.transports.grpc.aggregator_client import GrpcAggregatorTransport
 from flmesh.transports.grpc.aggregator_service import serve
+from flmesh.transports.memory.backend import MemoryBackend
 
 from conftest import tiny_raw
 
@@ -273,9 +277,13 @@ def test_only_in_process_evaluation_without_tasks_runs_beside_the_next_round():
     def tests() -> dict[str, ArrayData]:
         return {n: s.test for n, s in splits.items()}
 
-    assert Aggregator.from_federation(plain, dataset=digits, tests=tests).overlap_evaluation
-    assert not Aggregator.from_federation(plain, dataset=digits).overlap_evaluation
-    assert not Aggregator.from_federation(continual, dataset=digits, tests=tests).overlap_evaluation
+    def built(fed: Federation, **kw: Any) -> Aggregator:
+        backend = MemoryBackend(TransportSettings(fed))
+        return Aggregator.from_federation(fed, backend=backend, dataset=digits, **kw)
+
+    assert built(plain, tests=tests).overlap_evaluation
+    assert not built(plain).overlap_evaluation
+    assert not built(continual, tests=tests).overlap_evaluation
 
 
 def test_a_claimed_sample_count_over_the_joined_one_is_refused_and_later_updates_keep_their_weight():

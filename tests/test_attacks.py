@@ -30,7 +30,7 @@ from flmesh.transports.grpc.tls import Tls
 from flmesh.v1 import aggregator_pb2, peer_pb2, peer_pb2_grpc, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
-from conftest import identities, started_nodes, tiny_raw, wait_until
+from conftest import deployed, identities, started_nodes, tiny_raw, wait_until
 from harness import Cluster
 
 
@@ -500,7 +500,8 @@ def test_a_second_join_of_one_identity_moves_its_address(tmp_path):
 
     ids = identities(tmp_path, ["node0", "node1", "aggregator"])
     fed = parse_federation(tiny_raw(nodes=2, rounds=2, aggregator={"fraction": 1.0}), source="t.toml")
-    agg = Aggregator.from_federation(fed, dataset=load_dataset(fed.data), tls=ids["aggregator"])
+    agg = Aggregator.from_federation(fed, backend=deployed(fed, "aggregator", ids["aggregator"]),
+                                     dataset=load_dataset(fed.data))
     address = agg.serve("127.0.0.1:0")
     first, second = (GrpcAggregatorTransport(address, tls=ids["node0"]) for _ in range(2))
     try:
@@ -523,8 +524,8 @@ def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
     monotonic clock, so no round times out and none is skipped."""
     from flmesh.clock import REAL_CLOCK
     from flmesh.learning.data import federation_data
-    from flmesh.runtime.memory_node import memory_node
-    from flmesh.transports.memory.network import MemoryNetwork
+    from flmesh.transports.backend import TransportSettings
+    from flmesh.transports.memory.backend import MemoryBackend
 
     real = time.time
     reads = [0]
@@ -535,8 +536,10 @@ def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
 
     fed = parse_federation(tiny_raw(nodes=3, rounds=3), source="t.toml")
     data = federation_data(fed)
-    net = MemoryNetwork()
-    nodes = [memory_node(fed, n, net, data=data[n], clock=REAL_CLOCK) for n in fed.node_ids]
+    backend = MemoryBackend(TransportSettings(fed, tuple(fed.node_ids), simulation=True))
+    nodes = [Node(fed, n, data=data[n], backend=backend, clock=REAL_CLOCK) for n in fed.node_ids]
+    for node in nodes:
+        node.start()
     monkeypatch.setattr(time, "time", jumping)
     reports, runs = run_threads(nodes)
     try:

@@ -27,7 +27,7 @@ from flmesh.transports.grpc.channels import make_channel
 from flmesh.v1 import aggregator_pb2, peer_pb2, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
-from conftest import tiny_raw
+from conftest import deployed, tiny_raw
 
 CASES = settings(max_examples=100, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -52,7 +52,7 @@ def aggregator():
                                     tasks={"scenario": "novel_targets", "tasks": 2, "rounds_per_task": 2,
                                            "classes_per_task": 2},
                                     replay={"mode": "client", "epsilon": 10.0}), source="f")
-    agg = Aggregator.from_federation(fed, dataset=load_dataset(fed.data), insecure=True)
+    agg = Aggregator.from_federation(fed, backend=deployed(fed, "aggregator"), dataset=load_dataset(fed.data))
     address = agg.serve("127.0.0.1:0")
     channel = make_channel(address)
     yield agg, channel

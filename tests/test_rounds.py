@@ -18,7 +18,6 @@ from flmesh.runtime.inbox import InboxKey
 from flmesh.runtime.node import Node
 from flmesh.runtime.peer_exchange import deliver_onward
 from flmesh.transports.errors import UnknownPeerError
-from flmesh.transports.grpc.peer_client import GrpcPeerTransport
 
 from conftest import tiny_raw
 from harness import TRANSPORTS, Cluster
@@ -266,7 +265,7 @@ def test_star_strategies_exchange_their_extras(strategy):
 def test_node_refuses_a_plan_with_an_unknown_address_before_training():
     f = fed(nodes=3, rounds=2)
     data = federation_data(f)
-    node = Node(f, "node1", data=data["node1"], transport=GrpcPeerTransport({"node0": "127.0.0.1:1"}))
+    node = Node.from_federation(f, "node1", data=data["node1"], peers={"node0": "127.0.0.1:1"}, insecure=True)
     before = node.state_dict()
     with pytest.raises(UnknownPeerError, match="no address for peer 'node2' \\(destination in round 1\\)"):
         node.run_round(1)

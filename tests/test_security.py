@@ -28,7 +28,7 @@ from flmesh.transports.seam import DeliverResult, PeerStatus
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2_grpc
 
-from conftest import identities, started_nodes, tiny_raw, wait_until
+from conftest import deployed, identities, started_nodes, tiny_raw, wait_until
 
 
 @pytest.fixture
@@ -117,7 +117,8 @@ def test_strangers_and_impostors_are_refused_and_nothing_changes(cluster, pki):
 def test_the_aggregator_serves_each_node_only_as_itself(tmp_path, pki):
     ours, _ = pki
     fed = parse_federation(tiny_raw(nodes=3, rounds=2, aggregator={"fraction": 1.0}), source="t.toml")
-    agg = Aggregator.from_federation(fed, dataset=load_dataset(fed.data), tls=ours["aggregator"])
+    agg = Aggregator.from_federation(fed, backend=deployed(fed, "aggregator", ours["aggregator"]),
+                                     dataset=load_dataset(fed.data))
     address = agg.serve("127.0.0.1:0")
     node1 = GrpcAggregatorTransport(address, tls=ours["node1"])
     try:

@@ -356,11 +356,11 @@ def test_both_transports_give_the_same_numbers_around_an_aggregator(tmp_path):
 def test_tls_or_insecure_without_grpc_is_refused_in_one_line(tiny_file, capsys):
     assert main([str(tiny_file), "--tls"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("fl-sim: error: --tls: needs --transport grpc "
-                   "(the in-memory transport has no wire to encrypt)")
+    assert err == ("fl-sim: error: --tls: needs a transport with a wire, such as --transport grpc "
+                   "(memory has none)")
     assert main([str(tiny_file), "--insecure"]) == 2
-    assert capsys.readouterr().err.strip() == ("fl-sim: error: --insecure: needs --transport grpc "
-                                               "(the in-memory transport has no wire)")
+    assert capsys.readouterr().err.strip() == ("fl-sim: error: --insecure: needs a transport with a wire, "
+                                               "such as --transport grpc (memory has none)")
 
 
 def test_version_flag(capsys):

@@ -26,7 +26,7 @@ from flmesh.transports.seam import DeliverResult
 from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
-from conftest import identities, tiny_raw, wait_until
+from conftest import deployed, identities, tiny_raw, wait_until
 
 HEADER = pb.ModelChunk(header=pb.ModelHeader(total_bytes=8, sha256=b"\0" * 32, kind=pb.MODEL_KIND_TRAINED))
 
@@ -177,11 +177,8 @@ def test_a_caller_that_does_not_read_its_replies_is_cut_at_the_idle_limit():
 def _federation(tls: dict[str, Tls] | None, limits: StreamLimits) -> list[Node]:
     fed = parse_federation(tiny_raw(nodes=3, rounds=3), source="t.toml")  # CWT node0 -> node1 -> node2
     data = federation_data(fed)
-    nodes = [Node.from_federation(fed, n, data=data[n], listen="127.0.0.1:0",
-                                  tls=tls[n] if tls is not None else None, insecure=tls is None)
+    nodes = [Node(fed, n, data=data[n], backend=deployed(fed, n, tls[n] if tls else None, limits=limits))
              for n in fed.node_ids]
-    for node in nodes:
-        node.stream_limits = limits
     addresses = {n.node_id: n.start() for n in nodes}
     for node in nodes:
         node.connect(addresses)

@@ -17,7 +17,8 @@ from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.models import ModelError, build_model, register_model
 from flmesh.runtime.node import Node
 from flmesh.sim.simulation import Simulation
-from flmesh.transports.memory.network import MemoryNetwork, MemoryPeerTransport
+from flmesh.transports.backend import TransportSettings
+from flmesh.transports.memory.backend import MemoryBackend
 
 from conftest import tiny_raw
 from harness import Cluster
@@ -116,7 +117,7 @@ def test_a_built_in_named_as_a_factory_gives_the_same_numbers(tmp_path):
 
 
 def lone_node(fed, data, **model) -> Node:
-    return Node(fed, "node0", data=data, transport=MemoryPeerTransport(MemoryNetwork(), "node0"), **model)
+    return Node(fed, "node0", data=data, backend=MemoryBackend(TransportSettings(fed)), **model)
 
 
 def test_a_module_given_to_node_is_its_m0_and_its_fingerprint():

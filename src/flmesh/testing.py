@@ -1,10 +1,11 @@
 """Test a plug-in, a learner or a federation file with one call: :mod:`flmesh.testing`.
 
-:class:`Cluster` holds a federation's nodes (and aggregator) over one transport and runs them
-round by round from the caller's thread: ``Cluster(fed, "memory")`` wires every node through
-the in-memory transport with a manual clock (no sockets, no sleeps, timeouts cost nothing);
-``Cluster(fed, "grpc")`` starts real gRPC servers on 127.0.0.1:0, each with an mTLS identity
-from a throwaway CA made for the cluster, as a deployment has. The round logic is the same
+:class:`Cluster` holds a federation's nodes (and aggregator) over one transport backend and runs
+them round by round from the caller's thread: ``Cluster(fed, "memory")`` wires every node
+through the in-memory transport with a manual clock (no sockets, no sleeps, timeouts cost
+nothing); ``Cluster(fed, "grpc")`` starts real gRPC servers on 127.0.0.1:0, each with an mTLS
+identity from a throwaway CA made for the cluster, as a deployment has; any other registered
+backend is asked for by its name. The round logic is the same
 code either way. :func:`run` runs every round of a federation and returns the final models;
 :func:`run_resumed` stops after a round, checkpoints every node, rebuilds the federation from
 the checkpoints and finishes it, as a restarted deployment would.
@@ -18,66 +19,65 @@ from pathlib import Path
 
 import torch
 
+from flmesh import registry
 from flmesh.aggregator.aggregator import Aggregator
 from flmesh.clock import REAL_CLOCK, Clock, ManualClock
 from flmesh.config import Federation
 from flmesh.learning.data import federation_data, load_dataset
 from flmesh.reports.results import RoundRow
 from flmesh.runtime.checkpoint import restore, save
-from flmesh.runtime.memory_node import memory_node
+from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node
 from flmesh.runtime.reports import RoundReport, StarReport
-from flmesh.sim.identities import SimIdentities
 from flmesh.topology.tasks import task_of
-from flmesh.transports.memory.network import AGGREGATOR, MemoryNetwork, MemoryPeerTransport
+from flmesh.transports.backend import Backend, TransportSettings, create
+from flmesh.transports.memory.network import MemoryNetwork
 
 Tensors = dict[str, torch.Tensor]
 
-TRANSPORTS = ["memory", "grpc"]
+#: flmesh's own transport backends, which tests run a federation over.
+TRANSPORTS = registry.transports.builtin_names()
 
 
 class Cluster:
-    """A federation's processes in this one, on ``transport`` ("memory" or "grpc")."""
+    """A federation's processes in this one, on the transport backend named ``transport``."""
 
-    def __init__(self, federation: Federation, transport: str):
+    def __init__(self, federation: Federation, transport: str = "memory"):
+        """``transport``: a registered backend (:data:`flmesh.registry.transports`). Without a
+        wire (``memory``) the processes wait and retry on a :class:`~flmesh.clock.ManualClock`,
+        so timeouts cost nothing; with one (``grpc``) on the real clock."""
         self.federation = federation
         self.transport = transport
         dataset = load_dataset(federation.data)
         data = federation_data(federation, dataset)
         star = federation.aggregator is not None
+        ids = (*federation.node_ids, "aggregator")
+        self.backend: Backend = create(transport, TransportSettings(federation, ids, simulation=True))
+        self.clock: Clock = REAL_CLOCK if self.backend.wire else ManualClock()
         self.aggregator: Aggregator | None = None
-        self.network: MemoryNetwork | None = None
-        self.identities: SimIdentities | None = None  # gRPC: every process's mTLS identity
-        self.clock: Clock
-        if transport == "memory":
-            net = self.network = MemoryNetwork()
-            clock = self.clock = ManualClock()
-            if star:
-                self.aggregator = Aggregator.from_federation(
-                    federation, dataset=dataset, transport=MemoryPeerTransport(net, AGGREGATOR), clock=clock)
-                net.register_aggregator(self.aggregator.core)
-                if self.aggregator.replay is not None:
-                    net.register_replay(self.aggregator.replay)
-            self.nodes = [memory_node(federation, nid, net, data=data[nid], dataset=dataset, clock=clock)
-                          for nid in federation.node_ids]
-        else:
-            self.clock = REAL_CLOCK
-            address = None
-            ids = self.identities = SimIdentities([*federation.node_ids, "aggregator"], enabled=True)
-            if star:
-                self.aggregator = Aggregator.from_federation(federation, dataset=dataset,
-                                                             tls=ids.for_id("aggregator"))
-                address = self.aggregator.serve("127.0.0.1:0")
-            self.nodes = [Node.from_federation(federation, nid, data=data[nid], dataset=dataset,
-                                               listen="127.0.0.1:0", aggregator=address, tls=ids.for_id(nid))
-                          for nid in federation.node_ids]
-            addresses = {n.node_id: n.start() for n in self.nodes}
-            for n in self.nodes:
-                n.connect(addresses)
+        address = None
+        if star:
+            self.aggregator = Aggregator.from_federation(federation, backend=self.backend, dataset=dataset,
+                                                         clock=self.clock)
+            address = self.aggregator.serve("127.0.0.1:0")
+        self.nodes = []
+        for nid in federation.node_ids:
+            share, tasks = node_share(federation, nid, data[nid], dataset)
+            self.nodes.append(Node(federation, nid, data=share, backend=self.backend, aggregator=address,
+                                   tasks=tasks, clock=self.clock, listen="127.0.0.1:0"))
+        addresses = {n.node_id: n.start() for n in self.nodes}
+        for n in self.nodes:
+            n.connect(addresses)
         if star:
             for n in self.nodes:
                 n.join()
         self.by_id = {n.node_id: n for n in self.nodes}
+
+    @property
+    def network(self) -> MemoryNetwork | None:
+        """The in-memory backend's network (``take_down``, ``cut``); None on another backend."""
+        network = getattr(self.backend, "network", None)
+        return network if isinstance(network, MemoryNetwork) else None
 
     def release(self, t: int) -> None:
         """Continual federations: every node's release for round ``t``'s task change comes first,
@@ -118,8 +118,7 @@ class Cluster:
             self.aggregator.close(grace=0)
         for n in self.nodes:
             n.stop(grace=0)
-        if self.identities is not None:
-            self.identities.close()
+        self.backend.close()
 
     def __enter__(self) -> Cluster:
         return self

@@ -3,7 +3,7 @@
 :meth:`Aggregator.from_federation` builds the initial model, the strategy's
 server half (:mod:`flmesh.algorithms`), the public split and the
 transport-free :class:`~flmesh.aggregator.core.AggregatorCore`;
-:meth:`Aggregator.serve` puts it on gRPC; :meth:`Aggregator.run` is the
+:meth:`Aggregator.serve` serves it through its transport backend; :meth:`Aggregator.run` is the
 aggregator's one loop: wait for joins, then each round open, collect, close,
 evaluate on every joined node's test split through their ``Evaluate`` RPC
 (:mod:`~flmesh.aggregator.evaluation`), and hand the round's
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,13 +39,13 @@ from flmesh.replay.buffer import ReplayBufferCore
 from flmesh.reports.results import RoundRow
 from flmesh.runtime.reports import EvalResult
 from flmesh.topology.tasks import task_of
+from flmesh.transports.backend import Backend, Server
 from flmesh.transports.seam import ByteCounter, PeerTransport
 
 if TYPE_CHECKING:
     from torch import nn
 
     from flmesh.learning.models import ModelFactory
-    from flmesh.transports.grpc.tls import Tls
 
 log = logging.getLogger("flmesh.aggregator")
 
@@ -72,14 +72,12 @@ class Aggregator:
         self.counter = counter
         self.clock = clock
         self.address: str | None = None
-        self.tls: Tls | None = None  # the aggregator's mTLS identity (from_federation sets it)
-        self.insecure = False  # True: serve() may serve plaintext
+        self.backend: Backend | None = None  # what serve() serves on (from_federation sets it)
         self.checkpoint_dir: Path | None = None  # where each round's checkpoint goes (None: nowhere)
         # open the next round before evaluating this one (run()); from_federation decides
         self.overlap_evaluation = False
         self.rounds_done = 0
-        self._server: Any = None
-        self._health: Any = None
+        self._server: Server | None = None
         self._remote = RemoteEvaluator(core, transport, federation.round_timeout_s)
         self.evaluate: Evaluator = evaluator or self._remote
         self.evaluate_updates: UpdateEvaluator = self._evaluate_each_update  # FA/FF/PFA's evaluations
@@ -89,19 +87,17 @@ class Aggregator:
         self._prev_global: np.ndarray | None = None
 
     @classmethod
-    def from_federation(cls, federation: Federation, *, dataset: ArrayData | None = None,
-                        transport: PeerTransport | None = None, clock: Clock = REAL_CLOCK,
-                        tests: Callable[[], dict[str, ArrayData]] | None = None,
-                        state_dir: Path | None = None, tls: Tls | None = None, insecure: bool = False,
+    def from_federation(cls, federation: Federation, *, backend: Backend, dataset: ArrayData | None = None,
+                        clock: Clock = REAL_CLOCK, tests: Callable[[], dict[str, ArrayData]] | None = None,
+                        state_dir: Path | None = None,
                         model: ModelFactory | nn.Module | None = None) -> Aggregator:
-        """The aggregator of ``federation``; ``dataset`` skips loading the data set again
-        (it is read for the model's input shape and the public split that Flashback and
-        fedavg_ft train on).
+        """The aggregator of ``federation``, reaching the nodes and serving them through
+        ``backend`` (:mod:`flmesh.transports.backend`; over gRPC its identity is the backend's
+        "aggregator"). ``dataset`` skips loading the data set again (it is read for the model's
+        input shape and the public split that Flashback and fedavg_ft train on).
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
-        aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``). ``tls``:
-        the aggregator's identity (common name "aggregator") for mTLS on every connection;
-        without one, :meth:`serve` refuses unless ``insecure`` is True (plaintext, logged).
+        aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``).
         ``model``: as for :class:`~flmesh.runtime.node.Node` (the nodes' own)."""
         fed = with_model(federation, model)
         data = dataset if dataset is not None else load_dataset(fed.data)
@@ -122,23 +118,20 @@ class Aggregator:
         refiners = [r for p in algorithms.for_node(fed, fed.training) if (r := p.refiner(ctx)) is not None]
         if refiners:
             server = RefinedServer(server, refiners)
-        counter = transport.counter if transport is not None else ByteCounter()
+        counter = ByteCounter()
         core = AggregatorCore(fed, initial=initial.state_dict(), server=server, strategy=plugin.name,
                               model_spec=model_spec(initial.state_dict()),
                               update_spec=plugin.update_spec(params),
                               clock=clock, counter=counter, num_classes=num_classes)
         if replay is not None:  # a node enters a round, and releases, before the aggregator opens it
             replay.progress = lambda: core.status(None).round + 1
-        if transport is None:
-            from flmesh.transports.grpc.peer_client import GrpcPeerTransport
-
-            transport = GrpcPeerTransport(counter=counter, tls=tls)
+        transport = backend.peer_transport("aggregator", counter)
         evaluator = (local_evaluator(tests, factory, device, load_learner(fed.training.learner))
                      if tests is not None else None)
         aggregator = cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
                          evaluator=evaluator)
         aggregator.replay = replay
-        aggregator.tls, aggregator.insecure = tls, insecure
+        aggregator.backend = backend
         # In-process evaluation (fl-sim) takes no node's time and moves no bytes, so it may run
         # beside the next round. Not in a continual federation: there a node's test split
         # changes when it enters the next round's task. Not over Evaluate RPCs: those would
@@ -148,15 +141,12 @@ class Aggregator:
 
     # ------------------------------------------------------------------ life cycle
     def serve(self, listen: str) -> str:
-        """Serve the Aggregator and health services on ``listen``; the bound HOST:PORT. Raises
-        InsecureError without an mTLS identity unless built ``insecure``."""
-        from flmesh.transports.grpc.aggregator_service import serve
-        from flmesh.transports.grpc.plaintext import require_identity
-
-        require_identity("aggregator", listen, self.tls is not None, self.insecure)
-
-        self._server, self._health, self.address = serve(self.core, listen, len(self.federation.nodes),
-                                                         self.replay, tls=self.tls)
+        """Serve the aggregator (and the replay buffer it hosts) through its backend on
+        ``listen``; the address it serves on. Over gRPC, raises InsecureError without an mTLS
+        identity unless the backend is ``insecure``."""
+        assert self.backend is not None, "serve() needs the backend from_federation sets"
+        self._server = self.backend.serve_aggregator(listen, self.core, self.replay)
+        self.address = self._server.address
         return self.address
 
     def stop(self) -> None:
@@ -165,10 +155,8 @@ class Aggregator:
 
     def close(self, grace: float = 1.0) -> None:
         self.stop()
-        if self._health is not None:
-            self._health.enter_graceful_shutdown()
         if self._server is not None:
-            self._server.stop(grace).wait()
+            self._server.stop(grace)
             self._server = None
         self._remote.close()
         self.transport.close()

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.reports.results import Final, Summary
     from flmesh.reports.run_files import RunWriter, mean_bytes, write_atomic
     from flmesh.runtime.checkpoint import CHECKPOINT
+    from flmesh.transports.backend import TransportSettings, create
 
     prog = "fl-node aggregator"
     setup_logging("aggregator", args.log_level, args.log_format, prog)
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                              "continue it, or another --out to start afresh (nothing there is overwritten)")
         tls = tls_from_args(args, "aggregator", listen)
         _lock = lock_folder(out)  # held until the process exits: one process per state folder
-        aggregator = Aggregator.from_federation(fed, state_dir=out, tls=tls, insecure=tls is None)
+        backend = create("grpc", TransportSettings(fed, ("aggregator",), identity=tls, insecure=tls is None))
+        aggregator = Aggregator.from_federation(fed, backend=backend, state_dir=out)
         aggregator.checkpoint_dir = out
         aggregator.core.keep = lambda update: keep_update(out, update)
         ops = start_ops(args, "aggregator", run=out.name)

@@ -52,3 +52,11 @@ def one_blas_thread() -> None:
     and OpenBLAS starts a thread per core when numpy loads, which costs CPU for nothing. Call
     before numpy is imported: from a console entry point."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def has_wire(transport: str) -> bool:
+    """Whether the registered transport backend ``transport`` crosses a real wire, so that TLS
+    applies to it (its ``wire``). Imports the backend's module."""
+    from flmesh import registry
+
+    return bool(getattr(registry.transports.resolve(transport), "wire", True))

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from flmesh.cli.common import OneLineParser, one_blas_thread, quiet_grpc_core
+from flmesh import registry
+from flmesh.cli.common import OneLineParser, has_wire, one_blas_thread, quiet_grpc_core
 
 if TYPE_CHECKING:
     from flmesh.cli.sim_run import RunPlan
@@ -50,13 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "from the seed, not all N (default [federation] eval_sample, 0: all)")
     parser.add_argument("--baseline", choices=["none", "standalone", "joint"],
                         help="run a FedRewind baseline instead: no exchange, or all data on one node")
-    parser.add_argument("--transport", choices=["memory", "grpc"], default="memory",
+    parser.add_argument("--transport", choices=registry.transports.names(), default="memory",
                         help="how the nodes talk: memory (default: handlers called directly, models "
-                             "still encoded and checked) or grpc (every node a gRPC server on 127.0.0.1, "
-                             "to rehearse a deployment)")
+                             "still encoded and checked), grpc (every node a gRPC server on 127.0.0.1, "
+                             "to rehearse a deployment), or a backend a package registers")
     parser.add_argument("--insecure", action="store_true",
-                        help="with --transport grpc: plaintext gRPC (default: mTLS on every call, with "
-                             "certificates from a throwaway CA made for the run)")
+                        help="with a transport that has a wire (grpc): plaintext (default: mTLS on every "
+                             "call, with certificates from a throwaway CA made for the run)")
     parser.add_argument("--tls", action="store_true",
                         help="deprecated: mTLS is the default over gRPC")
     parser.add_argument("--seeds", metavar="S1,S2,...",
@@ -98,10 +99,11 @@ def _bad_flag(args: argparse.Namespace) -> str | None:
         return "--resume: goes on in the run folder; drop --seeds, --sweep and --out"
     if args.file is None and args.resume is None:
         return "the following arguments are required: file (see fl-sim --help)"
-    if args.tls and args.transport != "grpc":
-        return "--tls: needs --transport grpc (the in-memory transport has no wire to encrypt)"
-    if args.insecure and args.transport != "grpc":
-        return "--insecure: needs --transport grpc (the in-memory transport has no wire)"
+    if args.tls and not has_wire(args.transport):
+        return f"--tls: needs a transport with a wire, such as --transport grpc ({args.transport} has none)"
+    if args.insecure and not has_wire(args.transport):
+        return (f"--insecure: needs a transport with a wire, such as --transport grpc "
+                f"({args.transport} has none)")
     if args.insecure and args.tls:
         return "--insecure and --tls contradict each other: choose one"
     if args.eval_sample is not None and not (args.eval_sample == 0 or 2 <= args.eval_sample <= MAX_NODES):
@@ -179,7 +181,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         # a replay buffer's means live in its host's memory only: such a run cannot be resumed
         every = 0 if federation.replay is not None else args.checkpoint_every
         return RunPlan(federation, out, label, argv, transport=args.transport,
-                       tls=args.transport == "grpc" and not args.insecure,
+                       tls=has_wire(args.transport) and not args.insecure,
                        checkpoint_every=every, pictures=not args.no_pictures,
                        quiet=args.quiet, tensorboard=args.tensorboard)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from flmesh.cli.common import has_wire
 from flmesh.config import Federation
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         started: Simulation | None = None
         try:
             sim = started = Simulation(fed, out, transport=plan.transport,
-                                       insecure=plan.transport == "grpc" and not plan.tls)
+                                       insecure=has_wire(plan.transport) and not plan.tls)
             sim.draw_pictures = plan.pictures
             sim.checkpoint_every, sim.resume = plan.checkpoint_every, plan.resume
             sim.start()

@@ -16,15 +16,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from flmesh.learning.data import ArrayData, NodeData
+from flmesh.learning.data import ArrayData, NodeData, node_data
 from flmesh.learning.tasks import TaskSource, concat
 from flmesh.topology.tasks import participates, task_of
 
 if TYPE_CHECKING:
     from flmesh.algorithms.base import ClientHalf
+    from flmesh.config import Federation
     from flmesh.replay.buffer import ReplayBufferCore
     from flmesh.runtime.round_context import RoundContext, Settings
-    from flmesh.transports.grpc.tls import Tls
+    from flmesh.transports.backend import Backend
     from flmesh.transports.seam import ReplayTransport
 
 
@@ -109,36 +110,45 @@ def empty_share(source: TaskSource) -> NodeData:
                               num_tasks=share.test.num_tasks))
 
 
-def wire_replay(ctx: RoundContext, aggregator: str | None, chunk_bytes: int, state_dir: Path | None = None,
-                tls: Tls | None = None) -> ReplayBufferCore | None:
-    """Point a node of a federation with ``[replay]`` at its buffer host over gRPC: the
-    aggregator of a star federation, else the node ``[replay] host`` names (default: the
-    first node), which serves the buffer itself (its privacy ledger in ``state_dir``): the
-    buffer it serves then, else None. With ``tls`` the channel is mTLS and checks the
-    host's certificate."""
+def node_share(federation: Federation, node_id: str, data: NodeData | None,
+               dataset: ArrayData | None) -> tuple[NodeData, TaskSource | None]:
+    """What node ``node_id`` starts with: in a continual federation the shapes of its share and
+    its task source (cut from ``dataset``, the whole set, when given; else read at each task
+    change), otherwise ``data`` or, when None, its share read from the data set."""
+    if federation.tasks is not None:
+        tasks = TaskSource.for_node(federation, node_id, dataset)
+        return empty_share(tasks), tasks
+    return (data if data is not None else node_data(federation, node_id)), None
+
+
+def wire_replay(ctx: RoundContext, backend: Backend, aggregator: str | None,
+                state_dir: Path | None = None) -> ReplayBufferCore | None:
+    """Point a node of a federation with ``[replay]`` at its buffer host through ``backend``:
+    the aggregator of a star federation (at ``aggregator``), else the node ``[replay] host``
+    names (default: the first node), which hosts the buffer itself (its privacy ledger in
+    ``state_dir``) and reaches it in-process. Returns the buffer this node hosts, else None;
+    a host peer is reached once :meth:`~flmesh.runtime.replay_link.ReplayLink.connect` learns
+    its address."""
     from flmesh.replay.buffer import ReplayBufferCore
     from flmesh.runtime.inbox import ROUND_WINDOW
     from flmesh.runtime.replay_link import local_replay
-    from flmesh.transports.grpc.replay_client import GrpcReplayTransport
 
-    fed, replay = ctx.settings.federation, ctx.settings.federation.replay
-    if replay is None:
+    fed, me, counter = ctx.settings.federation, ctx.settings.node_id, ctx.links.counter
+    if fed.replay is None:
         return None
-
-    host = "aggregator" if aggregator else replay.host or fed.node_ids[0]
-
-    def remote(address: str) -> ReplayTransport:
-        return GrpcReplayTransport(address, chunk_bytes=chunk_bytes, counter=ctx.links.counter, tls=tls,
-                                   host_id=host)
-
-    if aggregator:
-        ctx.links.replay.target = remote(aggregator)
+    if fed.aggregator is not None:
+        ctx.links.replay.target = backend.replay_transport(me, "aggregator", aggregator, counter)
         return None
-    if host == ctx.settings.node_id:
+    host = fed.replay.host or fed.node_ids[0]
+    if host == me:
         core = ReplayBufferCore(fed, ctx.data.train.input_shape, ctx.data.train.num_classes,
                                 state_dir=state_dir, clock=ctx.links.clock,
                                 progress=lambda: ctx.activity.last_round + 1 + ROUND_WINDOW)
-        ctx.links.replay.target = local_replay(core, ctx.settings.node_id, ctx.links.counter)
+        ctx.links.replay.target = local_replay(core, me, counter)
         return core
+
+    def remote(address: str) -> ReplayTransport:
+        return backend.replay_transport(me, host, address, counter)
+
     ctx.links.replay.host, ctx.links.replay.factory = host, remote
     return None

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.config import Federation, FederationError
@@ -37,7 +37,7 @@ from flmesh.learning.models import with_model
 from flmesh.learning.tasks import TaskSource
 from flmesh.learning.trainer import TrainingStopped
 from flmesh.replay.buffer import ReplayBufferCore
-from flmesh.runtime.continual import ContinualState
+from flmesh.runtime.continual import ContinualState, node_share, wire_replay
 from flmesh.runtime.handlers import NodeHandlers
 from flmesh.runtime.inbox import Inbox
 from flmesh.runtime.model_state import ModelState
@@ -46,8 +46,9 @@ from flmesh.runtime.peer_calls import PeerCalls
 from flmesh.runtime.replay_link import ReplayLink
 from flmesh.runtime.reports import RoundReport, StarReport
 from flmesh.runtime.round_context import Links, RoundContext, Settings
+from flmesh.transports.backend import Backend, Server, TransportSettings, create
 from flmesh.transports.errors import PeerError
-from flmesh.transports.seam import AggregatorTransport, PeerTransport, with_retry
+from flmesh.transports.seam import ByteCounter, with_retry
 
 if TYPE_CHECKING:
     from torch import nn
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
     from flmesh.learning.models import ModelFactory
     from flmesh.observe.metrics import Metrics
     from flmesh.transports.grpc.tls import Tls
-    from flmesh.transports.limits import StreamLimits
 
 Report = RoundReport | StarReport
 
@@ -63,36 +63,45 @@ Report = RoundReport | StarReport
 class Node(NodeView):
     """A federation node: its model, data and algorithms, served to its peers, and the round loop.
 
-    Life cycle: :meth:`from_federation` (a node over gRPC) or the constructor (any transport),
-    :meth:`start` to serve (gRPC), :meth:`connect` to give it its peers' addresses, :meth:`run`
+    Life cycle: :meth:`from_federation` (a node over gRPC) or the constructor (any transport
+    backend), :meth:`start` to serve, :meth:`connect` to give it its peers' addresses, :meth:`run`
     for every round, :meth:`stop`. Threading: ``start`` serves RPCs on a thread pool; ``run``
     blocks the calling thread and must be called from one thread at a time; ``cancel`` and
     ``stop`` may be called from any thread. Handlers never touch the node's own model: they
     work on fresh copies.
     """
 
-    def __init__(self, federation: Federation, node_id: str, *, data: NodeData, transport: PeerTransport,
-                 aggregator: AggregatorTransport | None = None, clock: Clock = REAL_CLOCK,
-                 members: list[str] | None = None, tasks: TaskSource | None = None,
-                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
-        """``members``: who may call this node (default: the federation's nodes); the Joint
+    def __init__(self, federation: Federation, node_id: str, *, data: NodeData, backend: Backend,
+                 aggregator: str | None = None, clock: Clock = REAL_CLOCK, members: list[str] | None = None,
+                 tasks: TaskSource | None = None, model: ModelFactory | nn.Module | None = None,
+                 learner: Learner | None = None, listen: str = "127.0.0.1:0", state_dir: Path | None = None):
+        """Node ``node_id`` of ``federation``, reaching its peers through ``backend``
+        (:mod:`flmesh.transports.backend`; the node closes it in :meth:`stop` only when
+        :meth:`from_federation` made it). ``aggregator``: where a star federation's aggregator
+        serves (HOST:PORT; a backend that finds it by itself takes None). ``listen``: where
+        :meth:`start` serves. ``state_dir``: where a node that hosts the replay buffer keeps its
+        privacy ledger.
+
+        ``members``: who may call this node (default: the federation's nodes); the Joint
         baseline's node is not in the federation it serves. Members, and the aggregator of a
         star federation, may evaluate models on this node's test split and read its status.
         ``tasks``: this node's data task by task in a continual federation (``data`` is then
-        only the shapes; the first round brings the first task). Set ``replay.target`` (a
-        :class:`~flmesh.runtime.replay_link.ReplayLink`) once the replay-buffer host is known.
+        only the shapes; the first round brings the first task).
         ``model``: what builds M_0 instead of the file's ``[model]``, a factory called as
         ``[model] factory`` is or a module to start from a copy of (every node of a federation,
         and its aggregator, needs the same one). ``learner``: what trains and evaluates the model
         instead of the file's ``[training] learner``."""
         federation = with_learner(with_model(federation, model), learner)
         settings = Settings.of(federation, node_id, members)
+        counter = ByteCounter()  # bytes moved by this node's transports and handlers
+        transport = backend.peer_transport(node_id, counter)
         transport.wire = settings.wire
-        if aggregator is not None:
-            aggregator.wire = settings.wire
+        star = None
+        if federation.aggregator is not None:
+            star = backend.aggregator_transport(node_id, aggregator, counter)
+            star.wire = settings.wire
         stop = threading.Event()
-        counter = transport.counter  # bytes moved by this node's transports and handlers
-        links = Links(transport=transport, aggregator=aggregator, replay=ReplayLink(counter),
+        links = Links(transport=transport, aggregator=star, replay=ReplayLink(counter),
                       calls=PeerCalls(node_id, settings.round_timeout_s, clock, stop), counter=counter,
                       clock=clock, stop_event=stop, inbox=Inbox(clock), log=logging.getLogger("flmesh.node"))
         state = ModelState.for_federation(federation, data.train, select_device(settings.training.device),
@@ -100,15 +109,14 @@ class Node(NodeView):
         self.ctx = RoundContext(settings, state, data, links,
                                 ContinualState(tasks) if tasks is not None else None)
         self.handlers = NodeHandlers(self.ctx)
+        self.backend = backend
+        self.owns_backend = False  # from_federation made it: stop() closes it
         self.address: str | None = None
-        self.listen = "127.0.0.1:0"  # where start() serves; from_federation sets the configured one
+        self.listen = listen
         self.joined = False  # a star node has joined its aggregator
-        self.tls: Tls | None = None  # this node's mTLS identity (from_federation sets it)
-        self.insecure = False  # True: start() may serve plaintext (from_federation's insecure)
-        self.stream_limits: StreamLimits | None = None  # the server's stream guard (None: defaults)
-        self.replay_host: ReplayBufferCore | None = None  # the replay buffer, when this node hosts it
-        self._server: Any = None
-        self._health: Any = None
+        # the replay buffer, when this node hosts it
+        self.replay_host: ReplayBufferCore | None = wire_replay(self.ctx, backend, aggregator, state_dir)
+        self._server: Server | None = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -134,26 +142,30 @@ class Node(NodeView):
         (plaintext, logged as a warning). ``model``, ``learner``: as for the constructor. Call
         :meth:`start` to serve.
         """
-        from flmesh.runtime.grpc_node import grpc_node
-
-        federation = with_learner(with_model(federation, model), learner)
-        node = grpc_node(cls, federation, node_id, data=data, dataset=dataset,
-                         listen=listen, peers=peers, aggregator=aggregator, chunk_bytes=chunk_bytes,
-                         state_dir=state_dir, tls=tls)
-        node.insecure = insecure
+        cfg = federation.node(node_id)
+        if peers is None:
+            peers = {n.id: n.address for n in federation.nodes if n.id != node_id and n.address}
+        backend = create("grpc", TransportSettings(federation, (node_id,), identity=tls, insecure=insecure,
+                                                   chunk_bytes=chunk_bytes))
+        share, tasks = node_share(federation, node_id, data, dataset)
+        try:
+            node = cls(federation, node_id, data=share, backend=backend, aggregator=aggregator, tasks=tasks,
+                       model=model, learner=learner, listen=listen or cfg.address or "127.0.0.1:0",
+                       state_dir=state_dir)
+        except BaseException:
+            backend.close()
+            raise
+        node.owns_backend = True
+        node.connect(peers)
         return node
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
-        """Serve the Peer and health services over gRPC; returns the bound HOST:PORT. Non-blocking.
-        Raises InsecureError without an mTLS identity unless the node was built ``insecure``."""
-        from flmesh.transports.grpc.plaintext import require_identity
-        from flmesh.transports.grpc.server import serve_peer
-
-        require_identity(self.node_id, self.listen, self.tls is not None, self.insecure)
-
-        self._server, self._health, self.address = serve_peer(
-            self.handlers, self.listen, self.replay_host, tls=self.tls, limits=self.stream_limits)
+        """Serve this node's handlers through its backend; returns the address it serves on.
+        Non-blocking. Over gRPC, raises InsecureError without an mTLS identity unless the node
+        was built ``insecure``."""
+        server = self.backend.serve_node(self.node_id, self.listen, self.handlers, self.replay_host)
+        self._server, self.address = server, server.address
         self.ctx.activity.set_state("idle")
         return self.address
 
@@ -185,15 +197,15 @@ class Node(NodeView):
     def stop(self, grace: float = 1.0) -> None:
         """Stop the round loop and the server, close transports; idempotent. Blocks up to ``grace`` s."""
         self.cancel()
-        if self._health is not None:
-            self._health.enter_graceful_shutdown()
         if self._server is not None:
-            self._server.stop(grace).wait()
+            self._server.stop(grace)
             self._server = None
         self.transport.close()
         self.replay.close()
         if self.aggregator is not None:
             self.aggregator.close()
+        if self.owns_backend:
+            self.backend.close()
         self.ctx.activity.set_state("stopped")
 
     def __enter__(self) -> Node:

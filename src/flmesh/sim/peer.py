@@ -38,19 +38,16 @@ from flmesh.learning.trainer import evaluate
 from flmesh.reports.results import Matrix, NodeRound, RoundRow, SparseMatrix
 from flmesh.runtime.node import Node, Report
 from flmesh.runtime.reports import EvalResult, RoundReport, StarReport
-from flmesh.sim.identities import SimIdentities
-from flmesh.sim.processes import SimProcesses
+from flmesh.sim.processes import JOINT_ID, SimProcesses
 from flmesh.sim.record import sim_config
 from flmesh.sim.threads import Lockstep, RowQueue, join_threads, run_threads
 from flmesh.topology.sampling import eval_sampled, eval_splits
 from flmesh.topology.tasks import present
-from flmesh.transports.seam import PeerTransport
 
 if TYPE_CHECKING:
     from flmesh.replay.buffer import ReplayBufferCore
     from flmesh.sim.resume import SimCheckpoints
 
-JOINT_ID = "joint"
 
 Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
 
@@ -153,7 +150,7 @@ def joint_federation(federation: Federation, node_id: str = JOINT_ID) -> Federat
     return replace(federation, nodes=nodes, baseline="standalone", aggregator=None)
 
 
-def joint_node(federation: Federation, data: dict[str, NodeData], transport: PeerTransport) -> Node:
+def joint_node(federation: Federation, data: dict[str, NodeData], processes: SimProcesses) -> Node:
     """The Joint baseline's single node: every node's training split on one machine.
 
     It trains the same E epochs per round (over N times the data) from the same
@@ -166,8 +163,8 @@ def joint_node(federation: Federation, data: dict[str, NodeData], transport: Pee
                         torch.cat([d.train.y for d in data.values()]), first.train.num_classes),
         test=first.test,
     )
-    return Node(joint_federation(federation, JOINT_ID), JOINT_ID, data=union, transport=transport,
-                members=federation.node_ids)
+    return processes.node(joint_federation(federation, JOINT_ID), JOINT_ID, union,
+                          members=federation.node_ids)
 
 
 def reported_own(report: Report, same_split: bool) -> EvalResult | None:
@@ -184,15 +181,13 @@ def reported_own(report: Report, same_split: bool) -> EvalResult | None:
 
 
 class PeerDriver:
-    def __init__(self, federation: Federation, transport: str = "memory",
-                 identities: SimIdentities | None = None):
-        """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
-        process (gRPC unless ``fl-sim --insecure``); None: plaintext. Rows are written every
+    def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False):
+        """``transport``: the registered backend the processes reach each other through
+        (``insecure``: plaintext, for a backend with a wire). Rows are written every
         ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
         self.eval_every = federation.eval_every
-        self.identities = identities or SimIdentities((), enabled=False)
-        self.processes = SimProcesses(federation, transport, self.identities)
+        self.processes = SimProcesses(federation, transport, insecure)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()
@@ -218,7 +213,7 @@ class PeerDriver:
 
     def config(self) -> dict[str, Any]:
         fed = self.federation
-        return {**sim_config(fed, self.processes.transport, self.identities.enabled),
+        return {**sim_config(fed, self.processes.transport, self.processes.backend.secure),
                 "schedule": fed.topology.schedule, "baseline": fed.baseline,
                 "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
                 "eval_every": self.eval_every, "eval_sample": fed.eval_sample}
@@ -233,7 +228,7 @@ class PeerDriver:
         data = federation_data(fed, dataset)
         self.nodes = self.processes.nodes(data, dataset)
         if fed.baseline == "joint":  # it only evaluates in this process: it serves nothing
-            self.trainers = [joint_node(fed, data, self.processes.peer_transport(JOINT_ID))]
+            self.trainers = [joint_node(fed, data, self.processes)]
         else:
             self.trainers = list(self.nodes)
 
@@ -249,6 +244,7 @@ class PeerDriver:
         join_threads(self._threads, self.federation.round_timeout_s)
         for node in {id(n): n for n in self.nodes + self.trainers}.values():
             node.stop(grace=0.5)
+        self.processes.close()
 
     # ------------------------------------------------------------------ rounds
     def _evaluated(self, round: int) -> bool:

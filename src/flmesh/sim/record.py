@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flmesh import registry
 from flmesh.config import Federation, FederationError, parse_federation
 from flmesh.reports.run_files import write_atomic
-from flmesh.sim.simulation import TRANSPORTS, Transport
+from flmesh.sim.simulation import Transport
 
 if TYPE_CHECKING:
     from flmesh.replay.ledger import PrivacyLedger
@@ -185,8 +186,8 @@ def load_record(folder: Path) -> RunRecord:
         raise RecordError(f"{path}: cannot read it: {exc}") from None
     if not isinstance(values, dict) or not {"base_dir", "transport", "tls"} <= values.keys():
         raise RecordError(f"{path}: not an fl-sim run record")
-    transport = next((t for t in TRANSPORTS if t == values["transport"]), None)
-    if transport is None:
+    transport = values["transport"]
+    if not isinstance(transport, str) or transport not in registry.transports.names():
         raise RecordError(f"{path}: unknown transport {values['transport']!r}")
     if _digest(text) != values.get("federation_sha256"):
         raise RecordError(f"{toml_path}: differs from the federation file the run started with "

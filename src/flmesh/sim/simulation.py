@@ -29,8 +29,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from flmesh import registry
 from flmesh.config import Federation
 from flmesh.reports.pictures import PicturesError
 from flmesh.reports.results import Final, RoundRow, Summary
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Transport = Literal["memory", "grpc"]
-TRANSPORTS: tuple[Transport, ...] = ("memory", "grpc")
+#: A registered transport backend's name (:data:`flmesh.registry.transports`): "memory", "grpc", ...
+Transport = str
 
 
 class LedgerError(PicturesError):
@@ -94,9 +95,11 @@ class Simulation:
         ``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
-        ``transport``: ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on
-        127.0.0.1:0): every process gets a certificate from a throwaway CA and every call is
-        mTLS with the same checks as a deployment, unless ``insecure`` (plaintext, logged).
+        ``transport``: the registered backend the processes reach each other through:
+        ``"memory"`` (default) or ``"grpc"`` (every process a gRPC server on 127.0.0.1:0, with
+        a certificate from a throwaway CA, every call mTLS with the same checks as a
+        deployment, unless ``insecure``: plaintext, logged), or one a package registers
+        (:mod:`flmesh.transports.backend`).
 
         Set before :meth:`start`: :attr:`checkpoint_every` (when > 0, every process saves its
         state into ``out_dir``/checkpoints after every that many rounds that write a row,
@@ -107,21 +110,16 @@ class Simulation:
             if eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {eval_every}")
             federation = replace(federation, eval_every=eval_every)
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
-        if insecure and transport != "grpc":
-            raise ValueError("insecure needs the grpc transport (the in-memory transport has no wire)")
+        if transport not in registry.transports.names():
+            raise ValueError(registry.transports.unknown(transport))
         from flmesh.learning.learner import with_learner
         from flmesh.learning.models import with_model
-        from flmesh.sim.identities import SimIdentities
 
         federation = with_learner(with_model(federation, model), learner)
         self.federation = federation
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
         self.transport = transport
-        self.identities = SimIdentities([*federation.node_ids, "aggregator", "joint"],
-                                        enabled=transport == "grpc" and not insecure)
         self.draw_pictures = True  # False (fl-sim --no-pictures): none, and no matplotlib
         self.checkpoint_every = 0  # > 0: checkpoints after every that many rows (fl-sim: 10)
         self.resume = False  # go on from out_dir's last committed round
@@ -132,11 +130,11 @@ class Simulation:
         if self.kind == "star":
             from flmesh.sim.star import StarDriver
 
-            self.driver = StarDriver(federation, transport, self.identities)
+            self.driver = StarDriver(federation, transport, insecure)
         else:
             from flmesh.sim.peer import PeerDriver
 
-            self.driver = PeerDriver(federation, transport, self.identities)
+            self.driver = PeerDriver(federation, transport, insecure)
 
     def start(self) -> None:
         """Split the data, build every process and start its server."""
@@ -159,10 +157,10 @@ class Simulation:
         self.driver.stop()
 
     def close(self) -> None:
-        """Stop the run, every node and the aggregator (their servers too) and drop the throwaway
-        TLS identities. Blocks until the round in progress ends (up to the round timeout)."""
+        """Stop the run, every node and the aggregator (their servers too) and release the
+        transport backend (a gRPC run's throwaway keys). Blocks until the round in progress ends
+        (up to the round timeout)."""
         self.driver.close()
-        self.identities.close()
 
     def __enter__(self) -> Simulation:
         self.start()

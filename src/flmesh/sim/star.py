@@ -25,7 +25,6 @@ from flmesh.learning.data import federation_data, load_dataset
 from flmesh.reports.results import NodeRound, RoundRow
 from flmesh.runtime.node import Node, Report
 from flmesh.runtime.reports import StarReport
-from flmesh.sim.identities import SimIdentities
 from flmesh.sim.processes import SimProcesses
 from flmesh.sim.record import sim_config
 from flmesh.sim.threads import RowQueue, join_threads, run_threads
@@ -37,15 +36,13 @@ if TYPE_CHECKING:
 
 
 class StarDriver:
-    def __init__(self, federation: Federation, transport: str = "memory",
-                 identities: SimIdentities | None = None):
-        """``transport``: ``"memory"`` or ``"grpc"``; ``identities``: mTLS identities for every
-        process (gRPC unless ``fl-sim --insecure``); None: plaintext."""
+    def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False):
+        """``transport``: the registered backend the processes reach each other through
+        (``insecure``: plaintext, for a backend with a wire)."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
-        self.identities = identities or SimIdentities((), enabled=False)
-        self.processes = SimProcesses(federation, transport, self.identities)
+        self.processes = SimProcesses(federation, transport, insecure)
         self.nodes: list[Node] = []
         self.aggregator: Aggregator | None = None
         self._lock = threading.Lock()
@@ -69,7 +66,7 @@ class StarDriver:
     def config(self) -> dict[str, Any]:
         agg = self.federation.aggregator
         assert agg is not None
-        return {**sim_config(self.federation, self.processes.transport, self.identities.enabled),
+        return {**sim_config(self.federation, self.processes.transport, self.processes.backend.secure),
                 "strategy": agg.strategy, "fraction": agg.fraction,
                 "deadline_s": agg.deadline_s, "min_updates": agg.min_updates,
                 "eval_every": self.federation.eval_every}
@@ -100,6 +97,7 @@ class StarDriver:
             self.aggregator.close(grace=0.5)
         for n in self.nodes:
             n.stop(grace=0.5)
+        self.processes.close()
 
     # ------------------------------------------------------------------ rounds
     def _on_agg_row(self, row: RoundRow) -> None:
