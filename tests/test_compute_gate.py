@@ -1,5 +1,5 @@
-"""fl-sim's compute gate (trainer.serialize_compute): one thread of a process computes at a time,
-and the numbers are those of an ungated run."""
+"""A simulation's compute gate (flmesh.learning.compute): one of its threads computes at a time,
+the numbers are those of an ungated run, and two simulations in one process do not share it."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ import pytest
 import torch
 from torch import nn
 
-from flmesh.config import TrainingConfig
+from flmesh.config import TrainingConfig, parse_federation
 from flmesh.learning import trainer
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
+from flmesh.sim.simulation import Simulation
+
+from conftest import tiny_raw
 
 
 @pytest.fixture
-def gate() -> Iterator[None]:
-    trainer.serialize_compute()
-    yield
-    trainer.serialize_compute(False)
+def gate() -> Iterator[Compute]:
+    yield Compute(gate=True)
 
 
 def _data(seed: int = 0) -> ArrayData:
@@ -32,12 +34,12 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
 
 
-def _taken_elsewhere() -> bool:
-    """Whether another thread finds the gate taken (it tries without waiting)."""
+def _taken_elsewhere(compute: Compute) -> bool:
+    """Whether another thread finds ``compute``'s gate taken (it tries without waiting)."""
     got: list[bool] = []
 
     def attempt() -> None:
-        with trainer.compute(blocking=False) as granted:
+        with compute.step(blocking=False) as granted:
             got.append(granted)
 
     probe = threading.Thread(target=attempt)
@@ -50,51 +52,54 @@ def test_a_training_step_holds_the_gate_and_releases_it_after(gate):
     seen: list[bool] = []
 
     def regularizer(model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        seen.append(_taken_elsewhere())  # inside a step: no other thread may compute now
+        seen.append(_taken_elsewhere(gate))  # inside a step: no other thread may compute now
         return logits.sum() * 0
 
     cfg = TrainingConfig(epochs=1, batch_size=16, lr=0.1)
-    stats = trainer.train(_model(), _data(), cfg, seed=3, regularizers=[regularizer])
+    stats = trainer.train(_model(), _data(), cfg, seed=3, regularizers=[regularizer], compute=gate)
     assert stats.steps == 4 and seen == [True] * 4
-    assert not _taken_elsewhere(), "the gate is free once training returned"
+    assert not _taken_elsewhere(gate), "the gate is free once training returned"
 
 
 def test_an_evaluation_inside_the_gate_reenters_and_other_threads_wait(gate):
-    with trainer.compute():
-        result = trainer.evaluate(_model(), _data())  # the same thread: reentrant, no deadlock
-        assert _taken_elsewhere()
-    assert result.total == 64 and not _taken_elsewhere()
+    with gate.step():
+        result = trainer.evaluate(_model(), _data(), compute=gate)  # the same thread: reentrant
+        assert _taken_elsewhere(gate)
+    assert result.total == 64 and not _taken_elsewhere(gate)
 
 
 def test_the_gate_changes_no_number():
     cfg = TrainingConfig(epochs=2, batch_size=16, lr=0.1, optimizer="sgd", momentum=0.9)
     states = []
-    for on in (False, True):
-        trainer.serialize_compute(on)
-        try:
-            model = _model()
-            trainer.train(model, _data(), cfg, seed=5)
-            states.append({k: v.clone() for k, v in model.state_dict().items()})
-        finally:
-            trainer.serialize_compute(False)
+    for compute in (UNGATED, Compute(gate=True)):
+        model = _model()
+        trainer.train(model, _data(), cfg, seed=5, compute=compute)
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
 def test_without_the_gate_compute_is_a_no_op():
-    trainer.serialize_compute(False)
-    with trainer.compute() as granted:
-        assert granted and not _taken_elsewhere()
+    with UNGATED.step() as granted:
+        assert granted and not _taken_elsewhere(UNGATED)
 
 
 def test_a_process_hosting_several_nodes_gates_compute_and_one_hosting_one_does_not():
     threads = torch.get_num_threads()
-    try:
-        trainer.host_nodes(1)
-        with trainer.compute():
-            assert not _taken_elsewhere() and torch.get_num_threads() == threads
-        trainer.host_nodes(3)
-        with trainer.compute():
-            assert _taken_elsewhere() and torch.get_num_threads() == 1
-    finally:
-        trainer.serialize_compute(False)
-        torch.set_num_threads(threads)
+    one, three = Compute.for_nodes(1), Compute.for_nodes(3)
+    with one.applied(), one.step():
+        assert not _taken_elsewhere(one) and torch.get_num_threads() == threads
+    with three.applied(), three.step():
+        assert _taken_elsewhere(three) and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads, "the thread count is put back"
+
+
+def test_two_simulations_in_one_process_do_not_share_their_gate(tmp_path):
+    fed = parse_federation(tiny_raw(nodes=3, rounds=1), source="t.toml")
+    threads = torch.get_num_threads()
+    first, second = Simulation(fed, tmp_path / "a"), Simulation(fed, tmp_path / "b")
+    assert first.compute.gate is not None and second.compute.gate is not None
+    with first.compute.step():
+        assert _taken_elsewhere(first.compute) and not _taken_elsewhere(second.compute)
+    with first, second:  # both started: each applies its own thread count, and gives it back
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads

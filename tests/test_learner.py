@@ -18,6 +18,7 @@ from torch import nn
 import flmesh
 from flmesh.config import FederationError, TrainingConfig, parse_federation
 from flmesh.learning.learner import LearnerError
+from flmesh.learning.task import Task
 from flmesh.learning.trainer import TrainingStopped, train
 from flmesh.sim.simulation import Simulation
 from flmesh.testing import run
@@ -72,21 +73,15 @@ def states_equal(a: dict, b: dict) -> bool:
 
 def test_a_learner_that_only_adds_a_metric_trains_as_the_default_does():
     plain = run(fed())
-    measured = run(flmesh_learner(fed(), MacroRecall()))
+    measured = run(fed(), task=Task.of(fed(), learner=MacroRecall()))
     assert plain.keys() == measured.keys()
     assert all(states_equal(plain[n], measured[n]) for n in plain)
 
 
 def test_an_own_loss_changes_the_models():
     plain = run(fed())
-    smoothed = run(flmesh_learner(fed(), Smoothed()))
+    smoothed = run(fed(), task=Task.of(fed(), learner=Smoothed()))
     assert not all(states_equal(plain[n], smoothed[n]) for n in plain)
-
-
-def flmesh_learner(federation, learner):
-    from flmesh.learning.learner import with_learner
-
-    return with_learner(federation, learner)
 
 
 @pytest.mark.parametrize("star", [False, True])
@@ -216,7 +211,7 @@ def test_a_metric_the_learner_does_not_return_is_refused(learners):
 
 @pytest.mark.parametrize(("section", "key", "value", "expected"), [
     ("training", "optimizer", "rmsprop", "'sgd', 'adam', or an import path"),
-    ("training", "learner", "not a path", "an import path of the form package.module:name"),
+    ("training", "learner", "not a path", "one of .default., or an import path package.module:name"),
     ("federation", "metric", "macro-f1", "'accuracy' or the name of a metric"),
 ])
 def test_the_file_keys_are_checked(section, key, value, expected):

@@ -15,6 +15,7 @@ from flmesh import registry
 from flmesh.config import parse_federation
 from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.models import ModelError, build_model, register_model
+from flmesh.learning.task import Task
 from flmesh.runtime.node import Node
 from flmesh.sim.simulation import Simulation
 from flmesh.transports.backend import TransportSettings
@@ -117,7 +118,8 @@ def test_a_built_in_named_as_a_factory_gives_the_same_numbers(tmp_path):
 
 
 def lone_node(fed, data, **model) -> Node:
-    return Node(fed, "node0", data=data, backend=MemoryBackend(TransportSettings(fed)), **model)
+    backend = MemoryBackend(TransportSettings(fed))
+    return Node(fed, "node0", data=data, backend=backend, task=Task.of(fed, **model))
 
 
 def test_a_module_given_to_node_is_its_m0_and_its_fingerprint():

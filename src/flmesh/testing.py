@@ -24,6 +24,7 @@ from flmesh.aggregator.aggregator import Aggregator
 from flmesh.clock import REAL_CLOCK, Clock, ManualClock
 from flmesh.config import Federation
 from flmesh.learning.data import federation_data, load_dataset
+from flmesh.learning.task import Task
 from flmesh.reports.results import RoundRow
 from flmesh.runtime.checkpoint import restore, save
 from flmesh.runtime.continual import node_share
@@ -42,13 +43,15 @@ TRANSPORTS = registry.transports.builtin_names()
 class Cluster:
     """A federation's processes in this one, on the transport backend named ``transport``."""
 
-    def __init__(self, federation: Federation, transport: str = "memory"):
+    def __init__(self, federation: Federation, transport: str = "memory", task: Task | None = None):
         """``transport``: a registered backend (:data:`flmesh.registry.transports`). Without a
         wire (``memory``) the processes wait and retry on a :class:`~flmesh.clock.ManualClock`,
-        so timeouts cost nothing; with one (``grpc``) on the real clock."""
+        so timeouts cost nothing; with one (``grpc``) on the real clock. ``task``: the code the
+        processes run (default: what the file names)."""
         self.federation = federation
         self.transport = transport
-        dataset = load_dataset(federation.data)
+        self.task = task = task if task is not None else Task.of(federation)
+        dataset = load_dataset(federation.data, task.source)
         data = federation_data(federation, dataset)
         star = federation.aggregator is not None
         ids = (*federation.node_ids, "aggregator")
@@ -58,13 +61,13 @@ class Cluster:
         address = None
         if star:
             self.aggregator = Aggregator.from_federation(federation, backend=self.backend, dataset=dataset,
-                                                         clock=self.clock)
+                                                         clock=self.clock, task=task)
             address = self.aggregator.serve("127.0.0.1:0")
         self.nodes = []
         for nid in federation.node_ids:
-            share, tasks = node_share(federation, nid, data[nid], dataset)
-            self.nodes.append(Node(federation, nid, data=share, backend=self.backend, aggregator=address,
-                                   tasks=tasks, clock=self.clock, listen="127.0.0.1:0"))
+            share, tasks = node_share(federation, nid, data[nid], dataset, task.source)
+            self.nodes.append(Node(federation, nid, data=share, backend=self.backend, task=task,
+                                   aggregator=address, tasks=tasks, clock=self.clock, listen="127.0.0.1:0"))
         addresses = {n.node_id: n.start() for n in self.nodes}
         for n in self.nodes:
             n.connect(addresses)
@@ -127,9 +130,10 @@ class Cluster:
         self.close()
 
 
-def run(federation: Federation, transport: str = "memory") -> dict[str, Tensors]:
-    """Every round of ``federation`` on ``transport``; every node's final model, by node id."""
-    with Cluster(federation, transport) as cluster:
+def run(federation: Federation, transport: str = "memory", task: Task | None = None) -> dict[str, Tensors]:
+    """Every round of ``federation`` on ``transport`` (running ``task``: default, the code the file
+    names); every node's final model, by node id."""
+    with Cluster(federation, transport, task) as cluster:
         for t in range(1, federation.rounds + 1):
             cluster.round(t)
         return cluster.states()

@@ -31,10 +31,11 @@ from flmesh.algorithms.base import RefinedServer, ServerContext, trainable_spec
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.config import Federation
 from flmesh.format.codec import model_spec
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData, load_dataset, public_data
 from flmesh.learning.device import select_device
-from flmesh.learning.learner import load_learner
-from flmesh.learning.models import federation_model, with_model
+from flmesh.learning.models import federation_model
+from flmesh.learning.task import Task
 from flmesh.replay.buffer import ReplayBufferCore
 from flmesh.reports.results import RoundRow
 from flmesh.runtime.reports import EvalResult
@@ -43,9 +44,8 @@ from flmesh.transports.backend import Backend, Server
 from flmesh.transports.seam import ByteCounter, PeerTransport
 
 if TYPE_CHECKING:
-    from torch import nn
 
-    from flmesh.learning.models import ModelFactory
+    pass
 
 log = logging.getLogger("flmesh.aggregator")
 
@@ -89,8 +89,8 @@ class Aggregator:
     @classmethod
     def from_federation(cls, federation: Federation, *, backend: Backend, dataset: ArrayData | None = None,
                         clock: Clock = REAL_CLOCK, tests: Callable[[], dict[str, ArrayData]] | None = None,
-                        state_dir: Path | None = None,
-                        model: ModelFactory | nn.Module | None = None) -> Aggregator:
+                        state_dir: Path | None = None, task: Task | None = None,
+                        compute: Compute = UNGATED) -> Aggregator:
         """The aggregator of ``federation``, reaching the nodes and serving them through
         ``backend`` (:mod:`flmesh.transports.backend`; over gRPC its identity is the backend's
         "aggregator"). ``dataset`` skips loading the data set again (it is read for the model's
@@ -98,20 +98,22 @@ class Aggregator:
         ``tests`` (what each node's test split is now, fl-sim) evaluates in-process instead of
         through the nodes' ``Evaluate`` RPC; the numbers are the same. With ``[replay]`` the
         aggregator also hosts the replay buffer (its privacy ledger in ``state_dir``).
-        ``model``: as for :class:`~flmesh.runtime.node.Node` (the nodes' own)."""
-        fed = with_model(federation, model)
-        data = dataset if dataset is not None else load_dataset(fed.data)
+        ``task``: the code the federation runs (default: what the file names; the nodes' own);
+        ``compute``: the gate its evaluations and server-side training hold (a simulation's)."""
+        fed = federation
+        task = task if task is not None else Task.of(fed)
+        data = dataset if dataset is not None else load_dataset(fed.data, task.source)
         input_shape, num_classes = tuple(data.x.shape[1:]), data.num_classes
         public = public_data(fed, data)
         device = select_device(fed.training.device)
 
         factory, _, initial = federation_model(fed, input_shape, num_classes,
-                                               data.x[:1] if len(data.x) else None)
+                                               data.x[:1] if len(data.x) else None, task.recipe)
         params = trainable_spec(initial)
         plugin = algorithms.strategy(fed)
         replay = (ReplayBufferCore(fed, input_shape, num_classes, state_dir=state_dir, clock=clock)
                   if fed.replay is not None else None)
-        ctx = ServerContext(fed, factory, params, num_classes, public, device, replay)
+        ctx = ServerContext(fed, factory, params, num_classes, public, device, replay, compute)
         server = plugin.server(ctx)
         if server is None:
             raise ValueError(f"{fed.source}: [aggregator] strategy {plugin.name!r} has no server half")
@@ -126,7 +128,7 @@ class Aggregator:
         if replay is not None:  # a node enters a round, and releases, before the aggregator opens it
             replay.progress = lambda: core.status(None).round + 1
         transport = backend.peer_transport("aggregator", counter)
-        evaluator = (local_evaluator(tests, factory, device, load_learner(fed.training.learner))
+        evaluator = (local_evaluator(tests, factory, device, task.learner_for(fed.training), compute)
                      if tests is not None else None)
         aggregator = cls(fed, core, transport, num_classes=num_classes, counter=counter, clock=clock,
                          evaluator=evaluator)

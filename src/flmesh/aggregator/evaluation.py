@@ -20,6 +20,7 @@ from flmesh.aggregator.core import AggregatorCore
 from flmesh.aggregator.decision import RoundOutcome
 from flmesh.algorithms.base import Tensors
 from flmesh.format.codec import ModelMeta, encode
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import Learner
 from flmesh.learning.models import ModelPool
@@ -41,15 +42,17 @@ UpdateEvaluator = Callable[[RoundOutcome, int | None], dict[str, dict[str, EvalR
 
 
 def local_evaluator(tests: Callable[[], dict[str, ArrayData]], factory: Callable[[], torch.nn.Module],
-                    device: torch.device, learner: Learner | None = None) -> Evaluator:
+                    device: torch.device, learner: Learner | None = None,
+                    compute: Compute = UNGATED) -> Evaluator:
     """Evaluation on test splits held in this process (fl-sim): the numbers ``Evaluate`` gives,
     without a model transfer per (model, node) pair. ``tests`` says what each node holds now;
-    ``learner`` adds its metrics (the nodes' learner)."""
+    ``learner`` adds its metrics (the nodes' learner); ``compute``: the simulation's gate."""
     pool = ModelPool(factory, device, keep=1)
 
     def run(state: Tensors, max_task: int | None) -> dict[str, EvalResult]:
         with pool.loaded(state) as model:
-            return {node: evaluate(model, test.up_to_task(max_task), device=device, learner=learner)
+            return {node: evaluate(model, test.up_to_task(max_task), device=device, learner=learner,
+                                   compute=compute)
                     for node, test in tests().items()}
 
     return run

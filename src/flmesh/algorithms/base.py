@@ -39,6 +39,7 @@ from torch import nn
 from flmesh.config import Federation, TrainingConfig
 from flmesh.config.params import Param, defaults
 from flmesh.format.specs import ModelSpec
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
 from flmesh.learning.objectives import Objective, Regularizer
 from flmesh.transports.seam import ReplayTransport
@@ -86,6 +87,7 @@ class ServerContext:
     public: ArrayData | None  # the aggregator's labelled public split (None between peers)
     device: torch.device
     replay_host: ReplayHost | None = None  # the replay buffer, when this process hosts it
+    compute: Compute = UNGATED  # the gate server-side training holds (a simulation's)
 
 
 class ReplayHost(Protocol):

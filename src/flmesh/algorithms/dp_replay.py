@@ -150,7 +150,8 @@ class ReplayRefiner(Refiner):
         model = self.ctx.model_factory()
         model.load_state_dict(state)
         train(model, data, fed.training, epochs=self.cfg.server_epochs,
-              seed=derive_seed(fed.seed, SEED_SERVER_REPLAY, round), device=self.ctx.device)
+              seed=derive_seed(fed.seed, SEED_SERVER_REPLAY, round), device=self.ctx.device,
+              compute=self.ctx.compute)
         return {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
 
 

@@ -39,7 +39,8 @@ class FedAvgFineTuneServer(ServerHalf):
         model.load_state_dict(averaged)
         # the seed stream of Flashback's distillation: the same batch order on the same split
         train(model, public, fed.training, epochs=self.server_epochs, objective=cross_entropy,
-              seed=derive_seed(fed.seed, SEED_DISTILL, round), device=self.ctx.device)
+              seed=derive_seed(fed.seed, SEED_DISTILL, round), device=self.ctx.device,
+              compute=self.ctx.compute)
         return {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
 
 

@@ -243,7 +243,7 @@ class FlashbackServer(ServerHalf):
             fed = self.ctx.federation
             student = self._model(averaged)
             distill(student, teachers, alphas, public, self.server_epochs, fed.training,
-                    derive_seed(fed.seed, SEED_DISTILL, round), self.ctx.device)
+                    derive_seed(fed.seed, SEED_DISTILL, round), self.ctx.device, self.ctx.compute)
             averaged = {k: v.detach().to("cpu") for k, v in student.state_dict().items()}
         self.state = advance(self.state, [u.node for u in updates], counts)
         return averaged

@@ -22,13 +22,14 @@ def pct(x: float | None) -> str:
     return f"{'-':>6}" if x is None else f"{100 * x:6.2f}"
 
 
-def title(fed: Federation, out_dir: Path | str) -> str:
-    """The run's first line (rich markup): the federation and where its results go."""
+def title(fed: Federation, out_dir: Path | str, model: str | None = None) -> str:
+    """The run's first line (rich markup): the federation and where its results go; ``model``:
+    what builds the model (default: the file's ``[model]``)."""
     agg = fed.aggregator
     how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
            if agg is not None else f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
     return (f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.origin} "
-            f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {escape(fed.model.label)}, "
+            f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {escape(model or fed.model.label)}, "
             f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {out_dir}")
 
 

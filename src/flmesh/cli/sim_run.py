@@ -127,7 +127,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sim.stop())
     if not plan.quiet:
-        console.print(sim_console.title(fed, sim.out_dir))
+        console.print(sim_console.title(fed, sim.out_dir, sim.task.label))
         if sim.resumed_after:
             say(console, f"resuming after round {sim.resumed_after} (its checkpoint in {out}/checkpoints)")
         elif plan.resume:

@@ -90,8 +90,9 @@ class TrainingConfig:
     """Local training settings. ``epochs`` may be fractional; ``lr`` is per step.
 
     ``optimizer`` is "sgd", "adam" or an import path of a callable building one;
-    ``learner`` is what trains and evaluates (None: the default; an import path from the
-    file, or from Python a learner object: :mod:`flmesh.learning.learner`)."""
+    ``learner`` is what trains and evaluates (None: the default; a registered name or an
+    import path: :mod:`flmesh.learning.learner`). Python passes objects to
+    :class:`~flmesh.learning.task.Task` instead: the file stays pure data."""
 
     epochs: float = 1.0
     batch_size: int = 32
@@ -102,7 +103,7 @@ class TrainingConfig:
     objective: str = "ce"
     device: str = "auto"
     fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
-    learner: str | Any | None = field(default=None, hash=False)
+    learner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,9 @@ class ModelConfig:
     local state-dict file any model starts from (absolute once parsed).
 
     ``factory`` (set: ``name`` and its sizes are not used) is what builds the model instead:
-    an import path ``"package.module:callable"`` or a registered name from the file, or, from
-    Python, a callable or a ``torch.nn.Module``; ``args`` are the callable's keyword
-    arguments (``[model.args]``). See :mod:`flmesh.learning.models`.
+    an import path ``"package.module:callable"`` or a registered name; ``args`` are the
+    callable's keyword arguments (``[model.args]``). See :mod:`flmesh.learning.models` (a
+    Python object goes to :class:`~flmesh.learning.task.Task` instead).
     """
 
     name: str = "mlp"
@@ -155,18 +156,14 @@ class ModelConfig:
     groups: int = 2
     weights: str | None = None
     small_input: bool | None = None
-    factory: str | Callable[..., Any] | None = None
+    factory: str | None = None
     args: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def label(self) -> str:
         """What builds the model, for titles and results: the factory (its import path or
-        registered name, or a Python object's name), else the built-in ``name``."""
-        if self.factory is None:
-            return self.name
-        if isinstance(self.factory, str):
-            return self.factory
-        return str(getattr(self.factory, "__qualname__", type(self.factory).__qualname__))
+        registered name), else the built-in ``name``."""
+        return self.factory if self.factory is not None else self.name
 
 
 @dataclass(frozen=True)

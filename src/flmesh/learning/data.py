@@ -19,8 +19,10 @@ its own training and test samples and nothing of its peers'.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,14 +124,15 @@ def load_digits() -> ArrayData:
     return ArrayData(x, y, 10)
 
 
-def load_dataset(cfg: DataConfig) -> ArrayData:
+def load_dataset(cfg: DataConfig, source: Callable[..., Any] | None = None) -> ArrayData:
     """The whole data set named by ``cfg.dataset``; "a+b" joins sets into one label space
     (b's classes after a's, e.g. MNIST + Fashion-MNIST: 20 classes, as Zizzo et al. use).
-    With ``cfg.source``, what that user code returns (:mod:`flmesh.learning.user_data`)."""
+    With ``cfg.source``, what that user code returns (:mod:`flmesh.learning.user_data`;
+    ``source``: the callable already resolved, a :class:`~flmesh.learning.task.Task`'s)."""
     if cfg.source is not None:
         from flmesh.learning.user_data import load_source
 
-        return load_source(cfg)
+        return load_source(cfg, source)
     parts = [_load_one(name, cfg) for name in cfg.dataset.split("+")]
     if len(parts) == 1:
         return parts[0]
@@ -198,7 +201,7 @@ def public_split(labels: np.ndarray, federation: Federation) -> tuple[np.ndarray
 
 
 def federation_data(federation: Federation, dataset: ArrayData | None = None,
-                    only: str | None = None) -> dict[str, NodeData]:
+                    only: str | None = None, source: Callable[..., Any] | None = None) -> dict[str, NodeData]:
     """Each node's train/test split, keyed by node id (with ``only``: just that node's).
 
     A node's partition is ``[nodes.<id>] partition`` when set, else its position
@@ -214,7 +217,7 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
     out = _own_files(federation, only)
     if len(out) == (1 if only is not None else len(federation.nodes)):
         return out
-    data = dataset if dataset is not None else load_dataset(federation.data)
+    data = dataset if dataset is not None else load_dataset(federation.data, source)
     from flmesh.learning.streamed import DatasetData, check_streamable
 
     if isinstance(data, DatasetData):
@@ -250,14 +253,14 @@ def _own_files(federation: Federation, only: str | None) -> dict[str, NodeData]:
             for n in federation.nodes if n.data is not None and only in (None, n.id)}
 
 
-def node_data(federation: Federation, node_id: str) -> NodeData:
+def node_data(federation: Federation, node_id: str, source: Callable[..., Any] | None = None) -> NodeData:
     """Node ``node_id``'s own train/test share, and nothing else kept in memory.
 
     The whole data set is loaded, split exactly as :func:`federation_data`
     splits it, and released before this returns.
     """
     federation.node(node_id)  # one clear line for an unknown id
-    return federation_data(federation, only=node_id)[node_id]
+    return federation_data(federation, only=node_id, source=source)[node_id]
 
 
 def public_data(federation: Federation, dataset: ArrayData | None = None) -> ArrayData:

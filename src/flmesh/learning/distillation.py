@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from flmesh.config import TrainingConfig
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
 from flmesh.learning.objectives import cross_entropy
 from flmesh.learning.trainer import TrainStats, train
@@ -67,7 +68,7 @@ def multi_teacher_dkd_loss(student_logits: torch.Tensor, teacher_logits: Sequenc
 
 def distill(student: nn.Module, teachers: Sequence[nn.Module], alphas: torch.Tensor, public: ArrayData,
             epochs: float, cfg: TrainingConfig, seed: int,
-            device: torch.device | None = None) -> TrainStats:
+            device: torch.device | None = None, compute: Compute = UNGATED) -> TrainStats:
     """Server-side distillation, Algorithm 1 lines 16-23: train ``student`` in place on ``public``.
 
     Ordinary training (:func:`flmesh.learning.trainer.train`: fresh optimizer from
@@ -94,4 +95,4 @@ def distill(student: nn.Module, teachers: Sequence[nn.Module], alphas: torch.Ten
                    torch.zeros((), device=logits.device))
 
     return train(student, public, cfg, epochs=epochs, seed=seed, device=device,
-                 objective=cross_entropy, regularizers=[teachers_kl])
+                 objective=cross_entropy, regularizers=[teachers_kl], compute=compute)

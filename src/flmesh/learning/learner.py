@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -176,8 +176,8 @@ def check_learner(learner: Learner, model: nn.Module, x: torch.Tensor, y: torch.
 
 
 def federation_learner(federation: Federation, training: TrainingConfig, model: nn.Module,
-                       data: ArrayData) -> Learner:
-    """The learner ``training`` names (default: :class:`Learner`), checked with
+                       data: ArrayData, learner: Learner | None = None) -> Learner:
+    """``learner``, or the one ``training`` names (default: :class:`Learner`), checked with
     :func:`check_learner` on a copy of ``model`` and a batch of ``data`` when it is the user's.
     Raises :class:`LearnerError` or UserCodeError, one line naming the file and key."""
     try:
@@ -186,7 +186,7 @@ def federation_learner(federation: Federation, training: TrainingConfig, model: 
         raise UserCodeError(f"{federation.source}: {exc}") from None
     where = f"{federation.source}: [training] learner"
     try:
-        learner = load_learner(training.learner)
+        learner = learner if learner is not None else load_learner(training.learner)
         if learner is DEFAULT_LEARNER or len(data) == 0:
             return learner
         count = min(len(data), training.batch_size)
@@ -197,14 +197,6 @@ def federation_learner(federation: Federation, training: TrainingConfig, model: 
     except Exception as exc:  # the user's train or evaluate raised on the check's batch
         raise LearnerError(f"{where}: a check on one batch raised {type(exc).__name__}: {exc}") from None
     return learner
-
-
-def with_learner(federation: Federation, learner: Learner | str | None) -> Federation:
-    """``federation`` whose nodes train and evaluate with ``learner`` (None: as it is)."""
-    if learner is None:
-        return federation
-    nodes = tuple(replace(n, training=replace(n.training, learner=learner)) for n in federation.nodes)
-    return replace(federation, training=replace(federation.training, learner=learner), nodes=nodes)
 
 
 def check_metrics(learner: Learner, method: str, out: Any) -> dict[str, float]:
@@ -246,5 +238,5 @@ def eval_batches(x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_s
 
 
 __all__ = ["DEFAULT_LEARNER", "Batch", "EvalContext", "Learner", "LearnerError", "TrainContext",
-           "check_learner", "check_metrics", "eval_batches", "federation_learner", "load_learner",
-           "with_learner"]
+           "check_learner", "check_metrics", "default_learner", "eval_batches", "federation_learner",
+           "load_learner"]

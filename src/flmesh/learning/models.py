@@ -20,7 +20,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -130,9 +130,11 @@ class ModelRecipe:
         return model
 
 
-def model_recipe(cfg: ModelConfig) -> ModelRecipe:
-    """What builds ``cfg``'s model; imports a factory's module (blocking). Raises ModelError."""
-    given = cfg.factory
+def model_recipe(cfg: ModelConfig, override: ModelFactory | nn.Module | None = None) -> ModelRecipe:
+    """What builds ``cfg``'s model, or ``override`` (from Python: a factory called as ``[model]
+    factory`` is, with ``[model.args]``, or a module every process starts from a copy of);
+    imports a factory's module (blocking). Raises ModelError."""
+    given: str | ModelFactory | nn.Module | None = override if override is not None else cfg.factory
     if given is None:
         try:
             factory = registry.models.resolve(cfg.name)
@@ -154,21 +156,13 @@ def model_recipe(cfg: ModelConfig) -> ModelRecipe:
     return ModelRecipe(label, "model", given, dict(cfg.args))
 
 
-def with_model(federation: Federation, model: ModelFactory | nn.Module | None) -> Federation:
-    """``federation`` whose model ``model`` builds (None: ``federation`` as it is): a factory
-    called as the file's ``[model] factory`` is, or a module whose copies every process
-    starts from."""
-    if model is None:
-        return federation
-    return replace(federation, model=replace(federation.model, factory=model))
-
-
 def build_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int,
-                seed: int | None = None) -> nn.Module:
-    """A fresh model. With ``seed``, its initial weights depend only on the seed
-    (the global RNG is left as it was), so every node can start from the same M_0.
-    With ``cfg.weights``, the model then starts from that file (see :func:`load_weights`)."""
-    recipe = model_recipe(cfg)
+                seed: int | None = None, recipe: ModelRecipe | None = None) -> nn.Module:
+    """A fresh model from ``recipe`` (default: ``cfg``'s). With ``seed``, its initial weights
+    depend only on the seed (the global RNG is left as it was), so every node can start from
+    the same M_0. With ``cfg.weights``, the model then starts from that file (see
+    :func:`load_weights`)."""
+    recipe = recipe if recipe is not None else model_recipe(cfg)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
@@ -197,19 +191,21 @@ def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int) -> No
 
 
 def federation_model(federation: Federation, input_shape: Sequence[int], num_classes: int,
-                     sample: torch.Tensor | None = None) -> tuple[Callable[[], nn.Module], str, nn.Module]:
-    """The federation's model factory, which every node and the aggregator build M_0 with
-    (each call a fresh model seeded by the federation seed), its fingerprint label, and one
-    model it built: M_0, for the caller's own use.
+                     sample: torch.Tensor | None = None, recipe: ModelRecipe | None = None,
+                     ) -> tuple[Callable[[], nn.Module], str, nn.Module]:
+    """The federation's model factory (from ``recipe``, default the file's ``[model]``), which
+    every node and the aggregator build M_0 with (each call a fresh model seeded by the
+    federation seed), its fingerprint label, and one model it built: M_0, for the caller's
+    own use.
 
     That model is run on ``sample`` (one sample shaped ``(1, *input_shape)``; zeros when
     None) so a bad model fails here, before any training: ModelError, one line naming the
     file and key. The check changes no weight. Blocking (imports the factory's module)."""
     shape = tuple(input_shape)
     try:
-        recipe = model_recipe(federation.model)
+        recipe = recipe if recipe is not None else model_recipe(federation.model)
         factory = partial(build_model, federation.model, shape, num_classes,
-                          seed=derive_seed(federation.seed, SEED_MODEL))
+                          seed=derive_seed(federation.seed, SEED_MODEL), recipe=recipe)
         model = factory()
         try:
             check_output(model, sample if sample is not None else torch.zeros(1, *shape), num_classes)

@@ -8,32 +8,60 @@ to expect. Pure functions; the optimizer is the caller's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
 from flmesh.config import TrainingConfig
 from flmesh.user_code import UserCodeError, load_callable
 
-
-def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
-    """``cfg.optimizer`` for ``model``'s parameters: "sgd", "adam", or an import path of a
-    callable (a ``torch.optim`` class, say) called as ``f(params, lr=..., weight_decay=...)``.
-    Raises UserCodeError (one line) when that goes wrong."""
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return user_optimizer(cfg.optimizer, model, cfg.lr, cfg.weight_decay)
+#: What builds a node's optimizer: ``factory(model, training) -> torch.optim.Optimizer``.
+OptimizerFactory = Callable[[nn.Module, TrainingConfig], torch.optim.Optimizer]
 
 
-def user_optimizer(path: str, model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """The optimizer the callable at ``path`` builds for ``model``, called as
-    ``f(model.parameters(), lr=lr, weight_decay=weight_decay)``. Raises UserCodeError."""
+def sgd(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    """``[training] optimizer = "sgd"``: SGD with the file's lr, momentum and weight decay."""
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay)
+
+
+def adam(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    """``[training] optimizer = "adam"``: Adam with the file's lr and weight decay."""
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+#: The optimizers a rewind node can rebuild from a sender's settings (:mod:`~flmesh.runtime.local_training`).
+BUILT_IN: dict[str, OptimizerFactory] = {"sgd": sgd, "adam": adam}
+
+
+def optimizer_factory(spec: str) -> OptimizerFactory:
+    """What builds ``spec``'s optimizer: "sgd", "adam", or an import path of a callable (a
+    ``torch.optim`` class, say) called as ``f(params, lr=..., weight_decay=...)``. Imports the
+    path (blocking). Raises UserCodeError (one line)."""
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]
     try:
-        make = load_callable(path)
+        make = load_callable(spec)
     except UserCodeError as exc:
         raise UserCodeError(f"[training] optimizer: {exc}") from None
+
+    def build(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+        return user_optimizer(spec, make, model, cfg.lr, cfg.weight_decay)
+    return build
+
+
+def make_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    """``cfg.optimizer`` for ``model``'s parameters (:func:`optimizer_factory`). Raises
+    UserCodeError (one line) when that goes wrong."""
+    return optimizer_factory(cfg.optimizer)(model, cfg)
+
+
+def user_optimizer(path: str, make: Callable[..., Any], model: nn.Module, lr: float,
+                   weight_decay: float) -> torch.optim.Optimizer:
+    """The optimizer ``make`` (named ``path``) builds for ``model``, called as
+    ``make(model.parameters(), lr=lr, weight_decay=weight_decay)``. Raises UserCodeError."""
     try:
         optimizer = make(model.parameters(), lr=lr, weight_decay=weight_decay)
     except Exception as exc:  # the user's callable raised
@@ -88,4 +116,5 @@ def _state_shapes(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> dict[str
     return {}
 
 
-__all__ = ["load_optimizer_state", "make_optimizer", "optimizer_spec", "optimizer_state", "user_optimizer"]
+__all__ = ["BUILT_IN", "OptimizerFactory", "load_optimizer_state", "make_optimizer", "optimizer_factory",
+           "optimizer_spec", "optimizer_state", "user_optimizer"]

@@ -14,6 +14,7 @@ so evaluation can report accuracy per task.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,13 +70,14 @@ class TaskSource:
         self.cfg = federation.tasks
 
     @classmethod
-    def for_node(cls, federation: Federation, node_id: str, dataset: ArrayData | None = None) -> TaskSource:
+    def for_node(cls, federation: Federation, node_id: str, dataset: ArrayData | None = None,
+                 source: Callable[..., Any] | None = None) -> TaskSource:
         """``dataset`` already in memory (fl-sim), or read again at every task change."""
         if dataset is not None:
             return cls(federation, node_id, lambda: dataset)
         from flmesh.learning.data import load_dataset
 
-        return cls(federation, node_id, lambda: load_dataset(federation.data))
+        return cls(federation, node_id, lambda: load_dataset(federation.data, source))
 
     def share(self, task: int) -> NodeData:
         """This node's training and test share of ``task`` (both empty when it is not present).

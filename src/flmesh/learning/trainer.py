@@ -7,9 +7,7 @@ own model object). Deterministic for a given seed on a given device.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 
@@ -17,6 +15,7 @@ import torch
 from torch import nn
 
 from flmesh.config import TrainingConfig
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import (
     DEFAULT_LEARNER,
@@ -32,57 +31,8 @@ from flmesh.learning.optimizers import make_optimizer
 from flmesh.learning.stats import EvalResult, TrainStats
 from flmesh.learning.streamed import DatasetData
 
-__all__ = ["EvalResult", "Regularizer", "TrainStats", "TrainingStopped", "compute", "evaluate", "host_nodes",
-           "serialize_compute", "split_steps", "steps_for", "train"]
-
-_gate: threading.RLock | None = None  # see serialize_compute
-
-
-def serialize_compute(enabled: bool = True) -> None:
-    """Let one thread of this process run a training step or an evaluation at a time.
-
-    For processes that host many nodes (fl-sim): torch releases the GIL around every
-    operator, so ten node threads training small models at once hand the GIL back and
-    forth thousands of times a second (system time spent in futex calls), while each
-    operator can use every core by itself.
-    With the gate, the steps of different nodes interleave instead of contending, as a
-    plain loop runs them; the numbers do not change (each node's steps keep their order
-    and seeds). Per step, not per call, so a Rewind a peer waits for gets its turn within
-    a step of another node's epoch (holding it per call measured no faster). Reentrant,
-    so training that evaluates or distils inside still works. Off by default: a process
-    with one node has nothing to gain. Call before the threads start."""
-    global _gate
-    _gate = threading.RLock() if enabled else None
-
-
-def host_nodes(count: int) -> None:
-    """Set up this process's compute for ``count`` nodes: with more than one, the gate of
-    :func:`serialize_compute` and one torch thread, which leaves the other cores to gRPC and
-    the hand-offs (torch's default of a thread per core only adds contention when the
-    nodes' steps take turns anyway); with one, torch keeps every core. Call before the threads start."""
-    if count > 1:
-        serialize_compute()
-        torch.set_num_threads(1)
-
-
-@contextlib.contextmanager
-def compute(blocking: bool = True) -> Iterator[bool]:
-    """Hold the gate of :func:`serialize_compute` for the ``with`` block (reentrant; always
-    granted when it is off); yields whether it was granted. Blocks while another thread of
-    this process trains or evaluates, unless ``blocking`` is False (then it yields False
-    and holds nothing)."""
-    gate = _gate
-    if gate is None:
-        yield True
-        return
-    if not gate.acquire(blocking):
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        gate.release()
-
+__all__ = ["EvalResult", "Regularizer", "TrainStats", "TrainingStopped", "evaluate", "split_steps",
+           "steps_for", "train"]
 
 def steps_for(epochs: float, num_samples: int, batch_size: int) -> int:
     """Optimizer steps for ``epochs`` passes (fractional allowed) over ``num_samples``.
@@ -112,7 +62,8 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
           steps: int | None = None, seed: int = 0, device: torch.device | None = None,
           objective: Objective = cross_entropy, regularizers: Sequence[Regularizer] = (),
           optimizer: torch.optim.Optimizer | None = None,
-          stop: Callable[[], bool] | None = None, learner: Learner | None = None) -> TrainStats:
+          stop: Callable[[], bool] | None = None, learner: Learner | None = None,
+          compute: Compute = UNGATED) -> TrainStats:
     """Train ``model`` in place on ``data`` with ``learner`` (default: :class:`Learner`):
     ``steps`` optimizer steps, or ``epochs`` passes (default ``cfg.epochs``, see :func:`steps_for`).
 
@@ -123,7 +74,8 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
     three phases are one local run). ``TrainStats.loss`` is the learner's ``"loss"``
     metric (the default: the mean total loss); its other metrics go in ``TrainStats.metrics``.
     ``stop`` is asked before every step; True raises :class:`TrainingStopped` (the node
-    stops, or the peer that asked for the training went away).
+    stops, or the peer that asked for the training went away). Each step holds ``compute``'s
+    gate (:mod:`~flmesh.learning.compute`).
     """
     device = device or torch.device("cpu")
     epochs = cfg.epochs if epochs is None else epochs
@@ -134,7 +86,7 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
     learner = learner or DEFAULT_LEARNER
     _place(model, device).train()
     optimizer = optimizer or make_optimizer(model, cfg)
-    batches = _Batches(data, steps, cfg.batch_size, seed, device, stop)
+    batches = _Batches(data, steps, cfg.batch_size, seed, device, stop, compute)
     try:
         out = learner.train(model, batches, TrainContext(optimizer, steps, device, cfg, objective,
                                                          tuple(regularizers)))
@@ -146,13 +98,13 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
 
 class _Batches:
     """The batches of one training call: ``steps`` of them, in passes over ``data`` each in a
-    fresh order drawn from ``seed``. While the learner works on a batch this thread holds the
-    gate of :func:`serialize_compute`, as the default loop held it for a step."""
+    fresh order drawn from ``seed``. While the learner works on a batch this thread holds
+    ``compute``'s gate, as the default loop held it for a step."""
 
     def __init__(self, data: ArrayData, steps: int, batch_size: int, seed: int, device: torch.device,
-                 stop: Callable[[], bool] | None):
+                 stop: Callable[[], bool] | None, compute: Compute):
         self.data, self.steps, self.batch_size = data, steps, batch_size
-        self.seed, self.device, self.stop = seed, device, stop
+        self.seed, self.device, self.stop, self.compute = seed, device, stop, compute
         self.done = self.seen = 0  # batches handed out, and their samples
         self._iterator: Generator[Batch] | None = None
 
@@ -189,17 +141,18 @@ class _Batches:
                 xb, yb = batch
                 self.done += 1
                 self.seen += len(yb)
-                with compute():  # one step at a time per process when serialize_compute() is on
+                with self.compute.step():  # one step at a time per simulation with a gate
                     yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
 
 def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
-             batch_size: int = 1024, learner: Learner | None = None) -> EvalResult:
+             batch_size: int = 1024, learner: Learner | None = None,
+             compute: Compute = UNGATED) -> EvalResult:
     """Top-1 accuracy, mean cross-entropy and per-class counts of ``model`` on ``data``
     (and per-task counts when its samples carry task ids), with the metrics ``learner``'s
-    ``evaluate`` adds (a second pass; none for the default learner). One evaluation at a
-    time per process when :func:`serialize_compute` is on."""
-    with compute():
+    ``evaluate`` adds (a second pass; none for the default learner), holding ``compute``'s
+    gate."""
+    with compute.step():
         result = _evaluate(model, data, device, batch_size)
         if learner is None or type(learner).evaluate is Learner.evaluate:
             return result

@@ -28,7 +28,7 @@ reads files and runs user code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,13 @@ def call_source(path: str, what: str, **kwargs: Any) -> tuple[Pair, Pair | None]
     return _pairs(_call(path, what, kwargs), f"{what} {path!r}")
 
 
-def _call(path: str, what: str, kwargs: dict[str, Any]) -> Any:
-    """What the source at ``path`` returns, unchecked."""
-    try:
-        fn = load_callable(path)
-    except UserCodeError as exc:
-        raise DataError(f"{what}: {_one_line(exc)}") from None
+def _call(path: str, what: str, kwargs: dict[str, Any], fn: Callable[..., Any] | None = None) -> Any:
+    """What the source at ``path`` (``fn``: its callable, already resolved) returns, unchecked."""
+    if fn is None:
+        try:
+            fn = load_callable(path)
+        except UserCodeError as exc:
+            raise DataError(f"{what}: {_one_line(exc)}") from None
     try:
         value = fn(**kwargs)
     except Exception as exc:  # the user's code raised: one line, not a traceback
@@ -179,11 +180,12 @@ def labelled(train: Pair, test: Pair | None, what: str,
     return out[0], (out[1] if len(out) == 2 else None)
 
 
-def load_source(cfg: DataConfig) -> ArrayData:
-    """``[data] source``'s data set; a separate test pair rides along as ``held_out``."""
+def load_source(cfg: DataConfig, source: Callable[..., Any] | None = None) -> ArrayData:
+    """``[data] source``'s data set (``source``: its callable, already resolved); a separate test
+    pair rides along as ``held_out``."""
     assert cfg.source is not None
     what = f"[data] source {cfg.source!r}"
-    data, held_out = _sets(_call(cfg.source, "[data] source", dict(cfg.args)), what, what, cfg)
+    data, held_out = _sets(_call(cfg.source, "[data] source", dict(cfg.args), source), what, what, cfg)
     if held_out is None:
         return data
     return ArrayData(data.x, data.y, data.num_classes, held_out=held_out)

@@ -12,9 +12,9 @@ thread-safe: the round loop calls it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flmesh.learning.data import ArrayData, NodeData, node_data
 from flmesh.learning.tasks import TaskSource, concat
@@ -110,15 +110,16 @@ def empty_share(source: TaskSource) -> NodeData:
                               num_tasks=share.test.num_tasks))
 
 
-def node_share(federation: Federation, node_id: str, data: NodeData | None,
-               dataset: ArrayData | None) -> tuple[NodeData, TaskSource | None]:
+def node_share(federation: Federation, node_id: str, data: NodeData | None, dataset: ArrayData | None,
+               source: Callable[..., Any] | None = None) -> tuple[NodeData, TaskSource | None]:
     """What node ``node_id`` starts with: in a continual federation the shapes of its share and
     its task source (cut from ``dataset``, the whole set, when given; else read at each task
-    change), otherwise ``data`` or, when None, its share read from the data set."""
+    change), otherwise ``data`` or, when None, its share read from the data set (``source``:
+    a Task's resolved ``[data] source``)."""
     if federation.tasks is not None:
-        tasks = TaskSource.for_node(federation, node_id, dataset)
+        tasks = TaskSource.for_node(federation, node_id, dataset, source)
         return empty_share(tasks), tasks
-    return (data if data is not None else node_data(federation, node_id)), None
+    return (data if data is not None else node_data(federation, node_id, source)), None
 
 
 def wire_replay(ctx: RoundContext, backend: Backend, aggregator: str | None,

@@ -25,7 +25,7 @@ import torch
 from flmesh.config import TrainingConfig
 from flmesh.format import codec
 from flmesh.format.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
-from flmesh.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_spec, optimizer_state
+from flmesh.learning.optimizers import load_optimizer_state, optimizer_spec, optimizer_state
 from flmesh.learning.trainer import TrainingStopped, evaluate, steps_for, train
 from flmesh.runtime.inbox import ROUND_WINDOW, InboxKey
 from flmesh.runtime.local_training import NO_DATA_YET, rewind_training
@@ -94,7 +94,8 @@ class NodeHandlers:
         federation only the test samples of tasks ``<= max_task``. Thread-safe."""
         test = self.ctx.data.test.up_to_task(max_task)
         with self.ctx.model.spare.loaded(state) as model:
-            return evaluate(model, test, device=self.ctx.model.device, learner=self.ctx.model.learner)
+            return evaluate(model, test, device=self.ctx.model.device, learner=self.ctx.model.learner,
+                            compute=self.ctx.model.compute)
 
     def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
                      cfg: TrainingConfig | None = None,
@@ -108,12 +109,12 @@ class NodeHandlers:
         model_part = {k: v for k, v in state.items() if k in self.ctx.model.spec}
         optim_part = {k: v for k, v in state.items() if k not in self.ctx.model.spec}
         with self.ctx.model.spare.loaded(model_part) as model:
-            optimizer = make_optimizer(model, cfg)
+            optimizer = self.ctx.model.make_optimizer(model, cfg)
             load_optimizer_state(optimizer, model, optim_part)
             stats = train(model, self.ctx.data.train, cfg, epochs=epochs, steps=steps or None,
                           seed=self.ctx.settings.train_seed(round, salt=1), device=self.ctx.model.device,
                           objective=self.ctx.plugins.objective, optimizer=optimizer, stop=stop,
-                          learner=self.ctx.model.learner)
+                          learner=self.ctx.model.learner, compute=self.ctx.model.compute)
             out = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             out.update(optimizer_state(optimizer, model) if optim_part else {})
             return out, stats.steps

@@ -27,7 +27,7 @@ import torch
 from flmesh.config import TrainingConfig
 from flmesh.format.codec import MetaValue, ModelMeta, encode
 from flmesh.learning.objectives import Regularizer
-from flmesh.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_spec, optimizer_state
+from flmesh.learning.optimizers import BUILT_IN, load_optimizer_state, optimizer_spec, optimizer_state
 from flmesh.learning.trainer import split_steps, steps_for, train
 from flmesh.runtime.reports import TrainStats
 from flmesh.transports.errors import PeerError
@@ -50,7 +50,7 @@ def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> T
         return own
     optimizer, lr = metadata.get("optimizer"), metadata.get("lr")
     momentum, decay = metadata.get("momentum", 0.0), metadata.get("weight_decay", 0.0)
-    if optimizer not in ("sgd", "adam"):
+    if optimizer not in BUILT_IN:
         raise ValueError(f"optimizer {optimizer!r} is not 'sgd' or 'adam'")
     for name, value, ok in (("lr", lr, lambda v: v > 0), ("momentum", momentum, lambda v: 0 <= v < 1),
                             ("weight_decay", decay, lambda v: v >= 0)):
@@ -69,10 +69,13 @@ def train_local(ctx: RoundContext, round: int, phase: int, regularizers: Sequenc
     started = time.monotonic()
     try:
         with ctx.model.lock:
+            if optimizer is None:
+                optimizer = ctx.model.make_optimizer(ctx.model.module, ctx.settings.training)
             return train(ctx.model.module, ctx.data.train, ctx.settings.training, steps=steps,
                          seed=ctx.settings.train_seed(round, salt=phase), device=ctx.model.device,
                          objective=ctx.plugins.objective, regularizers=regularizers, optimizer=optimizer,
-                         stop=ctx.links.stop_event.is_set, learner=ctx.model.learner)
+                         stop=ctx.links.stop_event.is_set, learner=ctx.model.learner,
+                         compute=ctx.model.compute)
     finally:
         if ctx.links.metrics is not None:
             ctx.links.metrics.phase("train", time.monotonic() - started)
@@ -128,7 +131,7 @@ def train_round(ctx: RoundContext, round: int, target: str | None, notes: list[s
     total = steps_for(cfg.epochs, len(ctx.data.train), cfg.batch_size)
     first, middle, last = split_steps(total, ctx.settings.federation.rewind.lam)
     with ctx.model.lock:
-        optimizer = make_optimizer(ctx.model.module, ctx.settings.training)
+        optimizer = ctx.model.make_optimizer(ctx.model.module, ctx.settings.training)
     phases = [train_local(ctx, round, 0, regularizers, steps=first, optimizer=optimizer)]
     failed = f"rewind to {target} failed"
     try:

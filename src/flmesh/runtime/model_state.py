@@ -16,9 +16,12 @@ from torch import nn
 
 from flmesh.config import Federation, TrainingConfig
 from flmesh.format.specs import ModelSpec, fingerprint, model_spec
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import DEFAULT_LEARNER, Learner, federation_learner
 from flmesh.learning.models import ModelPool, federation_model
+from flmesh.learning.optimizers import OptimizerFactory, make_optimizer
+from flmesh.learning.task import Task
 from flmesh.learning.trainer import evaluate
 from flmesh.runtime.reports import EvalResult
 
@@ -27,13 +30,17 @@ Tensors = dict[str, torch.Tensor]
 
 class ModelState:
     def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str,
-                 initial: nn.Module | None = None, learner: Learner = DEFAULT_LEARNER):
+                 initial: nn.Module | None = None, learner: Learner = DEFAULT_LEARNER,
+                 compute: Compute = UNGATED):
         """``factory``: a fresh model with the initial weights M_0 (on the CPU); ``name``: the
         architecture's name, the start of its fingerprint; ``initial``: a model ``factory``
         already built, kept as the node's own (None: built here); ``learner``: what trains and
-        evaluates it (stateless, shared by every caller)."""
+        evaluates it (stateless, shared by every caller); ``compute``: the gate its training
+        and evaluations hold (:mod:`flmesh.learning.compute`)."""
         self.new_model = factory
         self.learner = learner
+        self.compute = compute
+        self.make_optimizer: OptimizerFactory = make_optimizer  # the task's (for_federation)
         self.device = device
         self.module = initial if initial is not None else factory()
         self.module.to(device)
@@ -43,16 +50,20 @@ class ModelState:
         self.architecture = fingerprint(name, self.spec)  # what Hello and every message compare
 
     @classmethod
-    def for_federation(cls, federation: Federation, data: ArrayData, device: torch.device,
-                       training: TrainingConfig | None = None) -> ModelState:
-        """The federation's model for samples shaped like ``data``'s, seeded by the federation
+    def for_federation(cls, federation: Federation, task: Task, data: ArrayData, device: torch.device,
+                       training: TrainingConfig | None = None, compute: Compute = UNGATED) -> ModelState:
+        """The model ``task`` builds for samples shaped like ``data``'s, seeded by the federation
         seed: every node starts from the same M_0 (:func:`~flmesh.learning.models.federation_model`,
-        which checks it on one of ``data``'s samples; raises ModelError), and the learner of
-        ``training`` (default: the file's), checked on a copy of it (raises ValueError)."""
+        which checks it on one of ``data``'s samples; raises ModelError), and ``task``'s learner
+        for ``training`` (default: the file's), checked on a copy of it (raises ValueError)."""
         sample = data.x[:1] if len(data.x) else None
-        factory, label, initial = federation_model(federation, data.input_shape, data.num_classes, sample)
-        learner = federation_learner(federation, training or federation.training, initial, data)
-        return cls(factory, device, label, initial, learner)
+        factory, label, initial = federation_model(federation, data.input_shape, data.num_classes, sample,
+                                                   task.recipe)
+        training = training or federation.training
+        learner = federation_learner(federation, training, initial, data, task.learner_for(training))
+        state = cls(factory, device, label, initial, learner, compute)
+        state.make_optimizer = task.optimizer
+        return state
 
     def state_dict(self) -> Tensors:
         """A snapshot of the current weights (CPU copies)."""
@@ -66,4 +77,4 @@ class ModelState:
     def evaluate(self, test: ArrayData) -> EvalResult:
         """The current model on ``test``; blocks while the model is in use."""
         with self.lock:
-            return evaluate(self.module, test, device=self.device, learner=self.learner)
+            return evaluate(self.module, test, device=self.device, learner=self.learner, compute=self.compute)

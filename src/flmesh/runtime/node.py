@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.config import Federation, FederationError
 from flmesh.format.codec import DEFAULT_CHUNK_BYTES
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData, NodeData
 from flmesh.learning.device import select_device
-from flmesh.learning.learner import Learner, with_learner
-from flmesh.learning.models import with_model
+from flmesh.learning.learner import Learner
+from flmesh.learning.task import Task
 from flmesh.learning.tasks import TaskSource
 from flmesh.learning.trainer import TrainingStopped
 from flmesh.replay.buffer import ReplayBufferCore
@@ -72,9 +73,9 @@ class Node(NodeView):
     """
 
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, backend: Backend,
-                 aggregator: str | None = None, clock: Clock = REAL_CLOCK, members: list[str] | None = None,
-                 tasks: TaskSource | None = None, model: ModelFactory | nn.Module | None = None,
-                 learner: Learner | None = None, listen: str = "127.0.0.1:0", state_dir: Path | None = None):
+                 task: Task | None = None, aggregator: str | None = None, clock: Clock = REAL_CLOCK,
+                 members: list[str] | None = None, tasks: TaskSource | None = None,
+                 listen: str = "127.0.0.1:0", state_dir: Path | None = None, compute: Compute = UNGATED):
         """Node ``node_id`` of ``federation``, reaching its peers through ``backend``
         (:mod:`flmesh.transports.backend`; the node closes it in :meth:`stop` only when
         :meth:`from_federation` made it). ``aggregator``: where a star federation's aggregator
@@ -82,16 +83,16 @@ class Node(NodeView):
         :meth:`start` serves. ``state_dir``: where a node that hosts the replay buffer keeps its
         privacy ledger.
 
+        ``task``: the code the node runs (:class:`~flmesh.learning.task.Task`: what builds M_0,
+        what trains it; default: what the file names; every node of a federation, and its
+        aggregator, needs the same model). ``compute``: the gate its training and evaluations
+        hold (:mod:`flmesh.learning.compute`; a simulation's, shared by its nodes).
         ``members``: who may call this node (default: the federation's nodes); the Joint
         baseline's node is not in the federation it serves. Members, and the aggregator of a
         star federation, may evaluate models on this node's test split and read its status.
         ``tasks``: this node's data task by task in a continual federation (``data`` is then
-        only the shapes; the first round brings the first task).
-        ``model``: what builds M_0 instead of the file's ``[model]``, a factory called as
-        ``[model] factory`` is or a module to start from a copy of (every node of a federation,
-        and its aggregator, needs the same one). ``learner``: what trains and evaluates the model
-        instead of the file's ``[training] learner``."""
-        federation = with_learner(with_model(federation, model), learner)
+        only the shapes; the first round brings the first task)."""
+        task = task if task is not None else Task.of(federation)
         settings = Settings.of(federation, node_id, members)
         counter = ByteCounter()  # bytes moved by this node's transports and handlers
         transport = backend.peer_transport(node_id, counter)
@@ -104,8 +105,8 @@ class Node(NodeView):
         links = Links(transport=transport, aggregator=star, replay=ReplayLink(counter),
                       calls=PeerCalls(node_id, settings.round_timeout_s, clock, stop), counter=counter,
                       clock=clock, stop_event=stop, inbox=Inbox(clock), log=logging.getLogger("flmesh.node"))
-        state = ModelState.for_federation(federation, data.train, select_device(settings.training.device),
-                                          settings.training)
+        device = select_device(settings.training.device)
+        state = ModelState.for_federation(federation, task, data.train, device, settings.training, compute)
         self.ctx = RoundContext(settings, state, data, links,
                                 ContinualState(tasks) if tasks is not None else None)
         self.handlers = NodeHandlers(self.ctx)
@@ -139,7 +140,10 @@ class Node(NodeView):
         aggregator also hosts the replay buffer; a node that hosts it keeps its privacy ledger
         in ``state_dir``. ``tls``: this node's identity, for mTLS on every connection it serves
         and opens; without one, :meth:`start` refuses to serve unless ``insecure`` is True
-        (plaintext, logged as a warning). ``model``, ``learner``: as for the constructor. Call
+        (plaintext, logged as a warning). ``model``: what builds M_0 instead of the file's
+        ``[model]``, a factory called as ``[model] factory`` is or a module to start from a copy
+        of (every node of a federation, and its aggregator, needs the same one); ``learner``:
+        what trains and evaluates instead of the file's ``[training] learner``. Call
         :meth:`start` to serve.
         """
         cfg = federation.node(node_id)
@@ -147,11 +151,11 @@ class Node(NodeView):
             peers = {n.id: n.address for n in federation.nodes if n.id != node_id and n.address}
         backend = create("grpc", TransportSettings(federation, (node_id,), identity=tls, insecure=insecure,
                                                    chunk_bytes=chunk_bytes))
-        share, tasks = node_share(federation, node_id, data, dataset)
         try:
-            node = cls(federation, node_id, data=share, backend=backend, aggregator=aggregator, tasks=tasks,
-                       model=model, learner=learner, listen=listen or cfg.address or "127.0.0.1:0",
-                       state_dir=state_dir)
+            task = Task.of(federation, model=model, learner=learner)
+            share, tasks = node_share(federation, node_id, data, dataset, task.source)
+            node = cls(federation, node_id, data=share, backend=backend, task=task, aggregator=aggregator,
+                       tasks=tasks, listen=listen or cfg.address or "127.0.0.1:0", state_dir=state_dir)
         except BaseException:
             backend.close()
             raise

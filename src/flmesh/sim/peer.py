@@ -32,8 +32,10 @@ import torch
 
 from flmesh.aggregator.rows import task_accuracy
 from flmesh.config import Federation, NodeConfig
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData, NodeData, federation_data, load_dataset
 from flmesh.learning.metrics import sampled_federation_metrics
+from flmesh.learning.task import Task
 from flmesh.learning.trainer import evaluate
 from flmesh.reports.results import Matrix, NodeRound, RoundRow, SparseMatrix
 from flmesh.runtime.node import Node, Report
@@ -181,13 +183,15 @@ def reported_own(report: Report, same_split: bool) -> EvalResult | None:
 
 
 class PeerDriver:
-    def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False):
+    def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False, *,
+                 task: Task | None = None, compute: Compute = UNGATED):
         """``transport``: the registered backend the processes reach each other through
-        (``insecure``: plaintext, for a backend with a wire). Rows are written every
+        (``insecure``: plaintext, for a backend with a wire); ``task``: the code every process
+        runs (default: the file's); ``compute``: the simulation's gate. Rows are written every
         ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
         self.eval_every = federation.eval_every
-        self.processes = SimProcesses(federation, transport, insecure)
+        self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()
@@ -213,7 +217,8 @@ class PeerDriver:
 
     def config(self) -> dict[str, Any]:
         fed = self.federation
-        return {**sim_config(fed, self.processes.transport, self.processes.backend.secure),
+        return {**sim_config(fed, self.processes.transport, self.processes.backend.secure,
+                             self.processes.task.label),
                 "schedule": fed.topology.schedule, "baseline": fed.baseline,
                 "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
                 "eval_every": self.eval_every, "eval_sample": fed.eval_sample}
@@ -224,7 +229,7 @@ class PeerDriver:
 
     def start(self) -> None:
         fed = self.federation
-        dataset = load_dataset(fed.data)
+        dataset = load_dataset(fed.data, self.processes.task.source)
         data = federation_data(fed, dataset)
         self.nodes = self.processes.nodes(data, dataset)
         if fed.baseline == "joint":  # it only evaluates in this process: it serves nothing
@@ -276,7 +281,8 @@ class PeerDriver:
             with trainer.model_lock:  # only the drawn columns: a node's share stays O(K), not O(N)
                 evals = {j: reported_own(report, self.nodes[j] is trainer and task is None) or
                          evaluate(trainer.model, self.nodes[j].data.test.up_to_task(task),
-                                  device=trainer.device, learner=trainer.learner) for j in sorted(cols)}
+                                  device=trainer.device, learner=trainer.learner,
+                                  compute=self.processes.compute) for j in sorted(cols)}
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
             first, last = self._spans.get(t, (math.inf, -math.inf))

@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 from flmesh.aggregator.aggregator import Aggregator
 from flmesh.config import Federation
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData, NodeData
+from flmesh.learning.task import Task
 from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node
 from flmesh.transports.backend import Backend, TransportSettings, create
@@ -25,9 +27,14 @@ class SimProcesses:
     """Builds and connects a simulation's nodes and aggregator on the backend named ``transport``
     (``insecure``: plaintext, for a backend with a wire). :meth:`close` releases the backend."""
 
-    def __init__(self, federation: Federation, transport: str, insecure: bool = False):
+    def __init__(self, federation: Federation, transport: str, insecure: bool = False, *,
+                 task: Task | None = None, compute: Compute = UNGATED):
+        """``task``: the code every process runs (default: the file's); ``compute``: the gate
+        their training and evaluations hold."""
         self.federation = federation
         self.transport = transport
+        self.task = task if task is not None else Task.of(federation)
+        self.compute = compute
         ids = (*federation.node_ids, "aggregator", JOINT_ID)
         self.backend: Backend = create(transport, TransportSettings(federation, ids, insecure=insecure,
                                                                     simulation=True))
@@ -36,7 +43,8 @@ class SimProcesses:
     def aggregator(self, dataset: ArrayData, tests: Callable[[], dict[str, ArrayData]]) -> Aggregator:
         """The star federation's aggregator, served; it evaluates in-process on ``tests()``, the
         nodes' test splits as they are now."""
-        agg = Aggregator.from_federation(self.federation, backend=self.backend, dataset=dataset, tests=tests)
+        agg = Aggregator.from_federation(self.federation, backend=self.backend, dataset=dataset, tests=tests,
+                                         task=self.task, compute=self.compute)
         self._aggregator_address = agg.serve("127.0.0.1:0")
         return agg
 
@@ -44,8 +52,9 @@ class SimProcesses:
              members: list[str] | None = None) -> Node:
         """One node of ``federation`` (the simulated one, or the Joint baseline's) on the backend,
         not yet served."""
-        return Node(federation, node_id, data=data, backend=self.backend, aggregator=self._aggregator_address,
-                    members=members, listen="127.0.0.1:0")
+        return Node(federation, node_id, data=data, backend=self.backend, task=self.task,
+                    aggregator=self._aggregator_address, members=members, listen="127.0.0.1:0",
+                    compute=self.compute)
 
     def nodes(self, data: dict[str, NodeData], dataset: ArrayData) -> list[Node]:
         """Every node of the federation, served and connected to the others (call
@@ -53,9 +62,10 @@ class SimProcesses:
         fed = self.federation
         nodes = []
         for nid in fed.node_ids:
-            share, tasks = node_share(fed, nid, data[nid], dataset)
-            nodes.append(Node(fed, nid, data=share, backend=self.backend, aggregator=self._aggregator_address,
-                              tasks=tasks, listen="127.0.0.1:0"))
+            share, tasks = node_share(fed, nid, data[nid], dataset, self.task.source)
+            nodes.append(Node(fed, nid, data=share, backend=self.backend, task=self.task,
+                              aggregator=self._aggregator_address, tasks=tasks, listen="127.0.0.1:0",
+                              compute=self.compute))
         addresses = {node.node_id: node.start() for node in nodes}
         for node in nodes:
             node.connect(addresses)

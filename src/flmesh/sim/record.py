@@ -212,16 +212,18 @@ def host(federation: Federation) -> dict[str, Any]:
     return {**versions(), "device": device_of(federation), "cpus": torch.get_num_threads()}
 
 
-def base_config(federation: Federation) -> dict[str, Any]:
-    """What every summary says about the set-up."""
+def base_config(federation: Federation, model: str | None = None) -> dict[str, Any]:
+    """What every summary says about the set-up; ``model``: what builds the model (default: the
+    file's ``[model]``)."""
     fed = federation
     return {"nodes": fed.node_ids, "dataset": fed.data.origin,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha}, "model": fed.model.label,
+            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha},
+            "model": model or fed.model.label,
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
             "epochs": fed.training.epochs}
 
 
-def sim_config(federation: Federation, transport: str, tls: bool) -> dict[str, Any]:
+def sim_config(federation: Federation, transport: str, tls: bool, model: str | None = None) -> dict[str, Any]:
     """The set-up every summary records, with the transport the run used."""
-    return {**base_config(federation), "transport": transport, "tls": tls}
+    return {**base_config(federation, model), "transport": transport, "tls": tls}

@@ -21,6 +21,7 @@ Blocking; use from one thread. ``stop()`` may be called from another thread
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import json
@@ -112,11 +113,16 @@ class Simulation:
             federation = replace(federation, eval_every=eval_every)
         if transport not in registry.transports.names():
             raise ValueError(registry.transports.unknown(transport))
-        from flmesh.learning.learner import with_learner
-        from flmesh.learning.models import with_model
+        from flmesh.learning.compute import Compute
+        from flmesh.learning.task import Task
 
-        federation = with_learner(with_model(federation, model), learner)
         self.federation = federation
+        #: the code every node and the aggregator run (the file's, with ``model`` and ``learner``)
+        self.task = Task.of(federation, model=model, learner=learner)
+        #: how its nodes share this process's CPU: one computes at a time (the Joint baseline's
+        #: one trainer uses every core); this simulation's alone
+        self.compute = Compute.for_nodes(1 if federation.baseline == "joint" else len(federation.nodes))
+        self._threads: contextlib.ExitStack | None = None
         self.out_dir = Path(out_dir) if out_dir is not None else default_out_dir(federation)
         self.kind = "star" if federation.aggregator is not None else "peer"
         self.transport = transport
@@ -130,18 +136,17 @@ class Simulation:
         if self.kind == "star":
             from flmesh.sim.star import StarDriver
 
-            self.driver = StarDriver(federation, transport, insecure)
+            self.driver = StarDriver(federation, transport, insecure, task=self.task, compute=self.compute)
         else:
             from flmesh.sim.peer import PeerDriver
 
-            self.driver = PeerDriver(federation, transport, insecure)
+            self.driver = PeerDriver(federation, transport, insecure, task=self.task, compute=self.compute)
 
     def start(self) -> None:
-        """Split the data, build every process and start its server."""
-        from flmesh.learning.trainer import host_nodes
-
-        fed = self.federation
-        host_nodes(1 if fed.baseline == "joint" else len(fed.nodes))  # Joint: one trainer, every core
+        """Split the data, build every process and start its server; torch's thread count is this
+        simulation's (:meth:`~flmesh.learning.compute.Compute.applied`) until :meth:`close`."""
+        self._threads = contextlib.ExitStack()
+        self._threads.enter_context(self.compute.applied())
         self.driver.start()
         if self.checkpoint_every or self.resume:
             from flmesh.sim.resume import attach
@@ -161,6 +166,9 @@ class Simulation:
         transport backend (a gRPC run's throwaway keys). Blocks until the round in progress ends
         (up to the round timeout)."""
         self.driver.close()
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
 
     def __enter__(self) -> Simulation:
         self.start()

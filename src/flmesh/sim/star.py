@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from flmesh.aggregator.aggregator import Aggregator
 from flmesh.config import Federation
+from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import federation_data, load_dataset
+from flmesh.learning.task import Task
 from flmesh.reports.results import NodeRound, RoundRow
 from flmesh.runtime.node import Node, Report
 from flmesh.runtime.reports import StarReport
@@ -36,13 +38,15 @@ if TYPE_CHECKING:
 
 
 class StarDriver:
-    def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False):
+    def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False, *,
+                 task: Task | None = None, compute: Compute = UNGATED):
         """``transport``: the registered backend the processes reach each other through
-        (``insecure``: plaintext, for a backend with a wire)."""
+        (``insecure``: plaintext, for a backend with a wire); ``task``: the code every process
+        runs (default: the file's); ``compute``: the simulation's gate."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
-        self.processes = SimProcesses(federation, transport, insecure)
+        self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute)
         self.nodes: list[Node] = []
         self.aggregator: Aggregator | None = None
         self._lock = threading.Lock()
@@ -66,7 +70,8 @@ class StarDriver:
     def config(self) -> dict[str, Any]:
         agg = self.federation.aggregator
         assert agg is not None
-        return {**sim_config(self.federation, self.processes.transport, self.processes.backend.secure),
+        return {**sim_config(self.federation, self.processes.transport, self.processes.backend.secure,
+                             self.processes.task.label),
                 "strategy": agg.strategy, "fraction": agg.fraction,
                 "deadline_s": agg.deadline_s, "min_updates": agg.min_updates,
                 "eval_every": self.federation.eval_every}
@@ -77,7 +82,7 @@ class StarDriver:
 
     def start(self) -> None:
         fed = self.federation
-        dataset = load_dataset(fed.data)
+        dataset = load_dataset(fed.data, self.processes.task.source)
         data = federation_data(fed, dataset)
         self.aggregator = self.processes.aggregator(
             dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes})
