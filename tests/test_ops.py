@@ -252,7 +252,7 @@ def test_with_tls_metrics_are_https_and_ask_for_a_federation_certificate(tmp_pat
 def test_json_formatter_carries_round_and_peer_from_extra():
     import logging
 
-    record = logging.LogRecord("flmesh.runtime", logging.WARNING, __file__, 1, "peer %s late", ("b",), None)
+    record = logging.LogRecord("flmesh.node", logging.WARNING, __file__, 1, "peer %s late", ("b",), None)
     record.round, record.peer = 4, "b"
     entry = json.loads(JsonFormatter("a").format(record))
     assert entry["node"] == "a" and entry["round"] == 4 and entry["peer"] == "b"

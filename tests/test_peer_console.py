@@ -153,7 +153,7 @@ def test_fl_sims_log_names_each_node():
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(NodeNamed("%(message)s"))
-    log = logging.getLogger("flmesh.runtime")
+    log = logging.getLogger("flmesh.node")
     log.addHandler(handler)
     try:
         failed_delivery("node3")
