@@ -1,6 +1,6 @@
 """The streaming digest (XXH3-128, BLAKE3 or SHA-256) and finite check of a model payload (wire wing).
 
-Both run on a thread of their own while chunks arrive, so that little is left to do
+Both run on a helper thread while chunks arrive, so that little is left to do
 after the last byte.
 """
 
@@ -17,6 +17,7 @@ import blake3
 import torch
 import xxhash
 
+from flmesh.format.helpers import HELPERS
 
 #: The payload digests a model header may carry, each in the ``ModelHeader`` field of its name,
 #: and their sizes in bytes. XXH3-128 is the default: it detects corruption several times faster
@@ -73,8 +74,7 @@ class Hasher:
         if threaded:
             self._queue = queue.SimpleQueue()
             self._done = threading.Event()
-            # a daemon thread of its own: one that a receiver abandoned never holds up exit
-            threading.Thread(target=self._run, name="flmesh-hash", daemon=True).start()
+            HELPERS.run(self._run)
 
     def _run(self) -> None:
         assert self._queue is not None and self._done is not None
