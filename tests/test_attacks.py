@@ -31,7 +31,7 @@ from flmesh.v1 import aggregator_pb2, peer_pb2, peer_pb2_grpc, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
 from conftest import deployed, identities, started_nodes, tiny_raw, wait_until
-from harness import Cluster
+from harness import Cluster, parts
 
 
 def _stop(nodes: list[Node]) -> None:
@@ -85,14 +85,14 @@ def test_a_replayed_model_is_refused_or_taken_once_from_its_own_sender(ring, pki
     node0, node1 = ring["node0"], ring["node1"]
     as_node0 = GrpcPeerTransport({"node1": node1.address or ""}, tls=pki["node0"])
     as_node3 = GrpcPeerTransport({"node1": node1.address or ""}, tls=pki["node3"])
-    first = node0.encode(round=1)
+    first = parts(node0).encode(round=1)
     assert as_node0.deliver("node1", first, timeout=5).accepted
     # The same bytes for the same round, again: one delivery per (round, sender, kind).
     again = as_node0.deliver("node1", first, timeout=5)
     assert not again.accepted and again.duplicate
     # Old bytes relabelled for the next round by their own sender: that sender's model for
     # round 2, taken once (a member passing a model on untrained sends the same bytes).
-    first_state = node0.state_dict()
+    first_state = parts(node0).state_dict()
     relabelled = codec.encode(first_state, ModelMeta(round=2, sender="node0"))
     assert as_node0.deliver("node1", relabelled, timeout=5).accepted
     assert as_node0.deliver("node1", relabelled, timeout=5).duplicate
@@ -101,18 +101,18 @@ def test_a_replayed_model_is_refused_or_taken_once_from_its_own_sender(ring, pki
         as_node3.deliver("node1", codec.encode(first_state, ModelMeta(round=3, sender="node0")), timeout=5)
     with pytest.raises(PeerError, match="PERMISSION_DENIED: node1: node3 does not send to node1 in round 3"):
         as_node3.deliver("node1", codec.encode(first_state, ModelMeta(round=3, sender="node3")), timeout=5)
-    assert [k.round for k in node1.inbox.keys()] == [1, 2]
+    assert [k.round for k in parts(node1).inbox.keys()] == [1, 2]
     # Once node1 has finished round 4, a model it took before is still a duplicate (however old:
     # a node resumed after a crash sends its last model again and must not be blamed), and one
     # for a round that is over and that it never took is refused.
-    node1.finish_round(4, 0.5)
+    parts(node1).activity.finish_round(4, 0.5)
     for old in (first, relabelled):
         replayed = as_node0.deliver("node1", old, timeout=5)
         assert not replayed.accepted and replayed.duplicate
     with pytest.raises(PeerError, match=r"FAILED_PRECONDITION: node1: the model is for round 3, "
                                         r"which is over \(this node finished round 4\)"):
         as_node0.deliver("node1", codec.encode(first_state, ModelMeta(round=3, sender="node0")), timeout=5)
-    assert [k.round for k in node1.inbox.keys()] == [1, 2]
+    assert [k.round for k in parts(node1).inbox.keys()] == [1, 2]
 
 
 def test_a_replayed_update_is_late_and_a_relabelled_one_counts_once():
@@ -121,7 +121,7 @@ def test_a_replayed_update_is_late_and_a_relabelled_one_counts_once():
         assert c.aggregator is not None
         core = c.aggregator.core
         core.open_round(1)
-        state = c.nodes[0].state_dict()
+        state = c.parts["node0"].state_dict()
         old = codec.encode(state, ModelMeta(round=1, sender="node0", kind="update", num_samples=1))
         assert core.submit(None, old.chunks()).accepted
         core.close_round(1)
@@ -146,7 +146,7 @@ def test_label_counts_of_another_length_cannot_stop_a_flashback_round():
         core = c.aggregator.core
         classes = c.aggregator.num_classes
         core.open_round(1)
-        state = {k: v for k, v in c.nodes[0].state_dict().items()}
+        state = {k: v for k, v in c.parts["node0"].state_dict().items()}
 
         def update(sender: str, counts: tuple[int, ...]) -> codec.EncodedModel:
             meta = ModelMeta(round=1, sender=sender, kind="update", num_samples=sum(counts),
@@ -175,7 +175,7 @@ def plain():
 
 def test_a_model_of_another_architecture_with_as_many_bytes_is_refused_naming_the_tensor(plain):
     node0, node1 = plain["node0"], plain["node1"]
-    state = node0.state_dict()
+    state = parts(node0).state_dict()
     weight = next(k for k, v in state.items() if v.dim() == 2 and v.shape[0] != v.shape[1])
     transposed = {k: (v.t().contiguous() if k == weight else v) for k, v in state.items()}
     renamed = {f"other.{k}": v for k, v in state.items()}
@@ -193,7 +193,7 @@ def test_a_model_of_another_architecture_with_as_many_bytes_is_refused_naming_th
                 assert code == grpc.StatusCode.INVALID_ARGUMENT and message in details, (kind, details)
     finally:
         channel.close()
-    assert len(node1.inbox) == 0
+    assert len(parts(node1).inbox) == 0
 
 
 # ----------------------------------------------------------------------------- 3. Evaluate floods
@@ -218,7 +218,7 @@ class HeldEvaluate:
 
 def test_a_member_evaluates_one_model_at_a_time_on_a_node_and_others_are_served(ring, pki):
     node1 = ring["node1"].address or ""
-    model = ring["node2"].encode(round=1, kind="eval")
+    model = parts(ring["node2"]).encode(round=1, kind="eval")
     ch2, as_node2 = _peer_stub(node1, pki["node2"], "node1")
     ch0, as_node0 = _peer_stub(node1, pki["node0"], "node1")
     held = HeldEvaluate(as_node2, model)
@@ -238,7 +238,7 @@ def test_a_member_evaluates_one_model_at_a_time_on_a_node_and_others_are_served(
         assert (code, details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "node1: node2 has an Evaluate in "
                                    "flight here (limit 1 per caller); retry once it is answered")
         assert _code(lambda: as_node0.Evaluate(model.chunks(), timeout=10))[0] == grpc.StatusCode.OK
-        delivered = _code(lambda: as_node0.Deliver(ring["node0"].encode(round=1).chunks(), timeout=10))
+        delivered = _code(lambda: as_node0.Deliver(parts(ring["node0"]).encode(round=1).chunks(), timeout=10))
         assert delivered[0] == grpc.StatusCode.OK and "accepted: true" in delivered[1]
         held.release()
         assert held.future.result(timeout=30).total > 0
@@ -255,7 +255,7 @@ def test_an_evaluate_flood_from_a_member_leaves_the_rounds_running():
     the run is delivered."""
     fed = parse_federation(tiny_raw(nodes=3, rounds=2), source="t.toml")
     nodes = started_nodes(fed)
-    model = nodes[2].encode(round=1, kind="eval")
+    model = parts(nodes[2]).encode(round=1, kind="eval")
     stop = threading.Event()
     answers: list[tuple[grpc.StatusCode, str]] = []
     channels = [_peer_stub(nodes[1].address or "") for _ in range(6)]
@@ -429,7 +429,7 @@ def test_a_node_answers_a_huge_hello_and_a_huge_header_in_one_line_and_keeps_not
     try:
         code, details = _code(lambda: stub.Hello(peer_pb2.HelloRequest(node_id="x" * 2_000_000), timeout=10))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and len(details) < 200, details
-        state = plain["node0"].state_dict()
+        state = parts(plain["node0"]).state_dict()
         many = {f"k{i}": i for i in range(257)}
         for meta, message in ((ModelMeta(round=1, sender="node0", metadata=many),
                                "oversized Deliver request (header.metadata holds 257 entries"),
@@ -438,7 +438,7 @@ def test_a_node_answers_a_huge_hello_and_a_huge_header_in_one_line_and_keeps_not
                                "has 10")):
             code, details = _code(lambda m=meta: stub.Deliver(codec.encode(state, m).chunks(), timeout=10))
             assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(message), details
-        assert len(node1.inbox) == 0
+        assert len(parts(node1).inbox) == 0
         ok = codec.encode(state, ModelMeta(round=1, sender="node0", label_counts=(1,) * 10))
         assert "accepted: true" in _code(lambda: stub.Deliver(ok.chunks(), timeout=10))[1]
     finally:
@@ -468,15 +468,14 @@ def test_one_identity_in_two_processes_gets_one_model_kept_and_stored(tmp_path, 
         keep(folder, key, model)
 
     monkeypatch.setattr(checkpoint, "keep_delivery", racing)
-    with Cluster(fed, "memory") as c:
-        node1 = c.by_id["node1"]
-        node1.checkpoint_dir = tmp_path / "node1"
-        twin = {k: v + 1.0 for k, v in c.by_id["node0"].state_dict().items()}
-        models = [c.by_id["node0"].encode(round=1), codec.encode(twin, ModelMeta(round=1, sender="node0"))]
+    with Cluster(fed, "memory", checkpoints=tmp_path) as c:
+        node1 = c.parts["node1"]
+        twin = {k: v + 1.0 for k, v in c.parts["node0"].state_dict().items()}
+        models = [c.parts["node0"].encode(round=1), codec.encode(twin, ModelMeta(round=1, sender="node0"))]
         results: list[Any] = [None, None]
 
         def send(i: int) -> None:
-            results[i] = c.by_id["node0"].transport.deliver("node1", models[i], timeout=30)
+            results[i] = c.parts["node0"].transport.deliver("node1", models[i], timeout=30)
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
         for t in threads:
@@ -561,7 +560,7 @@ def test_wall_clock_jumps_neither_fire_timeouts_nor_skip_rounds(monkeypatch):
 
 def test_stream_games_are_refused_and_leave_the_inbox_empty(plain):
     node0, node1 = plain["node0"], plain["node1"]
-    good = list(node0.encode(round=1).chunks(256))
+    good = list(parts(node0).encode(round=1).chunks(256))
     assert len(good) > 3
     header = good[0].header
 
@@ -600,7 +599,7 @@ def test_stream_games_are_refused_and_leave_the_inbox_empty(plain):
         for what, chunks, code, message in cases:
             got = _code(lambda c=chunks: stub.Deliver(iter(c), timeout=10))
             assert got[0] == code and message in got[1], (what, got)
-        assert len(node1.inbox) == 0
+        assert len(parts(node1).inbox) == 0
         # A sample count of 2^64-1 is carried, not trusted: a peer round never weighs by it.
         huge = _code(lambda: stub.Deliver(iter(with_header(num_samples=2**64 - 1)), timeout=10))
         assert huge[0] == grpc.StatusCode.OK and "accepted: true" in huge[1], huge

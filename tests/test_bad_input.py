@@ -290,7 +290,7 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
     "sim-data-missing": (["{file}", "--out", "{tmp}/new", "--set", 'data.dataset="mnist"',
                           "--set", 'data.root="nowhere"'], "mnist: expected MNIST/raw/"),
     "sim-source-no-module": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_nowhere:make"'],
-                             "[data] source: 'udata_nowhere:make': no module named 'udata_nowhere' "
+                             "{file}: [data] source: 'udata_nowhere:make': no module named 'udata_nowhere' "
                              "(is its package installed?)"),
     "sim-source-raises": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:fails"'],
                           "[data] source 'udata_bad:fails' raised ValueError: no points today"),

@@ -113,15 +113,15 @@ def test_a_node_loses_the_old_task_and_keeps_its_test_share(transport):
     fed = continual(nodes=4, tasks=2, rpt=1, replay={"mode": "local"}, aggregator={"fraction": 1.0})
     with Cluster(fed, transport) as c:
         c.star_round(1)
-        node0 = c.by_id["node0"]
-        first = set(node0.data.train.y.tolist())
+        node0 = c.parts["node0"]
+        first = set(node0.share.data.train.y.tolist())
         assert first == {0, 1}
         row, _ = c.star_round(2)
-        own = node0.continual.share
+        own = node0.continual.own
         assert own is not None and set(own.y.tolist()) == {2, 3}, "task 0's data is gone"
-        assert {0, 1} <= set(node0.data.train.y.tolist()), "only as local-buffer means"
-        assert len(node0.data.train) == len(own) + len(node0.clients["dp_replay"].local[0])
-        assert set(node0.data.test.task.tolist()) == {0, 1}, "test shares of both tasks"
+        assert {0, 1} <= set(node0.share.data.train.y.tolist()), "only as local-buffer means"
+        assert len(node0.share.data.train) == len(own) + len(node0.plugins.clients["dp_replay"].local[0])
+        assert set(node0.share.data.test.task.tolist()) == {0, 1}, "test shares of both tasks"
         assert row.task == 1 and len(row.task_accuracy) == 2
 
 

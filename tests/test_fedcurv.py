@@ -112,12 +112,12 @@ def test_an_accepted_update_counts_even_when_the_round_is_not_aggregated():
         assert c.aggregator is not None
         c.aggregator.begin_round(1)
         for nid in ("node0", "node1"):  # node2 never reports: 2 < min_updates
-            c.by_id[nid].run_star_round(1)
+            c.parts[nid].star_round.run(1)
         row = c.aggregator.end_round(1)
         assert not row.aggregated
         published = c.aggregator.core.server.published_extras(2)
         assert _rounds(published) == [1, 1, 0]
         for nid, held in (("node0", True), ("node1", True), ("node2", False)):
-            client = c.by_id[nid].clients["fedcurv"]
+            client = c.parts[nid].plugins.clients["fedcurv"]
             assert isinstance(client, fedcurv.FedCurvClient)
             assert (client.own_terms(published) is not None) == held, nid

@@ -28,6 +28,7 @@ from flmesh.v1 import aggregator_pb2, peer_pb2, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
 from conftest import deployed, tiny_raw
+from harness import parts
 
 CASES = settings(max_examples=100, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -94,7 +95,7 @@ junk = st.binary(max_size=256)
 
 def _model_stream(node: Node, mutate: dict, data: list[bytes]) -> list[bytes]:
     """A real model stream from node0 with header fields replaced, and chunks replaced."""
-    encoded = codec.encode(node.state_dict(), ModelMeta(round=1, sender="node0"))
+    encoded = codec.encode(parts(node).state_dict(), ModelMeta(round=1, sender="node0"))
     header = pb.ModelHeader()
     header.CopyFrom(encoded.header)
     for key, value in mutate.items():
@@ -129,7 +130,7 @@ def test_peer_unary_methods(peer, caplog, method, node_id, federation, architect
     request = (peer_pb2.HelloRequest(node_id=node_id, federation=federation, architecture=architecture)
                if method == "Hello" else peer_pb2.StatusRequest()).SerializeToString()
     _call(lambda: _raw(channel, f"/flmesh.v1.Peer/{method}", False)(garbage or request, timeout=5))
-    assert len(node.inbox) == 0
+    assert len(parts(node).inbox) == 0
     _no_crash_logged(caplog)
 
 
@@ -138,11 +139,11 @@ def test_peer_unary_methods(peer, caplog, method, node_id, federation, architect
        data=st.lists(junk, max_size=3), garbage=st.lists(junk, max_size=3), use_garbage=st.booleans())
 def test_peer_model_streams(peer, caplog, method, mutate, data, garbage, use_garbage):
     node, channel = peer
-    before = node.state_dict()
+    before = parts(node).state_dict()
     frames = garbage if use_garbage else _model_stream(node, mutate, data)
     _call(lambda: _send_model(channel, f"/flmesh.v1.Peer/{method}", frames))
-    assert len(node.inbox) == 0, "nothing a fuzzer sends is taken"
-    assert all(torch.equal(before[k], v) for k, v in node.state_dict().items())
+    assert len(parts(node).inbox) == 0, "nothing a fuzzer sends is taken"
+    assert all(torch.equal(before[k], v) for k, v in parts(node).state_dict().items())
     _no_crash_logged(caplog)
 
 

@@ -59,7 +59,7 @@ def continual(device: str) -> Federation:
 
 def on_device(cluster: Cluster, device: str) -> None:
     """Every node trains on ``device`` and its model (parameters and buffers) is still there."""
-    for node in cluster.nodes:
+    for node in cluster.parts.values():
         assert node.device.type == device, node.node_id
         tensors = [*node.model.parameters(), *node.model.buffers()]
         assert tensors and all(t.device.type == device for t in tensors), \

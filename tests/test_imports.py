@@ -33,14 +33,38 @@ def heavy(mods: set[str], *prefixes: str) -> list[str]:
     return sorted(m for m in mods if any(m == p or m.startswith(p + ".") for p in prefixes))
 
 
+#: Every room of src/flmesh (a folder per role), and the top-level modules beside them.
+ROOMS = ["config", "topology", "learning", "algorithms", "format", "transports", "runtime", "replay",
+         "aggregator", "sim", "reports", "deploy", "pki", "observe", "cli", "v1"]
+
+
+def flmesh_of(mods: set[str]) -> set[str]:
+    """The rooms and top-level modules of flmesh that ``mods`` holds ("flmesh.x")."""
+    return {".".join(m.split(".")[:2]) for m in mods if m.startswith("flmesh.")}
+
+
+def test_every_room_says_what_it_may_import():
+    root = Path(importlib.util.find_spec("flmesh").origin).parent  # type: ignore[union-attr, arg-type]
+    found = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert found == sorted(ROOMS)
+    for room in ROOMS:
+        doc = (root / room / "__init__.py").read_text()
+        assert room == "v1" or "May import" in doc, f"flmesh.{room}'s __init__ says not what it may import"
+
+
+def test_the_federation_file_loads_no_torch_no_grpc_and_nothing_above_it():
+    mods = loaded("flmesh.config", "flmesh.registry", walk=True)
+    assert "flmesh.config.reference" in mods
+    assert not heavy(mods, "torch", "grpc", "numpy")
+    assert flmesh_of(mods) <= {"flmesh", "flmesh.config", "flmesh.registry", "flmesh.user_code"}
+
+
 def test_topology_loads_neither_torch_nor_grpc():
-    mods = loaded("flmesh.topology", "flmesh.topology.peers", "flmesh.registry")
-    assert not heavy(mods, "torch", "grpc", "flmesh.runtime", "flmesh.sim")
-
-
-def test_importing_flmesh_node_is_lazy():
-    mods = loaded("flmesh.runtime")
-    assert not heavy(mods, "torch", "grpc", "flmesh.runtime.node", "flmesh.transports.grpc")
+    mods = loaded("flmesh.topology", walk=True)
+    assert "flmesh.topology.peers" in mods
+    assert not heavy(mods, "torch", "grpc")
+    assert flmesh_of(mods) <= {"flmesh", "flmesh.config", "flmesh.registry", "flmesh.user_code",
+                               "flmesh.topology"}
 
 
 def test_partitions_is_pure_numpy():
@@ -48,56 +72,67 @@ def test_partitions_is_pure_numpy():
     assert not heavy(mods, "torch", "grpc")
 
 
-def test_the_learning_wing_loads_no_grpc_and_no_wire():
+def test_the_learning_room_loads_no_grpc_and_nothing_of_the_engine():
     mods = loaded("flmesh.learning", walk=True)
     assert "flmesh.learning.trainer" in mods
-    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.runtime.rounds", "flmesh.runtime.node")
+    assert not heavy(mods, "grpc")
+    assert flmesh_of(mods) <= {"flmesh", "flmesh.config", "flmesh.registry", "flmesh.user_code",
+                               "flmesh.topology", "flmesh.learning"}
 
 
 def test_the_model_format_loads_no_grpc_and_no_transport():
     mods = loaded("flmesh.format", walk=True)
     assert "flmesh.format.codec" in mods
-    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.learning", "flmesh.algorithms",
-                     "flmesh.runtime.rounds", "flmesh.runtime.node", "flmesh.sim")
+    assert not heavy(mods, "grpc")
+    assert flmesh_of(mods) <= {"flmesh", "flmesh.format", "flmesh.v1"}
 
 
-def test_algorithms_and_the_transport_seam_speak_only_the_format():
-    mods = loaded("flmesh.algorithms", "flmesh.transports.seam", walk=True)
+def test_algorithms_and_the_transport_seam_load_no_grpc_and_no_transport():
+    mods = loaded("flmesh.algorithms", "flmesh.transports.seam", "flmesh.transports.backend", walk=True)
     assert "flmesh.algorithms.fedcurv" in mods and "flmesh.format.codec" in mods
-    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.runtime.rounds", "flmesh.runtime.node",
-                     "flmesh.sim")
+    assert not heavy(mods, "grpc", "flmesh.transports.grpc", "flmesh.transports.memory")
+    assert not flmesh_of(mods) & {"flmesh.runtime", "flmesh.aggregator", "flmesh.sim", "flmesh.cli"}
 
 
-def test_the_trainer_imports_nothing_from_the_engine():
-    mods = loaded("flmesh.learning.trainer")
-    # user_code only imports what an import path names (a learner, an optimizer)
-    allowed = ("flmesh.learning", "flmesh.format", "flmesh.transports.errors", "flmesh.user_code")
-    engine = sorted(m for m in mods if m.startswith("flmesh.runtime.") and not m.startswith(allowed))
-    assert engine == []
-
-
-def test_the_wire_wing_imports_no_training_code():
+def test_the_grpc_transport_loads_no_training_code():
     mods = loaded("flmesh.transports.grpc", walk=True)
     assert "flmesh.transports.grpc.peer_client" in mods and "grpc" in mods
     mods -= {"flmesh.learning", "flmesh.learning.stats"}  # the reports' dataclasses, no torch
-    assert not heavy(mods, "flmesh.learning", "flmesh.algorithms", "flmesh.runtime.rounds",
-                     "flmesh.runtime.local_training", "flmesh.sim")
+    assert not heavy(mods, "flmesh.learning", "flmesh.algorithms")
+    assert not flmesh_of(mods) & {"flmesh.runtime", "flmesh.aggregator", "flmesh.sim", "flmesh.cli"}
 
 
 @pytest.mark.parametrize("module", ["flmesh.algorithms.fedavg", "flmesh.algorithms.flashback",
                                     "flmesh.algorithms.fedcurv", "flmesh.algorithms.wsm"])
 def test_algorithm_plugins_load_no_grpc(module):
-    assert not heavy(loaded(module), "grpc", "flmesh.sim")
+    assert not heavy(loaded(module), "grpc", "flmesh.runtime", "flmesh.sim")
 
 
-#: The round engine: what a round and the answers to peers run, on a node's RoundContext.
-ROUND_ENGINE = ["rounds", "local_training", "peer_exchange", "continual", "handlers", "checkpoint",
-                "round_context", "model_state", "activity", "plugins", "peer_calls", "inbox"]
+def test_the_engine_does_not_import_the_wire():
+    """Every module of the node's runtime, the aggregator and the replay buffer loads no grpc and
+    no transport implementation: they ask the registry for a backend by name."""
+    mods = loaded("flmesh.runtime", "flmesh.aggregator", "flmesh.replay", walk=True)
+    assert "flmesh.runtime.peer_round" in mods and "flmesh.aggregator.core" in mods
+    # a node that hosts the replay buffer calls it in-process through the in-memory transport's client
+    assert not heavy(mods, "grpc", "flmesh.transports.grpc")
+    assert not flmesh_of(mods) & {"flmesh.sim", "flmesh.cli", "flmesh.deploy"}
+    node = loaded("flmesh.runtime", "flmesh.replay", walk=True)
+    assert not flmesh_of(node) & {"flmesh.aggregator", "flmesh.reports", "flmesh.sim", "flmesh.cli"}
+
+
+def test_the_trainer_imports_nothing_from_the_engine():
+    mods = loaded("flmesh.learning.trainer")
+    assert not flmesh_of(mods) & {"flmesh.runtime", "flmesh.transports", "flmesh.algorithms"}
+
+
+#: The round engine: what a round and the answers to peers run, on the node's parts.
+ROUND_ENGINE = ["peer_round", "star_round", "local_training", "peer_exchange", "continual", "handlers",
+                "checkpoint", "parts", "model_state", "activity", "plugins", "peer_calls", "inbox"]
 
 
 def node_imports(source: str) -> list[str]:
     """Each import in ``source`` (under ``if TYPE_CHECKING`` and in functions too) that names
-    flmesh.runtime.node, or the Node that flmesh.runtime re-exports."""
+    flmesh.runtime.node."""
     found = []
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.Import):
@@ -106,7 +141,7 @@ def node_imports(source: str) -> list[str]:
             base = "." * n.level + (n.module or "")
             names = [a.name for a in n.names]
             if base in ("flmesh.runtime.node", ".node") or (base in ("flmesh.runtime", ".")
-                                                         and {"node", "Node"} & set(names)):
+                                                            and {"node", "Node"} & set(names)):
                 found.append(f"from {base} import {', '.join(names)}")
     return found
 
@@ -119,8 +154,8 @@ def source_of(module: str) -> str:
 
 @pytest.mark.parametrize("name", ROUND_ENGINE)
 def test_the_round_engine_never_imports_the_node(name):
-    """Round functions and handlers take the node's RoundContext: none of their modules imports
-    node.py, not even for type hints, so the Node shell can import them all without a cycle."""
+    """Round logic and handlers take the parts they use: none of their modules imports node.py,
+    not even for type hints, so the Node can import them all without a cycle."""
     assert node_imports(source_of(f"flmesh.runtime.{name}")) == []
 
 
@@ -133,8 +168,8 @@ def test_the_import_check_sees_every_way_of_naming_the_node():
         "    from flmesh.runtime import Node",
         "    from . import node",
         "    import flmesh.runtime.node",
-        "from flmesh.runtime import rounds",
-        "from flmesh.cli.node_run import NodeRun",
+        "from flmesh.runtime import peer_round",
+        "from flmesh.runtime.node_files import x",
     ])
     assert sorted(node_imports(source)) == ["flmesh.runtime.node", "from . import node",
                                             "from flmesh.runtime import Node",
@@ -143,12 +178,11 @@ def test_the_import_check_sees_every_way_of_naming_the_node():
 
 def test_loading_the_round_engine_does_not_load_the_node():
     mods = loaded(*(f"flmesh.runtime.{name}" for name in ROUND_ENGINE))
-    assert "flmesh.runtime.rounds" in mods
-    assert not heavy(mods, "flmesh.runtime.node", "flmesh.runtime.node_view")
+    assert "flmesh.runtime.peer_round" in mods and "flmesh.runtime.node" not in mods
 
 
 def test_round_logic_on_the_memory_transport_loads_no_grpc():
-    mods = loaded("flmesh.runtime.rounds", "flmesh.transports.memory.network", "flmesh.runtime.node")
+    mods = loaded("flmesh.runtime.node", "flmesh.transports.memory.backend", "flmesh.sim.simulation")
     assert not heavy(mods, "grpc")
 
 

@@ -15,7 +15,6 @@ import pytest
 
 from flmesh.config import parse_federation
 from flmesh.runtime.inbox import InboxKey
-from flmesh.runtime.peer_exchange import deliver_onward
 
 from conftest import tiny_raw, wait_until
 from harness import Cluster
@@ -31,15 +30,15 @@ def test_a_model_sent_again_after_its_destination_took_it_is_a_duplicate_not_a_f
     its destination, rounds further on, answers 'duplicate', so nobody is named."""
     f = fed(nodes=4, rounds=8)
     with Cluster(f, "memory") as c:
-        sender = c.by_id["node0"]
+        sender = c.parts["node0"]
         dest = f.schedule().plan(2)["node0"].destination
         assert dest is not None
         notes: list[str] = []
-        assert deliver_onward(sender.ctx, 2, dest, notes) == (dest, None)
-        c.by_id[dest].finish_round(4, 0.5)  # it used the model in round 3, and went on
-        c.by_id[dest].inbox.prune(4)
-        assert c.by_id[dest].inbox.get(InboxKey(2, "node0", "trained")) is None
-        assert deliver_onward(sender.ctx, 2, dest, notes) == (dest, None) and notes == []
+        assert sender.peer_round.exchange.deliver_onward(2, dest, notes) == (dest, None)
+        c.parts[dest].activity.finish_round(4, 0.5)  # it used the model in round 3, and went on
+        c.parts[dest].inbox.prune(4)
+        assert c.parts[dest].inbox.get(InboxKey(2, "node0", "trained")) is None
+        assert sender.peer_round.exchange.deliver_onward(2, dest, notes) == (dest, None) and notes == []
 
 
 def test_a_destination_that_went_on_without_a_late_model_is_not_named():
@@ -48,14 +47,14 @@ def test_a_destination_that_went_on_without_a_late_model_is_not_named():
     model to no successor."""
     f = fed(nodes=4, rounds=8)
     with Cluster(f, "memory") as c:
-        sender = c.by_id["node0"]
+        sender = c.parts["node0"]
         dest = f.schedule().plan(3)["node0"].destination
         assert dest is not None
-        c.by_id[dest].finish_round(4, 0.5)
+        c.parts[dest].activity.finish_round(4, 0.5)
         notes: list[str] = []
-        assert deliver_onward(sender.ctx, 3, dest, notes) == (None, None)
+        assert sender.peer_round.exchange.deliver_onward(3, dest, notes) == (None, None)
         assert notes == [f"{dest} finished round 4 before this node's model came; not sent on"]
-        assert not any(n.inbox.held(InboxKey(3, "node0", "trained")) for n in c.nodes)
+        assert not any(n.inbox.held(InboxKey(3, "node0", "trained")) for n in c.parts.values())
 
 
 def test_a_source_that_finished_while_this_node_was_away_is_not_named():
@@ -64,11 +63,11 @@ def test_a_source_that_finished_while_this_node_was_away_is_not_named():
     is still named (tests/test_rounds.py)."""
     f = fed(nodes=3, rounds=3, federation={"round_timeout_s": 60})
     with Cluster(f, "memory") as c:
-        me = c.by_id["node1"]
+        me = c.parts["node1"]
         source = f.schedule().plan(2)["node1"].source
         assert source is not None
-        c.by_id[source].finish_round(1, 0.5)
-        report = me.run_round(2)
+        c.parts[source].activity.finish_round(1, 0.5)
+        report = me.peer_round.run(2)
     assert not report.received and report.missing is None and report.failed == ()
     assert f"{source} finished round 1 while this node could not take its model" in report.notes[0]
 
@@ -80,12 +79,12 @@ def test_a_source_that_sent_a_later_model_and_left_is_not_named():
     the later model says it finished round 1, so it is not named."""
     f = fed(nodes=3, rounds=4, federation={"round_timeout_s": 60})
     with Cluster(f, "memory") as c:
-        me = c.by_id["node1"]
+        me = c.parts["node1"]
         source = f.schedule().plan(2)["node1"].source
         assert source is not None and c.network is not None
-        me.inbox.put(InboxKey(2, source, "trained"), c.by_id[source].encode(round=2))
+        me.inbox.put(InboxKey(2, source, "trained"), c.parts[source].encode(round=2))
         c.network.take_down(source)
-        report = me.run_round(2)
+        report = me.peer_round.run(2)
     assert not report.received and report.missing is None and report.failed == ()
     assert f"{source} finished round 1 while this node could not take its model" in report.notes[0]
 

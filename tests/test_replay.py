@@ -199,12 +199,12 @@ def test_joining_clients_receive_a_buffer_of_classes_they_never_saw(transport):
     with Cluster(fed, transport) as c:
         c.star_round(1)
         row, reports = c.star_round(2)
-        newcomer = c.by_id["node3"]
-        assert set(newcomer.continual.share.y.tolist()) == {2, 3}, "its own data: task 1 only"
-        buffer = newcomer.clients["dp_replay"].global_buffer
+        newcomer = c.parts["node3"]
+        assert set(newcomer.continual.own.y.tolist()) == {2, 3}, "its own data: task 1 only"
+        buffer = newcomer.plugins.clients["dp_replay"].global_buffer
         assert buffer is not None and set(buffer.y.tolist()) == {0, 1}, "classes it never saw"
         assert len(buffer) == 2 * 2, "node0 and node1 each released one mean per class: 2 per class"
-        assert {0, 1} <= set(newcomer.data.train.y.tolist()), "it trains on them"
+        assert {0, 1} <= set(newcomer.share.data.train.y.tolist()), "it trains on them"
         assert row.privacy_spent == {"node0": 10.0, "node1": 10.0}
         assert reports["node0"].privacy_spent == 10.0 and reports["node3"].privacy_spent == 0.0
         assert row.task == 1 and row.task_accuracy is not None and len(row.task_accuracy) == 2
@@ -221,9 +221,9 @@ def test_a_peer_federation_with_a_task_stream_and_a_node_hosting_the_buffer(tran
     with Cluster(fed, transport) as c:
         c.peer_round(1)
         reports = c.peer_round(2)
-        assert c.by_id["node2"].replay_host is not None
-        assert set(c.by_id["node2"].replay_host.ledger.totals()) == {"node0", "node1"}
+        assert c.parts["node2"].replay_host is not None
+        assert set(c.parts["node2"].replay_host.ledger.totals()) == {"node0", "node1"}
         for node_id in ("node2", "node3"):
-            buffer = c.by_id[node_id].clients["dp_replay"].global_buffer
+            buffer = c.parts[node_id].plugins.clients["dp_replay"].global_buffer
             assert buffer is not None and set(buffer.y.tolist()) == {0, 1}
         assert all(r.task == 1 and r.participated for r in reports.values())

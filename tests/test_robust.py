@@ -45,7 +45,7 @@ def _final_accuracy(aggregator: dict, poisoned: bool) -> float:
                          source="t")
     with Cluster(f, "memory") as c:
         if poisoned:  # node4 sends a huge, finite model every round
-            attacker = c.by_id["node4"].ctx.model  # what its rounds read the model from
+            attacker = c.parts["node4"].model  # what its rounds read the model from
             honest = attacker.state_dict
             attacker.state_dict = lambda: {k: v * -1e4 for k, v in honest().items()}  # type: ignore[method-assign]
         rows = [c.star_round(t)[0] for t in range(1, 5)]

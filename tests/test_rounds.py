@@ -16,11 +16,10 @@ from flmesh.learning.data import federation_data
 from flmesh.learning.trainer import split_steps, steps_for
 from flmesh.runtime.inbox import InboxKey
 from flmesh.runtime.node import Node
-from flmesh.runtime.peer_exchange import deliver_onward
 from flmesh.transports.errors import UnknownPeerError
 
 from conftest import tiny_raw
-from harness import TRANSPORTS, Cluster
+from harness import TRANSPORTS, Cluster, parts
 
 
 def states_equal(a, b) -> bool:
@@ -34,24 +33,24 @@ def fed(**sections):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_cwt_models_change_and_move(transport):
     with Cluster(fed(nodes=3, rounds=3), transport) as c:
-        initial = c.nodes[0].state_dict()
-        assert all(states_equal(initial, n.state_dict()) for n in c.nodes), "every node starts from M_0"
+        initial = c.parts["node0"].state_dict()
+        assert all(states_equal(initial, n.state_dict()) for n in c.parts.values()), "every node: M_0"
         round1 = c.peer_round(1)
         after1 = c.states()
         for node_id, report in round1.items():
             assert report.delivered and not report.received and report.source is None
-            dest = c.by_id[report.destination]
+            dest = c.parts[report.destination]
             arrived = dest.inbox.get(InboxKey(1, node_id, "trained"))
             assert arrived is not None and states_equal(arrived.state_dict, after1[node_id]), "bit-exact"
         assert all(not states_equal(initial, s) for s in after1.values()), "training changed the models"
         round2 = c.peer_round(2)
         for node_id, report in round2.items():
             assert report.received and report.missing is None and report.source is not None
-            own = c.by_id[node_id].state_dict()
+            own = c.parts[node_id].state_dict()
             assert not states_equal(own, after1[report.source]) and not states_equal(own, after1[node_id])
-            assert report.local.total == len(c.by_id[node_id].data.test)
+            assert report.local.total == len(c.parts[node_id].share.data.test)
             assert report.bytes_sent > 0
-            assert c.by_id[node_id].status().round == 2
+            assert c.parts[node_id].status().round == 2
 
 
 def test_both_transports_give_the_same_models():
@@ -69,7 +68,7 @@ def test_both_transports_give_the_same_models():
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_duplicate_delivery_is_acknowledged_and_dropped(transport):
     with Cluster(fed(nodes=3), transport) as c:
-        a, b = c.nodes[0], c.nodes[1]
+        a, b = c.parts["node0"], c.parts["node1"]
         message = a.encode(round=1)
         first = a.transport.deliver("node1", message, timeout=10)
         second = a.transport.deliver("node1", message, timeout=10)
@@ -88,12 +87,12 @@ def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport,
     with Cluster(f, transport) as c:
         round1 = c.peer_round(1)
         assert all(r.rewound_to is None for r in round1.values()), "no rewind in round 1"
-        source_before = c.by_id["node0"].state_dict()
-        node1 = c.by_id["node1"]
-        report = node1.run_round(2)
+        source_before = c.parts["node0"].state_dict()
+        node1 = c.parts["node1"]
+        report = node1.peer_round.run(2)
         assert report.source == "node0" and report.rewound_to == "node0" and report.received
-        assert states_equal(c.by_id["node0"].state_dict(), source_before), "serving a rewind copies"
-        n = len(node1.data.train)
+        assert states_equal(c.parts["node0"].state_dict(), source_before), "serving a rewind copies"
+        n = len(node1.share.data.train)
         # a rewind round trains exactly the steps of a plain round: (1-2λ)S and λS here, λS on node0
         assert report.train.steps == steps_for(1.0, n, 16)
         assert report.train.remote_steps == split_steps(steps_for(1.0, n, 16), 0.2)[1]
@@ -103,25 +102,25 @@ def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport,
 def test_unreachable_rewind_node_trains_locally_instead(transport):
     f = fed(nodes=3, rounds=3, rewind={"mode": "previous"}, federation={"round_timeout_s": 1})
     with Cluster(f, transport) as c:
-        node1 = c.by_id["node1"]
+        node1 = c.parts["node1"]
         incoming = encode(node1.state_dict(), ModelMeta(round=1, sender="node0"))
         node1.inbox.put(InboxKey(1, "node0", "trained"), decode(incoming.chunks()))
         if c.network is not None:
             c.network.take_down("node0")
         else:
-            node1.connect({"node0": "127.0.0.1:1"})  # nobody listens there
-        report = node1.run_round(2)
+            node1.transport.connect({"node0": "127.0.0.1:1"})  # nobody listens there
+        report = node1.peer_round.run(2)
     assert report.received and report.rewound_to is None
     assert any("rewind to node0 failed" in note for note in report.notes)
-    n = len(node1.data.train)
+    n = len(node1.share.data.train)
     assert report.train.steps == steps_for(1.0, n, 16), "the rewind's steps ran locally instead"
 
 
 def test_missing_source_runs_out_on_the_manual_clock_and_trains_its_own_model():
     with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 600}), "memory") as c:
-        node1 = c.by_id["node1"]
+        node1 = c.parts["node1"]
         before = c.clock.now()
-        report = node1.run_round(2)  # nobody ran round 1, so node0's model never comes
+        report = node1.peer_round.run(2)  # nobody ran round 1, so node0's model never comes
         assert c.clock.now() - before >= 600, "the whole timeout passed, on the manual clock"
     assert report.missing == "node0" and not report.received
     assert "no model from node0 within 600s" in report.notes[0]
@@ -134,17 +133,17 @@ def test_a_dead_destination_is_retried_then_its_successor_gets_the_model_and_wai
     f = fed(nodes=4, rounds=3, federation={"round_timeout_s": 30}, rewind={"mode": "previous"})
     with Cluster(f, "memory") as c:
         c.network.take_down("node2")
-        first = c.by_id["node1"].run_round(1)
+        first = c.parts["node1"].peer_round.run(1)
         assert first.delivered and first.delivered_to == "node3"
         assert "node2 was unreachable; delivered to node3 (its successor)" in first.notes
         assert c.clock.now() >= 30, "the destination was retried for the round timeout first"
-        report = c.by_id["node3"].run_round(2)
+        report = c.parts["node3"].peer_round.run(2)
         assert report.received and report.missing is None and report.rewound_to == "node1"
         assert "node2 was down; got node1's model instead (its fallback)" in report.notes
     with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
         c.network.take_down("node2")
         c.network.take_down("node0")
-        report = c.by_id["node1"].run_round(1)
+        report = c.parts["node1"].peer_round.run(1)
     assert not report.delivered and report.delivered_to is None
     assert "could not deliver to node2" in report.notes
 
@@ -152,15 +151,15 @@ def test_a_dead_destination_is_retried_then_its_successor_gets_the_model_and_wai
 def _progresses_after(node, calls: int, to_round: int):
     """``node``'s Status answers its real round ``calls`` times, then it has finished ``to_round``
     (on the manual clock nothing else moves while the sender waits)."""
-    real, asked = node.ctx.status, []
+    real, asked = node.handlers.status, []
 
-    def status():
+    def status(caller):
         asked.append(1)
         if len(asked) == calls:
-            node.finish_round(to_round, 0.5)
-        return real()
+            node.activity.finish_round(to_round, 0.5)
+        return real(caller)
 
-    node.ctx.status = status  # what its Status handler answers
+    node.handlers.status = status  # what its Status handler answers
     return asked
 
 
@@ -169,18 +168,18 @@ def test_a_model_delivered_while_its_sender_is_asked_for_progress_is_taken():
     delivers and finishes between the wait's end and its Status reply has nothing left to do,
     and its model is already in the inbox: the node takes it instead of training without it."""
     with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
-        node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
-        node2.finish_round(1, 0.5)  # node0's fallback sender is past round 1 too
-        real = node0.ctx.status
+        node0, node1, node2 = (c.parts[n] for n in ("node0", "node1", "node2"))
+        node2.activity.finish_round(1, 0.5)  # node0's fallback sender is past round 1 too
+        real = node0.handlers.status
 
-        def status():  # node0 delivers and finishes while node1 asks how far it is
+        def status(caller):  # node0 delivers and finishes while node1 asks how far it is
             if node1.inbox.get(InboxKey(1, "node0", "trained")) is None:
                 assert node0.transport.deliver("node1", node0.encode(round=1), timeout=5).accepted
-                node0.finish_round(1, 0.5)
-            return real()
+                node0.activity.finish_round(1, 0.5)
+            return real(caller)
 
-        node0.ctx.status = status
-        report = node1.run_round(2)
+        node0.handlers.status = status
+        report = node1.peer_round.run(2)
     assert report.received and report.missing is None, report.notes
 
 
@@ -189,12 +188,13 @@ def test_a_destination_rounds_behind_gets_the_model_once_it_catches_up():
     to N-1 rounds behind its source): node1 refuses the model as too far ahead of its window,
     node0 waits while node1 catches up and then delivers to node1, not to its successor."""
     with Cluster(fed(nodes=4, rounds=12, federation={"round_timeout_s": 30}), "memory") as c:
-        node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
-        node1.finish_round(1, 0.5)
-        node2.finish_round(5, 0.5)  # would take the model (its window) if node0 gave up on node1
+        node0, node1, node2 = (c.parts[n] for n in ("node0", "node1", "node2"))
+        node1.activity.finish_round(1, 0.5)
+        node2.activity.finish_round(5, 0.5)  # would take the model (its window) if node0 gave up on node1
         asked = _progresses_after(node1, 3, to_round=2)
         notes: list[str] = []
-        assert deliver_onward(node0.ctx, 6, "node1", notes) == ("node1", None) and notes == []
+        exchange = node0.peer_round.exchange
+        assert exchange.deliver_onward(6, "node1", notes) == ("node1", None) and notes == []
         assert node1.inbox.get(InboxKey(6, "node0", "trained")) is not None
         assert node2.inbox.get(InboxKey(6, "node0", "trained")) is None
         assert len(asked) == 3, "asked until node1 had caught up, then sent it again"
@@ -203,11 +203,11 @@ def test_a_destination_rounds_behind_gets_the_model_once_it_catches_up():
 
 def test_a_destination_that_stays_behind_is_passed_over_after_a_round_timeout():
     with Cluster(fed(nodes=4, rounds=12, federation={"round_timeout_s": 30}), "memory") as c:
-        node0, node1, node2 = (c.by_id[n] for n in ("node0", "node1", "node2"))
-        node1.finish_round(1, 0.5)  # and never further
-        node2.finish_round(5, 0.5)
+        node0, node1, node2 = (c.parts[n] for n in ("node0", "node1", "node2"))
+        node1.activity.finish_round(1, 0.5)  # and never further
+        node2.activity.finish_round(5, 0.5)
         notes: list[str] = []
-        assert deliver_onward(node0.ctx, 6, "node1", notes) == ("node2", "node1")
+        assert node0.peer_round.exchange.deliver_onward(6, "node1", notes) == ("node2", "node1")
         assert notes == ["node1 was unreachable; delivered to node2 (its successor)"]
         assert node2.inbox.get(InboxKey(6, "node0", "trained")) is not None
         assert 30 <= c.clock.now() < 40, "one round timeout without progress, then the successor"
@@ -218,12 +218,12 @@ def test_decentralized_fedcurv_shares_with_neighbours_and_penalises(transport):
     with_penalty = fed(nodes=3, rounds=3, training={"fedcurv_lambda": 5.0})
     with Cluster(with_penalty, transport) as c:
         c.peer_round(1)
-        for node in c.nodes:  # every neighbour's round-1 update (model + Fisher) arrived
+        for node in c.parts.values():  # every neighbour's round-1 update (model + Fisher) arrived
             keys = {k for k in node.inbox.keys() if k.kind == "extras/fedcurv"}
-            assert {k.sender for k in keys} == set(c.by_id) - {node.node_id}
+            assert {k.sender for k in keys} == set(c.parts) - {node.node_id}
         reports = c.peer_round(2)
         assert not any(r.notes for r in reports.values())
-        server = c.by_id["node0"].gossip_servers["fedcurv"]
+        server = c.parts["node0"].plugins.gossip_servers["fedcurv"]
         _, fisher, _ = server.latest["node1"]
         assert all((f >= 0).all() for f in fisher.values()) and any(f.sum() > 0 for f in fisher.values())
         penalised = c.states()
@@ -266,12 +266,12 @@ def test_node_refuses_a_plan_with_an_unknown_address_before_training():
     f = fed(nodes=3, rounds=2)
     data = federation_data(f)
     node = Node.from_federation(f, "node1", data=data["node1"], peers={"node0": "127.0.0.1:1"}, insecure=True)
-    before = node.state_dict()
+    before = parts(node).state_dict()
     with pytest.raises(UnknownPeerError, match="no address for peer 'node2' \\(destination in round 1\\)"):
-        node.run_round(1)
+        parts(node).peer_round.run(1)
     with pytest.raises(UnknownPeerError, match="node2"):
         node.run()
-    assert states_equal(node.state_dict(), before), "nothing was trained"
+    assert states_equal(parts(node).state_dict(), before), "nothing was trained"
     node.stop()
 
 
@@ -306,9 +306,11 @@ def test_star_rows_are_the_same_evaluated_in_process_or_through_evaluate():
         with Cluster(f, "memory") as c:
             if how == "local":
                 agg = c.aggregator
-                nodes = list(c.nodes)
-                agg.evaluate = local_evaluator(lambda nodes=nodes: {n.node_id: n.data.test for n in nodes},
-                                               c.nodes[0].ctx.model.new_model, c.nodes[0].device)
+                nodes = list(c.parts.values())
+                node0 = c.parts["node0"]
+                agg.evaluate = local_evaluator(
+                    lambda nodes=nodes: {n.node_id: n.share.data.test for n in nodes},
+                    node0.model.new_model, node0.model.device)
             rows[how] = [c.star_round(t)[0] for t in (1, 2)]
     for a, b in zip(rows["rpc"], rows["local"], strict=True):
         assert (a.accuracy, a.fa, a.ff, a.pfa, a.global_forgetting) == (b.accuracy, b.fa, b.ff, b.pfa,
@@ -332,7 +334,7 @@ def test_wire_formats_carry_every_kind_of_message(transport, wire):
                wire=wire)
     with Cluster(star, transport) as c:
         rows = [c.star_round(t)[0] for t in (1, 2)]
-        header = c.nodes[0].encode(round=2).header
+        header = c.parts["node0"].encode(round=2).header
     assert all(r.aggregated and not r.missing for r in rows)
     digest = wire.get("digest", "xxh3_128")
     assert [name for name in DIGESTS if getattr(header, name)] == [digest], "the federation's digest only"

@@ -29,6 +29,7 @@ from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2_grpc
 
 from conftest import deployed, identities, started_nodes, tiny_raw, wait_until
+from harness import parts
 
 
 @pytest.fixture
@@ -76,8 +77,8 @@ def test_a_federation_runs_over_mtls_with_the_same_numbers_as_plaintext(tmp_path
 def test_strangers_and_impostors_are_refused_and_nothing_changes(cluster, pki):
     ours, other_ca = pki
     node1 = cluster["node1"]
-    before = node1.state_dict()
-    good = cluster["node0"].encode(round=1)  # node0 sends node1 its round-1 model
+    before = parts(node1).state_dict()
+    good = parts(cluster["node0"]).encode(round=1)  # node0 sends node1 its round-1 model
 
     with pytest.raises(PeerError, match="UNAVAILABLE"):  # the handshake fails: not our CA
         as_peer(other_ca, node1).deliver("node1", good, timeout=5)
@@ -89,29 +90,30 @@ def test_strangers_and_impostors_are_refused_and_nothing_changes(cluster, pki):
         with pytest.raises(PeerError, match="PERMISSION_DENIED"):
             call()
     node3 = as_peer(ours["node3"], node1)  # a member, but it does not send to node1
-    spoofed = codec.encode(cluster["node3"].state_dict(), ModelMeta(round=1, sender="node0"))
+    spoofed = codec.encode(parts(cluster["node3"]).state_dict(), ModelMeta(round=1, sender="node0"))
     with pytest.raises(PeerError, match="claims to come from 'node0' but was sent by 'node3'"):
         node3.deliver("node1", spoofed, timeout=5)
     with pytest.raises(PeerError, match="node3 does not send to node1 in round 1"):
-        node3.deliver("node1", cluster["node3"].encode(round=1), timeout=5)
+        node3.deliver("node1", parts(cluster["node3"]).encode(round=1), timeout=5)
     node0 = as_peer(ours["node0"], node1)
-    nan = codec.encode(poisoned(cluster["node0"].state_dict()), ModelMeta(round=1, sender="node0"))
+    nan = codec.encode(poisoned(parts(cluster["node0"]).state_dict()), ModelMeta(round=1, sender="node0"))
     with pytest.raises(PeerError, match="INVALID_ARGUMENT: node1: tensor .* holds 1 NaN"):
         node0.deliver("node1", nan, timeout=5)
     with pytest.raises(PeerError, match="node1: the model is for round 6, too far ahead"):
-        node0.deliver("node1", cluster["node0"].encode(round=6), timeout=5)
+        node0.deliver("node1", parts(cluster["node0"]).encode(round=6), timeout=5)
     with pytest.raises(PeerError, match="node0 does not rewind to node1 in round 2"):
-        node0.rewind("node1", cluster["node0"].encode(2, kind="rewind"), 2, 2, "node0",
-                     expected=node1.spec, max_bytes=2**30, timeout=5)
-    assert len(node1.inbox) == 0 and all(torch.equal(before[k], v) for k, v in node1.state_dict().items())
+        node0.rewind("node1", parts(cluster["node0"]).encode(2, kind="rewind"), 2, 2, "node0",
+                     expected=parts(node1).model.spec, max_bytes=2**30, timeout=5)
+    after = parts(node1).state_dict()
+    assert len(parts(node1).inbox) == 0 and all(torch.equal(before[k], v) for k, v in after.items())
     assert node0.deliver("node1", good, timeout=5).accepted  # the real source still gets through
     assert not node0.deliver("node1", good, timeout=5).accepted, "one delivery per (sender, round, kind)"
-    node1.finish_round(3, 0.5)
+    parts(node1).activity.finish_round(3, 0.5)
     with pytest.raises(PeerError, match="round 2, which is over .this node finished round 3"):
-        node0.deliver("node1", cluster["node0"].encode(round=2), timeout=5)
-    node1.finish_round(9, 0.5)
+        node0.deliver("node1", parts(cluster["node0"]).encode(round=2), timeout=5)
+    parts(node1).activity.finish_round(9, 0.5)
     with pytest.raises(PeerError, match="for round 10, but nothing is sent after the last round .10."):
-        node0.deliver("node1", cluster["node0"].encode(round=10), timeout=5)
+        node0.deliver("node1", parts(cluster["node0"]).encode(round=10), timeout=5)
 
 
 def test_the_aggregator_serves_each_node_only_as_itself(tmp_path, pki):

@@ -30,7 +30,7 @@ from flmesh.runtime.inbox import InboxKey
 from flmesh.transports.errors import PeerError
 
 from conftest import tiny_raw
-from harness import Cluster
+from harness import Cluster, parts
 from procs import federation_file
 
 FL_NODE_ARGS = ["--id", "a", "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1", "--listen", "127.0.0.1:0",
@@ -94,15 +94,15 @@ def test_the_aggregator_refuses_a_folder_another_process_holds(tmp_path, capsys)
 # ---------------------------------------------------------------- (2) fewer rounds than done
 def test_resuming_with_fewer_rounds_than_done_is_refused(tmp_path):
     with Cluster(fed(nodes=3, rounds=3), "memory") as c:
-        save(c.by_id["node0"].ctx, 2, tmp_path)
+        save(c.parts["node0"], 2, tmp_path)
     with Cluster(fed(nodes=3, rounds=1), "memory") as c, pytest.raises(
             CheckpointError, match=r"saved after round 2, but \[federation\] rounds is 1: "
                                    r"resume with rounds >= 2"):
-        restore(c.by_id["node0"].ctx, tmp_path)
+        restore(c.parts["node0"], tmp_path)
     with Cluster(fed(nodes=3, rounds=2), "memory") as c:
-        assert restore(c.by_id["node0"].ctx, tmp_path) == 2, "as many rounds as done: nothing left, allowed"
+        assert restore(c.parts["node0"], tmp_path) == 2, "as many rounds as done: nothing left, allowed"
     with Cluster(fed(nodes=3, rounds=9, federation={"round_timeout_s": 99}), "memory") as c:
-        assert restore(c.by_id["node0"].ctx, tmp_path) == 2, "more rounds (or another timeout): allowed"
+        assert restore(c.parts["node0"], tmp_path) == 2, "more rounds (or another timeout): allowed"
 
 
 def test_the_aggregator_refuses_fewer_rounds_than_done(tmp_path):
@@ -127,7 +127,7 @@ def test_the_aggregator_refuses_fewer_rounds_than_done(tmp_path):
 ])
 def test_a_resume_under_another_configuration_names_the_first_difference(tmp_path, change, first_difference):
     with Cluster(fed(nodes=3), "memory") as c:
-        save(c.by_id["node0"].ctx, 1, tmp_path)
+        save(c.parts["node0"], 1, tmp_path)
     saved = read_state(tmp_path / CHECKPOINT)[1]
     assert len(saved["digest"]) == 64 and saved["shape"]["seed"] == "3", "canonical values and their SHA-256"
     other = {"federation": {"name": "tiny", "seed": 3, "rounds": 2, "round_timeout_s": 20}}
@@ -135,7 +135,7 @@ def test_a_resume_under_another_configuration_names_the_first_difference(tmp_pat
         other[section] = {**tiny_raw()[section], **table} if section in tiny_raw() else table
     with Cluster(parse_federation(tiny_raw(nodes=3, **other), source="t"), "memory") as c:
         with pytest.raises(CheckpointError) as caught:
-            restore(c.by_id["node0"].ctx, tmp_path)
+            restore(c.parts["node0"], tmp_path)
     message = str(caught.value)
     assert message == f"{tmp_path / CHECKPOINT}: saved under another configuration: {first_difference}"
 
@@ -143,30 +143,30 @@ def test_a_resume_under_another_configuration_names_the_first_difference(tmp_pat
 # ---------------------------------------------------------------- (4) damaged files
 def test_damaged_checkpoint_values_are_one_line_naming_the_file(tmp_path):
     with Cluster(fed(nodes=3), "memory") as c:
-        path = save(c.by_id["node0"].ctx, 1, tmp_path)
+        path = save(c.parts["node0"], 1, tmp_path)
         tensors, values = read_state(path)
         del values["round"]
         write_state(path, tensors, values)
         with pytest.raises(StateFileError, match=rf"^{path}: damaged checkpoint: missing or bad 'round'$"):
-            restore(c.by_id["node0"].ctx, tmp_path)
+            restore(c.parts["node0"], tmp_path)
         values["round"] = 1
         write_state(path, {k: v for k, v in tensors.items() if not k.endswith(".bias")}, values)
         with pytest.raises(CheckpointError, match=rf"^{path}: damaged checkpoint: its model does not match"):
-            restore(c.by_id["node0"].ctx, tmp_path)
+            restore(c.parts["node0"], tmp_path)
         values.pop("shape")
         write_state(path, tensors, values)
         with pytest.raises(CheckpointError, match="records no digest of its run's configuration"):
-            restore(c.by_id["node0"].ctx, tmp_path)
+            restore(c.parts["node0"], tmp_path)
 
 
 def _kept_delivery(tmp_path):
     f = fed(nodes=3, rounds=4)
     with Cluster(f, "memory") as c:
         c.peer_round(1)
-        node2 = c.by_id["node2"]
+        node2 = c.parts["node2"]
         key = InboxKey(1, "node1", "trained")
         keep_delivery(tmp_path, key, node2.inbox.get(key))
-        save(node2.ctx, 1, tmp_path)
+        save(node2, 1, tmp_path)
     (entry,) = (tmp_path / INBOX).glob("*.flmesh")
     return f, entry
 
@@ -175,7 +175,7 @@ def test_a_truncated_inbox_entry_is_one_line_naming_it(tmp_path):
     f, entry = _kept_delivery(tmp_path)
     entry.write_bytes(entry.read_bytes()[:-7])
     with Cluster(f, "memory") as c, pytest.raises(StateFileError, match=rf"^{entry}: damaged checkpoint: "):
-        restore(c.by_id["node2"].ctx, tmp_path)
+        restore(c.parts["node2"], tmp_path)
 
 
 def test_an_inbox_entry_without_its_key_is_one_line_naming_it(tmp_path):
@@ -185,7 +185,7 @@ def test_an_inbox_entry_without_its_key_is_one_line_naming_it(tmp_path):
     write_state(entry, tensors, values)
     with Cluster(f, "memory") as c, pytest.raises(
             StateFileError, match=rf"^{entry}: damaged inbox entry: missing or bad 'sender'$"):
-        restore(c.by_id["node2"].ctx, tmp_path)
+        restore(c.parts["node2"], tmp_path)
 
 
 def test_fl_node_resume_on_a_damaged_inbox_entry_exits_2_in_one_line(tmp_path, capsys):
@@ -196,7 +196,7 @@ def test_fl_node_resume_on_a_damaged_inbox_entry_exits_2_in_one_line(tmp_path, c
 
     node = Node.from_federation(load_federation(fed_file, []), "a")
     try:
-        save(node.ctx, 1, out)
+        save(parts(node), 1, out)
     finally:
         node.stop(grace=0)
     bad = out / INBOX / "00000002-b-trained.flmesh"
@@ -248,19 +248,18 @@ def test_a_full_disk_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkey
 
 
 def test_a_delivery_that_cannot_be_stored_is_not_acknowledged(tmp_path):
-    blocked = tmp_path / "taken.txt"
-    blocked.write_text("a file where the state folder should be")
-    with Cluster(fed(nodes=3), "memory") as c:
-        a, b = c.nodes[0], c.nodes[1]
-        b.checkpoint_dir = blocked
+    blocked = tmp_path / "node1"
+    blocked.write_text("a file where node1's state folder should be")
+    with Cluster(fed(nodes=3), "memory", checkpoints=tmp_path) as c:
+        a, b = c.parts["node0"], c.parts["node1"]
         with pytest.raises(PeerError) as caught:
             a.transport.deliver("node1", a.encode(round=1), timeout=10)
         assert caught.value.code == "INTERNAL"
         assert f"node1: cannot store the model: {blocked / INBOX}" in caught.value.details
         assert len(b.inbox) == 0, "nothing accepted that a resume would not have"
-        b.checkpoint_dir = tmp_path / "ok"
+        blocked.unlink()  # the operator frees the folder's name
         assert a.transport.deliver("node1", a.encode(round=1), timeout=10).accepted, "the retry is stored"
-        assert len(list((tmp_path / "ok" / INBOX).glob("*.flmesh"))) == 1
+        assert len(list((tmp_path / "node1" / INBOX).glob("*.flmesh"))) == 1
 
 
 FULL_DISK = """

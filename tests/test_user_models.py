@@ -22,7 +22,7 @@ from flmesh.transports.backend import TransportSettings
 from flmesh.transports.memory.backend import MemoryBackend
 
 from conftest import tiny_raw
-from harness import Cluster
+from harness import Cluster, parts
 
 MODULE = "flmesh_test_user_models"
 SOURCE = '''
@@ -65,12 +65,12 @@ def states_equal(a: dict, b: dict) -> bool:
 def test_a_user_factory_runs_a_peer_federation_from_one_m0(user_module):
     fed = federation({"factory": f"{user_module}:conv1d", "args": {"channels": 3}})
     with Cluster(fed, "memory") as c:
-        initial = c.nodes[0].state_dict()
+        initial = c.parts["node0"].state_dict()
         assert initial["2.weight"].shape == (3, 1, 3), "[model.args] reached the factory"
-        assert all(states_equal(initial, n.state_dict()) for n in c.nodes), "every node starts from M_0"
+        assert all(states_equal(initial, n.state_dict()) for n in c.parts.values()), "every node: M_0"
         expected = build_model(fed.model, (1, 8, 8), 10, seed=None)
         assert not states_equal(initial, expected.state_dict()), "M_0 comes from the federation seed"
-        architecture = c.nodes[0].ctx.model.architecture
+        architecture = c.parts["node0"].model.architecture
         assert architecture.startswith(f"{user_module}:conv1d:"), architecture
         for t in (1, 2):
             reports = c.peer_round(t)
@@ -88,7 +88,7 @@ def test_a_python_factory_reaches_every_node_and_the_aggregator(tmp_path):
         nodes = driver.nodes
         initial = aggregator.core.global_state
         assert "4.weight" in initial and initial["1.weight"].shape == (16, 64), "the callable's model"
-        assert all(states_equal(initial, n.state_dict()) for n in nodes), "nodes and aggregator share M_0"
+        assert all(states_equal(initial, parts(n).state_dict()) for n in nodes), "nodes, aggregator: M_0"
         summary = sim.run()
     finally:
         sim.close()
@@ -101,7 +101,7 @@ def final_numbers(tmp_path, name: str, model: dict) -> tuple[object, dict[str, d
     try:
         sim.start()
         summary = sim.run()
-        states = {n.node_id: n.state_dict() for n in sim.driver.nodes}
+        states = {n.node_id: parts(n).state_dict() for n in sim.driver.nodes}
     finally:
         sim.close()
     return summary.final, states
@@ -127,20 +127,20 @@ def test_a_module_given_to_node_is_its_m0_and_its_fingerprint():
     data = federation_data(fed, load_dataset(fed.data))["node0"]
     torch.manual_seed(5)
     module = mlp_dropout(input_shape=(1, 8, 8), num_classes=10)
-    node = lone_node(fed, data, model=module)
+    node = parts(lone_node(fed, data, model=module))
     assert states_equal(node.state_dict(), module.state_dict())
-    assert node.ctx.model.architecture.startswith("torch.nn.modules.container:Sequential:")
-    assert lone_node(fed, data).ctx.model.architecture.startswith("mlp:")
+    assert node.model.architecture.startswith("torch.nn.modules.container:Sequential:")
+    assert parts(lone_node(fed, data)).model.architecture.startswith("mlp:")
     grpc = Node.from_federation(fed, "node0", data=data, listen="127.0.0.1:0", model=module,
                                 insecure=True)
     try:
-        assert states_equal(grpc.state_dict(), module.state_dict())
-        assert grpc.ctx.model.architecture == node.ctx.model.architecture
+        assert states_equal(parts(grpc).state_dict(), module.state_dict())
+        assert parts(grpc).model.architecture == node.model.architecture
     finally:
         grpc.stop(grace=0)
-    wider = lone_node(fed, data, model=lambda **kw: mlp_dropout(width=32, **kw))
-    other = lone_node(fed, data, model=lambda **kw: mlp_dropout(width=16, **kw))
-    assert wider.ctx.model.architecture != other.ctx.model.architecture, "the fingerprint covers the shapes"
+    wider = parts(lone_node(fed, data, model=lambda **kw: mlp_dropout(width=32, **kw)))
+    other = parts(lone_node(fed, data, model=lambda **kw: mlp_dropout(width=16, **kw)))
+    assert wider.model.architecture != other.model.architecture, "the fingerprint covers the shapes"
 
 
 def test_a_registered_name_builds_its_factory():

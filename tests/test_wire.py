@@ -21,6 +21,7 @@ from flmesh.v1 import model_pb2 as pb
 from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
 from conftest import tiny_raw
+from harness import parts
 
 
 def states_equal(a, b) -> bool:
@@ -69,9 +70,9 @@ def _header_with(chunks, **fields):
 
 def test_bad_payloads_are_refused_with_a_status_and_the_node_keeps_running(nodes):
     sender, target = nodes[0], nodes[1]
-    before = target.state_dict()
-    good = list(sender.encode(round=1).chunks(1024))
-    wrong_shape = sender.state_dict()
+    before = parts(target).state_dict()
+    good = list(parts(sender).encode(round=1).chunks(1024))
+    wrong_shape = parts(sender).state_dict()
     wrong_shape["net.1.weight"] = torch.zeros(3, 3)
     corrupt = list(good)
     corrupt[1] = pb.ModelChunk(data=bytes(b ^ 0xFF for b in corrupt[1].data))
@@ -81,16 +82,16 @@ def test_bad_payloads_are_refused_with_a_status_and_the_node_keeps_running(nodes
         (corrupt, grpc.StatusCode.DATA_LOSS, "xxh3_128 of the received bytes does not match"),
         (codec.encode({"bogus": torch.zeros(2)}, ModelMeta(round=1, sender="node0")).chunks(),
          grpc.StatusCode.INVALID_ARGUMENT, "unknown tensor 'bogus'"),
-        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="mallory")).chunks(),
+        (codec.encode(parts(sender).state_dict(), ModelMeta(round=1, sender="mallory")).chunks(),
          grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'mallory'"),
-        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="")).chunks(),
+        (codec.encode(parts(sender).state_dict(), ModelMeta(round=1, sender="")).chunks(),
          grpc.StatusCode.INVALID_ARGUMENT, "names no sender"),
         (_header_with(good, kind=pb.MODEL_KIND_UNSPECIFIED), grpc.StatusCode.INVALID_ARGUMENT,
          "model kind MODEL_KIND_UNSPECIFIED is not one a node accepts"),
         (_header_with(good, kind=77), grpc.StatusCode.INVALID_ARGUMENT, "model kind #77"),
-        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="node0", kind="global")).chunks(),
+        (codec.encode(parts(sender).state_dict(), ModelMeta(round=1, sender="node0", kind="global")).chunks(),
          grpc.StatusCode.INVALID_ARGUMENT, "Deliver takes trained models"),
-        (codec.encode(sender.state_dict(), ModelMeta(round=1, sender="node0", kind="extras",
+        (codec.encode(parts(sender).state_dict(), ModelMeta(round=1, sender="node0", kind="extras",
                                                      metadata={"algorithm": "fedcurv"})).chunks(),
          grpc.StatusCode.INVALID_ARGUMENT, "extras for algorithm 'fedcurv', which this node does not run"),
     ]
@@ -99,30 +100,31 @@ def test_bad_payloads_are_refused_with_a_status_and_the_node_keeps_running(nodes
             _deliver_raw(target.address, list(chunks))
         assert err.value.code() == code, message
         assert message in err.value.details() and "node1" in err.value.details()
-    target.max_model_bytes = 100
+    parts(target).settings.max_model_bytes = 100
     oversize = "RESOURCE_EXHAUSTED: node1: model of .* exceeds the limit of 100 bytes"
     with pytest.raises(PeerError, match=oversize):
-        sender.transport.deliver("node1", sender.encode(round=1), timeout=10)
-    target.max_model_bytes = 2**30
-    assert len(target.inbox) == 0 and states_equal(before, target.state_dict())
-    assert sender.transport.deliver("node1", sender.encode(round=1), timeout=10).accepted
+        parts(sender).transport.deliver("node1", parts(sender).encode(round=1), timeout=10)
+    parts(target).settings.max_model_bytes = 2**30
+    assert len(parts(target).inbox) == 0 and states_equal(before, parts(target).state_dict())
+    assert parts(sender).transport.deliver("node1", parts(sender).encode(round=1), timeout=10).accepted
 
 
 def test_evaluate_status_hello_version_and_health(nodes, federation):
     asker, node = nodes[0], nodes[2]
-    result = asker.transport.evaluate("node2", asker.encode(round=0, kind="eval"), timeout=10)
-    assert result == node.handlers.evaluate_state(asker.state_dict())
-    assert sum(result.per_class_total) == len(node.data.test) == result.total
-    status = asker.transport.status("node2", timeout=10)
+    result = parts(asker).transport.evaluate("node2", parts(asker).encode(round=0, kind="eval"), timeout=10)
+    assert result == parts(node).handlers.evaluate_state(parts(asker).state_dict())
+    assert sum(result.per_class_total) == len(parts(node).share.data.test) == result.total
+    status = parts(asker).transport.status("node2", timeout=10)
     assert status.node_id == "node2" and status.rounds_total == federation.rounds
-    assert status.test_samples == len(node.data.test)
-    hello = asker.transport.hello("node2", "node0", federation.name, asker.architecture, timeout=10)
+    assert status.test_samples == len(parts(node).share.data.test)
+    asking = parts(asker)
+    hello = asking.transport.hello("node2", "node0", federation.name, asking.model.architecture, timeout=10)
     assert hello.version == VERSION == importlib.metadata.version("flmesh")
-    assert hello.architecture == node.architecture and hello.architecture.startswith("mlp:")
+    assert hello.architecture == parts(node).model.architecture and hello.architecture.startswith("mlp:")
     with pytest.raises(PeerError, match="PERMISSION_DENIED: node2: unknown peer 'eve'"):
-        asker.transport.hello("node2", "eve", "", "", timeout=10)
+        parts(asker).transport.hello("node2", "eve", "", "", timeout=10)
     with pytest.raises(PeerError, match="FAILED_PRECONDITION"):
-        asker.transport.hello("node2", "node0", "other", "", timeout=10)
+        parts(asker).transport.hello("node2", "node0", "other", "", timeout=10)
     channel = make_channel(node.address)
     try:
         reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -143,7 +145,7 @@ def test_hello_refuses_a_node_with_another_model():
         b.connect({"node0": a.start()})
         with pytest.raises(PeerError, match="FAILED_PRECONDITION: node0 runs model mlp:.*the caller 'node1' "
                                             "runs mlp:.*same \\[model\\]") as err:
-            b.transport.hello("node0", "node1", mine.name, b.architecture, timeout=10)
+            parts(b).transport.hello("node0", "node1", mine.name, parts(b).model.architecture, timeout=10)
         assert not err.value.retryable
     finally:
         a.stop(grace=0)
@@ -160,14 +162,14 @@ def _rewind_raw(address, requests):
 
 def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
     caller, peer = nodes[2], nodes[1]  # node1 sent node2 its round-1 model: node2 rewinds to node1
-    sent, peer_before = caller.state_dict(), peer.state_dict()
-    back = caller.transport.rewind("node1", caller.encode(2, kind="rewind"), 5, 2, "node2",
-                                   expected=caller.spec, max_bytes=2**30, timeout=10)
+    sent, peer_before = parts(caller).state_dict(), parts(peer).state_dict()
+    back = parts(caller).transport.rewind("node1", parts(caller).encode(2, kind="rewind"), 5, 2, "node2",
+                                   expected=parts(caller).model.spec, max_bytes=2**30, timeout=10)
     assert back.meta.kind == "rewind" and back.meta.sender == "node1" and back.meta.metadata["steps"] == 5
     assert not states_equal(back.state_dict, sent)
-    assert states_equal(peer.state_dict(), peer_before)
-    model = [peer_pb2.RewindRequest(chunk=c) for c in caller.encode(2, kind="rewind").chunks()]
-    trained = [peer_pb2.RewindRequest(chunk=c) for c in caller.encode(2).chunks()]
+    assert states_equal(parts(peer).state_dict(), peer_before)
+    model = [peer_pb2.RewindRequest(chunk=c) for c in parts(caller).encode(2, kind="rewind").chunks()]
+    trained = [peer_pb2.RewindRequest(chunk=c) for c in parts(caller).encode(2).chunks()]
 
     def spec(**kw):
         fields = {"epochs": 0.05, "round": 2, "sender": "node2", **kw}
@@ -197,4 +199,4 @@ def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
             _rewind_raw(peer.address, requests)
         assert err.value.code() == code, message
         assert message in err.value.details(), err.value.details()
-    assert states_equal(peer.state_dict(), peer_before) and len(peer.inbox) == 0
+    assert states_equal(parts(peer).state_dict(), peer_before) and len(parts(peer).inbox) == 0

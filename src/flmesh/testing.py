@@ -8,7 +8,8 @@ identity from a throwaway CA made for the cluster, as a deployment has; any othe
 backend is asked for by its name. The round logic is the same
 code either way. :func:`run` runs every round of a federation and returns the final models;
 :func:`run_resumed` stops after a round, checkpoints every node, rebuilds the federation from
-the checkpoints and finishes it, as a restarted deployment would.
+the checkpoints and finishes it, as a restarted deployment would. :func:`parts` opens a node
+for a test that looks inside it (its inbox, model, transports, round engine).
 
 Blocking; not thread-safe (drive a cluster from one thread).
 """
@@ -28,7 +29,8 @@ from flmesh.learning.task import Task
 from flmesh.reports.results import RoundRow
 from flmesh.runtime.checkpoint import restore, save
 from flmesh.runtime.continual import node_share
-from flmesh.runtime.node import Node
+from flmesh.runtime.node import Node, NodeOptions, join_aggregator, parts_of
+from flmesh.runtime.parts import NodeParts
 from flmesh.runtime.reports import RoundReport, StarReport
 from flmesh.topology.tasks import task_of
 from flmesh.transports.backend import Backend, TransportSettings, create
@@ -43,11 +45,13 @@ TRANSPORTS = registry.transports.builtin_names()
 class Cluster:
     """A federation's processes in this one, on the transport backend named ``transport``."""
 
-    def __init__(self, federation: Federation, transport: str = "memory", task: Task | None = None):
+    def __init__(self, federation: Federation, transport: str = "memory", task: Task | None = None,
+                 checkpoints: Path | None = None):
         """``transport``: a registered backend (:data:`flmesh.registry.transports`). Without a
         wire (``memory``) the processes wait and retry on a :class:`~flmesh.clock.ManualClock`,
         so timeouts cost nothing; with one (``grpc``) on the real clock. ``task``: the code the
-        processes run (default: what the file names)."""
+        processes run (default: what the file names). ``checkpoints``: every node keeps its
+        accepted deliveries, and :meth:`checkpoint` its state, in its own subfolder there."""
         self.federation = federation
         self.transport = transport
         self.task = task = task if task is not None else Task.of(federation)
@@ -66,15 +70,18 @@ class Cluster:
         self.nodes = []
         for nid in federation.node_ids:
             share, tasks = node_share(federation, nid, data[nid], dataset, task.source)
+            options = NodeOptions(checkpoint_dir=checkpoints / nid if checkpoints is not None else None)
             self.nodes.append(Node(federation, nid, data=share, backend=self.backend, task=task,
-                                   aggregator=address, tasks=tasks, clock=self.clock, listen="127.0.0.1:0"))
+                                   options=options, aggregator=address, tasks=tasks, clock=self.clock))
         addresses = {n.node_id: n.start() for n in self.nodes}
         for n in self.nodes:
             n.connect(addresses)
         if star:
             for n in self.nodes:
-                n.join()
+                join_aggregator(n)
         self.by_id = {n.node_id: n for n in self.nodes}
+        #: every node's parts (:func:`parts`), by node id
+        self.parts = {n.node_id: parts(n) for n in self.nodes}
 
     @property
     def network(self) -> MemoryNetwork | None:
@@ -85,23 +92,26 @@ class Cluster:
     def release(self, t: int) -> None:
         """Continual federations: every node's release for round ``t``'s task change comes first,
         as it does when nodes run concurrently, so no fetch waits on a node not yet run."""
-        for n in self.nodes:
-            if n.continual is not None:
+        for p in self.parts.values():
+            if p.continual is not None:
                 stream = self.federation.tasks
                 assert stream is not None
-                n.continual.release(n, task_of(stream, t))
+                p.continual.release(p.plugins, task_of(stream, t))
 
     def peer_round(self, t: int) -> dict[str, RoundReport]:
         """Round ``t`` of a decentralized federation: every node in turn; their reports."""
         self.release(t)
-        return {n.node_id: n.run_round(t) for n in self.nodes}
+        return {nid: p.peer_round.run(t) for nid, p in self.parts.items()}
 
     def star_round(self, t: int) -> tuple[RoundRow, dict[str, StarReport]]:
         """Round ``t`` around the aggregator: its row and every node's report."""
         assert self.aggregator is not None
         self.release(t)
         self.aggregator.begin_round(t)
-        reports = {n.node_id: n.run_star_round(t) for n in self.nodes}
+        reports = {}
+        for nid, p in self.parts.items():
+            assert p.star_round is not None
+            reports[nid] = p.star_round.run(t)
         return self.aggregator.end_round(t), reports
 
     def round(self, t: int) -> None:
@@ -113,7 +123,19 @@ class Cluster:
 
     def states(self) -> dict[str, Tensors]:
         """Every node's current model (CPU copies), by node id."""
-        return {n.node_id: n.state_dict() for n in self.nodes}
+        return {nid: p.model.state_dict() for nid, p in self.parts.items()}
+
+    def checkpoint(self, t: int) -> None:
+        """Every node saves its state after round ``t`` (a cluster made with ``checkpoints``)."""
+        for p in self.parts.values():
+            assert p.checkpoint_dir is not None, "Cluster(..., checkpoints=FOLDER)"
+            save(p, t, p.checkpoint_dir)
+
+    def restore(self) -> int:
+        """Every node takes back what :meth:`checkpoint` saved; the round they go on after."""
+        done = {nid: restore(p, p.checkpoint_dir) for nid, p in self.parts.items() if p.checkpoint_dir}
+        assert len(set(done.values())) == 1, f"the nodes were saved after different rounds: {done}"
+        return next(iter(done.values()))
 
     def close(self) -> None:
         """Stop every node and the aggregator, with no grace period."""
@@ -149,20 +171,23 @@ def run_resumed(federation: Federation, stop_after: int, folder: Path,
         raise ValueError("run_resumed: a decentralized federation (no [aggregator])")
     if not 1 <= stop_after < federation.rounds:
         raise ValueError(f"run_resumed: stop_after must be from 1 to {federation.rounds - 1}")
-    with Cluster(federation, transport) as first:
-        for node in first.nodes:
-            node.checkpoint_dir = folder / node.node_id  # deliveries are kept as they arrive
+    with Cluster(federation, transport, checkpoints=folder) as first:  # deliveries kept as they arrive
         for t in range(1, stop_after + 1):
             first.peer_round(t)
-            for node in first.nodes:
-                save(node.ctx, t, folder / node.node_id)
-    with Cluster(federation, transport) as again:
-        for node in again.nodes:
-            restored = restore(node.ctx, folder / node.node_id)
-            assert restored == stop_after, f"{node.node_id}: restored round {restored}"
+            first.checkpoint(t)
+    with Cluster(federation, transport, checkpoints=folder) as again:
+        restored = again.restore()
+        assert restored == stop_after, f"restored round {restored}"
         for t in range(stop_after + 1, federation.rounds + 1):
             again.peer_round(t)
         return again.states()
 
 
-__all__ = ["TRANSPORTS", "Cluster", "run", "run_resumed"]
+def parts(node: Node) -> NodeParts:
+    """``node``'s parts (:class:`~flmesh.runtime.parts.NodeParts`: its settings, model, data
+    share, inbox, transports, plug-ins and round engine), for tests that look inside a node;
+    not part of a node's public API."""
+    return parts_of(node)
+
+
+__all__ = ["TRANSPORTS", "Cluster", "parts", "run", "run_resumed"]

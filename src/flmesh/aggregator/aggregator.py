@@ -35,10 +35,10 @@ from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData, load_dataset, public_data
 from flmesh.learning.device import select_device
 from flmesh.learning.models import federation_model
+from flmesh.learning.stats import EvalResult
 from flmesh.learning.task import Task
 from flmesh.replay.buffer import ReplayBufferCore
 from flmesh.reports.results import RoundRow
-from flmesh.runtime.reports import EvalResult
 from flmesh.topology.tasks import task_of
 from flmesh.transports.backend import Backend, Server
 from flmesh.transports.seam import ByteCounter, PeerTransport

@@ -5,7 +5,7 @@ It holds the global model, the strategy's state (FedCurv's terms, Flashback's
 label counts), who joined and at which address, and what the next round's row
 needs (the last accuracy, the global per-class accuracy for F_t).
 ``fl-node --role aggregator --resume`` reads it back and opens the next round;
-nodes that were polling find it again (:mod:`flmesh.runtime.rounds`). Every update
+nodes that were polling find it again (:mod:`flmesh.runtime.star_round`). Every update
 the aggregator accepts is kept as its own file as it arrives (its node will
 not send it again), until its round's checkpoint: a resume takes back those of
 the round it opens, so a node is not named missing for an update it saw

@@ -24,8 +24,8 @@ from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import Learner
 from flmesh.learning.models import ModelPool
+from flmesh.learning.stats import EvalResult
 from flmesh.learning.trainer import evaluate
-from flmesh.runtime.reports import EvalResult
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import PeerTransport
 

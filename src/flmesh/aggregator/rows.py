@@ -30,8 +30,8 @@ from flmesh.learning.forgetting import (
     per_class_accuracy,
 )
 from flmesh.learning.metrics import participant_metrics
+from flmesh.learning.stats import EvalResult
 from flmesh.reports.results import Matrix, NodeRound, RoundRow
-from flmesh.runtime.reports import EvalResult
 
 Evals = dict[str, EvalResult]
 

@@ -5,6 +5,10 @@ run-time registrations, import paths). :func:`load` imports a plug-in on first u
 :func:`for_node` picks the plug-ins a node runs, each deciding for itself from the
 federation file (:meth:`~flmesh.algorithms.base.Algorithm.enabled`), so no caller
 branches on an algorithm's name.
+
+May import: :mod:`flmesh.config`, :mod:`flmesh.topology`, :mod:`flmesh.learning`,
+:mod:`flmesh.format`, :mod:`flmesh.replay`'s logic and the transport seam
+(:mod:`flmesh.transports.seam`); torch; never grpc, a transport or the round engine.
 """
 
 from __future__ import annotations

@@ -62,12 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.aggregator.checkpoint import UPDATES, keep_update, restore
     from flmesh.aggregator.rows import accuracy_text
     from flmesh.cli.node_run import input_errors
-    from flmesh.cli.sim_console import max_spent
     from flmesh.config import FederationError, load_federation
     from flmesh.format.state_file import StateWriteError, lock_folder
     from flmesh.observe.logs import row_scalars, setup_logging
     from flmesh.reports.pictures import draw
-    from flmesh.reports.results import Final, Summary
+    from flmesh.reports.results import Final, Summary, max_spent
     from flmesh.reports.run_files import RunWriter, mean_bytes, write_atomic
     from flmesh.runtime.checkpoint import CHECKPOINT
     from flmesh.transports.backend import TransportSettings, create

@@ -24,11 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flmesh.pki import AGGREGATOR_ID
+
 if TYPE_CHECKING:
     from flmesh.config import Federation
     from flmesh.pki.certs import IssuedFiles
-
-AGGREGATOR_ID = "aggregator"
 
 
 def build_parser() -> argparse.ArgumentParser:

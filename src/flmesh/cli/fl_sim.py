@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return report(argv)
     if argv and argv[0] == "compare":
-        from flmesh.reports.compare import main as compare
+        from flmesh.cli.compare import main as compare
 
         return compare(argv[1:])
     if argv and argv[0] == "rerun":

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     show_progress(run.ops, run.node.status, run.federation.rounds, args.log_format == "text",
-                  run.node.activity)
+                  run.parts.activity.current)
     if args.peers_file is not None:
         peers_file = args.peers_file
         run.refresh_peers = lambda: run.node.connect(read_peers_file(peers_file, run.federation, args.id))

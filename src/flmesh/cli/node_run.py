@@ -18,12 +18,16 @@ from typing import IO, TYPE_CHECKING
 
 from flmesh.cli.ops_flags import Ops
 from flmesh.config import Federation
+from flmesh.learning.task import Task
 from flmesh.observe.logs import row_scalars
 from flmesh.reports.results import Final, NodeRound, RoundRow, Summary, learner_metrics
 from flmesh.reports.run_files import RunWriter, mean_bytes, write_atomic
+from flmesh.runtime.continual import node_share
 from flmesh.runtime.membership import linger, wait_aggregator_done, wait_for_peers
-from flmesh.runtime.node import Node, Report
+from flmesh.runtime.node import Node, NodeOptions, Report, join_aggregator, parts_of
+from flmesh.runtime.parts import NodeParts
 from flmesh.runtime.reports import RoundReport, StarReport
+from flmesh.transports.backend import TransportSettings, create
 from flmesh.transports.errors import PeerError, TlsMismatch
 
 if TYPE_CHECKING:
@@ -41,8 +45,8 @@ def input_errors() -> tuple[type[Exception], ...]:
     from flmesh.learning.learner import LearnerError
     from flmesh.learning.models import ModelError
     from flmesh.learning.partitions import PartitionError
+    from flmesh.pki import CertError
     from flmesh.runtime.checkpoint import CheckpointError, StateFileError
-    from flmesh.transports.errors import CertError
     from flmesh.transports.grpc.channels import BindError
     from flmesh.user_code import UserCodeError
 
@@ -64,6 +68,7 @@ class NodeRun:
         self.ops = Ops()  # metrics, TensorBoard, progress (cli_ops.start_ops)
         self.first_round = 1  # after --resume: the round after the checkpoint
         self.node: Node
+        self.parts: NodeParts
         self.writer: RunWriter
         self.reports: list[Report] = []
         self.missing_peers: set[str] = set()
@@ -83,14 +88,9 @@ class NodeRun:
             self._lock = lock_folder(self.out)  # held until the process exits: one process per folder
         except OSError as exc:
             raise OSError(f"--out {self.out}: cannot write results there: {exc.strerror or exc}") from None
-        self.node = Node.from_federation(self.federation, self.node_id, data=self.data,
-                                         listen=self.listen, peers=self.peers,
-                                         aggregator=self.aggregator_address, state_dir=self.out,
-                                         tls=self.tls, insecure=self.tls is None)
-        self.node.checkpoint_dir = self.out
-        if self.ops.metrics is not None:
-            self.node.set_metrics(self.ops.metrics)
-        done = restore(self.node.ctx, self.out) if self.resume else 0
+        self.node = self._build()
+        self.parts = parts_of(self.node)
+        done = restore(self.parts, self.out) if self.resume else 0
         self.first_round = done + 1
         try:
             self.writer = RunWriter(self.out, append=self.resume, upto=done)
@@ -100,7 +100,25 @@ class NodeRun:
             self.missing_peers |= {p for row in self.writer.rows for p in row.get("missing") or ()}
             log.info("resuming after round %d (checkpoint in %s)", done, self.out)
         self.node.start()
-        self._started = self.node.clock.now()
+        self._started = self.parts.clock.now()
+
+    def _build(self) -> Node:
+        """The node over gRPC, keeping its checkpoints and its replay buffer's ledger in ``out``."""
+        fed = self.federation
+        backend = create("grpc", TransportSettings(fed, (self.node_id,), identity=self.tls,
+                                                   insecure=self.tls is None))
+        try:
+            task = Task.of(fed)
+            share, tasks = node_share(fed, self.node_id, self.data, None, task.source)
+            options = NodeOptions(listen=self.listen, checkpoint_dir=self.out, state_dir=self.out,
+                                  metrics=self.ops.metrics)
+            node = Node(fed, self.node_id, data=share, backend=backend, task=task, options=options,
+                        aggregator=self.aggregator_address, tasks=tasks)
+        except BaseException:
+            backend.close()
+            raise
+        node.connect(self.peers)
+        return node
 
     def announce(self, ready_file: Path | None) -> None:
         """Say where this node serves: a stdout line, and ``ready_file`` (written atomically).
@@ -125,7 +143,7 @@ class NodeRun:
     def _address_of(self, peer: str) -> str:
         """The address this node last had for ``peer`` (the peers file may have given it later
         than the command line), or "no address"."""
-        address = getattr(self.node.transport, "address", None)
+        address = getattr(self.parts.transport, "address", None)
         known = address(peer) if callable(address) else self.peers.get(peer)
         return known if known and known != "(no address)" else "no address"
 
@@ -134,13 +152,13 @@ class NodeRun:
         """Wait for peers, run every round, linger; the exit status (0 or 1). Raises OSError
         (StateWriteError) when a state file could not be written: a checkpoint at once, the
         privacy ledger of a replay buffer this node hosts at the end."""
-        node, fed = self.node, self.federation
+        node, parts, fed = self.node, self.parts, self.federation
         star = fed.aggregator is not None
         # where it listens is the stdout line of announce(); this says what it waits for
         log.info("waiting for %s to answer Hello", ", ".join(self.needed) or "nobody")
         failures: dict[str, PeerError] = {}
-        silent = wait_for_peers(node.transport, self.node_id, fed.name, node.architecture, self.needed,
-                                self.hello_timeout, node.stop_event, refresh=self.refresh_peers,
+        silent = wait_for_peers(parts.transport, self.node_id, fed.name, parts.model.architecture,
+                                self.needed, self.hello_timeout, parts.stop, refresh=self.refresh_peers,
                                 failures=failures)
         if silent and self.signal is None:
             self._say_silent(silent, failures)
@@ -148,21 +166,21 @@ class NodeRun:
             return 1
         if star:
             log.info("joining the aggregator at %s", self.aggregator_address)
-            node.join(self.hello_timeout)
+            join_aggregator(node, self.hello_timeout)
         node.run(on_round=self._on_round, first=self.first_round)
-        node.mark_done()
+        parts.activity.set_state("done")  # Status says so; peers keep serving until all are done
         if self.signal is None:
             if star:
                 agg = fed.aggregator
-                assert agg is not None and node.aggregator is not None
-                wait_aggregator_done(node.aggregator, fed.round_timeout_s + agg.deadline_s, node.stop_event)
+                assert agg is not None and parts.aggregator is not None
+                wait_aggregator_done(parts.aggregator, fed.round_timeout_s + agg.deadline_s, parts.stop)
             else:
-                busy = linger(node.transport, [p for p in fed.node_ids if p != self.node_id],
-                              fed.round_timeout_s, node.stop_event)
+                busy = linger(parts.transport, [p for p in fed.node_ids if p != self.node_id],
+                              fed.round_timeout_s, parts.stop)
                 if busy:
                     log.warning("left while %s still running", ", ".join(busy))
-        if node.replay_host is not None:
-            node.replay_host.check_written()  # a ledger write that failed ends the run as a failed write
+        if parts.replay_host is not None:
+            parts.replay_host.check_written()  # a ledger write that failed ends the run as a failed write
         return 0
 
     def _say_silent(self, silent: list[str], failures: dict[str, PeerError]) -> None:
@@ -183,19 +201,19 @@ class NodeRun:
         with ``[federation] eval_sample``, on its own and the seeded sample fl-sim would draw."""
         from flmesh.topology.sampling import eval_splits
 
-        node, ids = self.node, self.federation.node_ids
-        message = node.encode(round, kind="eval")
+        parts, ids, me = self.parts, self.federation.node_ids, self.node_id
+        message = parts.encode(round, kind="eval")
         metric = self.federation.metric
-        out = {node.node_id: node.evaluate_own().score(metric)}
-        for peer in [ids[j] for j in eval_splits(self.federation, round, node.node_id, task)]:
-            if peer == node.node_id or not node.transport.knows(peer):
+        out = {me: parts.evaluate_own().score(metric)}
+        for peer in [ids[j] for j in eval_splits(self.federation, round, me, task)]:
+            if peer == me or not parts.transport.knows(peer):
                 continue
             try:
-                result = node.transport.evaluate(peer, message, timeout=node.round_timeout_s)
+                result = parts.transport.evaluate(peer, message, timeout=parts.settings.round_timeout_s)
                 out[peer] = result.score(metric)
             except PeerError as exc:
                 log.warning("round %d: cannot evaluate on %s: %s", round, peer, exc,
-                            extra={"node": node.node_id, "round": round, "peer": peer})
+                            extra={"node": me, "round": round, "peer": peer})
         return out
 
     def _on_round(self, report: Report) -> None:
@@ -239,7 +257,7 @@ class NodeRun:
             signal=self.signal, error=self.error, final=final, missing_peers=sorted(self.missing_peers),
             privacy_spent=self._privacy_spent(), config={"data": self._data_config()},
             bytes_per_round=mean_bytes(self.writer.rows),
-            wall_s=round(self.node.clock.now() - self._started, 3), out_dir=str(self.out),
+            wall_s=round(self.parts.clock.now() - self._started, 3), out_dir=str(self.out),
             host={"pid": os.getpid()})
         try:
             self.writer.write_summary(summary)
@@ -251,7 +269,7 @@ class NodeRun:
 
     def _data_config(self) -> dict[str, object]:
         """What this node trained and tested on: its own samples and their labels."""
-        data = self.node.data
+        data = self.parts.share.data
         return {"origin": self.data_origin, "own": self.data is not None, "train_samples": len(data.train),
                 "test_samples": len(data.test), "classes": data.train.num_classes,
                 "label_counts": data.train.label_counts()}

@@ -7,14 +7,13 @@ once the flags are read (it loads rich), so ``fl-sim --help`` stays quick.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
 from flmesh.config import Federation
-from flmesh.reports.results import RoundRow, Summary
+from flmesh.reports.results import RoundRow, Summary, max_spent
 
 
 def pct(x: float | None) -> str:
@@ -59,13 +58,6 @@ def privacy_column(fed: Federation) -> bool:
     (``[replay]``; between peers not in mode "local", which releases nothing)."""
     replay = fed.replay
     return replay is not None and (fed.aggregator is not None or replay.mode != "local")
-
-
-def max_spent(spent: Mapping[str, float] | None) -> float | None:
-    """The most epsilon any one client has released (0 when none has yet); None without DP."""
-    if spent is None:
-        return None
-    return max(spent.values(), default=0.0)
 
 
 def header(fed: Federation) -> str:

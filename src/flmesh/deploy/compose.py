@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flmesh.cli.fl_certs import AGGREGATOR_ID
 from flmesh.config import Federation
+from flmesh.pki import AGGREGATOR_ID
 
 #: Where a container finds its files.
 FEDERATION_PATH = "/etc/flmesh/federation.toml"

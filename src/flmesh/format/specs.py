@@ -12,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from flmesh.format.digests import DIGEST_BYTES, DIGESTS
-from flmesh.transports.errors import StatusName
 from flmesh.v1 import model_pb2 as pb
+
+if TYPE_CHECKING:  # a status name only: the format does not depend on the transports
+    from flmesh.transports.errors import StatusName
 
 TO_WIRE = {
     torch.float32: pb.DTYPE_FLOAT32, torch.float64: pb.DTYPE_FLOAT64,

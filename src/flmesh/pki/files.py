@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import NameOID
 
-from flmesh.transports.errors import CertError
+from flmesh.pki import CertError
 
 #: Node ids, as ``flmesh.config.schema.NODE_ID`` (tests check the two agree). Repeated
 #: here because importing the topology package loads networkx, which would make every

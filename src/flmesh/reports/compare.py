@@ -1,4 +1,4 @@
-"""``fl-sim compare RUN_DIR... [--out DIR] [--band std|minmax]``: several runs' curves, side by side.
+"""Several runs' curves side by side: what ``fl-sim compare`` draws (:mod:`flmesh.cli.compare`).
 
 Each metric the runs hold gets its own panel: FA, FF and PFA (peer runs), the global model's
 accuracy (star runs), a node's own accuracy (fl-node runs), the accuracy on each task
@@ -26,14 +26,12 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flmesh.cli.common import OneLineParser
-from flmesh.reports.compare_runs import SEED, Run, collect, differing, labels, points
+from flmesh.reports.compare_runs import SEED, Run, differing, labels, points
 from flmesh.reports.run_tools import RunError
 
 #: What each --band draws around the mean, as the legend says it.
@@ -191,36 +189,3 @@ def table(content: Mapping[str, Any]) -> str:
     return "\n".join("  ".join(c.ljust(w) if k in (0, len(head) - 1) else c.rjust(w)
                                for k, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in [head, *body])
-
-
-def main(argv: list[str]) -> int:
-    """``argv`` after ``fl-sim compare``; the exit code (2: bad input, one line on stderr)."""
-    p = OneLineParser(prog="fl-sim compare", description="Draw several runs' metrics side by side, one "
-                      "panel per metric, and write their final values.")
-    p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
-                   help="run folders, or sweep folders (fl-sim --seeds/--sweep)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="folder for compare.png and compare.json "
-                   "(default runs/compare-<hash of the runs' paths>)")
-    p.add_argument("--band", choices=sorted(BANDS), default="std",
-                   help="a sweep's seeds around their mean: std (± the sample standard deviation, the "
-                        "default) or minmax")
-    args = p.parse_args(argv)
-    if args.out is not None and args.out.suffix.lower() == ".png":
-        print(f"fl-sim compare: error: --out {args.out}: a folder (it gets compare.png and "
-              f"compare.json), not a picture's name; try --out {args.out.with_suffix('')}",
-              file=sys.stderr)
-        return 2
-    skipped: list[str] = []
-    try:
-        runs = collect(args.runs, skipped)
-        content = build(runs, args.band)
-        picture, index = write(content, args.out if args.out is not None else default_folder(args.runs))
-    except RunError as exc:
-        print(f"fl-sim compare: error: {exc}", file=sys.stderr)
-        return 2
-    for line in skipped:
-        print(line)
-    print(content["title"])
-    print(table(content))
-    print(f"compare: wrote {picture}, {index}")
-    return 0

@@ -141,7 +141,7 @@ def differing(recorded: Sequence[Mapping[str, str]]) -> list[str]:
 def points(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
     """Panel id -> round -> value of one run's rows (accuracies in percent): rows as
     :func:`~flmesh.reports.run_tools.load_run` checks them."""
-    from flmesh.cli.sim_console import max_spent
+    from flmesh.reports.results import max_spent
 
     out: dict[str, dict[int, float]] = {}
     for row in rows:

@@ -239,12 +239,12 @@ def read_ledger(folders: Sequence[NodeFolder]) -> PrivacyLedger | None:
 def write_merged(merged: Merged, out: Path, ledger: PrivacyLedger | None = None) -> list[Path]:
     """Write ``out``/rounds.jsonl and summary.json (a run folder fl-sim reads), the pictures,
     and ``ledger`` (:func:`read_ledger`) as fl-sim writes a run's
-    (:func:`~flmesh.sim.record.write_ledger`); the pictures' paths. Raises RunError
+    (:func:`~flmesh.reports.run_files.write_ledger`); the pictures' paths. Raises RunError
     (one line) when ``out`` holds a run already or cannot be written; what drawing raises
     otherwise (the rows, the summary and the ledger are written by then). Blocks."""
     from flmesh.reports.pictures import draw
     from flmesh.reports.privacy_picture import privacy_pictures
-    from flmesh.sim.record import write_ledger
+    from flmesh.reports.run_files import write_ledger
 
     check_out(out)
     merged.summary.out_dir = str(out)

@@ -29,8 +29,8 @@ def privacy_pictures(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[P
 def plot_privacy(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Epsilon spent so far per round: one line per client (up to :data:`MAX_CLIENT_LINES`)
     and the per client max. Rows without ``privacy_spent`` are skipped."""
-    from flmesh.cli.sim_console import max_spent
     from flmesh.reports.pictures import heading, pyplot, run_title, save
+    from flmesh.reports.results import max_spent
 
     plt = pyplot()
     spent = [(int(r["round"]), dict(r["privacy_spent"])) for r in rows if r.get("privacy_spent") is not None]

@@ -213,3 +213,10 @@ class Summary:
     pictures: list[str] = field(default_factory=list)
     host: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+
+
+def max_spent(spent: Mapping[str, float] | None) -> float | None:
+    """The most epsilon any one client has released (0 when none has yet); None without DP."""
+    if spent is None:
+        return None
+    return max(spent.values(), default=0.0)

@@ -1,8 +1,10 @@
-"""A run's files: ``rounds.jsonl`` and ``summary.json``, written so a reader never sees half.
+"""A run's files: ``rounds.jsonl``, ``summary.json`` and ``privacy_ledger.json``, written so a
+reader never sees half.
 
 :class:`RunWriter` appends each :class:`~flmesh.reports.results.RoundRow` to ``rounds.jsonl`` as
 one line and replaces ``summary.json`` atomically (a temporary file, then a rename);
-:func:`read_rows` reads the rows back, leaving out a line still being written. Blocking file
+:func:`read_rows` reads the rows back, leaving out a line still being written;
+:func:`write_ledger` writes a DP replay buffer host's privacy ledger. Blocking file
 I/O; not thread-safe: one writer per run, used from one thread.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from flmesh.replay.ledger import PrivacyLedger
     from flmesh.reports.results import RoundRow, Summary
 
 
@@ -110,3 +113,20 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def mean_bytes(rows: Sequence[dict[str, Any]]) -> float | None:
     totals = [sum(r.get("bytes_by_kind", {}).values()) for r in rows]
     return sum(totals) / len(totals) if totals else None
+
+
+def write_ledger(folder: Path, ledger: PrivacyLedger) -> Path:
+    """Write ``folder``/privacy_ledger.json (atomically) from a replay buffer host's ledger:
+    ``releases`` as the host keeps them (client, task, epsilon; the host's own ledger file
+    reads back from it) and ``spent``, each client's epsilon in all
+    (:meth:`~flmesh.replay.ledger.PrivacyLedger.totals`). Its path. Blocks; safe while the
+    host still records releases (a release replaces the ledger's list whole)."""
+    from flmesh.replay.ledger import LEDGER_FILE
+    from flmesh.replay.ledger import PrivacyLedger as Ledger
+
+    snapshot = Ledger(None)  # one list for both keys, whatever the host records meanwhile
+    snapshot.releases = list(ledger.releases)
+    path = folder / LEDGER_FILE
+    write_atomic(path, json.dumps({"releases": snapshot.releases, "spent": snapshot.totals()},
+                                  indent=1) + "\n")
+    return path

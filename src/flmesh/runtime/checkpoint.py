@@ -33,7 +33,7 @@ from flmesh.runtime.inbox import InboxKey
 
 if TYPE_CHECKING:
     from flmesh.config import Federation
-    from flmesh.runtime.round_context import RoundContext
+    from flmesh.runtime.parts import NodeParts
 
 CHECKPOINT = "checkpoint.flmesh"
 INBOX = "inbox"  # one file per delivery a later round may still use
@@ -109,22 +109,22 @@ def check_rounds(path: Path, done: int, planned: int) -> None:
                               f"resume with rounds >= {done}")
 
 
-def save(ctx: RoundContext, round: int, folder: Path) -> Path:
-    """Write ``node``'s state after ``round`` to ``folder``/checkpoint.flmesh. Blocks."""
-    tensors: Tensors = {f"model/{k}": v for k, v in ctx.model.state_dict().items()}
+def save(parts: NodeParts, round: int, folder: Path) -> Path:
+    """Write the node's state after ``round`` to ``folder``/checkpoint.flmesh. Blocks."""
+    tensors: Tensors = {f"model/{k}": v for k, v in parts.model.state_dict().items()}
     plugins: dict[str, Any] = {}
-    for where, halves in (("client", ctx.plugins.clients), ("gossip", ctx.plugins.gossip_servers)):
+    for where, halves in (("client", parts.plugins.clients), ("gossip", parts.plugins.gossip_servers)):
         for name, half in halves.items():
             part, values = half.checkpoint()
             tensors.update({f"{where}/{name}/{k}": v for k, v in part.items()})
             plugins[f"{where}/{name}"] = values
-    continual = ctx.continual
-    values = {"format": FORMAT, "federation": ctx.settings.federation.name, "node": ctx.settings.node_id,
-              "architecture": ctx.model.architecture, "round": round, "plugins": plugins,
+    continual = parts.continual
+    values = {"format": FORMAT, "federation": parts.settings.federation.name, "node": parts.settings.node_id,
+              "architecture": parts.model.architecture, "round": round, "plugins": plugins,
               "task": continual.task if continual is not None else None,
               "released": continual.released if continual is not None else None,
-              "last_accuracy": ctx.status().last_accuracy}
-    shape = run_shape(ctx.settings.federation)
+              "last_accuracy": parts.status().last_accuracy}
+    shape = run_shape(parts.settings.federation)
     values.update(shape=shape, digest=shape_digest(shape))
     path = folder / CHECKPOINT
     write_state(path, tensors, values)
@@ -151,7 +151,7 @@ def _entry_round(path: Path) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def _restore_inbox(ctx: RoundContext, folder: Path, round: int) -> None:
+def _restore_inbox(parts: NodeParts, folder: Path, round: int) -> None:
     for path in sorted((folder / INBOX).glob("*.flmesh")):
         if _entry_round(path) < round:
             continue
@@ -165,40 +165,40 @@ def _restore_inbox(ctx: RoundContext, folder: Path, round: int) -> None:
         except (KeyError, TypeError, ValueError) as exc:
             raise StateFileError(f"{path}: damaged inbox entry: missing or bad {exc}") from None
         size = sum(t.numel() * t.element_size() for t in state.values())
-        ctx.links.inbox.restore(key, DecodedModel(state, meta, size))
+        parts.inbox.restore(key, DecodedModel(state, meta, size))
 
 
-def restore(ctx: RoundContext, folder: Path) -> int:
-    """Load ``folder``/checkpoint.flmesh into a freshly built ``node``; the round it was saved
+def restore(parts: NodeParts, folder: Path) -> int:
+    """Load ``folder``/checkpoint.flmesh into a freshly built node's ``parts``; the round it was saved
     after (0 when there is none: a fresh start). Raises CheckpointError or StateFileError."""
     path = folder / CHECKPOINT
     if not path.exists():  # stopped before its first checkpoint: what it acknowledged is kept
-        _restore_inbox(ctx, folder, 0)
+        _restore_inbox(parts, folder, 0)
         return 0
     tensors, values = read_state(path)
-    for key, want in (("format", FORMAT), ("federation", ctx.settings.federation.name),
-                      ("node", ctx.settings.node_id), ("architecture", ctx.model.architecture)):
+    for key, want in (("format", FORMAT), ("federation", parts.settings.federation.name),
+                      ("node", parts.settings.node_id), ("architecture", parts.model.architecture)):
         if values.get(key) != want:
             raise CheckpointError(f"{path}: saved for {key} {values.get(key)!r}, this is {want!r}")
-    check_shape(path, values, ctx.settings.federation)
+    check_shape(path, values, parts.settings.federation)
     try:
         round = int(values["round"])
         plugin_values = dict(values["plugins"])
     except (KeyError, TypeError, ValueError) as exc:
         raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
-    check_rounds(path, round, ctx.settings.federation.rounds)
+    check_rounds(path, round, parts.settings.federation.rounds)
     try:
-        ctx.model.load_state(split(tensors, "model/"))
+        parts.model.load_state(split(tensors, "model/"))
     except RuntimeError:  # torch's message lists every key, over many lines
         raise CheckpointError(f"{path}: damaged checkpoint: its model does not match this "
                               "federation's [model]") from None
-    _restore_inbox(ctx, folder, round)
-    for where, halves in (("client", ctx.plugins.clients), ("gossip", ctx.plugins.gossip_servers)):
+    _restore_inbox(parts, folder, round)
+    for where, halves in (("client", parts.plugins.clients), ("gossip", parts.plugins.gossip_servers)):
         for name, half in halves.items():
             half.restore(split(tensors, f"{where}/{name}/"), plugin_values.get(f"{where}/{name}", {}))
-    if ctx.continual is not None and values.get("task") is not None:
-        ctx.continual.resume(ctx, int(values["task"]), int(values["released"]))
-    ctx.activity.finish_round(round, float(values.get("last_accuracy", 0.0)))
+    if parts.continual is not None and values.get("task") is not None:
+        parts.continual.resume(parts.plugins, parts.share, int(values["task"]), int(values["released"]))
+    parts.activity.finish_round(round, float(values.get("last_accuracy", 0.0)))
     return round
 
 

@@ -12,28 +12,21 @@ thread-safe: the round loop calls it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from flmesh.learning.data import ArrayData, NodeData, node_data
 from flmesh.learning.tasks import TaskSource, concat
 from flmesh.topology.tasks import participates, task_of
 
 if TYPE_CHECKING:
-    from flmesh.algorithms.base import ClientHalf
     from flmesh.config import Federation
     from flmesh.replay.buffer import ReplayBufferCore
-    from flmesh.runtime.round_context import RoundContext, Settings
+    from flmesh.runtime.parts import NodeParts, Settings, Share
+    from flmesh.runtime.plugins import NodePlugins
     from flmesh.transports.backend import Backend
     from flmesh.transports.seam import ReplayTransport
-
-
-class HasClients(Protocol):
-    """What holds a node's client halves (its plug-ins, or the node)."""
-
-    @property
-    def clients(self) -> Mapping[str, ClientHalf]: ...
 
 
 class ContinualState:
@@ -42,60 +35,61 @@ class ContinualState:
         self.cfg = source.cfg
         self.task = -1  # no task entered yet
         self.released = 0  # the last task change whose release happened (task changes from 1)
-        self.share: ArrayData | None = None  # the current task's training share
+        self.own: ArrayData | None = None  # the current task's training share
         self.tests: list[ArrayData] = []  # this node's test shares of every task it was in
 
     def participates(self, settings: Settings, round: int) -> bool:
         fed = settings.federation
         return participates(self.cfg, fed.node_ids, settings.node_id, round, fed.seed)
 
-    def advance(self, ctx: RoundContext, round: int) -> list[str]:
-        """Enter the task ``round`` belongs to (one task at a time); what the report should say."""
+    def advance(self, plugins: NodePlugins, share: Share, round: int) -> list[str]:
+        """Enter the task ``round`` belongs to (one task at a time), swapping ``share``'s data;
+        what the report should say."""
         notes: list[str] = []
         target = task_of(self.cfg, round)
         while self.task < target:
-            self.release(ctx.plugins, self.task + 1)
-            notes += self._enter(ctx, self.task + 1)
+            self.release(plugins, self.task + 1)
+            notes += self._enter(plugins, share, self.task + 1)
         return notes
 
-    def release(self, plugins: HasClients, task: int) -> None:
+    def release(self, plugins: NodePlugins, task: int) -> None:
         """The first half of a task change, once: the client halves see the data about to be
         lost (DP replay keeps its local buffer and releases its means). Separate so a test can
         let every node release before any fetches the buffer the releases make."""
         if task <= self.released or task != self.task + 1 or task == 0:
             return
-        old = self.share if self.share is not None and len(self.share) else None
+        old = self.own if self.own is not None and len(self.own) else None
         for client in plugins.clients.values():
             client.on_task_change(old, self.task, task)
         self.released = task
 
-    def resume(self, ctx: RoundContext, task: int, released: int) -> None:
+    def resume(self, plugins: NodePlugins, share: Share, task: int, released: int) -> None:
         """Back in ``task`` after a restart (:mod:`flmesh.runtime.checkpoint`): the same data as
         entering it, without the task-change hooks (the plug-ins' state is restored already)."""
         if task < 0:
             return
-        self.tests = [share.test for t in range(task + 1) if len((share := self.source.share(t)).test)]
-        share = self.source.share(task)
-        self.share, self.task, self.released = share.train, task, released
-        test = concat(self.tests) if self.tests else share.test
-        extra = [d for client in ctx.plugins.clients.values() for d in client.extra_training_data() if len(d)]
-        ctx.data = NodeData(concat([share.train, *extra]) if extra else share.train, test)
+        self.tests = [part.test for t in range(task + 1) if len((part := self.source.share(t)).test)]
+        part = self.source.share(task)
+        self.own, self.task, self.released = part.train, task, released
+        test = concat(self.tests) if self.tests else part.test
+        extra = [d for client in plugins.clients.values() for d in client.extra_training_data() if len(d)]
+        share.data = NodeData(concat([part.train, *extra]) if extra else part.train, test)
 
-    def _enter(self, ctx: RoundContext, task: int) -> list[str]:
-        share = self.source.share(task)
-        if len(share.test):
-            self.tests.append(share.test)
-        self.share, self.task = share.train, task
-        test = concat(self.tests) if self.tests else share.test
-        ctx.data = NodeData(share.train, test)  # client halves read the new data from here
-        for client in ctx.plugins.clients.values():
+    def _enter(self, plugins: NodePlugins, share: Share, task: int) -> list[str]:
+        part = self.source.share(task)
+        if len(part.test):
+            self.tests.append(part.test)
+        self.own, self.task = part.train, task
+        test = concat(self.tests) if self.tests else part.test
+        share.data = NodeData(part.train, test)  # client halves read the new data from here
+        for client in plugins.clients.values():
             client.after_task_change(task)
-        extra = [d for client in ctx.plugins.clients.values() for d in client.extra_training_data() if len(d)]
+        extra = [d for client in plugins.clients.values() for d in client.extra_training_data() if len(d)]
         if extra:
-            ctx.data = NodeData(concat([share.train, *extra]), test)
-        notes = [f"entered task {task}: {len(share.train)} samples of its own"
+            share.data = NodeData(concat([part.train, *extra]), test)
+        notes = [f"entered task {task}: {len(part.train)} samples of its own"
                  + (f", {sum(len(d) for d in extra)} replayed" if extra else "")]
-        for client in ctx.plugins.clients.values():
+        for client in plugins.clients.values():
             notes += client.notes
             client.notes.clear()
         return notes
@@ -122,7 +116,7 @@ def node_share(federation: Federation, node_id: str, data: NodeData | None, data
     return (data if data is not None else node_data(federation, node_id, source)), None
 
 
-def wire_replay(ctx: RoundContext, backend: Backend, aggregator: str | None,
+def wire_replay(parts: NodeParts, backend: Backend, aggregator: str | None,
                 state_dir: Path | None = None) -> ReplayBufferCore | None:
     """Point a node of a federation with ``[replay]`` at its buffer host through ``backend``:
     the aggregator of a star federation (at ``aggregator``), else the node ``[replay] host``
@@ -134,22 +128,22 @@ def wire_replay(ctx: RoundContext, backend: Backend, aggregator: str | None,
     from flmesh.runtime.inbox import ROUND_WINDOW
     from flmesh.runtime.replay_link import local_replay
 
-    fed, me, counter = ctx.settings.federation, ctx.settings.node_id, ctx.links.counter
+    fed, me, counter = parts.settings.federation, parts.settings.node_id, parts.counter
     if fed.replay is None:
         return None
     if fed.aggregator is not None:
-        ctx.links.replay.target = backend.replay_transport(me, "aggregator", aggregator, counter)
+        parts.replay.target = backend.replay_transport(me, "aggregator", aggregator, counter)
         return None
     host = fed.replay.host or fed.node_ids[0]
     if host == me:
-        core = ReplayBufferCore(fed, ctx.data.train.input_shape, ctx.data.train.num_classes,
-                                state_dir=state_dir, clock=ctx.links.clock,
-                                progress=lambda: ctx.activity.last_round + 1 + ROUND_WINDOW)
-        ctx.links.replay.target = local_replay(core, me, counter)
+        train, activity = parts.share.data.train, parts.activity
+        core = ReplayBufferCore(fed, train.input_shape, train.num_classes, state_dir=state_dir,
+                                clock=parts.clock, progress=lambda: activity.last_round + 1 + ROUND_WINDOW)
+        parts.replay.target = local_replay(core, me, counter)
         return core
 
     def remote(address: str) -> ReplayTransport:
         return backend.replay_transport(me, host, address, counter)
 
-    ctx.links.replay.host, ctx.links.replay.factory = host, remote
+    parts.replay.host, parts.replay.factory = host, remote
     return None

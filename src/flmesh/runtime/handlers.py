@@ -1,7 +1,7 @@
 """What a node answers when a peer calls it: the Peer service's logic, with no transport in it.
 
 :class:`NodeHandlers` implements :class:`~flmesh.transports.seam.PeerHandlers`
-for a node's :class:`~flmesh.runtime.round_context.RoundContext`. The gRPC servicer and the in-memory
+over the parts of a node it answers from (:mod:`flmesh.runtime.parts`). The gRPC servicer and the in-memory
 transport both call it with the caller's authenticated identity (None on
 plaintext). Every refusal is a :class:`~flmesh.transports.errors.Refused` whose
 message starts with this node's id, and leaves the node's state unchanged.
@@ -15,9 +15,11 @@ has one evaluation running at a time (:data:`EVALS_PER_CALLER`).
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,8 +29,9 @@ from flmesh.format import codec
 from flmesh.format.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.learning.optimizers import load_optimizer_state, optimizer_spec, optimizer_state
 from flmesh.learning.trainer import TrainingStopped, evaluate, steps_for, train
-from flmesh.runtime.inbox import ROUND_WINDOW, InboxKey
+from flmesh.runtime.inbox import ROUND_WINDOW, Inbox, InboxKey
 from flmesh.runtime.local_training import NO_DATA_YET, rewind_training
+from flmesh.runtime.parts import status_of
 from flmesh.runtime.reports import EvalResult
 from flmesh.topology.peers import may_deliver, may_rewind
 from flmesh.transports.errors import Refused
@@ -39,7 +42,12 @@ from flmesh.v1 import model_pb2 as pb
 Tensors = dict[str, torch.Tensor]
 
 if TYPE_CHECKING:
-    from flmesh.runtime.round_context import RoundContext
+    from flmesh.observe.metrics import Metrics
+    from flmesh.runtime.activity import Activity
+    from flmesh.runtime.model_state import ModelState
+    from flmesh.runtime.parts import Settings, Share
+    from flmesh.runtime.plugins import NodePlugins
+    from flmesh.transports.seam import ByteCounter
 
 
 try:  # flmesh's installed version, from the package metadata (Hello says it)
@@ -49,9 +57,15 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree wi
 
 
 class NodeHandlers:
-    def __init__(self, ctx: RoundContext):
-        self.ctx = ctx
-        self.node_id = ctx.settings.node_id
+    def __init__(self, settings: Settings, model: ModelState, share: Share, plugins: NodePlugins,
+                 activity: Activity, inbox: Inbox, counter: ByteCounter, stop: threading.Event,
+                 log: logging.Logger, metrics: Metrics | None = None, checkpoint_dir: Path | None = None):
+        """``checkpoint_dir``: where each accepted delivery is stored before it is acknowledged
+        (None: nowhere)."""
+        self.settings, self.model, self.share, self.plugins = settings, model, share, plugins
+        self.activity, self.inbox, self.counter, self.stop = activity, inbox, counter, stop
+        self.log, self.metrics, self.checkpoint_dir = log, metrics, checkpoint_dir
+        self.node_id = settings.node_id
         self._evaluations = CallerSlots(EVALS_PER_CALLER)
         self._keeping = threading.Lock()  # one delivery at a time from "is it new" to "it is in"
 
@@ -60,9 +74,9 @@ class NodeHandlers:
         """Only members of the federation may deliver, rewind, evaluate or say hello."""
         if not peer_id:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: {what} names no sender")
-        if peer_id != self.node_id and peer_id not in self.ctx.settings.members:
+        if peer_id != self.node_id and peer_id not in self.settings.members:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: unknown peer {peer_id!r} "
-                          f"(the federation has {', '.join(self.ctx.settings.members)})")
+                          f"(the federation has {', '.join(self.settings.members)})")
 
     def _same(self, caller: str | None, claimed: str, what: str) -> None:
         """The sender a message names must be the peer that sent it (when transport knows who)."""
@@ -74,28 +88,28 @@ class NodeHandlers:
         """What a message of ``meta``'s kind must contain: the model, or a plug-in's update."""
         if meta.kind == "extras":
             name = str(meta.metadata.get("algorithm", ""))
-            specs = self.ctx.plugins.update_specs
+            specs = self.plugins.update_specs
             if name not in specs:
                 raise CodecError("invalid", f"extras for algorithm {name!r}, which this node does not "
                                  f"run between peers (it runs {', '.join(specs) or 'none'})")
             return specs[name]
         if meta.kind == "rewind":  # the model, and the sender's optimizer state when it sends one
-            return {**self.ctx.model.spec, **optimizer_spec(self._rewind_config(meta), self.ctx.model.module)}
-        return self.ctx.model.spec
+            return {**self.model.spec, **optimizer_spec(self._rewind_config(meta), self.model.module)}
+        return self.model.spec
 
     def _rewind_config(self, meta: ModelMeta) -> TrainingConfig:
         try:
-            return rewind_training(self.ctx.settings.training, meta.metadata)
+            return rewind_training(self.settings.training, meta.metadata)
         except ValueError as exc:
             raise CodecError("invalid", f"Rewind: {exc}") from None
 
     def evaluate_state(self, state: Mapping[str, torch.Tensor], max_task: int | None = None) -> EvalResult:
         """Any model state on this node's test split (a pooled copy is evaluated); in a continual
         federation only the test samples of tasks ``<= max_task``. Thread-safe."""
-        test = self.ctx.data.test.up_to_task(max_task)
-        with self.ctx.model.spare.loaded(state) as model:
-            return evaluate(model, test, device=self.ctx.model.device, learner=self.ctx.model.learner,
-                            compute=self.ctx.model.compute)
+        test = self.share.data.test.up_to_task(max_task)
+        with self.model.spare.loaded(state) as model:
+            return evaluate(model, test, device=self.model.device, learner=self.model.learner,
+                            compute=self.model.compute)
 
     def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
                      cfg: TrainingConfig | None = None,
@@ -105,16 +119,16 @@ class NodeHandlers:
         sender's settings ``cfg``; returns the model and optimizer state, and the steps trained.
         ``stop()`` True ends it early (TrainingStopped). Thread-safe; the node's own model is
         not touched."""
-        cfg = cfg or self.ctx.settings.training
-        model_part = {k: v for k, v in state.items() if k in self.ctx.model.spec}
-        optim_part = {k: v for k, v in state.items() if k not in self.ctx.model.spec}
-        with self.ctx.model.spare.loaded(model_part) as model:
-            optimizer = self.ctx.model.make_optimizer(model, cfg)
+        cfg = cfg or self.settings.training
+        model_part = {k: v for k, v in state.items() if k in self.model.spec}
+        optim_part = {k: v for k, v in state.items() if k not in self.model.spec}
+        with self.model.spare.loaded(model_part) as model:
+            optimizer = self.model.make_optimizer(model, cfg)
             load_optimizer_state(optimizer, model, optim_part)
-            stats = train(model, self.ctx.data.train, cfg, epochs=epochs, steps=steps or None,
-                          seed=self.ctx.settings.train_seed(round, salt=1), device=self.ctx.model.device,
-                          objective=self.ctx.plugins.objective, optimizer=optimizer, stop=stop,
-                          learner=self.ctx.model.learner, compute=self.ctx.model.compute)
+            stats = train(model, self.share.data.train, cfg, epochs=epochs, steps=steps or None,
+                          seed=self.settings.train_seed(round, salt=1), device=self.model.device,
+                          objective=self.plugins.objective, optimizer=optimizer, stop=stop,
+                          learner=self.model.learner, compute=self.model.compute)
             out = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             out.update(optimizer_state(optimizer, model) if optim_part else {})
             return out, stats.steps
@@ -138,7 +152,7 @@ class NodeHandlers:
     def _read(self, header: pb.ModelHeader, stream: Chunks) -> DecodedModel:
         try:
             spec = self.spec_for(codec.meta_of(header))
-            return codec.decode(stream, spec, self.ctx.settings.max_model_bytes, wire=self.ctx.settings.wire)
+            return codec.decode(stream, spec, self.settings.max_model_bytes, wire=self.settings.wire)
         except codec.CodecError as exc:
             raise Refused(exc.code, f"{self.node_id}: {exc}") from None
 
@@ -146,15 +160,15 @@ class NodeHandlers:
     def hello(self, caller: str | None, node_id: str, federation: str, architecture: str) -> HelloInfo:
         self._member(node_id, "Hello")
         self._same(caller, node_id, "Hello")
-        if federation and federation != self.ctx.settings.federation.name:
+        if federation and federation != self.settings.federation.name:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id} is in federation "
-                          f"{self.ctx.settings.federation.name!r}, not {federation!r}")
-        mine = self.ctx.model.architecture
+                          f"{self.settings.federation.name!r}, not {federation!r}")
+        mine = self.model.architecture
         if architecture and architecture != mine:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id} runs model {mine}, the caller {node_id!r} "
                           f"runs {architecture}: every node of a federation needs the same [model]")
-        return HelloInfo(self.node_id, self.ctx.settings.federation.name, mine, VERSION,
-                         self.ctx.activity.last_round)
+        return HelloInfo(self.node_id, self.settings.federation.name, mine, VERSION,
+                         self.activity.last_round)
 
     def deliver(self, caller: str | None, chunks: Chunks) -> DeliverResult:
         header, stream = self._peek(chunks)
@@ -162,32 +176,32 @@ class NodeHandlers:
         self._member(meta.sender, "the model")
         self._same(caller, meta.sender, "the model")
         if meta.kind == "trained":
-            if not may_deliver(self.ctx.settings.federation, meta.sender, self.node_id, meta.round):
+            if not may_deliver(self.settings.federation, meta.sender, self.node_id, meta.round):
                 raise Refused("PERMISSION_DENIED", f"{self.node_id}: {meta.sender} does not send to "
                               f"{self.node_id} in round {meta.round} (not on the schedule)")
             kind = "trained"
         elif meta.kind == "extras":
-            if meta.sender not in self.ctx.settings.neighbours:
+            if meta.sender not in self.settings.neighbours:
                 raise Refused("PERMISSION_DENIED", f"{self.node_id}: {meta.sender} is not a graph neighbour")
             kind = f"extras/{meta.metadata.get('algorithm', '')}"
         else:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Deliver takes trained models and plug-in "
                           f"extras, not {meta.kind!r}")
         key = InboxKey(meta.round, meta.sender, kind)
-        if not self.ctx.links.inbox.held(key):  # a model it already took is a duplicate, however old
+        if not self.inbox.held(key):  # a model it already took is a duplicate, however old
             self._in_window(meta.round, "the model")
-        if len(meta.label_counts) > self.ctx.data.train.num_classes:
+        if len(meta.label_counts) > self.share.data.train.num_classes:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: the model's label_counts lists "
                           f"{len(meta.label_counts)} classes, the federation's data has "
-                          f"{self.ctx.data.train.num_classes}")
+                          f"{self.share.data.train.num_classes}")
         model = self._read(header, stream)
         with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
             fresh = self._keep(key, model)
-        self.ctx.links.counter.add_received(meta.kind, model.wire_bytes)
-        if self.ctx.links.metrics is not None:
-            self.ctx.links.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
+        self.counter.add_received(meta.kind, model.wire_bytes)
+        if self.metrics is not None:
+            self.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
         if not fresh:
-            self.ctx.links.log.info("duplicate %s model from %s for round %d ignored", kind, meta.sender,
+            self.log.info("duplicate %s model from %s for round %d ignored", kind, meta.sender,
                                     meta.round, extra={"node": self.node_id, "round": meta.round,
                                                        "peer": meta.sender})
         return DeliverResult(accepted=fresh, duplicate=not fresh, bytes_received=model.total_bytes)
@@ -196,21 +210,21 @@ class NodeHandlers:
         """Put a delivery in the inbox, stored first when the node keeps state: a delivery
         acknowledged is one a resume still has, and the copy stored is the one accepted.
         False for a duplicate. Called under ``_keeping``."""
-        if self.ctx.checkpoint_dir is not None and not self.ctx.links.inbox.held(key):
+        if self.checkpoint_dir is not None and not self.inbox.held(key):
             from flmesh.format.state_file import StateWriteError
             from flmesh.runtime.checkpoint import keep_delivery
 
             try:
-                keep_delivery(self.ctx.checkpoint_dir, key, model)
+                keep_delivery(self.checkpoint_dir, key, model)
             except StateWriteError as exc:
-                self.ctx.links.log.error("%s", exc, extra={"node": self.node_id})
+                self.log.error("%s", exc, extra={"node": self.node_id})
                 raise Refused("INTERNAL", f"{self.node_id}: cannot store the model: {exc}") from None
-        return self.ctx.links.inbox.put(key, model)
+        return self.inbox.put(key, model)
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult:
         header, stream = self._peek(chunks)
         asker = caller if caller is not None else header.sender
-        if asker not in self.ctx.settings.evaluators:
+        if asker not in self.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {asker!r} may not evaluate on this node's "
                           "test split (members of the federation may)")
         if not self._evaluations.take(asker):  # before the payload is read: a stalled stream holds it
@@ -227,19 +241,19 @@ class NodeHandlers:
                chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:
         self._member(sender, "Rewind")
         self._same(caller, sender, "Rewind")
-        if not may_rewind(self.ctx.settings.federation, sender, self.node_id, round):
+        if not may_rewind(self.settings.federation, sender, self.node_id, round):
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {sender} does not rewind to "
                           f"{self.node_id} in round {round} (not on the schedule)")
-        if abs(round - (self.ctx.activity.last_round + 1)) > ROUND_WINDOW:
+        if abs(round - (self.activity.last_round + 1)) > ROUND_WINDOW:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: a rewind for round {round} is outside "
-                          f"this node's window (it is in round {self.ctx.activity.last_round + 1})")
+                          f"this node's window (it is in round {self.activity.last_round + 1})")
         self._check_rewind_work(epochs, steps)
         model = self._decode(chunks)
         if model.meta.kind != "rewind":
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind takes a model of kind 'rewind', "
                           f"not {model.meta.kind!r}")
-        cfg = rewind_training(self.ctx.settings.training, model.meta.metadata)
-        stop = self.ctx.links.stop_event
+        cfg = rewind_training(self.settings.training, model.meta.metadata)
+        stop = self.stop
 
         def gone() -> bool:
             return stop.is_set() or (cancelled is not None and cancelled())
@@ -249,39 +263,39 @@ class NodeHandlers:
         except TrainingStopped as exc:
             raise Refused("CANCELLED", f"{self.node_id}: rewind for {sender} stopped: {exc}") from None
         meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
-                         num_samples=len(self.ctx.data.train), architecture=self.ctx.model.architecture,
+                         num_samples=len(self.share.data.train), architecture=self.model.architecture,
                          metadata={"steps": done})
-        return codec.encode(state, meta, self.ctx.settings.wire)
+        return codec.encode(state, meta, self.settings.wire)
 
     def _in_window(self, round: int, what: str) -> None:
         """Models are taken for rounds from the last one this node finished (its next round
         trains on it) to ROUND_WINDOW ahead: an older one can never be used; one further ahead
         is refused as RESOURCE_EXHAUSTED (the window is full), and a sender that is ahead waits
         and sends it again (:func:`~flmesh.runtime.peer_exchange.deliver_onward`)."""
-        last = self.ctx.activity.last_round
+        last = self.activity.last_round
         if round < last:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "
                           f"over (this node finished round {last})")
         if round > last + ROUND_WINDOW:  # the sender is ahead: it waits until this node catches up
             raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {what} is for round {round}, too far "
                           f"ahead (this node finished round {last}); send it again once it has caught up")
-        if round >= self.ctx.settings.rounds:
+        if round >= self.settings.rounds:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, but nothing "
-                          f"is sent after the last round ({self.ctx.settings.rounds})")
+                          f"is sent after the last round ({self.settings.rounds})")
 
     def _check_rewind_work(self, epochs: float, steps: int) -> None:
         """Refuse a rewind with no work, or more than the federation's own settings allow: the
         λ share of E epochs (the largest of any node) over the largest data share at the
         smallest batch size. A peer must not make this node train without end."""
-        fed = self.ctx.settings.federation
+        fed = self.settings.federation
         if not math.isfinite(epochs) or epochs < 0 or steps < 0 or not (steps > 0 or epochs > 0):
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind needs steps > 0 or epochs > 0, "
                           f"got steps {steps}, epochs {epochs}")
         max_epochs = fed.rewind.lam * max(n.training.epochs for n in fed.nodes)
-        largest = self.ctx.data.largest_share or len(self.ctx.data.train) * len(fed.nodes)
+        largest = self.share.data.largest_share or len(self.share.data.train) * len(fed.nodes)
         batch = min(n.training.batch_size for n in fed.nodes)
         max_steps = math.ceil(fed.rewind.lam * steps_for(max_epochs / fed.rewind.lam, largest, batch)) + 1
-        if (epochs > max_epochs + 1e-9 or steps > max_steps) and not len(self.ctx.data.train):
+        if (epochs > max_epochs + 1e-9 or steps > max_steps) and not len(self.share.data.train):
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {NO_DATA_YET}")  # not joined yet
         if epochs > max_epochs + 1e-9 or steps > max_steps:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind asks for more than this federation's "
@@ -289,6 +303,6 @@ class NodeHandlers:
                           f"epochs {epochs:g}")
 
     def status(self, caller: str | None) -> PeerStatus:
-        if caller is not None and caller not in self.ctx.settings.evaluators:
+        if caller is not None and caller not in self.settings.evaluators:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: {caller!r} is not in this federation")
-        return self.ctx.status()
+        return status_of(self.settings, self.activity, self.inbox, self.share)

@@ -11,12 +11,16 @@ uses the sender's optimizer settings and sends the state back. An unreachable
 target's λS steps are trained locally and noted, as are those of a target that
 holds no training data yet (a continual client before it joins), which refuses.
 
-Blocking; called from the node's round loop only (not thread-safe for one node).
+:class:`LocalTraining` holds what a round's training uses: the node's settings, model, data
+share and plug-ins, its activity, the retried calls and the transport of the rewind phase,
+the stop signal. Blocking; called from the node's round loop only (not thread-safe for one
+node).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -26,14 +30,20 @@ import torch
 
 from flmesh.config import TrainingConfig
 from flmesh.format.codec import MetaValue, ModelMeta, encode
-from flmesh.learning.objectives import Regularizer
 from flmesh.learning.optimizers import BUILT_IN, load_optimizer_state, optimizer_spec, optimizer_state
 from flmesh.learning.trainer import split_steps, steps_for, train
 from flmesh.runtime.reports import TrainStats
 from flmesh.transports.errors import PeerError
 
 if TYPE_CHECKING:
-    from flmesh.runtime.round_context import RoundContext
+    from flmesh.learning.objectives import Regularizer
+    from flmesh.observe.metrics import Metrics
+    from flmesh.runtime.activity import Activity
+    from flmesh.runtime.model_state import ModelState
+    from flmesh.runtime.parts import Settings, Share
+    from flmesh.runtime.peer_calls import PeerCalls
+    from flmesh.runtime.plugins import NodePlugins
+    from flmesh.transports.seam import PeerTransport
 
 
 def optimizer_metadata(cfg: TrainingConfig) -> dict[str, MetaValue]:
@@ -60,27 +70,6 @@ def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> T
     return replace(own, optimizer=str(optimizer), lr=lr, momentum=momentum, weight_decay=decay)
 
 
-def train_local(ctx: RoundContext, round: int, phase: int, regularizers: Sequence[Regularizer] = (), *,
-                steps: int | None = None, optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
-    """Local training on the node's model, seeded by (round, phase): E epochs, or ``steps``.
-    Raises TrainingStopped when the node is stopped mid-way (SIGTERM ends a process within a
-    training step, not a round)."""
-    ctx.activity.set_state("training")
-    started = time.monotonic()
-    try:
-        with ctx.model.lock:
-            if optimizer is None:
-                optimizer = ctx.model.make_optimizer(ctx.model.module, ctx.settings.training)
-            return train(ctx.model.module, ctx.data.train, ctx.settings.training, steps=steps,
-                         seed=ctx.settings.train_seed(round, salt=phase), device=ctx.model.device,
-                         objective=ctx.plugins.objective, regularizers=regularizers, optimizer=optimizer,
-                         stop=ctx.links.stop_event.is_set, learner=ctx.model.learner,
-                         compute=ctx.model.compute)
-    finally:
-        if ctx.links.metrics is not None:
-            ctx.links.metrics.phase("train", time.monotonic() - started)
-
-
 #: How a rewind target without training data (a continual client before it joins) refuses; the
 #: sender notes it in the round's row rather than warning: nothing is wrong.
 NO_DATA_YET = "holds no training data yet"
@@ -91,60 +80,94 @@ def holds_no_data(exc: PeerError) -> bool:
     return exc.code == "FAILED_PRECONDITION" and exc.details.endswith(NO_DATA_YET)
 
 
-def rewind_on(ctx: RoundContext, target: str, round: int, steps: int,
-              optimizer: torch.optim.Optimizer) -> int | None:
-    """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
-    continuing ``optimizer``, and sends both back; they replace the node's. The steps it
-    trained, or None (logged) when it cannot be reached. Raises PeerError when the target
-    holds no training data yet (:func:`holds_no_data`)."""
-    ctx.activity.set_state("rewinding", target)
-    with ctx.model.lock:
-        state = {**ctx.model.state_dict(), **optimizer_state(optimizer, ctx.model.module)}
-        spec = {**ctx.model.spec, **optimizer_spec(ctx.settings.training, ctx.model.module)}
-    meta = ModelMeta(round=round, sender=ctx.settings.node_id, kind="rewind", num_samples=len(ctx.data.train),
-                     architecture=ctx.model.architecture,
-                     metadata=optimizer_metadata(ctx.settings.training))
-    message = encode(state, meta, ctx.settings.wire)
-    back = ctx.links.calls.call(target, "rewind to", round, lambda: ctx.links.transport.rewind(
-        target, message, steps, round, ctx.settings.node_id, expected=spec,
-        max_bytes=ctx.settings.max_model_bytes, timeout=ctx.settings.round_timeout_s),
-        expected=holds_no_data)
-    if back is None:
-        return None
-    model_part = {k: v for k, v in back.state_dict.items() if k in ctx.model.spec}
-    optim_part = {k: v for k, v in back.state_dict.items() if k not in ctx.model.spec}
-    with ctx.model.lock:
-        ctx.model.load_state(model_part)
-        load_optimizer_state(optimizer, ctx.model.module, optim_part)
-    done = back.meta.metadata.get("steps", steps)
-    return done if isinstance(done, int) else steps
+class LocalTraining:
+    """A node's local training in a round, with FedRewind's rewind phase. Not thread-safe: the
+    round loop calls it."""
+
+    def __init__(self, settings: Settings, model: ModelState, share: Share, plugins: NodePlugins,
+                 activity: Activity, calls: PeerCalls, transport: PeerTransport, stop: threading.Event,
+                 metrics: Metrics | None = None):
+        self.settings, self.model, self.share, self.plugins = settings, model, share, plugins
+        self.activity, self.calls, self.transport, self.stop = activity, calls, transport, stop
+        self.metrics = metrics
+
+    def train_local(self, round: int, phase: int, regularizers: Sequence[Regularizer] = (), *,
+                    steps: int | None = None, optimizer: torch.optim.Optimizer | None = None) -> TrainStats:
+        """Local training on the node's model, seeded by (round, phase): E epochs, or ``steps``.
+        Raises TrainingStopped when the node is stopped mid-way (SIGTERM ends a process within a
+        training step, not a round)."""
+        self.activity.set_state("training")
+        started = time.monotonic()
+        model, training = self.model, self.settings.training
+        try:
+            with model.lock:
+                if optimizer is None:
+                    optimizer = model.make_optimizer(model.module, training)
+                return train(model.module, self.share.data.train, training, steps=steps,
+                             seed=self.settings.train_seed(round, salt=phase), device=model.device,
+                             objective=self.plugins.objective, regularizers=regularizers,
+                             optimizer=optimizer, stop=self.stop.is_set, learner=model.learner,
+                             compute=model.compute)
+        finally:
+            if self.metrics is not None:
+                self.metrics.phase("train", time.monotonic() - started)
+
+    def rewind_on(self, target: str, round: int, steps: int, optimizer: torch.optim.Optimizer) -> int | None:
+        """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
+        continuing ``optimizer``, and sends both back; they replace the node's. The steps it
+        trained, or None (logged) when it cannot be reached. Raises PeerError when the target
+        holds no training data yet (:func:`holds_no_data`)."""
+        self.activity.set_state("rewinding", target)
+        model, settings = self.model, self.settings
+        with model.lock:
+            state = {**model.state_dict(), **optimizer_state(optimizer, model.module)}
+            spec = {**model.spec, **optimizer_spec(settings.training, model.module)}
+        meta = ModelMeta(round=round, sender=settings.node_id, kind="rewind",
+                         num_samples=len(self.share.data.train), architecture=model.architecture,
+                         metadata=optimizer_metadata(settings.training))
+        message = encode(state, meta, settings.wire)
+        back = self.calls.call(target, "rewind to", round, lambda: self.transport.rewind(
+            target, message, steps, round, settings.node_id, expected=spec,
+            max_bytes=settings.max_model_bytes, timeout=settings.round_timeout_s),
+            expected=holds_no_data)
+        if back is None:
+            return None
+        model_part = {k: v for k, v in back.state_dict.items() if k in model.spec}
+        optim_part = {k: v for k, v in back.state_dict.items() if k not in model.spec}
+        with model.lock:
+            model.load_state(model_part)
+            load_optimizer_state(optimizer, model.module, optim_part)
+        done = back.meta.metadata.get("steps", steps)
+        return done if isinstance(done, int) else steps
+
+    def train_round(self, round: int, target: str | None, notes: list[str],
+                    regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
+        """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server) in steps. Returns
+        the training stats (steps include the rewind node's) and where the rewind ran (None: no
+        rewind, or it failed)."""
+        if target is None:
+            return self.train_local(round, 0, regularizers), None
+        cfg = self.settings.training
+        total = steps_for(cfg.epochs, len(self.share.data.train), cfg.batch_size)
+        first, middle, last = split_steps(total, self.settings.federation.rewind.lam)
+        with self.model.lock:
+            optimizer = self.model.make_optimizer(self.model.module, cfg)
+        phases = [self.train_local(round, 0, regularizers, steps=first, optimizer=optimizer)]
+        failed = f"rewind to {target} failed"
+        try:
+            remote = self.rewind_on(target, round, middle, optimizer) if middle > 0 else 0
+        except PeerError:  # the target holds no data yet (holds_no_data)
+            remote, failed = None, f"rewind: {target} {NO_DATA_YET}"
+        rewound_to = target if remote is not None else None
+        if remote is None:
+            notes.append(f"{failed}; trained its {middle} steps locally")
+            phases.append(self.train_local(round, 1, regularizers, steps=middle, optimizer=optimizer))
+        phases.append(self.train_local(round, 2, regularizers, steps=last, optimizer=optimizer))
+        seen = sum(p.samples for p in phases)
+        stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
+                           sum(p.steps for p in phases) + (remote or 0), seen, remote or 0,
+                           metrics=next((p.metrics for p in reversed(phases) if p.metrics), {}))
+        return stats, rewound_to
 
 
-def train_round(ctx: RoundContext, round: int, target: str | None, notes: list[str],
-                regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
-    """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server) in steps. Returns
-    the training stats (steps include the rewind node's) and where the rewind ran (None: no
-    rewind, or it failed)."""
-    if target is None:
-        return train_local(ctx, round, 0, regularizers), None
-    cfg = ctx.settings.training
-    total = steps_for(cfg.epochs, len(ctx.data.train), cfg.batch_size)
-    first, middle, last = split_steps(total, ctx.settings.federation.rewind.lam)
-    with ctx.model.lock:
-        optimizer = ctx.model.make_optimizer(ctx.model.module, ctx.settings.training)
-    phases = [train_local(ctx, round, 0, regularizers, steps=first, optimizer=optimizer)]
-    failed = f"rewind to {target} failed"
-    try:
-        remote = rewind_on(ctx, target, round, middle, optimizer) if middle > 0 else 0
-    except PeerError:  # the target holds no data yet (holds_no_data)
-        remote, failed = None, f"rewind: {target} {NO_DATA_YET}"
-    rewound_to = target if remote is not None else None
-    if remote is None:
-        notes.append(f"{failed}; trained its {middle} steps locally")
-        phases.append(train_local(ctx, round, 1, regularizers, steps=middle, optimizer=optimizer))
-    phases.append(train_local(ctx, round, 2, regularizers, steps=last, optimizer=optimizer))
-    seen = sum(p.samples for p in phases)
-    stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
-                       sum(p.steps for p in phases) + (remote or 0), seen, remote or 0,
-                       metrics=next((p.metrics for p in reversed(phases) if p.metrics), {}))
-    return stats, rewound_to
+__all__ = ["NO_DATA_YET", "LocalTraining", "holds_no_data", "optimizer_metadata", "rewind_training"]

@@ -2,21 +2,22 @@
 
 :class:`Node` is also the embeddable API::
 
-    node = Node.from_federation(federation, "node0", listen="0.0.0.0:50051")
+    node = Node.from_federation(federation, "node0", listen="0.0.0.0:50051", tls=identity)
     node.start()
     node.connect({"node1": "10.0.0.2:50051", ...})
     reports = node.run(on_round=print)   # every round of the federation
     node.stop()
 
-A node builds a :class:`~flmesh.runtime.round_context.RoundContext` (its settings,
-model, data, plug-ins, links and activity) and serves it; the round logic in
-:mod:`~flmesh.runtime.rounds` (written against the transport seam) and the answers
-to peers in :mod:`~flmesh.runtime.handlers` take that context, never the node. The
-node's own names for its parts (:class:`~flmesh.runtime.node_view.NodeView`)
-delegate to it. The algorithms live in :mod:`~flmesh.algorithms`. Threading: ``start`` serves RPCs
-on a thread pool; ``run`` blocks the calling thread and must be called from
-one thread at a time; ``cancel`` and ``stop`` may be called from any thread.
-Handlers never touch the node's own model: they work on fresh copies.
+A node wires its parts once (:class:`~flmesh.runtime.parts.NodeParts`: its settings, model,
+data share, plug-ins, inbox, transports, and the round engine built on them:
+:class:`~flmesh.runtime.peer_round.PeerRound`, :class:`~flmesh.runtime.star_round.StarRound`,
+the answers to peers in :class:`~flmesh.runtime.handlers.NodeHandlers`), serves the handlers
+through its transport backend and runs the rounds. Its public names are its life cycle and
+its status; flmesh's own tools reach the parts with :func:`parts_of`, tests through
+:mod:`flmesh.testing`. Threading: ``start`` serves RPCs on the backend's threads; ``run``
+blocks the calling thread and must be called from one thread at a time; ``cancel`` and
+``stop`` may be called from any thread. Handlers never touch the node's own model: they work
+on fresh copies.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,19 +39,24 @@ from flmesh.learning.learner import Learner
 from flmesh.learning.task import Task
 from flmesh.learning.tasks import TaskSource
 from flmesh.learning.trainer import TrainingStopped
-from flmesh.replay.buffer import ReplayBufferCore
+from flmesh.runtime.activity import Activity
 from flmesh.runtime.continual import ContinualState, node_share, wire_replay
 from flmesh.runtime.handlers import NodeHandlers
 from flmesh.runtime.inbox import Inbox
+from flmesh.runtime.local_training import LocalTraining
 from flmesh.runtime.model_state import ModelState
-from flmesh.runtime.node_view import NodeView
+from flmesh.runtime.parts import NodeParts, Settings, Share
 from flmesh.runtime.peer_calls import PeerCalls
+from flmesh.runtime.peer_exchange import PeerExchange
+from flmesh.runtime.peer_guard import DistanceGuard
+from flmesh.runtime.peer_round import PeerRound, check_addresses
+from flmesh.runtime.plugins import NodePlugins
 from flmesh.runtime.replay_link import ReplayLink
 from flmesh.runtime.reports import RoundReport, StarReport
-from flmesh.runtime.round_context import Links, RoundContext, Settings
+from flmesh.runtime.star_round import StarRound
 from flmesh.transports.backend import Backend, Server, TransportSettings, create
 from flmesh.transports.errors import PeerError
-from flmesh.transports.seam import ByteCounter, with_retry
+from flmesh.transports.seam import ByteCounter, PeerStatus, with_retry
 
 if TYPE_CHECKING:
     from torch import nn
@@ -61,39 +68,55 @@ if TYPE_CHECKING:
 Report = RoundReport | StarReport
 
 
-class Node(NodeView):
+@dataclass(frozen=True)
+class NodeOptions:
+    """How a node serves and keeps its state, fixed when it is built.
+
+    ``listen``: where :meth:`Node.start` serves (HOST:PORT; port 0 picks one). ``checkpoint_dir``:
+    where each round's checkpoint and each accepted delivery go (None: nowhere).
+    ``state_dir``: where a node that hosts the replay buffer keeps its privacy ledger.
+    ``members``: who may call the node (default: the federation's nodes; the Joint baseline's
+    node is not in the federation it serves). ``metrics``: Prometheus metrics of its rounds,
+    calls and retries (None: none kept). How calls are secured (mTLS identities, plaintext,
+    stream limits) is the transport backend's (:mod:`flmesh.transports.backend`)."""
+
+    listen: str = "127.0.0.1:0"
+    checkpoint_dir: Path | None = None
+    state_dir: Path | None = None
+    members: tuple[str, ...] | None = None
+    metrics: Metrics | None = None
+
+
+class Node:
     """A federation node: its model, data and algorithms, served to its peers, and the round loop.
 
     Life cycle: :meth:`from_federation` (a node over gRPC) or the constructor (any transport
     backend), :meth:`start` to serve, :meth:`connect` to give it its peers' addresses, :meth:`run`
-    for every round, :meth:`stop`. Threading: ``start`` serves RPCs on a thread pool; ``run``
-    blocks the calling thread and must be called from one thread at a time; ``cancel`` and
-    ``stop`` may be called from any thread. Handlers never touch the node's own model: they
-    work on fresh copies.
+    for every round, :meth:`stop`; :meth:`state` and :meth:`status` say where it is. Threading:
+    ``start`` serves RPCs on the backend's threads; ``run`` blocks the calling thread and must
+    be called from one thread at a time; ``cancel`` and ``stop`` may be called from any thread.
     """
 
     def __init__(self, federation: Federation, node_id: str, *, data: NodeData, backend: Backend,
-                 task: Task | None = None, aggregator: str | None = None, clock: Clock = REAL_CLOCK,
-                 members: list[str] | None = None, tasks: TaskSource | None = None,
-                 listen: str = "127.0.0.1:0", state_dir: Path | None = None, compute: Compute = UNGATED):
-        """Node ``node_id`` of ``federation``, reaching its peers through ``backend``
+                 task: Task | None = None, options: NodeOptions | None = None,
+                 aggregator: str | None = None, clock: Clock = REAL_CLOCK, tasks: TaskSource | None = None,
+                 compute: Compute = UNGATED):
+        """Node ``node_id`` of ``federation`` on ``data``, reaching its peers through ``backend``
         (:mod:`flmesh.transports.backend`; the node closes it in :meth:`stop` only when
-        :meth:`from_federation` made it). ``aggregator``: where a star federation's aggregator
-        serves (HOST:PORT; a backend that finds it by itself takes None). ``listen``: where
-        :meth:`start` serves. ``state_dir``: where a node that hosts the replay buffer keeps its
-        privacy ledger.
-
-        ``task``: the code the node runs (:class:`~flmesh.learning.task.Task`: what builds M_0,
-        what trains it; default: what the file names; every node of a federation, and its
-        aggregator, needs the same model). ``compute``: the gate its training and evaluations
-        hold (:mod:`flmesh.learning.compute`; a simulation's, shared by its nodes).
-        ``members``: who may call this node (default: the federation's nodes); the Joint
-        baseline's node is not in the federation it serves. Members, and the aggregator of a
-        star federation, may evaluate models on this node's test split and read its status.
-        ``tasks``: this node's data task by task in a continual federation (``data`` is then
-        only the shapes; the first round brings the first task)."""
+        :meth:`from_federation` made it). ``task``: the code the node runs
+        (:class:`~flmesh.learning.task.Task`: what builds M_0, what trains it; default: what the
+        file names; every node of a federation, and its aggregator, needs the same model).
+        ``options``: how it serves and keeps state (:class:`NodeOptions`). ``aggregator``:
+        where a star federation's aggregator serves (HOST:PORT; a backend that finds it by
+        itself takes None). ``tasks``: this node's data task by task in a continual federation
+        (``data`` is then only the shapes; the first round brings the first task). ``compute``:
+        the gate its training and evaluations hold (:mod:`flmesh.learning.compute`; a
+        simulation's, shared by its nodes). Raises ModelError, LearnerError or UserCodeError
+        (one line) for user code that does not fit the data."""
         task = task if task is not None else Task.of(federation)
-        settings = Settings.of(federation, node_id, members)
+        options = options or NodeOptions()
+        settings = Settings.of(federation, node_id, list(options.members) if options.members else None)
+        metrics = options.metrics
         counter = ByteCounter()  # bytes moved by this node's transports and handlers
         transport = backend.peer_transport(node_id, counter)
         transport.wire = settings.wire
@@ -101,23 +124,40 @@ class Node(NodeView):
         if federation.aggregator is not None:
             star = backend.aggregator_transport(node_id, aggregator, counter)
             star.wire = settings.wire
+        for called in (transport, star):  # the gRPC clients count their calls
+            if called is not None and hasattr(called, "metrics"):
+                called.metrics = metrics
         stop = threading.Event()
-        links = Links(transport=transport, aggregator=star, replay=ReplayLink(counter),
-                      calls=PeerCalls(node_id, settings.round_timeout_s, clock, stop), counter=counter,
-                      clock=clock, stop_event=stop, inbox=Inbox(clock), log=logging.getLogger("flmesh.node"))
+        inbox = Inbox(clock)
+        log = logging.getLogger("flmesh.node")
+        calls = PeerCalls(node_id, settings.round_timeout_s, clock, stop)
+        calls.metrics = metrics
         device = select_device(settings.training.device)
-        state = ModelState.for_federation(federation, task, data.train, device, settings.training, compute)
-        self.ctx = RoundContext(settings, state, data, links,
-                                ContinualState(tasks) if tasks is not None else None)
-        self.handlers = NodeHandlers(self.ctx)
-        self.backend = backend
-        self.owns_backend = False  # from_federation made it: stop() closes it
-        self.address: str | None = None
-        self.listen = listen
-        self.joined = False  # a star node has joined its aggregator
-        # the replay buffer, when this node hosts it
-        self.replay_host: ReplayBufferCore | None = wire_replay(self.ctx, backend, aggregator, state_dir)
+        model = ModelState.for_federation(federation, task, data.train, device, settings.training, compute)
+        share, activity, replay = Share(data), Activity(), ReplayLink(counter)
+        plugins = NodePlugins.build(federation, node_id, settings.training, lambda: share.data.train,
+                                    model.new_model, model.spec, model.device, replay)
+        guard = DistanceGuard(federation.distance_guard, lambda: model.new_model().state_dict())
+        continual = ContinualState(tasks) if tasks is not None else None
+        training = LocalTraining(settings, model, share, plugins, activity, calls, transport, stop, metrics)
+        exchange = PeerExchange(settings, model, share, transport, calls, inbox, clock, stop, activity, log)
+        self._parts = NodeParts(
+            settings=settings, model=model, share=share, plugins=plugins, activity=activity, inbox=inbox,
+            transport=transport, aggregator=star, replay=replay, calls=calls, counter=counter, clock=clock,
+            stop=stop, log=log, guard=guard, continual=continual,
+            handlers=NodeHandlers(settings, model, share, plugins, activity, inbox, counter, stop, log,
+                                  metrics, options.checkpoint_dir),
+            peer_round=PeerRound(settings, model, share, plugins, activity, inbox, transport, counter, clock,
+                                 stop, log, guard, continual, exchange, training, metrics),
+            star_round=(StarRound(settings, model, share, plugins, activity, star, counter, clock, stop, log,
+                                  continual, training, metrics) if star is not None else None),
+            checkpoint_dir=options.checkpoint_dir, metrics=metrics)
+        self._parts.replay_host = wire_replay(self._parts, backend, aggregator, options.state_dir)
+        self._backend = backend
+        self._owns_backend = False  # from_federation made it: stop() closes it
+        self._options = options
         self._server: Server | None = None
+        self._joined = False
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -154,63 +194,71 @@ class Node(NodeView):
         try:
             task = Task.of(federation, model=model, learner=learner)
             share, tasks = node_share(federation, node_id, data, dataset, task.source)
-            node = cls(federation, node_id, data=share, backend=backend, task=task, aggregator=aggregator,
-                       tasks=tasks, listen=listen or cfg.address or "127.0.0.1:0", state_dir=state_dir)
+            options = NodeOptions(listen=listen or cfg.address or "127.0.0.1:0", state_dir=state_dir)
+            node = cls(federation, node_id, data=share, backend=backend, task=task, options=options,
+                       aggregator=aggregator, tasks=tasks)
         except BaseException:
             backend.close()
             raise
-        node.owns_backend = True
+        node._owns_backend = True
         node.connect(peers)
         return node
+
+    # ------------------------------------------------------------------ status
+    @property
+    def node_id(self) -> str:
+        return self._parts.settings.node_id
+
+    @property
+    def address(self) -> str | None:
+        """Where the node serves (set by :meth:`start`; None before)."""
+        return self._server.address if self._server is not None else None
+
+    def state(self) -> str:
+        """What the node is doing now: "starting", "idle", "waiting", "training", "rewinding",
+        "sending", "done" or "stopped". Thread-safe."""
+        return self._parts.activity.current()[0]
+
+    def status(self) -> PeerStatus:
+        """What its ``Status`` answers: its state, the last round it finished and that round's
+        accuracy, its inbox and data sizes. Thread-safe."""
+        return self._parts.status()
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> str:
         """Serve this node's handlers through its backend; returns the address it serves on.
         Non-blocking. Over gRPC, raises InsecureError without an mTLS identity unless the node
         was built ``insecure``."""
-        server = self.backend.serve_node(self.node_id, self.listen, self.handlers, self.replay_host)
-        self._server, self.address = server, server.address
-        self.ctx.activity.set_state("idle")
-        return self.address
-
-    def set_metrics(self, metrics: Metrics) -> None:
-        """Keep Prometheus metrics of this node's rounds, calls and retries in ``metrics``."""
-        self.ctx.links.metrics = metrics
-        self.ctx.links.calls.metrics = metrics
-        for transport in (self.transport, self.aggregator):
-            if transport is not None and hasattr(transport, "metrics"):
-                transport.metrics = metrics
+        parts = self._parts
+        self._server = self._backend.serve_node(self.node_id, self._options.listen, parts.handlers,
+                                                parts.replay_host)
+        parts.activity.set_state("idle")
+        return self._server.address
 
     def connect(self, peers: Mapping[str, str]) -> None:
         """Set or update peers' addresses (node id -> HOST:PORT), the replay host's among them."""
-        self.transport.connect({p: a for p, a in peers.items() if p != self.node_id})
-        self.replay.connect(peers)
-
-    def mark_done(self) -> None:
-        """Say (in ``Status``) that this node needs nothing more from its peers.
-
-        Not set by the last round itself: a caller may still evaluate on its peers
-        after it (fl-node's --cross-eval), and peers keep serving until all are done."""
-        self.ctx.activity.set_state("done")
+        self._parts.transport.connect({p: a for p, a in peers.items() if p != self.node_id})
+        self._parts.replay.connect(peers)
 
     def cancel(self) -> None:
         """Make a running round loop end soon (waits stop, no new round starts). Thread-safe."""
-        self.stop_event.set()
-        self.inbox.wake()
+        self._parts.stop.set()
+        self._parts.inbox.wake()
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop the round loop and the server, close transports; idempotent. Blocks up to ``grace`` s."""
+        parts = self._parts
         self.cancel()
         if self._server is not None:
             self._server.stop(grace)
             self._server = None
-        self.transport.close()
-        self.replay.close()
-        if self.aggregator is not None:
-            self.aggregator.close()
-        if self.owns_backend:
-            self.backend.close()
-        self.ctx.activity.set_state("stopped")
+        parts.transport.close()
+        parts.replay.close()
+        if parts.aggregator is not None:
+            parts.aggregator.close()
+        if self._owns_backend:
+            self._backend.close()
+        parts.activity.set_state("stopped")
 
     def __enter__(self) -> Node:
         if self._server is None:
@@ -221,28 +269,15 @@ class Node(NodeView):
         self.stop()
 
     # ------------------------------------------------------------------ rounds
-    def run_round(self, round: int) -> RoundReport:
-        """One decentralized round (see :func:`flmesh.runtime.rounds.run_peer_round`)."""
-        from flmesh.runtime.rounds import run_peer_round
-
-        return run_peer_round(self.ctx, round)
-
-    def run_star_round(self, round: int) -> StarReport:
-        """One round with the aggregator (see :func:`flmesh.runtime.rounds.run_star_round`)."""
-        from flmesh.runtime.rounds import run_star_round
-
-        return run_star_round(self.ctx, round)
-
-    def join(self, timeout: float | None = None) -> None:
-        """Join the aggregator of a star federation, retrying up to ``timeout`` s (default: the
-        round timeout). Raises PeerError when it never answers or refuses."""
-        assert self.aggregator is not None, "join() needs an aggregator"
-        agg = self.aggregator
-        with_retry(lambda: agg.join(self.node_id, len(self.data.train), self.data.train.label_counts(),
-                                    self.address or "", timeout=5.0),
-                   self.round_timeout_s if timeout is None else timeout, clock=self.clock,
-                   stop=self.stop_event)
-        self.joined = True
+    def _join(self, timeout: float | None = None) -> None:
+        parts = self._parts
+        agg, train = parts.aggregator, parts.share.data.train
+        assert agg is not None, "joining needs an aggregator"
+        with_retry(lambda: agg.join(self.node_id, len(train), train.label_counts(), self.address or "",
+                                    timeout=5.0),
+                   parts.settings.round_timeout_s if timeout is None else timeout, clock=parts.clock,
+                   stop=parts.stop)
+        self._joined = True
 
     def run(self, rounds: int | None = None, on_round: Callable[[Report], None] | None = None,
             first: int = 1) -> list[Report]:
@@ -250,7 +285,7 @@ class Node(NodeView):
 
         This is the one round loop: fl-node, fl-sim and embedders all call it,
         with ``on_round`` receiving each report as soon as its round ends (before
-        the round's checkpoint, when ``checkpoint_dir`` is set: a crash between the two
+        the round's checkpoint, when the node keeps them: a crash between the two
         re-runs the round on ``--resume`` instead of losing its row). A star node
         joins its aggregator first. Stops early (after the round in
         progress, or at once when it is training: that round is dropped) when
@@ -259,35 +294,46 @@ class Node(NodeView):
         schedule names a peer without an address, and PeerError when the
         aggregator fails.
         """
-        from flmesh.runtime.rounds import check_addresses
-
-        last = rounds or self.rounds
-        star = self.aggregator is not None
-        if not star:
+        parts = self._parts
+        last = rounds or parts.settings.rounds
+        star = parts.star_round
+        if star is None:
             for t in range(first, last + 1):
-                check_addresses(self.ctx, t)
-        elif not self.joined:
-            self.join()
+                check_addresses(parts.settings, parts.transport, t)
+        elif not self._joined:
+            self._join()
         reports: list[Report] = []
         for t in range(first, last + 1):
-            if self.stop_event.is_set():
+            if parts.stop.is_set():
                 break
             try:
-                report: Report = self.run_star_round(t) if star else self.run_round(t)
+                report: Report = star.run(t) if star is not None else parts.peer_round.run(t)
             except TrainingStopped:  # stop() came mid-training: the round is incomplete, keep it out
                 break
             reports.append(report)
             if on_round is not None:  # the row first: a crash before the checkpoint re-runs the round
                 on_round(report)
-            if self.checkpoint_dir is not None:
+            if parts.checkpoint_dir is not None:
                 from flmesh.runtime.checkpoint import save
 
-                save(self.ctx, t, self.checkpoint_dir)
-            metrics = self.ctx.links.metrics
-            if metrics is not None:
-                metrics.phase("round", report.wall_s)
-                metrics.round_done(t, len(self.inbox), report.privacy_spent)
+                save(parts, t, parts.checkpoint_dir)
+            if parts.metrics is not None:
+                parts.metrics.phase("round", report.wall_s)
+                parts.metrics.round_done(t, len(parts.inbox), report.privacy_spent)
         return reports
 
 
-__all__ = ["FederationError", "Node", "PeerError", "Report"]
+def parts_of(node: Node) -> NodeParts:
+    """``node``'s parts, for flmesh's own tools (fl-sim, fl-node) and :mod:`flmesh.testing`: not
+    part of the public API."""
+    return node._parts
+
+
+def join_aggregator(node: Node, timeout: float | None = None) -> None:
+    """Join ``node``'s aggregator (a star federation), retrying up to ``timeout`` s (default: the
+    round timeout); :meth:`Node.run` joins by itself when nobody did. Raises PeerError when it
+    never answers or refuses."""
+    node._join(timeout)
+
+
+__all__ = ["FederationError", "Node", "NodeOptions", "PeerError", "Report", "join_aggregator", "parts_of"]

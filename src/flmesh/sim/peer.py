@@ -38,7 +38,7 @@ from flmesh.learning.metrics import sampled_federation_metrics
 from flmesh.learning.task import Task
 from flmesh.learning.trainer import evaluate
 from flmesh.reports.results import Matrix, NodeRound, RoundRow, SparseMatrix
-from flmesh.runtime.node import Node, Report
+from flmesh.runtime.node import Node, Report, parts_of
 from flmesh.runtime.reports import EvalResult, RoundReport, StarReport
 from flmesh.sim.processes import JOINT_ID, SimProcesses
 from flmesh.sim.record import sim_config
@@ -213,7 +213,7 @@ class PeerDriver:
 
     def replay_host(self) -> ReplayBufferCore | None:
         """The replay buffer of the node ``[replay] host`` names (None without one, before start)."""
-        return next((n.replay_host for n in self.nodes if n.replay_host is not None), None)
+        return next((host for n in self.nodes if (host := parts_of(n).replay_host) is not None), None)
 
     def config(self) -> dict[str, Any]:
         fed = self.federation
@@ -266,7 +266,8 @@ class PeerDriver:
         cores nor with other nodes' round t, whose ``wall_s`` it would inflate (more so the more
         nodes there are).
         The numbers do not depend on them; a stop ends the waits."""
-        ended = trainer.clock.now()
+        mine = parts_of(trainer)
+        ended = mine.clock.now()
         if self._stopped.is_set():
             return  # interrupted mid-round: what the nodes did is incomplete; keep it out
         t = report.round
@@ -278,10 +279,11 @@ class PeerDriver:
             # node gives (tests/test_sim.py checks it), without N model transfers per trainer
             task = getattr(report, "task", None)
             cols = evaluated_columns(self.federation, t, trainer.node_id, task)
-            with trainer.model_lock:  # only the drawn columns: a node's share stays O(K), not O(N)
+            model = mine.model
+            with model.lock:  # only the drawn columns: a node's share stays O(K), not O(N)
                 evals = {j: reported_own(report, self.nodes[j] is trainer and task is None) or
-                         evaluate(trainer.model, self.nodes[j].data.test.up_to_task(task),
-                                  device=trainer.device, learner=trainer.learner,
+                         evaluate(model.module, parts_of(self.nodes[j]).share.data.test.up_to_task(task),
+                                  device=model.device, learner=model.learner,
                                   compute=self.processes.compute) for j in sorted(cols)}
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)

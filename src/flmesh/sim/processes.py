@@ -16,7 +16,7 @@ from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData, NodeData
 from flmesh.learning.task import Task
 from flmesh.runtime.continual import node_share
-from flmesh.runtime.node import Node
+from flmesh.runtime.node import Node, NodeOptions
 from flmesh.transports.backend import Backend, TransportSettings, create
 
 #: The Joint baseline's node: one node holding every node's training data (fl-sim's peer driver).
@@ -52,9 +52,9 @@ class SimProcesses:
              members: list[str] | None = None) -> Node:
         """One node of ``federation`` (the simulated one, or the Joint baseline's) on the backend,
         not yet served."""
-        return Node(federation, node_id, data=data, backend=self.backend, task=self.task,
-                    aggregator=self._aggregator_address, members=members, listen="127.0.0.1:0",
-                    compute=self.compute)
+        options = NodeOptions(members=tuple(members) if members is not None else None)
+        return Node(federation, node_id, data=data, backend=self.backend, task=self.task, options=options,
+                    aggregator=self._aggregator_address, compute=self.compute)
 
     def nodes(self, data: dict[str, NodeData], dataset: ArrayData) -> list[Node]:
         """Every node of the federation, served and connected to the others (call
@@ -64,8 +64,7 @@ class SimProcesses:
         for nid in fed.node_ids:
             share, tasks = node_share(fed, nid, data[nid], dataset, self.task.source)
             nodes.append(Node(fed, nid, data=share, backend=self.backend, task=self.task,
-                              aggregator=self._aggregator_address, tasks=tasks, listen="127.0.0.1:0",
-                              compute=self.compute))
+                              aggregator=self._aggregator_address, tasks=tasks, compute=self.compute))
         addresses = {node.node_id: node.start() for node in nodes}
         for node in nodes:
             node.connect(addresses)

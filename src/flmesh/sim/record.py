@@ -10,7 +10,7 @@
   versions (:func:`write_record`);
 
 and, when the run ends, with a DP replay buffer (``[replay]``), ``privacy_ledger.json``: the
-buffer host's privacy ledger (:func:`write_ledger`).
+buffer host's privacy ledger (:func:`~flmesh.reports.run_files.write_ledger`).
 
 :func:`load_record` reads both back into a :class:`RunRecord` (``fl-sim rerun`` and
 ``fl-sim --resume``); a folder without them, or whose ``federation.toml`` no longer is the
@@ -37,7 +37,7 @@ from flmesh.reports.run_files import write_atomic
 from flmesh.sim.simulation import Transport
 
 if TYPE_CHECKING:
-    from flmesh.replay.ledger import PrivacyLedger
+    pass
 
 RUN_FILE = "run.json"
 FEDERATION_FILE = "federation.toml"
@@ -113,9 +113,9 @@ def versions() -> dict[str, str]:
     import numpy
     import torch
 
-    from flmesh.cli.common import flmesh_version
+    import flmesh
 
-    return {"flmesh": flmesh_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+    return {"flmesh": flmesh.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version()}
 
 
@@ -149,22 +149,6 @@ def note_resume(folder: Path, after: int, argv: Sequence[str]) -> None:
         {"after_round": after, "command": ["fl-sim", *argv], "versions": versions(),
          "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
     write_atomic(path, json.dumps(record, indent=2) + "\n")
-
-
-def write_ledger(folder: Path, ledger: PrivacyLedger) -> Path:
-    """Write ``folder``/privacy_ledger.json (atomically) from a replay buffer host's ledger:
-    ``releases`` as the host keeps them (client, task, epsilon; the host's own ledger file
-    reads back from it) and ``spent``, each client's epsilon in all
-    (:meth:`~flmesh.replay.ledger.PrivacyLedger.totals`). Its path. Blocks; safe while the
-    host still records releases (a release replaces the ledger's list whole)."""
-    from flmesh.replay.ledger import LEDGER_FILE, PrivacyLedger
-
-    snapshot = PrivacyLedger(None)  # one list for both keys, whatever the host records meanwhile
-    snapshot.releases = list(ledger.releases)
-    path = folder / LEDGER_FILE
-    write_atomic(path, json.dumps({"releases": snapshot.releases, "spent": snapshot.totals()},
-                                  indent=1) + "\n")
-    return path
 
 
 def _digest(text: str) -> str:

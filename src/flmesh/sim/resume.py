@@ -27,6 +27,7 @@ from flmesh.reports.run_files import write_atomic
 from flmesh.runtime.checkpoint import keep_delivery
 from flmesh.runtime.checkpoint import restore as restore_node
 from flmesh.runtime.checkpoint import save as save_node
+from flmesh.runtime.node import parts_of
 from flmesh.sim.threads import WAKE_S, Lockstep
 
 if TYPE_CHECKING:
@@ -79,8 +80,9 @@ class SimCheckpoints:
             return
         folder = self._round(t) / node.node_id
         folder.mkdir(parents=True, exist_ok=True)
-        save_node(node.ctx, t, folder)
-        inbox = node.ctx.links.inbox
+        parts = parts_of(node)
+        save_node(parts, t, folder)
+        inbox = parts.inbox
         for key in inbox.keys():
             if key.round >= t and (model := inbox.get(key)) is not None:
                 keep_delivery(folder, key, model)
@@ -132,7 +134,8 @@ class SimCheckpoints:
 
     def restore_node(self, node: Node) -> None:
         """Load ``node`` from the committed round's checkpoint."""
-        self._restore(restore_node(node.ctx, self._round(self.resumed_after) / node.node_id), node.node_id)
+        folder = self._round(self.resumed_after) / node.node_id
+        self._restore(restore_node(parts_of(node), folder), node.node_id)
 
     def restore_aggregator(self, aggregator: Aggregator) -> None:
         from flmesh.aggregator.checkpoint import restore

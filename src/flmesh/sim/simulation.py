@@ -239,7 +239,7 @@ class Simulation:
         """Write the privacy ledger into the run folder; why it could not be (one line), or None."""
         if (ledger := self.privacy_ledger()) is None:
             return None
-        from flmesh.sim.record import write_ledger
+        from flmesh.reports.run_files import write_ledger
 
         try:
             write_ledger(self.out_dir, ledger)

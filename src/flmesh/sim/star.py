@@ -25,7 +25,7 @@ from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.task import Task
 from flmesh.reports.results import NodeRound, RoundRow
-from flmesh.runtime.node import Node, Report
+from flmesh.runtime.node import Node, Report, parts_of
 from flmesh.runtime.reports import StarReport
 from flmesh.sim.processes import SimProcesses
 from flmesh.sim.record import sim_config
@@ -85,7 +85,7 @@ class StarDriver:
         dataset = load_dataset(fed.data, self.processes.task.source)
         data = federation_data(fed, dataset)
         self.aggregator = self.processes.aggregator(
-            dataset, tests=lambda: {n.node_id: n.data.test for n in self.nodes})
+            dataset, tests=lambda: {n.node_id: parts_of(n).share.data.test for n in self.nodes})
         self.nodes = self.processes.nodes(data, dataset)  # rewinds go node to node
 
     def stop(self) -> None:

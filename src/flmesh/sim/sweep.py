@@ -167,8 +167,9 @@ class Sweep:
         panels of the finished runs, a band per combination over its seeds) and name them in
         sweep.json; the picture's path. Blocks."""
         from flmesh.reports import compare
+        from flmesh.reports.compare_runs import collect
 
-        content = compare.build(compare.collect([self.folder]), "std")
+        content = compare.build(collect([self.folder]), "std")
         content["title"] = f"{self.head['federation']} sweep — {content['title'].partition(' — ')[2]}"
         picture, curves = compare.write(content, self.folder, "bands")
         self.head.update(picture=picture.name, curves=curves.name)

@@ -52,9 +52,3 @@ class TlsMismatch(PeerError):
 
 class UnknownPeerError(LookupError):
     """The caller named a peer this node has no address for (or that is not a member)."""
-
-
-class CertError(ValueError):
-    """A certificate, key or name problem: one line naming the file (or value) and the problem.
-    (Raised by :mod:`flmesh.pki.files` and the modules on it; here so that code that
-    only catches it, as fl-node's start-up does, does not import ``cryptography``.)"""

@@ -1,13 +1,13 @@
 """The transport seam: what round logic may ask of other processes, and nothing more.
 
-Round logic (:mod:`flmesh.runtime.rounds`) and the aggregator call these
-protocols; they never build a gRPC object. Two implementations exist:
-:mod:`flmesh.transports.grpc.peer_client` / :mod:`flmesh.transports.grpc.aggregator_client`
-(gRPC: fl-node, ``fl-sim --transport grpc``) and :mod:`flmesh.transports.memory.network` (in-memory:
-fl-sim's default, and the round tests). The
-other side of each call is a *handlers* object (:class:`PeerHandlers`,
-:class:`AggregatorHandlers`): transport-free logic that a thin gRPC servicer
-or the in-memory transport calls with the caller's identity.
+Round logic (:mod:`flmesh.runtime.peer_round`, :mod:`flmesh.runtime.star_round`) and the
+aggregator call these protocols; they never build a transport themselves. A transport backend
+(:mod:`flmesh.transports.backend`) makes them: ``memory`` (:mod:`flmesh.transports.memory`,
+fl-sim's default and the round tests) or ``grpc`` (:mod:`flmesh.transports.grpc`: fl-node,
+``fl-sim --transport grpc``), or one a package registers. The other side of each call is a
+*handlers* object (:class:`PeerHandlers`, :class:`AggregatorHandlers`, :class:`ReplayHandlers`):
+transport-free logic that a thin gRPC servicer or the in-memory transport calls with the
+caller's identity.
 
 Every transport method blocks until the call ends or its timeout (seconds)
 passes, and raises :class:`~flmesh.transports.errors.PeerError` (one line: peer,

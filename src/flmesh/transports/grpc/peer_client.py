@@ -23,7 +23,7 @@ from flmesh.format import codec
 from flmesh.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelSpec
 from flmesh.format.compression import RAW
 from flmesh.format.frames import parse_chunk
-from flmesh.runtime.reports import EvalResult
+from flmesh.learning.stats import EvalResult
 from flmesh.transports.errors import PeerError, TlsMismatch
 from flmesh.transports.grpc import serde
 from flmesh.transports.grpc.channels import make_channel

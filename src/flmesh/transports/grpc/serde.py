@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from flmesh.runtime.reports import EvalResult
+from flmesh.learning.stats import EvalResult
 from flmesh.v1 import peer_pb2
 
 D = TypeVar("D")

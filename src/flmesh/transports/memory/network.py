@@ -26,7 +26,7 @@ from flmesh.format import codec
 from flmesh.format.codec import DecodedModel, EncodedModel, ModelSpec
 from flmesh.format.compression import RAW
 from flmesh.format.frames import DataChunk, parse_chunk
-from flmesh.runtime.reports import EvalResult
+from flmesh.learning.stats import EvalResult
 from flmesh.transports.errors import PeerError, Refused
 from flmesh.transports.seam import (
     AggregatorHandlers,

@@ -1,0 +1,170 @@
+"""A round with an aggregator (FedRewind Alg. 2 when rewind is on), against the transport seam.
+
+Poll; only when sampled fetch the global model, train it with the strategy's client half, and
+submit the update with its extras. :class:`StarRound` holds the parts of the node the round
+uses. Blocking; called from the node's one round loop (:meth:`flmesh.runtime.node.Node.run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flmesh.algorithms.base import Tensors
+from flmesh.format.codec import ModelMeta, encode
+from flmesh.runtime.parts import evaluate_own
+from flmesh.runtime.peer_round import privacy_spent
+from flmesh.runtime.reports import StarReport
+from flmesh.topology.peers import star_rewind_target
+from flmesh.transports.errors import PeerError
+from flmesh.transports.seam import PollInfo, with_retry
+
+if TYPE_CHECKING:
+    from flmesh.clock import Clock
+    from flmesh.observe.metrics import Metrics
+    from flmesh.runtime.activity import Activity
+    from flmesh.runtime.continual import ContinualState
+    from flmesh.runtime.local_training import LocalTraining
+    from flmesh.runtime.model_state import ModelState
+    from flmesh.runtime.parts import Settings, Share
+    from flmesh.runtime.plugins import NodePlugins
+    from flmesh.transports.seam import AggregatorTransport, ByteCounter
+
+#: Longest single Poll the node asks for; it polls again until its own deadline.
+POLL_WAIT_S = 5.0
+
+
+def reconnect_window(settings: Settings) -> float:
+    """How long a star node keeps trying an aggregator that went away (a restarted one resumes
+    from its checkpoint): a round timeout plus the aggregator's collection deadline."""
+    agg = settings.federation.aggregator
+    return settings.round_timeout_s + (agg.deadline_s if agg is not None else 0.0)
+
+
+class StarRound:
+    """One node's rounds with the aggregator. Not thread-safe: the round loop calls :meth:`run`."""
+
+    def __init__(self, settings: Settings, model: ModelState, share: Share, plugins: NodePlugins,
+                 activity: Activity, aggregator: AggregatorTransport, counter: ByteCounter, clock: Clock,
+                 stop: threading.Event, log: logging.Logger, continual: ContinualState | None,
+                 training: LocalTraining, metrics: Metrics | None = None):
+        self.settings, self.model, self.share, self.plugins = settings, model, share, plugins
+        self.activity, self.aggregator, self.counter = activity, aggregator, counter
+        self.clock, self.stop, self.log = clock, stop, log
+        self.continual, self.training, self.metrics = continual, training, metrics
+
+    def run(self, round: int) -> StarReport:
+        """One round with an aggregator (FedRewind Alg. 2 when rewind is on).
+
+        Poll until the aggregator opens ``round``; a node not sampled downloads
+        nothing. A sampled node fetches the global model (with the strategy's
+        published extras), trains it E epochs with its client halves' objective
+        and regularizers (with rewind: (1-2λ)E local, λE on the previous node in
+        the chain, λE local, Eq. 4), and submits the update with its extras.
+        """
+        settings, model, plugins, continual = self.settings, self.model, self.plugins, self.continual
+        me, agg = settings.node_id, self.aggregator
+        start = self.clock.now()
+        notes = continual.advance(plugins, self.share, round) if continual is not None else []
+        task = continual.task if continual is not None else None
+        self.activity.set_state("waiting", "aggregator")
+        info = self._poll_until_open(round)
+        open_round, done = info.round, info.done
+        if open_round != round or done or not info.selected:
+            self.activity.set_state("idle")
+            if open_round != round or done:
+                notes.append(f"the aggregator is in round {open_round}{' (done)' if done else ''}; "
+                             f"skipped round {round}")
+            sent, got = self.counter.take()
+            return StarReport(node=me, round=round, selected=False, wall_s=self.clock.now() - start,
+                              notes=tuple(notes), bytes_sent=sum(sent.values()),
+                              bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
+                              task=task)
+        fetched = with_retry(lambda: agg.fetch(me, round, expected=plugins.global_spec,
+                                               max_bytes=settings.max_model_bytes,
+                                               timeout=settings.round_timeout_s),
+                             reconnect_window(settings), clock=self.clock, stop=self.stop,
+                             on_retry=self._lost_aggregator(round, "fetching the global model"))
+        start_state: Tensors = {k: fetched.state_dict[k] for k in model.spec}
+        published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in model.spec}
+        model.load_state(start_state)
+        start_eval = evaluate_own(model, self.share, self.metrics)
+        regularizers = [r for client in plugins.clients.values()
+                        for r in client.regularizers(start_state, published)]
+        target = star_rewind_target(settings.federation, me, round)
+        stats, rewound_to = self.training.train_round(round, target, notes, regularizers)
+        local = evaluate_own(model, self.share, self.metrics)
+        state = model.state_dict()
+        extras: Tensors = {}
+        with model.lock:
+            for client in plugins.clients.values():
+                extras.update(client.update_extras(model.module))
+        train = self.share.data.train
+        meta = ModelMeta(round=round, sender=me, kind="update", num_samples=len(train),
+                         label_counts=tuple(train.label_counts()), architecture=model.architecture)
+        self.activity.set_state("sending", "aggregator")
+        update = encode({**state, **extras}, meta, settings.wire)
+        reply = with_retry(lambda: agg.submit(update, timeout=settings.round_timeout_s),
+                           reconnect_window(settings), clock=self.clock, stop=self.stop,
+                           on_retry=self._lost_aggregator(round, "submitting its update"))
+        if reply.late:
+            notes.append(f"update for round {round} arrived after the round closed")
+        for client in plugins.clients.values():
+            client.after_update(round, state, extras, included=reply.accepted or reply.duplicate)
+        self.activity.finish_round(round, local.accuracy)
+        self.activity.set_state("idle")
+        sent, got = self.counter.take()
+        return StarReport(node=me, round=round, selected=True, submitted=reply.accepted or reply.duplicate,
+                          late=reply.late, train=stats, start=start_eval, local=local, rewound_to=rewound_to,
+                          wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
+                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task)
+
+    def _lost_aggregator(self, round: int, doing: str) -> Callable[[PeerError], None]:
+        """A with_retry callback that says once, as the Poll loop does, that the aggregator went away."""
+        said: list[bool] = []
+
+        def on_retry(exc: PeerError) -> None:
+            if not said:
+                said.append(True)
+                self.log.warning("round %d: lost the aggregator while %s (%s); reconnecting for up to %gs",
+                                 round, doing, exc.details or exc.code, reconnect_window(self.settings),
+                                 extra={"node": self.settings.node_id, "round": round, "peer": "aggregator"})
+
+        return on_retry
+
+    def _poll_until_open(self, round: int) -> PollInfo:
+        """Poll the aggregator until ``round`` (or a later one) is open: where it is. An unreachable
+        aggregator is polled again until :func:`reconnect_window` passes. Raises PeerError when it
+        does not open (or come back) in time."""
+        me, window = self.settings.node_id, reconnect_window(self.settings)
+        deadline = self.clock.now() + window
+        lost: PeerError | None = None
+        while True:
+            remaining = deadline - self.clock.now()
+            try:
+                info = self.aggregator.poll(me, round, wait_s=max(0.0, min(POLL_WAIT_S, remaining)))
+            except PeerError as exc:
+                if not exc.retryable or remaining <= 0 or self.stop.is_set():
+                    raise
+                if lost is None:
+                    self.log.warning("round %d: lost the aggregator (%s); reconnecting for up to %gs",
+                                     round, exc.details or exc.code, remaining,
+                                     extra={"node": me, "round": round, "peer": "aggregator"})
+                lost = exc
+                self.clock.sleep(min(1.0, remaining), self.stop)
+                continue
+            if lost is not None:
+                self.log.info("round %d: the aggregator is back", round,
+                              extra={"node": me, "round": round, "peer": "aggregator"})
+                lost = None
+            if info.round >= round or info.done:
+                return info
+            if remaining <= 0 or self.stop.is_set():
+                raise PeerError("aggregator", "", "UNAVAILABLE",
+                                f"round {round} did not open within {window:g}s "
+                                f"(the aggregator is in round {info.round})")
+
+
+__all__ = ["POLL_WAIT_S", "StarRound", "reconnect_window"]
