@@ -168,3 +168,46 @@ def test_the_algorithms_page_lists_every_built_in_and_its_parameters():
         assert set(shown) == {p.name for p in plugin.params}, builtin
         for p in plugin.params:
             assert shown[p.name].strip('`"') == str(p.default), (builtin, p.name)
+
+
+def test_a_plug_ins_settings_are_typed_and_its_halves_get_them():
+    fed = parse_federation(tiny_raw(aggregator={"strategy": "fedavgm", "params": {"server_lr": 2}}))
+    settings = algorithms.strategy(fed).settings(fed)
+    assert settings.server_lr == 2.0 and isinstance(settings.server_lr, float), "declared float: a float"
+    assert settings["momentum"] == settings.momentum == 0.9 and dict(settings) == settings
+    with pytest.raises(AttributeError, match="fedavgm declares no parameter 'mu'"):
+        settings.mu  # noqa: B018 - the error is the point
+    with pytest.raises(AttributeError, match="read-only"):
+        settings.momentum = 0.0
+
+
+def test_the_strategys_table_may_be_its_algorithm_table_but_not_both():
+    as_params = parse_federation(tiny_raw(aggregator={"strategy": "fedprox", "params": {"mu": 0.3}}))
+    as_table = parse_federation({**tiny_raw(aggregator={"strategy": "fedprox"}),
+                                 "algorithm": {"fedprox": {"mu": 0.3}}})
+    assert as_params.aggregator.params == as_table.aggregator.params == {"mu": 0.3}
+    assert algorithms.load("fedprox").settings(as_table).mu == 0.3
+    with pytest.raises(FederationError, match=r"\[aggregator.params\]: the strategy's table is given as "
+                                              r"\[algorithm.fedprox\] too: keep one of them"):
+        parse_federation({**tiny_raw(aggregator={"strategy": "fedprox", "params": {"mu": 0.1}}),
+                          "algorithm": {"fedprox": {"mu": 0.3}}})
+
+
+def test_fedcurvs_lambda_lives_in_its_table_and_the_old_key_is_read_for_one_version():
+    new = parse_federation({**tiny_raw(), "algorithm": {"fedcurv": {"lambda": 2.0}}})
+    old = parse_federation(tiny_raw(training={"fedcurv_lambda": 2.0}))
+    assert new.algorithms["fedcurv"] == old.algorithms["fedcurv"] == {"lambda": 2.0, "average": "plain",
+                                                                      "max_age": 0}
+    assert [p.name for p in algorithms.for_node(old, old.training)] == ["ce", "fedcurv"]
+    off = parse_federation(tiny_raw(training={"fedcurv_lambda": 0.0}))
+    assert "fedcurv" not in off.algorithms, "0 was off"
+    for raw, expected in [
+        ({**tiny_raw(training={"fedcurv_lambda": 1.0}), "algorithm": {"fedcurv": {"lambda": 2.0}}},
+         r"\[training\] fedcurv_lambda: deprecated, and \[algorithm.fedcurv\] lambda is given too"),
+        ({**tiny_raw(), "nodes": {"node0": {"fedcurv_lambda": 1.0}}},
+         r"\[nodes.node0\] fedcurv_lambda: moved to \[algorithm.fedcurv\] lambda, one value"),
+        (tiny_raw(training={"fedcurv_lambda": 1.0}, aggregator={"strategy": "fedcurv"}),
+         r"\[training\] fedcurv_lambda: moved to \[algorithm.fedcurv\] lambda; with an aggregator"),
+    ]:
+        with pytest.raises(FederationError, match=expected):
+            parse_federation(raw)

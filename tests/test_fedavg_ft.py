@@ -25,7 +25,8 @@ def _setup(server_epochs: float):
     def factory() -> torch.nn.Module:
         return build_model(fed.model, (1, 8, 8), 10, seed=5)
 
-    ctx = ServerContext(fed, factory, trainable_spec(factory()), 10, public, torch.device("cpu"))
+    ctx = ServerContext(fed, factory, trainable_spec(factory()), 10, public, torch.device("cpu"),
+                        settings=algorithms.strategy(fed).settings(fed))
     updates = [Update(f"node{i}", 4, build_model(fed.model, (1, 8, 8), 10, seed=i).state_dict(), 10 * (i + 1),
                       (1,) * 10) for i in range(3)]
     return fed, ctx, factory, public, updates

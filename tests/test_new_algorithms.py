@@ -25,8 +25,10 @@ def star(strategy: str, **params: float) -> Federation:
 
 
 def server_of(fed: Federation) -> ServerHalf:
-    ctx = ServerContext(fed, lambda: nn.Linear(1, 1), {}, 10, None, torch.device("cpu"))
-    server = algorithms.strategy(fed).server(ctx)
+    plugin = algorithms.strategy(fed)
+    ctx = ServerContext(fed, lambda: nn.Linear(1, 1), {}, 10, None, torch.device("cpu"),
+                        settings=plugin.settings(fed))
+    server = plugin.server(ctx)
     assert server is not None
     return server
 
@@ -109,7 +111,7 @@ def client_ctx(fed: Federation) -> ClientContext:
     def no_data():  # FedProx's client half reads no data
         raise AssertionError("not used")
     return ClientContext("node0", fed, fed.training, no_data, lambda: nn.Linear(2, 1, bias=False),
-                         torch.device("cpu"))
+                         torch.device("cpu"), settings=algorithms.load("fedprox").settings(fed))
 
 
 def test_fedprox_regularizes_towards_the_start_in_a_star_and_between_peers():
@@ -144,7 +146,8 @@ def test_fedprox_between_peers_changes_training():
 def test_scaffold_server_by_hand():
     fed = star("scaffold")  # 2 nodes, server_lr 1
     spec = {"w": (torch.float32, (1,))}
-    ctx = ServerContext(fed, lambda: nn.Linear(1, 1), spec, 10, None, torch.device("cpu"))
+    ctx = ServerContext(fed, lambda: nn.Linear(1, 1), spec, 10, None, torch.device("cpu"),
+                        settings=algorithms.strategy(fed).settings(fed))
     server = algorithms.strategy(fed).server(ctx)
     assert server is not None
     glob = {"w": torch.tensor([1.0]), "steps": torch.tensor(0)}
@@ -170,7 +173,7 @@ def test_scaffold_client_by_hand():
     fed = star("scaffold")  # tiny_raw's [training]: lr 0.05, epochs 1, batch_size 16
     data = ArrayData(torch.zeros(32, 1), torch.zeros(32, dtype=torch.long), 10)  # K = 2 steps
     ctx = ClientContext("node0", fed, fed.training, lambda: data, lambda: nn.Linear(1, 1, bias=False),
-                        torch.device("cpu"))
+                        torch.device("cpu"), settings=algorithms.load("scaffold").settings(fed))
     client = algorithms.load("scaffold").client(ctx)
     model = nn.Linear(1, 1, bias=False)
     start = {"weight": torch.tensor([[1.0]])}

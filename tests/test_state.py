@@ -123,7 +123,7 @@ def test_the_aggregator_refuses_fewer_rounds_than_done(tmp_path):
     ({"data": {"alpha": 0.7}}, "data.alpha was 0.5, this run has 0.7"),
     ({"data": {"partition": "iid"}}, "data.partition was \"dirichlet\", this run has \"iid\""),
     ({"topology": {"schedule": "rwt"}}, "topology.schedule was \"cwt\", this run has \"rwt\""),
-    ({"training": {"fedcurv_lambda": 1.0}}, "training.fedcurv_lambda was 0.0, this run has 1.0"),
+    ({"algorithm": {"fedprox": {"mu": 0.5}}}, "algorithms.fedprox.mu was (unset), this run has 0.5"),
 ])
 def test_a_resume_under_another_configuration_names_the_first_difference(tmp_path, change, first_difference):
     with Cluster(fed(nodes=3), "memory") as c:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -114,10 +114,11 @@ class Aggregator:
         replay = (ReplayBufferCore(fed, input_shape, num_classes, state_dir=state_dir, clock=clock)
                   if fed.replay is not None else None)
         ctx = ServerContext(fed, factory, params, num_classes, public, device, replay, compute)
-        server = plugin.server(ctx)
+        server = plugin.server(replace(ctx, settings=plugin.settings(fed)))
         if server is None:
             raise ValueError(f"{fed.source}: [aggregator] strategy {plugin.name!r} has no server half")
-        refiners = [r for p in algorithms.for_node(fed, fed.training) if (r := p.refiner(ctx)) is not None]
+        refiners = [r for p in algorithms.for_node(fed, fed.training)
+                    if (r := p.refiner(replace(ctx, settings=p.settings(fed)))) is not None]
         if refiners:
             server = RefinedServer(server, refiners)
         counter = ByteCounter()

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from flmesh.config import Federation, TrainingConfig
-from flmesh.config.params import Param, defaults
+from flmesh.config.params import Param, Settings, settings_of
 from flmesh.format.specs import ModelSpec
 from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import ArrayData
@@ -45,6 +45,9 @@ from flmesh.learning.objectives import Objective, Regularizer
 from flmesh.transports.seam import ReplayTransport
 
 Tensors = dict[str, torch.Tensor]
+
+#: The settings of a context built without a plug-in's parameters.
+NO_SETTINGS = Settings("plug-in", {})
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class ClientContext:
     model_factory: Callable[[], nn.Module]  # a fresh model of the federation's architecture
     device: torch.device
     replay: ReplayTransport | None = None  # the replay-buffer host of a continual federation
+    settings: Settings = field(default_factory=lambda: NO_SETTINGS)  # the plug-in's (Algorithm.settings)
 
     @property
     def label_counts(self) -> list[int]:
@@ -88,6 +92,7 @@ class ServerContext:
     device: torch.device
     replay_host: ReplayHost | None = None  # the replay buffer, when this process hosts it
     compute: Compute = UNGATED  # the gate server-side training holds (a simulation's)
+    settings: Settings = field(default_factory=lambda: NO_SETTINGS)  # the plug-in's (Algorithm.settings)
 
 
 class ReplayHost(Protocol):
@@ -216,14 +221,16 @@ class Algorithm:
     kind: ClassVar[str] = "strategy"
     params: ClassVar[tuple[Param, ...]] = ()
 
-    def settings(self, federation: Federation) -> dict[str, Any]:
-        """This plug-in's parameters in ``federation``: ``[aggregator.params]`` when it is the
-        aggregator's strategy, else its ``[algorithm.NAME]`` table, over the defaults."""
+    def settings(self, federation: Federation) -> Settings:
+        """This plug-in's parameters in ``federation``, typed as its ``params`` declare them
+        (``settings.mu``, or ``settings["mu"]``): ``[aggregator.params]`` when it is the
+        aggregator's strategy, else its ``[algorithm.NAME]`` table, over the defaults. Its
+        halves get the same object as ``ctx.settings``."""
         agg = federation.aggregator
         if agg is not None and self.is_strategy(federation):
-            return defaults(self, agg.params)
+            return settings_of(self.name, self.params, agg.params)
         tables = federation.algorithms
-        return defaults(self, tables.get(self.name, tables.get(_path(self), {})))
+        return settings_of(self.name, self.params, tables.get(self.name, tables.get(_path(self), {})))
 
     def is_strategy(self, federation: Federation) -> bool:
         """Is this plug-in ``federation``'s ``[aggregator] strategy`` (by name or import path)?"""

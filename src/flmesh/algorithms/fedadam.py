@@ -55,5 +55,5 @@ class FedAdam(Algorithm):
         return self.is_strategy(federation)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
-        s = self.settings(ctx.federation)
-        return self.server_class(s["server_lr"], s["beta1"], s["beta2"], s["tau"])
+        s = ctx.settings
+        return self.server_class(s.server_lr, s.beta1, s.beta2, s.tau)

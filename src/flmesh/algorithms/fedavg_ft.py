@@ -27,7 +27,7 @@ class FedAvgFineTuneServer(ServerHalf):
     """FedAvg, then ``server_epochs`` of cross-entropy on the public split (none: FedAvg)."""
 
     def __init__(self, ctx: ServerContext):
-        self.ctx, self.server_epochs = ctx, FedAvgFineTune().settings(ctx.federation)["server_epochs"]
+        self.ctx, self.server_epochs = ctx, ctx.settings.server_epochs
 
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         averaged = fedavg([u.state for u in updates], [u.num_samples for u in updates])

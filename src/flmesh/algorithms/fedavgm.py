@@ -40,5 +40,4 @@ class FedAvgM(Algorithm):
         return self.is_strategy(federation)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
-        s = self.settings(ctx.federation)
-        return FedAvgMServer(s["momentum"], s["server_lr"])
+        return FedAvgMServer(ctx.settings.momentum, ctx.settings.server_lr)

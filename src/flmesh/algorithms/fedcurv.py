@@ -23,7 +23,7 @@ instead; with C = 1 both are the paper's rule). Every
 accepted update is absorbed, also in a round that is not aggregated, and the
 server publishes the round of each node's counted terms (``fedcurv/rounds``),
 so a node subtracts exactly the terms that are in the sums, or none. Without
-one (``[training] fedcurv_lambda > 0``) every node runs both halves: it sends
+one (``[algorithm.fedcurv]`` with ``lambda > 0``) every node runs both halves: it sends
 its model and Fisher to its graph neighbours after each round and sums theirs
 itself.
 """
@@ -189,7 +189,7 @@ def _terms_in(tensors: Tensors, values: dict[str, Any]) -> dict[Any, tuple[int, 
 class FedCurv(Algorithm):
     name = "fedcurv"
     kind = "strategy"
-    # In a star; between peers lambda is [training] fedcurv_lambda (per node, 0: off).
+    # A star's strategy ([aggregator.params]), or between peers ([algorithm.fedcurv], lambda 0: off).
     params = (Param("lambda", float, 1.0, "lambda of the penalty (Eq. 3)", lo=0, hi=1e6,
                     old="fedcurv_lambda"),
               Param("average", str, "plain", "the models' mean: the paper's plain one, or weighted by "
@@ -199,11 +199,11 @@ class FedCurv(Algorithm):
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         if federation.aggregator is not None:
-            return federation.aggregator.strategy == self.name
-        return training.fedcurv_lambda > 0
+            return self.is_strategy(federation)
+        return self.name in federation.algorithms and self.settings(federation)["lambda"] > 0
 
     def gossip(self, federation: Federation, training: TrainingConfig) -> bool:
-        return federation.aggregator is None and training.fedcurv_lambda > 0
+        return federation.aggregator is None and self.enabled(federation, training)
 
     def update_spec(self, params: ModelSpec) -> ModelSpec:
         return {FISHER + n: (torch.float32, shape) for n, (_, shape) in params.items()}
@@ -214,14 +214,11 @@ class FedCurv(Algorithm):
                    for n, (_, shape) in params.items()}}
 
     def client(self, ctx: ClientContext) -> ClientHalf:
-        agg = ctx.federation.aggregator
-        lam = self.settings(ctx.federation)["lambda"] if agg is not None else ctx.training.fedcurv_lambda
-        return FedCurvClient(ctx, lam)
+        return FedCurvClient(ctx, ctx.settings["lambda"])
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         agg = ctx.federation.aggregator
         nodes = [n.id for n in ctx.federation.nodes]
         if agg is None:  # between peers: each node's own server half over its neighbours
             return FedCurvServer(ctx.params, nodes)
-        settings = self.settings(ctx.federation)
-        return FedCurvServer(ctx.params, nodes, settings["average"], settings["max_age"])
+        return FedCurvServer(ctx.params, nodes, ctx.settings.average, ctx.settings.max_age)

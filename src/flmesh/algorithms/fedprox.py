@@ -74,10 +74,10 @@ class FedProx(Algorithm):
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         if federation.aggregator is not None:
             return self.is_strategy(federation)
-        return self.name in federation.algorithms and self.settings(federation)["mu"] > 0
+        return self.name in federation.algorithms and self.settings(federation).mu > 0
 
     def client(self, ctx: ClientContext) -> ClientHalf:
-        return FedProxClient(ctx, self.settings(ctx.federation)["mu"])
+        return FedProxClient(ctx, ctx.settings.mu)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
         return FedProxServer()

@@ -218,10 +218,9 @@ class FlashbackServer(ServerHalf):
     from label counts; then the global label count pi grows."""
 
     def __init__(self, ctx: ServerContext):
-        settings = Flashback().settings(ctx.federation)
         self.ctx = ctx
-        self.server_epochs = settings["server_epochs"]
-        self.state = FlashbackState.start(ctx.num_classes, settings["gamma"])
+        self.server_epochs = ctx.settings.server_epochs
+        self.state = FlashbackState.start(ctx.num_classes, ctx.settings.gamma)
 
     def published_extras(self, round: int) -> Tensors:
         return {FLASHBACK_PI: self.state.pi.clone()}

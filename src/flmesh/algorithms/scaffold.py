@@ -144,5 +144,5 @@ class Scaffold(Algorithm):
         return ScaffoldClient(ctx)
 
     def server(self, ctx: ServerContext) -> ServerHalf:
-        server_lr = self.settings(ctx.federation)["server_lr"]
+        server_lr = ctx.settings.server_lr
         return ScaffoldServer(ctx.params, len(ctx.federation.nodes), server_lr)

@@ -30,4 +30,4 @@ class TrimmedMean(Algorithm):
         return federation.aggregator is not None and federation.aggregator.strategy == self.name
 
     def server(self, ctx: ServerContext) -> ServerHalf:
-        return TrimmedMeanServer(self.settings(ctx.federation)["trim"])
+        return TrimmedMeanServer(ctx.settings.trim)

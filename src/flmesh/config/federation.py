@@ -102,7 +102,6 @@ class TrainingConfig:
     weight_decay: float = 0.0
     objective: str = "ce"
     device: str = "auto"
-    fedcurv_lambda: float = 0.0  # > 0: FedCurv's penalty without an aggregator (neighbours' Fisher)
     learner: str | None = None
 
 

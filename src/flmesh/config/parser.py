@@ -11,7 +11,7 @@ Sections (all but ``[federation]`` optional)::
                   eval_sample
     [topology]    nodes, graph, params, file, schedule
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
-                  fedcurv_lambda
+                  learner
     [data]        dataset, root, download, partition, alpha, shards_per_node,
                   test_fraction, min_samples, source, args, classes, label_column
     [model]       name, hidden, channels, norm, groups, weights, small_input; or factory and a
@@ -58,7 +58,7 @@ from flmesh.config.federation import (
     WireConfig,
 )
 from flmesh.config.graphs import shown
-from flmesh.config.plugin_tables import read_aggregator, read_algorithm_tables
+from flmesh.config.plugin_tables import MOVED_TRAINING, read_plugin_tables
 from flmesh.config.schema import ID_RULE, NODE_ID, NODE_KEYS, OPTIMIZERS, REQUIRED, SECTIONS, TRAINING
 
 DEFAULT_MAX_MODEL_MIB = 512.0
@@ -138,15 +138,17 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
                          f"unknown section (expected one of {', '.join(sorted(known))})")
     fed = r.section(raw, "federation", SECTIONS["federation"])
     topo = r.section(raw, "topology", SECTIONS["topology"])
-    training = TrainingConfig(**r.section(raw, "training", TRAINING))
+    training_keys = r.section(raw, "training", TRAINING)
+    for moved in MOVED_TRAINING:  # read into the plug-in's table (read_plugin_tables)
+        training_keys.pop(moved, None)
+    training = TrainingConfig(**training_keys)
     data = r.section(raw, "data", SECTIONS["data"])
     model = ModelConfig(**r.section(raw, "model", SECTIONS["model"]))
     _check_factory(r, raw.get("model", {}))
     rewind_raw = r.section(raw, "rewind", SECTIONS["rewind"])
     rewind = RewindConfig(mode=rewind_raw.get("mode", "off"), lam=rewind_raw.get("lambda", 0.1),
                           scope=rewind_raw.get("scope", "sampled"))
-    aggregator = read_aggregator(r, raw)
-    algorithms = read_algorithm_tables(r, raw)
+    aggregator, algorithms = read_plugin_tables(r, raw)
     if aggregator is not None and fed.get("baseline", "none") != "none":
         raise r.fail("[federation] baseline", "baselines compare exchange schedules; "
                      "remove [aggregator] to run one")

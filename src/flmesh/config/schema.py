@@ -274,7 +274,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "learner": "what trains and evaluates: a registered learner, or the import path of a "
                    "flmesh.Learner subclass",
         "device": "where to train: auto (CUDA when present), cpu, cuda, cuda:N or mps",
-        "fedcurv_lambda": "> 0: FedCurv's penalty between peers (neighbours' Fisher diagonals)",
+        "fedcurv_lambda": "deprecated: [algorithm.fedcurv] lambda",
     },
     "data": {
         "dataset": "a registered data set, or several joined by '+' into one label space",

@@ -12,7 +12,7 @@ on an algorithm's name.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -42,12 +42,13 @@ class NodePlugins:
         params = trainable_spec(model_factory())
         num_classes = train().num_classes
         ctx = ClientContext(node_id, federation, training, train, model_factory, device, replay)
-        clients = {p.name: p.client(ctx) for p in plugins}
+        clients = {p.name: p.client(replace(ctx, settings=p.settings(federation))) for p in plugins}
         server_ctx = ServerContext(federation, model_factory, params, num_classes, None, device)
         gossip: dict[str, ServerHalf] = {}
         update_specs: dict[str, ModelSpec] = {}
         for p in plugins:
-            half = p.server(server_ctx) if p.gossip(federation, training) else None
+            gossips = p.gossip(federation, training)
+            half = p.server(replace(server_ctx, settings=p.settings(federation))) if gossips else None
             if half is not None:
                 gossip[p.name] = half
                 update_specs[p.name] = {**spec, **p.update_spec(params)}
