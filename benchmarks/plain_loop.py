@@ -28,7 +28,8 @@ from torch import nn
 
 from flmesh.algorithms.fedavg import fedavg
 from flmesh.config import Federation, load_federation
-from flmesh.learning.data import SEED_MODEL, SEED_TRAIN, NodeData, derive_seed, federation_data
+from flmesh.learning.arrays import NodeData
+from flmesh.learning.data import SEED_MODEL, SEED_TRAIN, derive_seed, federation_data
 from flmesh.learning.metrics import federation_metrics
 from flmesh.learning.models import build_model
 from flmesh.learning.trainer import evaluate, train

@@ -12,7 +12,8 @@ from flmesh.algorithms.fedavg import FedAvgServer
 from flmesh.clock import ManualClock
 from flmesh.config import Federation, FederationError, parse_federation
 from flmesh.format.codec import ModelMeta, encode, model_spec
-from flmesh.learning.data import ArrayData, federation_data, load_digits, public_data
+from flmesh.learning.arrays import ArrayData
+from flmesh.learning.data import federation_data, load_digits, public_data
 from flmesh.reports.run_files import read_rows
 from flmesh.sim.simulation import Simulation
 from flmesh.topology.sampling import sample_clients

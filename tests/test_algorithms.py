@@ -20,7 +20,7 @@ from flmesh.algorithms.fedavg import fedavg
 from flmesh.config import TrainingConfig
 from flmesh.learning import distillation, forgetting
 from flmesh.learning import fisher as fisher_mod
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.models import MLP
 from flmesh.learning.objectives import cross_entropy
 from flmesh.learning.trainer import train

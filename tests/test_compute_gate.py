@@ -12,8 +12,8 @@ from torch import nn
 
 from flmesh.config import TrainingConfig, parse_federation
 from flmesh.learning import trainer
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData
 from flmesh.sim.simulation import Simulation
 
 from conftest import tiny_raw

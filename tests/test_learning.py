@@ -14,7 +14,8 @@ from flmesh import algorithms, registry
 from flmesh.config import DataConfig, ModelConfig, TrainingConfig, parse_federation, schema
 from flmesh.learning import data as data_mod
 from flmesh.learning import models, partitions
-from flmesh.learning.data import ArrayData, federation_data, load_digits
+from flmesh.learning.arrays import ArrayData
+from flmesh.learning.data import federation_data, load_digits
 from flmesh.learning.metrics import federation_metrics
 from flmesh.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_state
 from flmesh.learning.trainer import evaluate, split_steps, steps_for, train

@@ -13,7 +13,7 @@ from flmesh import algorithms
 from flmesh.algorithms.base import ClientContext, ServerContext, ServerHalf, Update
 from flmesh.algorithms.fedprox import proximal_term
 from flmesh.config import Federation, FederationError, parse_federation
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 
 from conftest import tiny_raw
 from harness import Cluster

@@ -8,7 +8,7 @@ import torch
 
 from flmesh.config import parse_federation
 from flmesh.format.codec import ModelMeta, encode
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.replay import (
     class_means,
     dp_class_means,

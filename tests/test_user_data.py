@@ -253,7 +253,7 @@ def test_labels_come_from_targets_without_reading_the_items(tmp_path, monkeypatc
 
 
 def test_federations_that_need_in_memory_data_refuse_a_streamed_one(blobs_module):
-    from flmesh.learning.data import DataError
+    from flmesh.learning.arrays import DataError
 
     raw = tiny_raw(nodes=4, rounds=4, tasks={"tasks": 2, "rounds_per_task": 2},
                    data={"stream": True, "source": f"{blobs_module}:dataset", "args": {"n": 240, "seed": 7}})

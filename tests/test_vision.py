@@ -33,7 +33,8 @@ from torch import nn
 from flmesh.cli.fl_sim import main
 from flmesh.config import FederationError, ModelConfig, parse_federation
 from flmesh.learning import vision as data_mod
-from flmesh.learning.data import DataError, federation_data, load_dataset
+from flmesh.learning.arrays import DataError
+from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.models import ModelError, build_model
 from flmesh.learning.trainer import evaluate, train
 
@@ -732,7 +733,7 @@ def test_an_image_folder_without_torchvision_names_the_extra(tmp_path, monkeypat
 
 
 def test_an_image_damaged_past_its_header_is_named_when_a_batch_reads_it(tmp_path):
-    from flmesh.learning.data import DataError
+    from flmesh.learning.arrays import DataError
     from flmesh.learning.image_folder import read_image_folder
     from flmesh.learning.trainer import train
 

@@ -64,8 +64,8 @@ _EXPORTS = {
     "TrainContext": "flmesh.learning.learner",
     "EvalContext": "flmesh.learning.learner",
     "register_model": "flmesh.learning.models",
-    "ArrayData": "flmesh.learning.data",
-    "NodeData": "flmesh.learning.data",
+    "ArrayData": "flmesh.learning.arrays",
+    "NodeData": "flmesh.learning.arrays",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -81,8 +81,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from flmesh.config import FederationError as FederationError
     from flmesh.config import load_federation as load_federation
     from flmesh.config.params import Param as Param
-    from flmesh.learning.data import ArrayData as ArrayData
-    from flmesh.learning.data import NodeData as NodeData
+    from flmesh.learning.arrays import ArrayData as ArrayData
+    from flmesh.learning.arrays import NodeData as NodeData
     from flmesh.learning.learner import EvalContext as EvalContext
     from flmesh.learning.learner import Learner as Learner
     from flmesh.learning.learner import TrainContext as TrainContext

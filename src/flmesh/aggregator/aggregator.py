@@ -31,8 +31,9 @@ from flmesh.algorithms.base import RefinedServer, ServerContext, trainable_spec
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.config import Federation
 from flmesh.format.codec import model_spec
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData, load_dataset, public_data
+from flmesh.learning.data import load_dataset, public_data
 from flmesh.learning.device import select_device
 from flmesh.learning.models import federation_model
 from flmesh.learning.stats import EvalResult

@@ -20,8 +20,8 @@ from flmesh.aggregator.core import AggregatorCore
 from flmesh.aggregator.decision import RoundOutcome
 from flmesh.algorithms.base import Tensors
 from flmesh.format.codec import ModelMeta, encode
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import Learner
 from flmesh.learning.models import ModelPool
 from flmesh.learning.stats import EvalResult

@@ -39,8 +39,8 @@ from torch import nn
 from flmesh.config import Federation, TrainingConfig
 from flmesh.config.params import Param, Settings, settings_of
 from flmesh.format.specs import ModelSpec
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData
 from flmesh.learning.objectives import Objective, Regularizer
 from flmesh.transports.seam import ReplayTransport
 

@@ -30,7 +30,8 @@ import torch
 from flmesh.algorithms.base import Algorithm, ClientContext, ClientHalf, Refiner, ServerContext, Tensors
 from flmesh.config import Federation, TrainingConfig
 from flmesh.format.codec import ModelMeta, encode
-from flmesh.learning.data import ArrayData, derive_seed
+from flmesh.learning.arrays import ArrayData
+from flmesh.learning.data import derive_seed
 from flmesh.learning.replay import dp_class_means, shard_means
 from flmesh.learning.trainer import train
 from flmesh.replay.buffer import buffer_spec

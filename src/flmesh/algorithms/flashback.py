@@ -85,7 +85,7 @@ def client_alpha(own_counts: torch.Tensor, global_counts: torch.Tensor) -> torch
 
     nu = the client's own label count, the teacher's mu = pi (the global label
     count), so ``alpha = pi / (own + pi)``, 0 where both are 0. Pass it to
-    :func:`flmesh.runtime.objectives.dkd_loss` (added to CE, Eq. 3). In round 1 pi = 0 and
+    :func:`flmesh.learning.distillation.dkd_loss` (added to CE, Eq. 3). In round 1 pi = 0 and
     alpha = 0 (the paper uses plain CE then).
     """
     own = _counts(own_counts, "own_counts", 1)

@@ -34,6 +34,7 @@ from flmesh.algorithms.base import (
     split,
 )
 from flmesh.algorithms.fedavg import fedavg
+from flmesh.algorithms.server_opt import step_along
 from flmesh.config import Federation, TrainingConfig
 from flmesh.config.params import Param
 from flmesh.format.specs import ModelSpec
@@ -109,15 +110,7 @@ class ScaffoldServer(ServerHalf):
 
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         mean = fedavg([u.state for u in updates], [1.0] * len(updates))  # the plain mean over S
-        out: Tensors = {}
-        for k, averaged in mean.items():
-            x = global_state.get(k)
-            if x is None or not averaged.is_floating_point():
-                out[k] = averaged
-                continue
-            x64 = x.detach().to("cpu", torch.float64)
-            out[k] = (x64 + self.server_lr * (averaged.to(torch.float64) - x64)).to(averaged.dtype)
-        return out
+        return step_along(global_state, mean, lambda _key, x, delta: x + self.server_lr * delta)
 
     def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
         return {k: v.clone() for k, v in self.c.items()}, {}

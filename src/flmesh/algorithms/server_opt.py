@@ -1,5 +1,5 @@
 """Server optimizers: the round's mean update taken as a pseudo-gradient (shared by FedAvgM,
-FedAdam and FedYogi).
+FedAdam, FedYogi and SCAFFOLD's server step).
 
 Reddi et al., *Adaptive Federated Optimization* (ICLR 2021), Algorithm 2: with the global
 model ``x_t`` and the round's models ``x_i``, the pseudo-gradient is
@@ -12,13 +12,29 @@ float64 and saved in the aggregator's checkpoint (:meth:`ServerHalf.checkpoint`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from flmesh.algorithms.base import ServerHalf, Tensors, Update, split
 from flmesh.algorithms.fedavg import fedavg
+
+
+def step_along(global_state: Tensors, mean: Tensors,
+               step: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]) -> Tensors:
+    """The next global model: each floating entry of ``global_state`` (``x``, float64) moved by
+    ``step(key, x, delta)`` along the pseudo-gradient ``delta = mean - x``; the other entries,
+    and those the global state lacks, take ``mean``'s value. Pure."""
+    out: Tensors = {}
+    for key, averaged in mean.items():
+        old = global_state.get(key)
+        if old is None or not averaged.is_floating_point():
+            out[key] = averaged
+            continue
+        x = old.detach().to("cpu", torch.float64)
+        out[key] = step(key, x, averaged.to(torch.float64) - x).to(averaged.dtype)
+    return out
 
 
 class ServerOptimizer(ServerHalf):
@@ -40,22 +56,17 @@ class ServerOptimizer(ServerHalf):
 
     def aggregate(self, round: int, global_state: Tensors, updates: Sequence[Update]) -> Tensors:
         mean = fedavg([u.state for u in updates], [u.num_samples for u in updates])
-        out: Tensors = {}
-        for key, averaged in mean.items():
-            old = global_state.get(key)
-            if old is None or not averaged.is_floating_point():
-                out[key] = averaged
-                continue
-            x = old.detach().to("cpu", torch.float64)
-            delta = averaged.to(torch.float64) - x
-            if key not in self.state[self.slots[0]]:
-                for slot, value in self.start(key, x).items():
-                    self.state[slot][key] = value
-            slots = {slot: self.state[slot][key] for slot in self.slots}
-            out[key] = self.step(x, delta, slots).to(averaged.dtype)
-            for slot, value in slots.items():
+        return step_along(global_state, mean, self._step)
+
+    def _step(self, key: str, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        if key not in self.state[self.slots[0]]:
+            for slot, value in self.start(key, x).items():
                 self.state[slot][key] = value
-        return out
+        slots = {slot: self.state[slot][key] for slot in self.slots}
+        moved = self.step(x, delta, slots)
+        for slot, value in slots.items():
+            self.state[slot][key] = value
+        return moved
 
     def checkpoint(self) -> tuple[Tensors, dict[str, Any]]:
         return {f"{slot}/{k}": v.clone() for slot in self.slots for k, v in self.state[slot].items()}, {}

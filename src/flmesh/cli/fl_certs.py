@@ -17,14 +17,13 @@ stays quick. See deploy/CERTIFICATES.md.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flmesh.pki import AGGREGATOR_ID
+from flmesh.pki import AGGREGATOR_ID, address_names
 
 if TYPE_CHECKING:
     from flmesh.config import Federation
@@ -193,7 +192,7 @@ def _processes(federation: Federation) -> dict[str, tuple[list[str], list[str]]]
         addresses[AGGREGATOR_ID] = ("[aggregator] address", federation.aggregator.address)
     out = {}
     for node_id, (key, address) in addresses.items():
-        dns, ips = _sans(address)
+        dns, ips = address_names(address)
         try:
             out[node_id] = ([check_dns(d) for d in dns], ips)
             check_names(node_id, *out[node_id], set(addresses))
@@ -203,20 +202,6 @@ def _processes(federation: Federation) -> dict[str, tuple[list[str], list[str]]]
             raise CertError(f"{federation.source}: {key}: {exc}") from None
     return out
 
-
-def _sans(address: str | None) -> tuple[list[str], list[str]]:
-    """The (DNS names, IPs) for a HOST:PORT address ([v6]:PORT for IPv6): a host name or an IP."""
-    if address is None:
-        return [], []
-    from flmesh.config.checks import host_of
-
-    host = host_of(address)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return [host], []
-    # 0.0.0.0 and :: are where a process listens, never where anyone reaches it.
-    return [], ([] if ip.is_unspecified else [str(ip)])
 
 
 def _show(args: argparse.Namespace) -> int:

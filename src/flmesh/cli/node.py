@@ -45,7 +45,7 @@ from flmesh.transports.errors import PeerError, UnknownPeerError
 if TYPE_CHECKING:
     from flmesh.cli.node_run import NodeRun
     from flmesh.config import Federation
-    from flmesh.learning.data import NodeData
+    from flmesh.learning.arrays import NodeData
 
 # torch, grpc and networkx are imported after the flags are read: ``fl-node --help`` and a
 # bad flag answer at once, and the node is up sooner (benchmarks/startup.py).

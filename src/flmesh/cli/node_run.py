@@ -31,7 +31,7 @@ from flmesh.transports.backend import TransportSettings, create
 from flmesh.transports.errors import PeerError, TlsMismatch
 
 if TYPE_CHECKING:
-    from flmesh.learning.data import NodeData
+    from flmesh.learning.arrays import NodeData
     from flmesh.transports.grpc.tls import Tls
 
 log = logging.getLogger("flmesh.node")
@@ -39,7 +39,7 @@ log = logging.getLogger("flmesh.node")
 
 def input_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's input, not our bug: one line, exit 2."""
-    from flmesh.learning.data import DataError
+    from flmesh.learning.arrays import DataError
     from flmesh.learning.device import DeviceError
     from flmesh.learning.extras import MissingExtra
     from flmesh.learning.learner import LearnerError

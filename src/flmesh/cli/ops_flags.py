@@ -120,7 +120,7 @@ def show_progress(ops: Ops, status: Any, rounds: int, enabled: bool, activity: A
     """A live line on stderr (round, phase and the peer it involves, last accuracy) while the
     process runs, when stderr is a terminal and ``enabled``; nothing in a pipe or a log file.
     ``status()`` returns the process's :class:`~flmesh.transports.seam.PeerStatus`,
-    ``activity()`` its (phase, peer) (:meth:`flmesh.runtime.node.Node.activity`). Runs on a
+    ``activity()`` its (phase, peer) (:meth:`flmesh.runtime.activity.Activity.current`). Runs on a
     daemon thread."""
     if not enabled or not sys.stderr.isatty():
         return

@@ -11,7 +11,6 @@ mounts) and writes everything (:func:`refuse_overwrite`, then :func:`write`).
 from __future__ import annotations
 
 import copy
-import ipaddress
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flmesh.config import Federation
-from flmesh.config.checks import host_of
+from flmesh.pki import address_names
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -172,16 +171,6 @@ def _issue(out: Path, plan: Plan, days: int, name: str) -> None:
     shutil.copyfile(ca_dir / CA_CERT, out / "certs" / CA_CERT)
     os.chmod(out / "certs" / CA_CERT, 0o644)
     for node_id, address in plan.addresses.items():
-        dns, ips = _sans(address)
+        dns, ips = address_names(address)
         issue(ca_dir, node_id, dns=[d for d in dns if d != node_id], ips=ips, days=days,
               out_dir=out / "certs", force=True)
-
-
-def _sans(address: str) -> tuple[list[str], list[str]]:
-    """(DNS names, IPs) for HOST:PORT: a host name, or an IP other than 0.0.0.0 / ::."""
-    host = host_of(address)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return [host], []
-    return [], ([] if ip.is_unspecified else [str(ip)])

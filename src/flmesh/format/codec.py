@@ -1,4 +1,4 @@
-"""State dict <-> model chunk stream, with no pickle (wire wing).
+"""State dict <-> model chunk stream, with no pickle.
 
 A stream is one ``ModelChunk(header=...)`` then ``ModelChunk(data=...)``
 messages of at most ``chunk_bytes`` each. The header lists every tensor's name,

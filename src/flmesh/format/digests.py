@@ -1,4 +1,4 @@
-"""The streaming digest (XXH3-128, BLAKE3 or SHA-256) and finite check of a model payload (wire wing).
+"""The streaming digest (XXH3-128, BLAKE3 or SHA-256) and finite check of a model payload.
 
 Both run on a helper thread while chunks arrive, so that little is left to do
 after the last byte.

@@ -1,4 +1,4 @@
-"""Protobuf framing of model chunks, written and read by hand where it saves copies (wire wing).
+"""Protobuf framing of model chunks, written and read by hand where it saves copies.
 
 A ``ModelChunk(data=...)`` is a tag, a varint length and the bytes. Senders
 build those frames around slices of the payload (one copy instead of three:

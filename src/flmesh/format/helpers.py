@@ -1,4 +1,4 @@
-"""Helper threads the wire wing keeps for short jobs beside a transfer (wire wing)."""
+"""Helper threads kept for short jobs beside a transfer (hashing a payload while it arrives)."""
 
 from __future__ import annotations
 

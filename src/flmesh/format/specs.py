@@ -1,4 +1,4 @@
-"""What a model stream must look like: dtypes, kinds, tensor specs and the header check (wire wing).
+"""What a model stream must look like: dtypes, kinds, tensor specs and the header check.
 
 A receiver describes the model it expects as a :data:`ModelSpec` (name ->
 (dtype, shape)); :func:`check_header` refuses, before any payload byte is

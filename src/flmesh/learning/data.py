@@ -1,12 +1,14 @@
-"""Data sets and each node's share of them (learning wing: torch, no grpc).
+"""Data sets and each node's share of them (torch, no grpc).
 
-The embedded default is scikit-learn's bundled digits set: 1,797 real 8x8
-grey-scale images of the digits 0-9, available offline. MNIST, Fashion-MNIST,
-EMNIST, CIFAR-10 and CIFAR-100 come through torchvision from ``[data] root``
-(see :mod:`flmesh.learning.vision`); "a+b" joins sets into one label
+``[data] dataset`` names a data set registered in :data:`flmesh.registry.datasets`: the
+embedded default is scikit-learn's bundled digits set (1,797 real 8x8 grey-scale images of
+the digits 0-9, available offline); MNIST, Fashion-MNIST, EMNIST, CIFAR-10 and CIFAR-100 come
+through torchvision from ``[data] root`` (:mod:`flmesh.learning.vision`); an installed package
+adds its own through the entry-point group ``flmesh.datasets``; "a+b" joins sets into one label
 space. User data (a ``[data] source`` callable, a node's own file) comes
 through :mod:`flmesh.learning.user_data`. A data set is held in memory as an
-:class:`ArrayData` (inputs as float32, in [0, 1] for the built-in sets; labels int64), or,
+:class:`~flmesh.learning.arrays.ArrayData` (inputs as float32, in [0, 1] for the built-in sets;
+labels int64), or,
 for an image folder or a Dataset with ``[data] stream = true``, streamed from disk as its
 subclass :class:`~flmesh.learning.streamed.DatasetData` (labels in memory, inputs read
 per batch).
@@ -20,7 +22,6 @@ its own training and test samples and nothing of its peers'.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import torch
 from flmesh import registry
 from flmesh.config import DataConfig, Federation
 from flmesh.learning import partitions
+from flmesh.learning.arrays import ArrayData, DataError, NodeData
 from flmesh.topology import sampling
 
 # Stream ids for numpy/torch seeding, so independent uses of one federation seed
@@ -42,63 +44,6 @@ SEED_PUBLIC = 5
 
 
 derive_seed = sampling.derive_seed
-
-class DataError(ValueError):
-    """A data set is missing or unusable; the message names what and where."""
-
-
-@dataclass(frozen=True)
-class ArrayData:
-    """An in-memory labelled set: ``x`` float32 (N, *input_shape), ``y`` int64 (N,).
-
-    In a continual federation test samples also carry ``task`` (int64 (N,),
-    the task they belong to, from 0) and ``num_tasks``, so evaluation can
-    report accuracy per task. ``held_out`` is a test set a ``[data] source`` gave
-    apart from these samples (a subset does not keep it)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    num_classes: int
-    task: torch.Tensor | None = None
-    num_tasks: int = 0
-    held_out: ArrayData | None = None
-
-    def __len__(self) -> int:
-        return int(self.y.shape[0])
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
-
-    def subset(self, indices: np.ndarray) -> ArrayData:
-        """A copy of the samples at ``indices`` (it shares no memory with this set)."""
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        task = self.task[idx] if self.task is not None else None
-        return ArrayData(self.x[idx], self.y[idx], self.num_classes, task, self.num_tasks)
-
-    def up_to_task(self, task: int | None) -> ArrayData:
-        """The samples of tasks ``<= task`` (all of them when ``task`` is None or there are no ids)."""
-        if task is None or self.task is None:
-            return self
-        return self.subset(np.flatnonzero(self.task.numpy() <= task))
-
-    def label_counts(self) -> list[int]:
-        """Samples per class, a list of length ``num_classes``."""
-        return torch.bincount(self.y, minlength=self.num_classes).tolist()
-
-
-@dataclass(frozen=True)
-class NodeData:
-    """One node's data: the split it trains on and the split its models are evaluated on.
-
-    ``largest_share`` is the sample count of the federation's largest partition (0:
-    unknown); it bounds the work a peer's rewind request may ask of this node. Immutable.
-    """
-
-    train: ArrayData
-    test: ArrayData
-    largest_share: int = 0  # samples in the federation's largest partition (0: unknown)
-
 
 def load_digits() -> ArrayData:
     """scikit-learn's bundled digits as (N, 1, 8, 8) images scaled to [0, 1].

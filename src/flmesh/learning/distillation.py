@@ -1,4 +1,4 @@
-"""Label-count weighted distillation losses and the multi-teacher distillation loop (learning wing).
+"""Label-count weighted distillation losses and the multi-teacher distillation loop.
 
 Flashback (*Flashback: Understanding and Mitigating Forgetting in Federated
 Learning*, Sec. 4.1, Eq. 3): a student learns from teachers through a KL
@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from flmesh.config import TrainingConfig
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData
 from flmesh.learning.objectives import cross_entropy
 from flmesh.learning.trainer import TrainStats, train
 

@@ -1,4 +1,4 @@
-"""The diagonal empirical Fisher information of a model on a node's data (learning wing).
+"""The diagonal empirical Fisher information of a model on a node's data.
 
 FedCurv (Shoham et al., *Overcoming Forgetting in Federated Learning on
 Non-IID Data*, Sec. 3, the I in Eq. 3) penalises moving parameters that other
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 
 log = logging.getLogger("flmesh.learning")
 

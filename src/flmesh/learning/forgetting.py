@@ -1,4 +1,4 @@
-"""Forgetting and convergence metrics (learning wing: pure numpy, no grpc).
+"""Forgetting and convergence metrics (pure numpy).
 
 - Per-round global and local forgetting: *Flashback: Understanding and
   Mitigating Forgetting in Federated Learning*, Sec. 3 (the F_t formula after

@@ -1,4 +1,4 @@
-"""A node's own folder of images, one subfolder per class, streamed from disk (learning wing).
+"""A node's own folder of images, one subfolder per class, streamed from disk.
 
 ``fl-node --data FOLDER`` (or a ``[nodes.<id>] data`` folder) reads ``FOLDER/<class>/<image>``
 with torchvision's ``ImageFolder`` (the ``vision`` extra): the classes are the subfolders'
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flmesh.config import DataConfig
-from flmesh.learning.data import DataError
+from flmesh.learning.arrays import DataError
 from flmesh.learning.extras import require
 from flmesh.learning.streamed import DatasetData, streamed
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from flmesh import registry
 from flmesh.config import Federation, TrainingConfig
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.objectives import Objective, Regularizer, cross_entropy
 from flmesh.learning.optimizers import make_optimizer
 from flmesh.user_code import UserCodeError

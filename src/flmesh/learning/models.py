@@ -1,4 +1,4 @@
-"""Models for the federation file's ``[model]`` section (learning wing): a registry of model
+"""Models for the federation file's ``[model]`` section: a registry of model
 factories, the built-in ones registered in it, and the one way every process builds M_0.
 
 A model factory is a callable ``factory(*, input_shape, num_classes, **args) -> torch.nn.Module``.

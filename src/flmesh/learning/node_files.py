@@ -3,7 +3,7 @@
 ``.npz`` holds arrays ``x`` and ``y`` (optionally ``x_test`` and ``y_test``); ``.csv`` has a
 header, a label column and number columns (the features). :func:`read_file` returns the
 arrays unchecked; :mod:`flmesh.learning.user_data` checks labels and inputs. Every
-problem is one :class:`~flmesh.learning.data.DataError` line naming the file. Blocking:
+problem is one :class:`~flmesh.learning.arrays.DataError` line naming the file. Blocking:
 it reads the file.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flmesh.learning.data import DataError
+from flmesh.learning.arrays import DataError
 
 Pair = tuple[Any, Any]
 FORMATS = (".npz", ".csv")

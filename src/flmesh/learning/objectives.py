@@ -1,4 +1,4 @@
-"""Loss building blocks for local training (learning wing: torch, no grpc).
+"""Loss building blocks for local training (torch, no grpc).
 
 An :data:`Objective` maps ``(logits, labels)`` to a scalar loss; the trainer
 calls ``objective(model(x), y)``. Plain cross-entropy is the default; an

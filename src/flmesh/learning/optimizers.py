@@ -1,4 +1,4 @@
-"""Optimizers of local training and their state as named tensors (learning wing).
+"""Optimizers of local training and their state as named tensors.
 
 FedRewind's phases are one local run whose optimizer travels to the rewind node with the
 model: :func:`optimizer_state` and :func:`load_optimizer_state` turn SGD's momentum and

@@ -1,4 +1,4 @@
-"""Replay buffers of class means, and their differentially private release (learning wing).
+"""Replay buffers of class means, and their differentially private release.
 
 Zizzo et al., *Federated Continual Learning with Differentially Private Data
 Sharing*, Sec. 3.2: on a task change a client keeps N means per class of the
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 
 
 def shard_means(data: ArrayData, n: int, seed: int) -> ArrayData:

@@ -1,4 +1,4 @@
-"""Data sets streamed from disk through a ``torch.utils.data.DataLoader`` (learning wing).
+"""Data sets streamed from disk through a ``torch.utils.data.DataLoader``.
 
 Which sets stream, the whole rule: an image folder (``fl-node --data FOLDER``, a
 ``[nodes.<id>] data`` folder) always does; a ``[data] source`` or ``--data-source`` that
@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from flmesh.config import Federation
-from flmesh.learning.data import ArrayData, DataError
+from flmesh.learning.arrays import ArrayData, DataError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

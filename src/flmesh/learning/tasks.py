@@ -1,4 +1,4 @@
-"""The data side of a task stream: each node's share of each task (learning wing).
+"""The data side of a task stream: each node's share of each task.
 
 See :mod:`flmesh.topology.tasks` for the stream itself. For task t the samples
 of the task (Novel Inputs: all of them, pixels permuted by the task's own
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from flmesh.config import Federation
-from flmesh.learning.data import ArrayData, NodeData
+from flmesh.learning.arrays import ArrayData, NodeData
 from flmesh.topology.tasks import TaskStreamConfig, present, task_classes
 
 SEED_PERMUTE = 22

@@ -1,4 +1,4 @@
-"""Local training and evaluation of a model on its data (learning wing): in-memory sets
+"""Local training and evaluation of a model on its data: in-memory sets
 are indexed directly, streamed ones (:mod:`flmesh.learning.streamed`) read by a DataLoader.
 
 Blocking, CPU/GPU bound; not thread-safe for one model (each caller trains its
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from flmesh.config import TrainingConfig
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import (
     DEFAULT_LEARNER,
     Batch,

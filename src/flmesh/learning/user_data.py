@@ -22,7 +22,7 @@ Inputs become float32 as they are (no rescaling), labels int64. The class count 
 ``[data] classes`` when given, else the largest label + 1. Every problem (a missing file, an
 unknown extension, no labels, labels that are not integers or are out of range, NaN or
 infinity, no samples, a source that cannot be loaded, raises or returns something else) is
-one :class:`~flmesh.learning.data.DataError` line naming the file or key. Blocking: it
+one :class:`~flmesh.learning.arrays.DataError` line naming the file or key. Blocking: it
 reads files and runs user code.
 """
 
@@ -37,7 +37,8 @@ import torch
 
 from flmesh.config import DataConfig, Federation
 from flmesh.learning import partitions
-from flmesh.learning.data import SEED_SPLIT, ArrayData, DataError, NodeData
+from flmesh.learning.arrays import ArrayData, DataError, NodeData
+from flmesh.learning.data import SEED_SPLIT
 from flmesh.learning.image_folder import read_image_folder
 from flmesh.learning.node_files import FORMATS, Pair, held_out_pair, read_file
 from flmesh.learning.streamed import DatasetData, as_input, check_streamable, item_pair, label_of, streamed

@@ -1,8 +1,8 @@
-"""torchvision data sets from a local root (learning wing).
+"""torchvision data sets from a local root.
 
 MNIST, Fashion-MNIST, EMNIST (all six splits), CIFAR-10 and CIFAR-100 through
 torchvision from ``[data] root`` (fetched only with ``download = true``), read into one
-:class:`~flmesh.learning.data.ArrayData` (float32 in [0, 1], int64 labels).
+:class:`~flmesh.learning.arrays.ArrayData` (float32 in [0, 1], int64 labels).
 torchvision is imported only here, and only when a vision set is asked for.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from flmesh.config import DataConfig
-from flmesh.learning.data import ArrayData, DataError
+from flmesh.learning.arrays import ArrayData, DataError
 from flmesh.learning.extras import require
 
 # ----------------------------------------------------------------- torchvision sets

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flmesh.learning.data import ArrayData, NodeData, node_data
+from flmesh.learning.arrays import ArrayData, NodeData
+from flmesh.learning.data import node_data
 from flmesh.learning.tasks import TaskSource, concat
 from flmesh.topology.tasks import participates, task_of
 

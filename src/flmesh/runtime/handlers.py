@@ -271,7 +271,7 @@ class NodeHandlers:
         """Models are taken for rounds from the last one this node finished (its next round
         trains on it) to ROUND_WINDOW ahead: an older one can never be used; one further ahead
         is refused as RESOURCE_EXHAUSTED (the window is full), and a sender that is ahead waits
-        and sends it again (:func:`~flmesh.runtime.peer_exchange.deliver_onward`)."""
+        and sends it again (:meth:`~flmesh.runtime.peer_exchange.PeerExchange.deliver_onward`)."""
         last = self.activity.last_round
         if round < last:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "

@@ -16,8 +16,8 @@ from torch import nn
 
 from flmesh.config import Federation, TrainingConfig
 from flmesh.format.specs import ModelSpec, fingerprint, model_spec
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData
 from flmesh.learning.learner import DEFAULT_LEARNER, Learner, federation_learner
 from flmesh.learning.models import ModelPool, federation_model
 from flmesh.learning.optimizers import OptimizerFactory, make_optimizer

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.config import Federation, FederationError
 from flmesh.format.codec import DEFAULT_CHUNK_BYTES
+from flmesh.learning.arrays import ArrayData, NodeData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData, NodeData
 from flmesh.learning.device import select_device
 from flmesh.learning.learner import Learner
 from flmesh.learning.task import Task

@@ -34,7 +34,8 @@ from flmesh.clock import Clock
 from flmesh.config import Federation, TrainingConfig
 from flmesh.format.codec import EncodedModel, ModelMeta, encode
 from flmesh.format.compression import WireFormat
-from flmesh.learning.data import SEED_TRAIN, NodeData, derive_seed
+from flmesh.learning.arrays import NodeData
+from flmesh.learning.data import SEED_TRAIN, derive_seed
 from flmesh.runtime.activity import Activity
 from flmesh.runtime.inbox import Inbox
 from flmesh.runtime.model_state import ModelState

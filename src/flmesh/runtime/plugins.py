@@ -21,7 +21,7 @@ from flmesh import algorithms
 from flmesh.algorithms.base import ClientContext, ClientHalf, ServerContext, ServerHalf, trainable_spec
 from flmesh.config import Federation, TrainingConfig
 from flmesh.format.specs import ModelSpec
-from flmesh.learning.data import ArrayData
+from flmesh.learning.arrays import ArrayData
 from flmesh.learning.objectives import Objective, cross_entropy
 from flmesh.transports.seam import ReplayTransport
 

@@ -1,9 +1,9 @@
 """What a node's rounds produced: :class:`RoundReport` (a decentralized round) and
-:class:`StarReport` (a round with an aggregator), with the learning wing's
+:class:`StarReport` (a round with an aggregator), with the learning room's
 :class:`~flmesh.learning.stats.TrainStats` and
 :class:`~flmesh.learning.stats.EvalResult` inside.
 
-Pure dataclasses (no torch, no grpc), so every wing can carry them.
+Pure dataclasses (no torch, no grpc), so every room can carry them.
 Accuracies are fractions in [0, 1]; times are seconds; byte counts are
 model-stream bytes (headers and chunk framing included).
 """

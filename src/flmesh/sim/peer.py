@@ -32,8 +32,9 @@ import torch
 
 from flmesh.aggregator.rows import task_accuracy
 from flmesh.config import Federation, NodeConfig
+from flmesh.learning.arrays import ArrayData, NodeData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData, NodeData, federation_data, load_dataset
+from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.metrics import sampled_federation_metrics
 from flmesh.learning.task import Task
 from flmesh.learning.trainer import evaluate

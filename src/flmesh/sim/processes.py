@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from flmesh.aggregator.aggregator import Aggregator
 from flmesh.config import Federation
+from flmesh.learning.arrays import ArrayData, NodeData
 from flmesh.learning.compute import UNGATED, Compute
-from flmesh.learning.data import ArrayData, NodeData
 from flmesh.learning.task import Task
 from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node, NodeOptions

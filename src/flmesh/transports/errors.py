@@ -1,7 +1,7 @@
 """Errors that cross the transport seam, with gRPC status *names* but no grpc import.
 
 Round logic, RPC handlers and the in-memory transport raise and catch these;
-only the wire wing maps them to and from ``grpc.StatusCode``. Status names are
+only the gRPC transport maps them to and from ``grpc.StatusCode``. Status names are
 the gRPC ones (``"PERMISSION_DENIED"``...), so a log line reads the same
 whichever transport produced it.
 """

@@ -1,4 +1,4 @@
-"""How much of a server one caller may hold (wire wing; no grpc, so round logic can name it)."""
+"""How much of a server one caller may hold (no grpc, so round logic can name it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gRPC :class:`~flmesh.transports.seam.AggregatorTransport`, used by ordinary nodes (wire wing).
+"""The gRPC :class:`~flmesh.transports.seam.AggregatorTransport`, used by ordinary nodes.
 
 Methods block until the call ends or its timeout (seconds) and raise
 :class:`~flmesh.transports.errors.PeerError` naming the aggregator on failure.

@@ -1,4 +1,4 @@
-"""Every gRPC server and channel flmesh opens is built here (wire wing).
+"""Every gRPC server and channel flmesh opens is built here.
 
 One place for message-size limits, keepalive, mTLS (:mod:`~flmesh.transports.grpc.tls`)
 and the stream guard (:mod:`~flmesh.transports.grpc.guard`), so no module builds a

@@ -1,4 +1,4 @@
-"""How much one request field may hold, whatever the message (wire wing).
+"""How much one request field may hold, whatever the message.
 
 gRPC bounds a whole message (``channels.MAX_MESSAGE_BYTES``), not its
 fields: within that, a Hello could name an 8 MiB node id, a model header could

@@ -1,4 +1,4 @@
-"""The stream guard: no caller can hold a server's workers (wire wing).
+"""The stream guard: no caller can hold a server's workers.
 
 gRPC's Python server gives every RPC a worker thread for its whole life, and a
 model stream lives as long as its sender keeps it open. The guard, a server

@@ -1,4 +1,4 @@
-"""Requests that do not parse, or hold a field over its bound, get INVALID_ARGUMENT (wire wing).
+"""Requests that do not parse, or hold a field over its bound, get INVALID_ARGUMENT.
 
 gRPC's Python server logs a traceback ("Exception deserializing request!") and
 answers INTERNAL when a request's bytes are not the message the method takes.

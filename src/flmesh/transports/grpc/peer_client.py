@@ -1,4 +1,4 @@
-"""The gRPC :class:`~flmesh.transports.seam.PeerTransport` (wire wing).
+"""The gRPC :class:`~flmesh.transports.seam.PeerTransport`.
 
 One channel per peer, opened on first use and kept. Model streams go out
 pre-serialised (:meth:`~flmesh.format.codec.EncodedModel.frames`) and

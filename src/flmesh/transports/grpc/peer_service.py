@@ -1,4 +1,4 @@
-"""The thin gRPC servicer of the Peer service (wire wing).
+"""The thin gRPC servicer of the Peer service.
 
 Each method reads the request, calls the node's transport-free
 :class:`~flmesh.transports.seam.PeerHandlers`, converts the answer with

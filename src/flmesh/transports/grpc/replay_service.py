@@ -1,4 +1,4 @@
-"""The thin gRPC servicer of the ReplayBuffer service (wire wing)."""
+"""The thin gRPC servicer of the ReplayBuffer service."""
 
 from __future__ import annotations
 

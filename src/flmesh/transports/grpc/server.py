@@ -1,4 +1,4 @@
-"""Serving flmesh services next to the standard gRPC health service (wire wing)."""
+"""Serving flmesh services next to the standard gRPC health service."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""mTLS for every flmesh connection, and who the authenticated caller is (wire wing).
+"""mTLS for every flmesh connection, and who the authenticated caller is.
 
 A process's identity is its certificate from the federation's CA
 (:mod:`flmesh.pki.certs`, ``fl-certs``): the certificate's common name

@@ -2,7 +2,7 @@
 
 Every process of a simulated federation lives in one Python process:
 ``fl-sim`` (``--transport memory``, the default), :class:`~flmesh.sim.simulation.Simulation`
-and the tests build their nodes on it (:func:`~flmesh.runtime.memory_node.memory_node`).
+and the tests build their nodes on it (the ``memory`` backend, :mod:`~flmesh.transports.memory.backend`).
 A :class:`MemoryNetwork` is a registry of handlers by node id (and one
 aggregator). :class:`MemoryPeerTransport` and :class:`MemoryAggregatorTransport`
 call those handlers directly, on the caller's thread, with the caller's id as
