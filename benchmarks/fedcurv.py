@@ -37,9 +37,10 @@ FRACTIONS = (0.85, 0.9, 0.95)
 def methods(lambdas: list[float]) -> dict[str, dict[str, dict[str, Any]]]:
     rows: dict[str, dict[str, dict[str, Any]]] = {"FedAvg": {"aggregator": {"strategy": "fedavg"}}}
     rows["FedCurv, lambda = 0 (control: plain mean, no penalty)"] = {
-        "aggregator": {"strategy": "fedcurv", "fedcurv_lambda": 0.0}}
+        "aggregator": {"strategy": "fedcurv", "params": {"lambda": 0.0}}}
     for lam in lambdas:
-        rows[f"FedCurv, lambda = {lam:g}"] = {"aggregator": {"strategy": "fedcurv", "fedcurv_lambda": lam}}
+        rows[f"FedCurv, lambda = {lam:g}"] = {
+            "aggregator": {"strategy": "fedcurv", "params": {"lambda": lam}}}
     return rows
 
 

@@ -70,7 +70,7 @@ def federation(method: dict[str, dict[str, Any]], data: dict[str, Any], seed: in
         "training": {"epochs": args.epochs, "batch_size": 16, "lr": 0.05},
         "data": {"dataset": "digits", "test_fraction": 0.2, "min_samples": 5, **data},
         "model": {"name": "mlp", "hidden": [64]},
-        "aggregator": {"fraction": args.fraction, "deadline_s": 120, "server_epochs": 1, "gamma": 0.1},
+        "aggregator": {"fraction": args.fraction, "deadline_s": 120},  # strategies at their defaults
         "rewind": {"lambda": 0.1},
     }
     return merge(raw, method)

@@ -112,8 +112,8 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
                           "[training] momentum: expected a number in [0, 1), got 1"),
     "training-weight_decay": (tiny_raw(training={"weight_decay": 2}),
                               "[training] weight_decay: expected a number <= 1, got 2"),
-    "training-fedcurv_lambda": (tiny_raw(training={"fedcurv_lambda": 1e7}),
-                                "[training] fedcurv_lambda: expected a number <= 1000000, got 10000000.0"),
+    "algorithm-fedcurv-lambda": ({**tiny_raw(), "algorithm": {"fedcurv": {"lambda": 1e7}}},
+                                 "[algorithm.fedcurv] lambda: expected a number <= 1000000, got 10000000.0"),
     "node-lr-1e308": (node_tables(3, lr=1e308), "[nodes.n0] lr: expected a number <= 10, got 1e+308"),
     "node-epochs-nan": (node_tables(3, epochs=math.nan), "[nodes.n0] epochs: expected a number > 0, got nan"),
     "federation-round_timeout_s": (

@@ -331,5 +331,6 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "partition": "which partition of the data set the node trains on (default: its position)",
         "data": "the node's own data file (.npz, .csv, ...), instead of a partition",
         **{key: f"this node's [training] {key}" for key in TRAINING},
+        "fedcurv_lambda": "refused: [algorithm.fedcurv] lambda is one value for the federation",
     },
 }
