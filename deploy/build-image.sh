@@ -197,7 +197,7 @@ src=$reqs/src
 mkdir -p "$src" "$reqs/out"
 cp "$repo/pyproject.toml" "$repo/README.md" "$src/"
 cp "$repo"/LICENSE* "$src/" 2>/dev/null || true
-(cd "$repo" && find api protos topology node coordinator -name __pycache__ -prune -o -type f \
+(cd "$repo" && find src protos -name __pycache__ -prune -o -type f \
   \( -name '*.py' -o -name '*.pyi' -o -name '*.proto' -o -name 'py.typed' \) -print0 \
   | tar --null -T - -cf -) | tar -C "$src" -xf -
 isolation=(--no-build-isolation)

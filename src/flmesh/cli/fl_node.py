@@ -1,8 +1,7 @@
 """The ``fl-node`` entry point: an ordinary node, or with ``--role aggregator`` the aggregator.
 
-The dispatcher lives in ``coordinator`` because the aggregator role does:
-imports only go topology <- node <- coordinator, so ``flmesh.cli.node`` cannot
-reach it.
+It picks the role before anything heavy is imported: ``flmesh.cli.node`` for a node,
+``flmesh.cli.aggregator`` for the aggregator.
 """
 
 from __future__ import annotations

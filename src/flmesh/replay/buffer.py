@@ -1,8 +1,8 @@
 """The ReplayBuffer service's logic: DP class means in, a global buffer out, a privacy ledger.
 
 Hosted by the aggregator of a star federation, or by the node ``[replay]
-host`` names in one without (so it lives beside the node, not in the
-coordinator). Every contribution is checked before it touches anything:
+host`` names in one without (so it is a room of its own, below both). Every
+contribution is checked before it touches anything:
 shape and dtype (the codec), metadata of the right types (``task`` an
 integer, ``epsilon`` a number, ``withheld`` true or false, nothing else),
 finite values inside the clip range, classes of the task the sender is

@@ -104,22 +104,10 @@ class BindError(OSError):
     """A server could not listen on the requested address."""
 
 
-_made = False  # set once by the first server or channel; never reset (see grpc_started)
-
-
-def grpc_started() -> bool:
-    """Whether this process has made a gRPC server or channel through flmesh. gRPC's core runs
-    threads from then on and is not safe to fork (grpc/doc/fork_support.md): fl-sim forks its
-    workers only before (coordinator/sim_fork.py). Thread-safe."""
-    return _made
-
-
 def make_server(limits: StreamLimits | None = None) -> grpc.Server:
     """A gRPC server with flmesh's options, its stream guard and a thread pool sized so that
     the streams the guard admits never take the last workers (health, Status and polls are
     always answered)."""
-    global _made
-    _made = True
     limits = limits or StreamLimits()
     pool = futures.ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="flmesh-rpc")
     # outermost first: admit the stream, then refuse garbage, then read model chunks as views
@@ -146,8 +134,6 @@ def make_channel(address: str, tls: Tls | None = None, peer_id: str | None = Non
     the handshake accepts only a certificate that names ``peer_id`` (its identity name,
     :meth:`Tls.channel_options`; required with ``tls``), whatever answers at ``address``.
     Thread-safe; close when done."""
-    global _made
-    _made = True
     if tls is None:
         return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
     if not peer_id:
