@@ -23,8 +23,8 @@ def test_a_dead_node_is_routed_around_and_late_peers_are_not_called_missing():
     reported missing."""
     f = parse_federation(tiny_raw(nodes=4, rounds=4, federation={"round_timeout_s": 2}), source="t")
     with Cluster(f, "grpc") as c:
-        c.parts["node0"].stop(grace=0)
-        live = [c.parts[n] for n in ("node1", "node2", "node3")]
+        c.by_id["node0"].stop(grace=0)
+        live = [c.by_id[n] for n in ("node1", "node2", "node3")]
         reports: dict[str, list] = {n.node_id: [] for n in live}
         threads = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
                    for n in live]

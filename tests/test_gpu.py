@@ -60,8 +60,8 @@ def continual(device: str) -> Federation:
 def on_device(cluster: Cluster, device: str) -> None:
     """Every node trains on ``device`` and its model (parameters and buffers) is still there."""
     for node in cluster.parts.values():
-        assert node.device.type == device, node.node_id
-        tensors = [*node.model.parameters(), *node.model.buffers()]
+        assert node.model.device.type == device, node.node_id
+        tensors = [*node.model.module.parameters(), *node.model.module.buffers()]
         assert tensors and all(t.device.type == device for t in tensors), \
             f"{node.node_id}: its model left {device}"
 
@@ -116,7 +116,7 @@ def test_a_peer_federation_on_cuda_matches_the_cpu():
 def test_a_star_federation_with_fedcurv_on_cuda_matches_the_cpu():
     def fed(device: str) -> Federation:
         return federation(device, aggregator={"strategy": "fedcurv", "fraction": 1.0, "min_updates": 3,
-                                              "deadline_s": 5, "fedcurv_lambda": 1.0})
+                                              "deadline_s": 5, "params": {"lambda": 1.0}})
 
     same_within_tolerance(star_run(fed(DEVICE), DEVICE), star_run(fed("cpu"), "cpu"))
 

@@ -96,15 +96,16 @@ def test_a_slow_and_stalling_link_delays_but_loses_nothing():
     middle of the run (less than the round timeout): every round still gets every model."""
     f = parse_federation(tiny_raw(nodes=3, rounds=4, federation={"round_timeout_s": 20}), source="t")
     with Cluster(f, "grpc") as c:
-        proxy = SlowProxy(c.parts["node1"].address or "", delay_s=0.01)
+        proxy = SlowProxy(c.by_id["node1"].address or "", delay_s=0.01)
         try:
-            c.parts["node0"].connect({"node1": proxy.address})
-            reports: dict[str, list] = {n.node_id: [] for n in c.parts.values()}
+            c.by_id["node0"].connect({"node1": proxy.address})
+            reports: dict[str, list] = {n.node_id: [] for n in c.nodes}
             threads = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
-                       for n in c.parts.values()]
+                       for n in c.nodes]
             for t in threads:
                 t.start()
-            wait_until(lambda: len(reports["node1"]) >= 1 or c.parts["node1"].last_round >= 1, timeout=60)
+            node1 = c.parts["node1"].activity
+            wait_until(lambda: len(reports["node1"]) >= 1 or node1.last_round >= 1, timeout=60)
             proxy.stall(3.0)
             for t in threads:
                 t.join(120)
