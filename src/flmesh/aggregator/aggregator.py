@@ -28,6 +28,7 @@ from flmesh.aggregator.decision import RoundOutcome
 from flmesh.aggregator.evaluation import Evaluator, RemoteEvaluator, UpdateEvaluator, local_evaluator
 from flmesh.aggregator.rows import accuracy_text, star_row
 from flmesh.algorithms.base import RefinedServer, ServerContext, trainable_spec
+from flmesh.algorithms.checks import try_strategy
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.config import Federation
 from flmesh.format.codec import model_spec
@@ -118,6 +119,7 @@ class Aggregator:
         server = plugin.server(replace(ctx, settings=plugin.settings(fed)))
         if server is None:
             raise ValueError(f"{fed.source}: [aggregator] strategy {plugin.name!r} has no server half")
+        try_strategy(plugin, ctx, initial.state_dict(), num_classes, f"{fed.source}: [aggregator] strategy")
         refiners = [r for p in algorithms.for_node(fed, fed.training)
                     if (r := p.refiner(replace(ctx, settings=p.settings(fed)))) is not None]
         if refiners:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flmesh.algorithms.base import ServerHalf, Tensors, Update
+from flmesh.algorithms.checks import StrategyError, checked_global
 from flmesh.algorithms.robust import clip_updates
 from flmesh.config import AggregatorConfig
 
@@ -37,7 +38,9 @@ def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selec
     """Close ``round`` over ``updates`` (the sampled nodes' accepted ones, in ``selected`` order)
     from the global model ``start``; ``stopped``: the run is stopping (the notes say so).
     The new global model is on the CPU; it is ``start`` itself when the round did not aggregate.
-    Blocks for the server half's aggregation."""
+    Blocks for the server half's aggregation. Raises
+    :class:`~flmesh.algorithms.checks.StrategyError` when the strategy raises or returns what
+    is not a model of ``start``'s tensors."""
     received = [u.node for u in updates]
     missing = [n for n in selected if n not in received]
     notes = []
@@ -56,8 +59,13 @@ def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selec
     aggregated = len(updates) >= config.min_updates
     new_global = start
     if aggregated:
-        new = server.aggregate(round, start, to_aggregate)
-        new_global = {k: v.detach().to("cpu") for k, v in new.items()}
+        who = f"strategy {config.strategy!r}"
+        try:
+            new = server.aggregate(round, start, to_aggregate)
+        except Exception as exc:  # the strategy may be the user's: one line, the cause kept
+            raise StrategyError(f"{who}.aggregate raised {type(exc).__name__} in round {round}: "
+                                f"{exc}") from exc
+        new_global = checked_global(new, start, who)
     else:
         notes.append(f"round {round}: {len(updates)} update(s) < min_updates {config.min_updates}; "
                      "kept the previous global model")

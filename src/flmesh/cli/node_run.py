@@ -39,6 +39,7 @@ log = logging.getLogger("flmesh.node")
 
 def input_errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's input, not our bug: one line, exit 2."""
+    from flmesh.algorithms.checks import StrategyError
     from flmesh.learning.arrays import DataError
     from flmesh.learning.device import DeviceError
     from flmesh.learning.extras import MissingExtra
@@ -51,7 +52,7 @@ def input_errors() -> tuple[type[Exception], ...]:
     from flmesh.user_code import UserCodeError
 
     return (DataError, DeviceError, ModelError, PartitionError, BindError, CertError, CheckpointError,
-            StateFileError, MissingExtra, LearnerError, UserCodeError)
+            StateFileError, MissingExtra, LearnerError, UserCodeError, StrategyError)
 
 
 class NodeRun:

@@ -80,6 +80,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     how to resume are printed)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from flmesh.algorithms.checks import StrategyError
     from flmesh.cli import sim_console
     from flmesh.cli.node_run import input_errors
     from flmesh.config import FederationError
@@ -153,7 +154,8 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         err.print("fl-sim: interrupted; stopping all nodes")
         sim.stop()
         code = 130
-    except (PeerError, UnknownPeerError) as exc:  # e.g. the aggregator stopped answering
+    except (PeerError, UnknownPeerError, StrategyError) as exc:  # the aggregator stopped answering, or
+        # the strategy returned what is no model
         say(err, f"fl-sim: error: {exc}; results so far in {sim.out_dir}")
         sim.stop()
         code = 1
