@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-faults test-deploy image lint typecheck protos bench clean FORCE
+.PHONY: demo test test-slow test-faults test-deploy image lint typecheck protos bench clean FORCE
 
 # editable_mode=strict installs a tree of links that type checkers and IDEs can
 # follow (no import hook). The links cover the modules present at install time,
@@ -42,13 +42,17 @@ $(PYC): $(STAMP) $(shell find src -name '*.py')
 demo: $(PYC)
 	$(VENV)/bin/fl-sim examples/quickstart.toml
 
+# The suite a newcomer runs: lint, types and every test that runs in this one process or
+# starts a short-lived one. The slowest ten are printed, so the next slow test is seen.
 test: $(PYC) $(DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -m "not faults and not deploy"
+	$(PY) -m pytest -q -m "not slow and not faults and not deploy" --durations=10
 
-test-fast: $(PYC) $(DEV)
-	$(PY) -m pytest -q -m "not slow and not faults and not deploy"
+# Multi-process federations, environment builds (wheel, the custom example), the benchmarks'
+# quick modes and the docs' tutorials run end to end; CI runs it after make test.
+test-slow: $(PYC) $(DEV)
+	$(PY) -m pytest -q -m "slow and not faults and not deploy" --durations=10
 
 # Fault injection: killed and resumed processes, network namespaces with packet loss and
 # partitions, slow links. Needs root for the namespaces (their tests say so when skipped);
