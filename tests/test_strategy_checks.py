@@ -89,13 +89,15 @@ def test_a_strategy_that_goes_wrong_later_stops_the_run_in_one_line(tmp_path, ca
 
 
 def test_a_good_strategy_runs_as_the_built_in_and_another_float_dtype_is_cast():
-    want = run(parse_federation(tiny_raw(nodes=3, rounds=2, aggregator={"strategy": "fedavg", "fraction": 1.0})))
+    want = run(parse_federation(tiny_raw(nodes=3, rounds=2,
+                                         aggregator={"strategy": "fedavg", "fraction": 1.0})))
     for strategy in ("Mean", "Doubles"):
         got = run(star(strategy))
         assert got.keys() == want.keys()
         for node, state in want.items():
             for key, tensor in state.items():
-                assert got[node][key].dtype == tensor.dtype and torch.equal(got[node][key], tensor), (strategy, key)
+                same = got[node][key].dtype == tensor.dtype and torch.equal(got[node][key], tensor)
+                assert same, (strategy, key)
 
 
 def test_the_check_leaves_the_random_state_and_the_strategy_alone():
@@ -119,7 +121,7 @@ def test_checked_global_refuses_what_is_not_the_model():
     start = {"w": torch.zeros(2, 2), "n": torch.zeros((), dtype=torch.int64)}
     with pytest.raises(StrategyError, match=r"returned a list for 'w', not a tensor"):
         checked_global({"w": [0, 0], "n": start["n"]}, start, "strategy 's'")
-    with pytest.raises(StrategyError, match=r"returned 'n' as torch.float32; the global model's is torch.int64"):
+    with pytest.raises(StrategyError, match=r"'n' as torch.float32; the global model's is torch.int64"):
         checked_global({"w": start["w"], "n": torch.zeros(())}, start, "strategy 's'")
     with pytest.raises(StrategyError, match=r"with unknown 'x'"):
         checked_global({**start, "x": torch.zeros(1)}, start, "strategy 's'")

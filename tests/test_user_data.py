@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from flmesh.cli.sim_console import title
 from flmesh.config import parse_federation
 from flmesh.learning.data import federation_data
+from flmesh.sim.record import data_config
 from flmesh.sim.simulation import Simulation
 
 from conftest import tiny_raw
@@ -148,6 +150,25 @@ def test_fl_sim_reads_each_nodes_own_file(tmp_path):
     with Simulation(fed, tmp_path / "run") as sim:
         summary = sim.run()
     assert summary.final is not None and summary.final.fa is not None and summary.final.fa > 0.5
+    # the record says what the nodes trained on, not the [data] defaults they never read
+    assert summary.config["dataset"] is None and summary.config["partition"] is None
+    assert summary.config["own_data"] == {node: f"{node}.npz" for node in sizes}
+    assert title(fed, "out").count("each node's own data file") == 1 and "digits" not in title(fed, "out")
+
+
+def test_the_record_names_the_partition_and_the_nodes_with_their_own_files(tmp_path):
+    _write_npz(tmp_path / "n1.npz", 30, 0)
+    raw = tiny_raw(nodes=3, data={"partition": "iid", "classes": 3})
+    raw["nodes"] = {"node1": {"data": "n1.npz"}}
+    fed = parse_federation(raw, source="mixed.toml", base_dir=tmp_path)
+    assert data_config(fed) == {"dataset": "digits", "partition": {"kind": "iid"},
+                                "own_data": {"node1": "n1.npz"}}
+    assert "digits iid (own files: node1)" in title(fed, "out")
+    shards = parse_federation(tiny_raw(data={"partition": "shards", "shards_per_node": 3}))
+    assert data_config(shards)["partition"] == {"kind": "shards", "shards_per_node": 3}
+    assert "digits shards(3 per node)" in title(shards, "out")
+    assert data_config(parse_federation(tiny_raw(data={"alpha": 0.3})))["partition"] == {"kind": "dirichlet",
+                                                                                        "alpha": 0.3}
 
 
 @pytest.mark.slow

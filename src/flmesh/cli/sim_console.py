@@ -14,6 +14,7 @@ from rich.table import Table
 
 from flmesh.config import Federation
 from flmesh.reports.results import RoundRow, Summary, max_spent
+from flmesh.sim.record import data_text
 
 
 def pct(x: float | None) -> str:
@@ -27,8 +28,8 @@ def title(fed: Federation, out_dir: Path | str, model: str | None = None) -> str
     agg = fed.aggregator
     how = (f"aggregator {agg.strategy} (C={agg.fraction:g}), objective {fed.training.objective}"
            if agg is not None else f"schedule {fed.topology.schedule}, graph {fed.topology.graph}")
-    return (f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {fed.data.origin} "
-            f"{fed.data.partition}(alpha={fed.data.alpha:g}), model {escape(model or fed.model.label)}, "
+    return (f"[bold]{fed.name}[/]: {len(fed.nodes)} nodes, {how}, {escape(data_text(fed))}, "
+            f"model {escape(model or fed.model.label)}, "
             f"{fed.rounds} rounds x {fed.training.epochs:g} epochs  ->  {out_dir}")
 
 

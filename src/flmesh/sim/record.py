@@ -196,12 +196,61 @@ def host(federation: Federation) -> dict[str, Any]:
     return {**versions(), "device": device_of(federation), "cpus": torch.get_num_threads()}
 
 
+def partition_text(federation: Federation) -> str:
+    """How the data set is split across nodes, with the parameter that kind reads:
+    ``dirichlet(alpha=0.25)``, ``shards(2 per node)``, ``iid``."""
+    data = federation.data
+    if data.partition == "iid":
+        return "iid"
+    if data.partition == "shards":
+        return f"shards({data.shards_per_node} per node)"
+    return f"{data.partition}(alpha={data.alpha:g})"
+
+
+def _own_files(federation: Federation) -> dict[str, str]:
+    """The nodes that train on their own ``[nodes.<id>] data``, and the file, relative to the
+    federation file's folder when it is below it."""
+    base = Path(federation.base_dir) if federation.base_dir else None
+    out = {}
+    for node in federation.nodes:
+        if node.data is not None:
+            path = Path(node.data)
+            out[node.id] = str(path.relative_to(base)) if base and path.is_relative_to(base) else str(path)
+    return out
+
+
+def data_text(federation: Federation) -> str:
+    """What the nodes train on, in a few words (a run's title)."""
+    own = _own_files(federation)
+    if len(own) == len(federation.nodes):
+        return "each node's own data file"
+    text = f"{federation.data.origin} {partition_text(federation)}"
+    if own:
+        names = list(own)
+        text += f" (own files: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+    return text
+
+
+def data_config(federation: Federation) -> dict[str, Any]:
+    """What the nodes train on, for a summary's ``config``: ``dataset`` and ``partition`` (None
+    when every node has its own file), and ``own_data`` (node -> file) when some do."""
+    own = _own_files(federation)
+    if own and len(own) == len(federation.nodes):
+        return {"dataset": None, "partition": None, "own_data": own}
+    data = federation.data
+    partition: dict[str, Any] = {"kind": data.partition}
+    if data.partition == "shards":
+        partition["shards_per_node"] = data.shards_per_node
+    elif data.partition != "iid":
+        partition["alpha"] = data.alpha
+    return {"dataset": data.origin, "partition": partition, **({"own_data": own} if own else {})}
+
+
 def base_config(federation: Federation, model: str | None = None) -> dict[str, Any]:
     """What every summary says about the set-up; ``model``: what builds the model (default: the
     file's ``[model]``)."""
     fed = federation
-    return {"nodes": fed.node_ids, "dataset": fed.data.origin,
-            "partition": {"kind": fed.data.partition, "alpha": fed.data.alpha},
+    return {"nodes": fed.node_ids, **data_config(fed),
             "model": model or fed.model.label,
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
