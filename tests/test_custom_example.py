@@ -121,6 +121,7 @@ def test_the_custom_example_installs_and_runs_everywhere(tmp_path):
         node_rows = rows(run)
         assert [r["round"] for r in node_rows] == [1, 2, 3, 4]
         assert 0.0 <= node_rows[-1]["nodes"][node]["metrics"]["macro_f1"] <= 1.0
+    assert "round 4/4: macro_f1 " in done.stderr, "fl-node logs the federation's metric"
 
     assert summary(out / "embedded")["rounds"] == 8
     for node in IDS:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flmesh.cli.sim_console import columns, final_table, header, key, pct, round_line, title
+from flmesh.cli.sim_console import columns, final_line, final_table, header, key, pct, round_line, title
 from flmesh.config import parse_federation
+from flmesh.reports.pictures import accuracy_labels
 from flmesh.reports.results import Final, NodeRound, RoundRow, Summary
 from flmesh.reports.run_files import read_rows
 
@@ -246,3 +247,18 @@ def test_a_ledger_that_cannot_be_written_is_one_line_and_hides_no_error(tmp_path
     said = str(raised.value) if not fail else caplog.records[-1].getMessage()
     assert said.startswith(ledger) and "\n" not in said, said
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 1
+
+
+def test_a_federation_metric_names_the_pictures_the_quiet_line_and_fl_nodes_log():
+    rows = [{"round": 1, "kind": "peer", "metric": "balanced_accuracy", "fa": 0.5, "ff": 0.1, "pfa": 0.6}]
+    labels = accuracy_labels(rows)
+    assert labels["fa"] == "FA (federation balanced_accuracy)" and labels["y"] == "balanced_accuracy (%)"
+    assert labels["pfa"] == "PFA (personalized over balanced_accuracy)"
+    star = [{**rows[0], "kind": "star", "accuracy": 0.7}]
+    assert accuracy_labels(star)["y"] == "balanced_accuracy; accuracy (%)"
+    assert accuracy_labels([{**rows[0], "metric": "accuracy"}])["y"] == "accuracy (%)"
+    summary = Summary("peer", "fl-sim", "tiny", "tiny.toml", 1, 2, 2, False,
+                      final=Final(2, fa=0.5, ff=0.1, pfa=0.6))
+    line = final_line(summary, "balanced_accuracy")
+    assert "FA balanced_accuracy 50.00 %, FF balanced_accuracy 10.00 %" in line
+    assert "FA 50.00 %, FF 10.00 %, PFA 60.00 %" in final_line(summary)

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING
 
 from flmesh.cli.ops_flags import Ops
 from flmesh.config import Federation
+from flmesh.learning.stats import EvalResult
 from flmesh.learning.task import Task
 from flmesh.observe.logs import row_scalars
 from flmesh.reports.results import Final, NodeRound, RoundRow, Summary, learner_metrics
@@ -236,7 +237,7 @@ class NodeRun:
             self.ops.metrics.learned(entry.accuracy, entry.train_loss)
         if self.ops.board is not None:
             self.ops.board.scalars(report.round, row_scalars(row))
-        _log_round(report, self.federation.rounds)
+        _log_round(report, self.federation.rounds, self.federation.metric)
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
@@ -292,26 +293,35 @@ class NodeRun:
                   file=sys.stderr)
         elif status == 0:
             trained = [r for r in self.reports if r.local is not None]
-            final = (f", final accuracy {100 * trained[-1].local.accuracy:.1f}%"  # type: ignore[union-attr]
+            metric = self.federation.metric
+            final = (f", final {metric} {_score(trained[-1].local, metric)}"  # type: ignore[arg-type]
                      if trained else "")
             print(f"{prog}: done, {done} rounds{final}; results in {self.out}", file=sys.stderr)
         return status
 
 
-def _log_round(report: Report, rounds: int) -> None:
+def _score(result: EvalResult, metric: str) -> str:
+    """``result`` in ``metric`` as a percentage; with another metric than accuracy, the
+    accuracy beside it."""
+    if metric == "accuracy":
+        return f"{100 * result.accuracy:.1f}%"
+    return f"{100 * result.score(metric):.1f}% (accuracy {100 * result.accuracy:.1f}%)"
+
+
+def _log_round(report: Report, rounds: int, metric: str = "accuracy") -> None:
     t = report.round
     if isinstance(report, StarReport):
         if report.selected and report.start and report.local:
-            log.info("round %d/%d: global %.1f%% -> local %.1f%%%s, submitted, %.1fs", t, rounds,
-                     100 * report.start.accuracy, 100 * report.local.accuracy,
+            log.info("round %d/%d: %s global %s -> local %s%s, submitted, %.1fs", t, rounds, metric,
+                     _score(report.start, metric), _score(report.local, metric),
                      f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s,
                      extra={"round": t, "peer": report.rewound_to})
         else:
             log.info("round %d/%d: not sampled", t, rounds, extra={"round": t, "peer": None})
     else:
-        got = (f", received from {report.source} at {100 * report.received_accuracy:.1f}%"
-               if report.received_accuracy is not None else "")
-        log.info("round %d/%d: accuracy %.1f%%%s%s%s, %.1fs", t, rounds, 100 * report.local.accuracy, got,
+        got = (f", received from {report.source} at {_score(report.received_eval, metric)}"
+               if report.received_eval is not None else "")
+        log.info("round %d/%d: %s %s%s%s%s, %.1fs", t, rounds, metric, _score(report.local, metric), got,
                  f", rewound to {report.rewound_to}" if report.rewound_to else "",
                  f", sent to {report.delivered_to}" if report.delivered_to else "", report.wall_s,
                  extra={"round": t, "peer": report.delivered_to})

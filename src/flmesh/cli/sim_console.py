@@ -126,13 +126,15 @@ def final_table(fed: Federation, summary: Summary) -> Table | None:
     return table
 
 
-def final_line(summary: Summary) -> str:
-    """The run's final metrics on one line (``fl-sim --quiet``), with where its results are."""
+def final_line(summary: Summary, metric: str = "accuracy") -> str:
+    """The run's final metrics on one line (``fl-sim --quiet``), with where its results are;
+    ``metric``: what FA, FF and PFA are over (``[federation] metric``, named when not accuracy)."""
     final = summary.final
     done = f"{summary.federation}: round {summary.rounds}/{summary.rounds_planned}"
     if final is None:
         return f"{done}: no round finished; results in {summary.out_dir}"
     values = [("accuracy", final.accuracy)] if summary.kind == "star" else []
-    values += [("FA", final.fa), ("FF", final.ff), ("PFA", final.pfa)]
+    over = "" if metric == "accuracy" else f" {metric}"
+    values += [(f"FA{over}", final.fa), (f"FF{over}", final.ff), (f"PFA{over}", final.pfa)]
     metrics = ", ".join(f"{name} {pct(value).strip()} %" for name, value in values if value is not None)
     return f"{done}: {metrics or 'not evaluated'}; results in {summary.out_dir}"

@@ -174,7 +174,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     if summary.interrupted and code == 0:
         code = 130  # stopped by SIGTERM
     if plan.quiet:
-        say(console, sim_console.final_line(summary))
+        say(console, sim_console.final_line(summary, fed.metric))
     else:
         if (table := sim_console.final_table(fed, summary)) is not None:
             console.print(table)

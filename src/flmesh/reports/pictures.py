@@ -81,13 +81,28 @@ def _summary(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def heading(fig: Any, ax: Any, title: str, fixed: bool = True) -> None:
+def heading(fig: Any, ax: Any, title: str, fixed: bool = True, bottom: float | None = None) -> None:
     """Put ``title`` above ``ax``, wrapped at 80 characters (never cut); with ``fixed``, set the
-    fixed margins, the top one lowered for each line past the first."""
+    fixed margins, the top one lowered for each line past the first (``bottom``: room below the
+    axis, for a legend there)."""
     text = textwrap.fill(title, 80)
     ax.set_title(text, fontsize=10)
     if fixed:
-        fig.subplots_adjust(**{**FIXED_MARGINS, "top": FIXED_MARGINS["top"] - 0.045 * text.count("\n")})
+        fig.subplots_adjust(**{**FIXED_MARGINS, "top": FIXED_MARGINS["top"] - 0.045 * text.count("\n"),
+                               "bottom": bottom if bottom is not None else FIXED_MARGINS["bottom"]})
+
+
+def whole_rounds(ax: Any) -> None:
+    """Ticks on whole rounds only (a short run would otherwise get 1.25, 1.5, ...)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def legend_below(ax: Any, columns: int = 2) -> None:
+    """The legend under the axis, where it covers no curve."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=columns, fontsize="small",
+              frameon=False)
 
 
 def save(fig: Any, path: Path, title: str, **options: Any) -> None:
@@ -119,6 +134,23 @@ def pyplot() -> Any:
     return plt
 
 
+def metric_of(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What the rows' FA, FF and PFA are over (``[federation] metric``)."""
+    return str(rows[0].get("metric") or "accuracy") if rows else "accuracy"
+
+
+def accuracy_labels(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The legend of each of :func:`accuracy_curves`' curves (``"fa"``, ``"band"``: FA ± FF,
+    ``"pfa"``, ``"accuracy"``), and ``"y"``, the axis label: named after ``[federation]
+    metric``, which FA, FF and PFA are over."""
+    metric = metric_of(rows)
+    over = "" if metric == "accuracy" else f" over {metric}"
+    star = bool(rows) and rows[0].get("kind") == "star"
+    return {"fa": f"FA (federation {metric})", "band": "FA ± FF", "pfa": f"PFA (personalized{over})",
+            "accuracy": "global model accuracy",
+            "y": f"{metric}; accuracy (%)" if star and metric != "accuracy" else f"{metric} (%)"}
+
+
 def accuracy_curves(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
     """What :func:`plot_accuracy` draws, in percent: ``"fa"`` and ``"ff"`` at the rounds with
     FA, ``"pfa"`` at those with PFA (a merged run without cross-evaluation has PFA only) and,
@@ -140,26 +172,31 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], path: Path, title: str = ""
     curves = accuracy_curves(rows)
     rounds, fa = curves["fa"]
     ff = curves["ff"][1]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    ax.plot(rounds, fa, marker="o", label="FA (federation accuracy)")
-    ax.fill_between(rounds, [a - s for a, s in zip(fa, ff, strict=True)],
-                    [a + s for a, s in zip(fa, ff, strict=True)], alpha=0.2, label="FA ± FF")
-    ax.plot(*curves["pfa"], marker="s", label="PFA (personalized)")
+    labels = accuracy_labels(rows)
+    fig, ax = plt.subplots(figsize=(6.4, 4.6), dpi=100)
+    if rounds:  # a merged fl-node run without cross-evaluation has PFA only
+        ax.plot(rounds, fa, marker="o", label=labels["fa"])
+        ax.fill_between(rounds, [a - s for a, s in zip(fa, ff, strict=True)],
+                        [a + s for a, s in zip(fa, ff, strict=True)], alpha=0.2, label=labels["band"])
+    if curves["pfa"][0]:
+        ax.plot(*curves["pfa"], marker="s", label=labels["pfa"])
     if "accuracy" in curves:
-        ax.plot(*curves["accuracy"], marker="^", label="global model accuracy")
+        ax.plot(*curves["accuracy"], marker="^", label=labels["accuracy"])
     ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel(labels["y"])
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    heading(fig, ax, title)
+    whole_rounds(ax)
+    legend_below(ax)
+    heading(fig, ax, title, bottom=0.27)
     save(fig, path, title)
     plt.close(fig)
     return path
 
 
 def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
-    """Heat map of the federation's per-class accuracy (class x round), in percent."""
+    """Heat map of the federation's per-class accuracy (class x round), in percent: a star
+    run's global model, or in a peer run every evaluated model on every test split, pooled."""
     plt = pyplot()
     import numpy as np
 
@@ -171,7 +208,13 @@ def plot_per_class(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "
                               matrix.shape[0] - 0.5))
     ax.set_xlabel("round")
     ax.set_ylabel("class")
-    fig.colorbar(image, ax=ax, label="accuracy (%)")
+    classes = matrix.shape[0]
+    if classes <= 20:
+        ax.set_yticks(range(classes))
+    whole_rounds(ax)
+    whose = ("the global model's accuracy (%)" if rows[0].get("kind") == "star"
+             else "accuracy of every model on every split (%)")
+    fig.colorbar(image, ax=ax, label=whose)
     heading(fig, ax, title)
     save(fig, path, title)
     plt.close(fig)
@@ -196,6 +239,7 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: 
                       extent=(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5, -0.5, len(nodes) - 0.5))
     ax.set_xlabel("round")
     ax.set_ylabel("node")
+    whole_rounds(ax)
     if len(nodes) <= 20:
         ax.set_yticks(range(len(nodes)), nodes)
     fig.colorbar(image, ax=ax, label="local forgetting F_k,t (%)")
@@ -225,7 +269,8 @@ def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -
     ax.set_ylabel("accuracy on the task (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize="small", ncol=2)
+    whole_rounds(ax)
+    legend_below(ax, columns=min(tasks, 5))
     heading(fig, ax, title, fixed=False)
     fig.tight_layout()
     save(fig, path, title)

@@ -95,7 +95,7 @@ class PeerRound:
         hop = plan[me]
         notes = continual.advance(self.plugins, self.share, round) if continual is not None else []
         trains = continual is None or continual.participates(settings, round)
-        received, missing, received_accuracy, sender = False, None, None, None
+        received, missing, received_eval, sender = False, None, None, None
         missing_source: str | None = None
         self.activity.set_state("waiting", hop.source)
         if hop.source is not None:
@@ -108,7 +108,7 @@ class PeerRound:
             elif incoming is not None:
                 self.model.load_state(incoming.state_dict)
                 received = True
-                received_accuracy = evaluate_own(self.model, self.share, self.metrics).accuracy
+                received_eval = evaluate_own(self.model, self.share, self.metrics)
             else:
                 missing = missing_source  # None: the source finished while this node was away
         gossip_keys = [InboxKey(round - 1, p, f"extras/{n}") for n in self.plugins.gossip_servers
@@ -138,7 +138,8 @@ class PeerRound:
             node=me, round=round, source=hop.source, destination=hop.destination, received=received,
             missing=missing, delivered=delivered, train_size=len(self.share.data.train), train=stats,
             local=local, wall_s=self.clock.now() - start, notes=tuple(notes),
-            received_accuracy=received_accuracy, rewound_to=rewound_to, delivered_to=delivered_to,
+            received_accuracy=received_eval.accuracy if received_eval is not None else None,
+            received_eval=received_eval, rewound_to=rewound_to, delivered_to=delivered_to,
             bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), participated=trains,
             privacy_spent=privacy_spent(self.plugins),
             task=continual.task if continual is not None else None, received_from=sender,

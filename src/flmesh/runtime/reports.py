@@ -44,6 +44,7 @@ class RoundReport:
     # came instead, the destination when this node's model did not reach it; not a peer that
     # finished the round while this node was away (flmesh.runtime.peer_exchange)
     failed: tuple[str, ...] = ()
+    received_eval: EvalResult | None = None  # the received model on this node's test split, whole
 
 
 @dataclass(frozen=True)
