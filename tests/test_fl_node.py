@@ -48,6 +48,27 @@ def test_four_fl_node_processes_cwt_with_rewind(tmp_path):
             drawn = {ids[j] for j in eval_splits(sampled, row["round"], node_id)}
             assert set(e["cross_accuracy"]) == drawn and node_id in drawn and len(drawn) == 3
     assert "listening on 127.0.0.1:" in proc.stdout
+    for node_id in ids:  # a finished run keeps its results, not what only a resume would need
+        kept = {p.name for p in (tmp_path / "runs" / f"procs-{node_id}").iterdir()}
+        assert kept == {"rounds.jsonl", "summary.json", "run.json", "federation.toml"}, kept
+
+
+@pytest.mark.slow
+def test_run_sh_runs_again_in_the_same_folders_and_stops_when_a_node_cannot_start(tmp_path):
+    ids = ["alpha", "bravo", "charlie", "delta"]
+    fed = federation_file(tmp_path, ids, rounds=2)
+    env = {**os.environ, "FL_NODE": FL_NODE}
+    for _ in range(2):
+        proc = subprocess.run(["bash", str(REPO / "examples/four-nodes/run.sh"), str(fed)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "CA private key" not in proc.stderr
+    (tmp_path / "runs" / "procs-bravo").rename(tmp_path / "bravo-before")
+    (tmp_path / "runs" / "procs-bravo").write_text("not a folder")
+    proc = subprocess.run(["bash", str(REPO / "examples/four-nodes/run.sh"), str(fed)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1
+    assert "exited before it listened" in proc.stderr and "stopping the others" in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow

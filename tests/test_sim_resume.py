@@ -10,11 +10,13 @@ import tomllib
 from typing import Any
 
 import pytest
+import torch
 
+from flmesh import Simulation, load_federation
 from flmesh.cli import sim_console
 from flmesh.cli.fl_sim import main
+from flmesh.reports.record import toml_text, write_record
 from flmesh.reports.run_files import read_rows
-from flmesh.sim.record import toml_text
 
 from conftest import REPO
 
@@ -100,6 +102,42 @@ def test_run_folder_records_the_run_and_rerun_repeats_it(tmp_path, capsys):
     assert main(["rerun", str(first), "--out", str(again), "--quiet"]) == 0
     assert f"results in {again}" in capsys.readouterr().out
     assert numbers(read_rows(again / "rounds.jsonl")) == numbers(read_rows(first / "rounds.jsonl"))
+
+
+def test_a_simulation_from_python_records_its_run_and_the_folders_may_move(tmp_path, capsys):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "tiny.toml").write_text(TINY)
+    fed = load_federation(project / "tiny.toml", ["federation.rounds=2"])
+    with Simulation(fed, project / "runs" / "first") as sim:
+        sim.run()
+    record = json.loads((project / "runs" / "first" / "run.json").read_text())
+    assert record["writer"] == "simulation" and record["command"] is None
+    assert record["base_dir"] == os.path.join("..", ".."), "relative to the run folder"
+    assert not (project / "runs" / "first" / ".lock").exists()
+    (project).rename(tmp_path / "moved")  # the run folder and the federation's folder move together
+    moved = tmp_path / "moved" / "runs" / "first"
+    again = tmp_path / "again"
+    assert main(["rerun", str(moved), "--out", str(again), "--quiet"]) == 0
+    assert numbers(read_rows(again / "rounds.jsonl")) == numbers(read_rows(moved / "rounds.jsonl"))
+    own = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    with Simulation(fed, tmp_path / "python", model=own) as sim:
+        sim.run()
+    capsys.readouterr()
+    assert main(["rerun", str(tmp_path / "python")]) == 2
+    assert "the run's model came as Python objects" in capsys.readouterr().err
+
+
+def test_rerun_refuses_an_fl_node_folder_in_one_line(tmp_path, capsys):
+    folder = tmp_path / "node"
+    folder.mkdir()
+    fed = tmp_path / "tiny.toml"
+    fed.write_text(TINY)
+    write_record(folder, load_federation(fed), writer="fl-node", command=["fl-node"], transport="grpc",
+                 tls=True, node="node0")
+    assert main(["rerun", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a run fl-node wrote; fl-sim repeats and resumes its own runs" in err[0], err
 
 
 def test_rerun_and_resume_refuse_an_edited_federation_file(tmp_path, capsys):

@@ -15,7 +15,7 @@ import torch
 from flmesh.cli.sim_console import title
 from flmesh.config import parse_federation
 from flmesh.learning.data import federation_data
-from flmesh.sim.record import data_config
+from flmesh.reports.record import data_config
 from flmesh.sim.simulation import Simulation
 
 from conftest import tiny_raw

@@ -36,6 +36,7 @@ ids=$(python -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[
 # three processes share this machine's cores: one torch thread each, not one per core each
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fl-certs federation "$here/nodes.toml" --out "$work/pki" >/dev/null  # a CA and a certificate per node
+rm -rf "$work/pki/ca-private"  # a throwaway CA: its key is not needed again, and not beside the nodes'
 for id in $ids; do
   # each node binds a free port and announces it in its ready file; the peers file gathers them
   fl-node --id "$id" --federation "$here/nodes.toml" --out "$out/nodes-$id" --listen 127.0.0.1:0 \

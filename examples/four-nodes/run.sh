@@ -23,6 +23,7 @@ insecure=0
 for flag in "$@"; do [ "$flag" = "--insecure" ] && insecure=1; done
 if [ "$insecure" -eq 0 ]; then
   "$fl_certs" federation "$file" --out "$work/pki" >/dev/null || exit 1
+  rm -rf "$work/pki/ca-private"  # a throwaway CA: its key is not needed again, and not beside the nodes'
 fi
 
 ids=$(python3 -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["nodes"]))' "$file")
@@ -37,23 +38,30 @@ done
 # Ctrl-C / SIGTERM here stops every node cleanly.
 trap 'kill -TERM "${pids[@]}" 2>/dev/null; rm -rf "$work"' INT TERM
 
-# Collect the announced addresses (a node that fails to start ends the wait early).
-python3 - "$work" $ids <<'PY'
-import json, os, sys, time
+# Collect the announced addresses; a node that exits first ends the wait at once.
+ready=0
+for _ in $(seq 1200); do  # up to 120 s
+  ready=0
+  for id in $ids; do [ -s "$work/$id.addr" ] && ready=$((ready + 1)); done
+  [ "$ready" -eq ${#pids[@]} ] && break
+  for pid in "${pids[@]}"; do
+    kill -0 "$pid" 2>/dev/null || { echo "run.sh: a node (pid $pid) exited before it listened" >&2; break 2; }
+  done
+  sleep 0.1  # a poll interval
+done
+if [ "$ready" -eq ${#pids[@]} ]; then
+  python3 - "$work" $ids <<'PY'
+import json, os, sys
 work, ids = sys.argv[1], sys.argv[2:]
-deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
-    ready = {i: open(os.path.join(work, f"{i}.addr")).read().strip()
-             for i in ids if os.path.exists(os.path.join(work, f"{i}.addr"))}
-    if len(ready) == len(ids):
-        tmp = os.path.join(work, ".peers.json")
-        with open(tmp, "w") as fh:
-            json.dump(ready, fh)
-        os.replace(tmp, os.path.join(work, "peers.json"))
-        sys.exit(0)
-    time.sleep(0.1)  # a poll interval
-sys.exit("run.sh: not every node announced its address within 120 s")
+ready = {i: open(os.path.join(work, f"{i}.addr")).read().strip() for i in ids}
+with open(os.path.join(work, ".peers.json"), "w") as fh:
+    json.dump(ready, fh)
+os.replace(os.path.join(work, ".peers.json"), os.path.join(work, "peers.json"))
 PY
+else
+  echo "run.sh: $ready of ${#pids[@]} nodes announced an address; stopping the others" >&2
+  kill -TERM "${pids[@]}" 2>/dev/null  # they would wait for a peer that will not come
+fi
 
 failed=0
 set -- $ids

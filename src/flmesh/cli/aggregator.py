@@ -63,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     from flmesh.aggregator.rows import accuracy_text
     from flmesh.cli.node_run import input_errors
     from flmesh.config import FederationError, load_federation
-    from flmesh.format.state_file import StateWriteError, lock_folder
+    from flmesh.format.state_file import StateWriteError, lock_folder, release_folder, remove_resume_state
     from flmesh.observe.logs import row_scalars, setup_logging
     from flmesh.reports.pictures import draw
+    from flmesh.reports.record import note_resume, write_record
     from flmesh.reports.results import Final, Summary, max_spent
     from flmesh.reports.run_files import RunWriter, mean_bytes, write_atomic
     from flmesh.runtime.checkpoint import CHECKPOINT
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--out {out} holds a checkpoint or updates of an earlier run: pass --resume to "
                              "continue it, or another --out to start afresh (nothing there is overwritten)")
         tls = tls_from_args(args, "aggregator", listen)
-        _lock = lock_folder(out)  # held until the process exits: one process per state folder
+        lock = lock_folder(out)  # held until the run ends: one process per state folder
         backend = create("grpc", TransportSettings(fed, ("aggregator",), identity=tls, insecure=tls is None))
         aggregator = Aggregator.from_federation(fed, backend=backend, state_dir=out)
         aggregator.checkpoint_dir = out
@@ -104,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             aggregator.core.metrics = ops.metrics
         done = restore(aggregator, out) if args.resume else 0
         writer = RunWriter(out, append=args.resume, upto=done)
+        command = ["fl-node", "--role", "aggregator", *(sys.argv[1:] if argv is None else argv)]
         if args.resume:
             log.info("resuming after round %d (checkpoint in %s)", done, out)
+            note_resume(out, done, command)
+        else:
+            write_record(out, fed, writer="aggregator", command=command, transport="grpc",
+                         tls=tls is not None)
         address = aggregator.serve(listen)
     except bad_input as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -185,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: error: {error}", file=sys.stderr)
         ops.close()
         aggregator.close()
+        if not stopped and error is None and len(every) >= fed.rounds:  # nothing left to resume
+            remove_resume_state(out, (CHECKPOINT, UPDATES))
+        release_folder(lock, out)
     if stopped:
         print(f"{prog}: stopped by {stopped[0]} after round {len(rows)} of {fed.rounds}; results in {out}",
               file=sys.stderr)

@@ -8,7 +8,7 @@
 Prints a live progress bar and one table row per round (FA, FF, PFA in
 percent); writes DIR/rounds.jsonl, DIR/summary.json, pictures (none with
 --no-pictures), DIR/federation.toml and DIR/run.json (what ran, on what:
-:mod:`~flmesh.sim.record`) and, until the last round is done, every
+:mod:`~flmesh.reports.record`) and, until the last round is done, every
 process's checkpoint (:mod:`~flmesh.sim.resume`). ``--seeds`` and
 ``--sweep`` run one such folder per run (:mod:`~flmesh.sim.sweep`).
 Exit codes: 0 done, 1 a peer or the aggregator failed mid-run (or the pictures could not be
@@ -239,7 +239,7 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
     """``fl-sim --resume RUN_DIR [FILE]``: the run in RUN_DIR, from its last committed round."""
     from flmesh.cli.sim_run import RunPlan, run_one
     from flmesh.config import FederationError, load_federation
-    from flmesh.sim.record import load_record, same_federation
+    from flmesh.reports.record import load_record, same_federation
     from flmesh.sim.resume import committed_round
 
     folder: Path = args.resume
@@ -268,7 +268,7 @@ def _rerun(argv: list[str]) -> int:
     """``fl-sim rerun RUN_DIR [--out DIR]``: the run folder's federation, run again afresh."""
     from flmesh.cli.sim_run import RunPlan, run_one
     from flmesh.config import FederationError
-    from flmesh.sim.record import load_record
+    from flmesh.reports.record import load_record
     from flmesh.sim.simulation import default_out_dir
 
     p = OneLineParser(prog="fl-sim rerun", description="Run a run folder's federation again, with its "

@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                                               FederationError, OSError, ValueError)
     try:
         run = prepare(args)
+        run.command = ["fl-node", *(sys.argv[1:] if argv is None else argv)]
         run.ops = start_ops(args, args.id)
         run.start()
     except bad_input as exc:

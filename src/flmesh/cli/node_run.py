@@ -18,11 +18,14 @@ from typing import IO, TYPE_CHECKING
 
 from flmesh.cli.ops_flags import Ops
 from flmesh.config import Federation
+from flmesh.format.state_file import release_folder, remove_resume_state
 from flmesh.learning.stats import EvalResult
 from flmesh.learning.task import Task
 from flmesh.observe.logs import row_scalars
+from flmesh.reports.record import note_resume, write_record
 from flmesh.reports.results import Final, NodeRound, RoundRow, Summary, learner_metrics
 from flmesh.reports.run_files import RunWriter, mean_bytes, write_atomic
+from flmesh.runtime.checkpoint import CHECKPOINT, INBOX
 from flmesh.runtime.continual import node_share
 from flmesh.runtime.membership import linger, wait_aggregator_done, wait_for_peers
 from flmesh.runtime.node import Node, NodeOptions, Report, join_aggregator, parts_of
@@ -79,6 +82,7 @@ class NodeRun:
         self.refresh_peers: Callable[[], None] | None = None
         self._started = 0.0
         self._lock: IO[bytes] | None = None
+        self.command: list[str] | None = None  # the command line the run record names
 
     def start(self) -> None:
         """Build the node (its data share), restore its checkpoint with ``resume``, open the
@@ -101,6 +105,10 @@ class NodeRun:
         if self.resume:  # the summary covers the rounds before the crash too
             self.missing_peers |= {p for row in self.writer.rows for p in row.get("missing") or ()}
             log.info("resuming after round %d (checkpoint in %s)", done, self.out)
+            note_resume(self.out, done, self.command)
+        else:
+            write_record(self.out, self.federation, writer="fl-node", command=self.command, transport="grpc",
+                         tls=self.tls is not None, node=self.node_id)
         self.node.start()
         self._started = self.parts.clock.now()
 
@@ -268,6 +276,17 @@ class NodeRun:
                   f"{exc.strerror or exc}", file=sys.stderr)
         self.ops.close()
         self.node.stop(grace=1.0)
+        if self.finished:  # nothing to resume: a new run may use the folder at once
+            remove_resume_state(self.out, (CHECKPOINT, INBOX))
+        if self._lock is not None:
+            release_folder(self._lock, self.out)
+            self._lock = None
+
+    @property
+    def finished(self) -> bool:
+        """Every planned round ran, and nothing stopped or failed the run."""
+        return (self.signal is None and self.error is None
+                and len(self.writer.rows) >= self.federation.rounds)
 
     def _data_config(self) -> dict[str, object]:
         """What this node trained and tested on: its own samples and their labels."""

@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from flmesh.config import Federation
+from flmesh.reports.record import data_text
 from flmesh.reports.results import RoundRow, Summary, max_spent
-from flmesh.sim.record import data_text
 
 
 def pct(x: float | None) -> str:

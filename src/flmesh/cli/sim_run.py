@@ -84,10 +84,9 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     from flmesh.cli import sim_console
     from flmesh.cli.node_run import input_errors
     from flmesh.config import FederationError
-    from flmesh.format.state_file import LOCK, lock_folder
+    from flmesh.format.state_file import LOCK, lock_folder, release_folder
     from flmesh.observe.logs import row_scalars
     from flmesh.reports.pictures import PicturesError
-    from flmesh.sim.record import note_resume, write_record
     from flmesh.sim.simulation import Simulation
     from flmesh.transports.errors import PeerError, UnknownPeerError
 
@@ -103,11 +102,8 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
                                        insecure=has_wire(plan.transport) and not plan.tls)
             sim.draw_pictures = plan.pictures
             sim.checkpoint_every, sim.resume = plan.checkpoint_every, plan.resume
-            sim.start()
-            if plan.resume:
-                note_resume(out, sim.resumed_after, plan.argv)
-            else:
-                write_record(out, fed, plan.argv, plan.transport, plan.tls)
+            sim.command = ["fl-sim", *plan.argv]
+            sim.start()  # writes the run record (or notes the resume in it)
             if plan.tensorboard is not None:
                 from flmesh.observe.logs import Board
 
@@ -164,7 +160,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         code = 1
     finally:
         sim.close()
-        lock.close()
+        release_folder(lock, out)
         if board is not None:
             board.close()
         signal.signal(signal.SIGTERM, previous)

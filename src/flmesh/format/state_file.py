@@ -10,6 +10,7 @@ old one, so a crash leaves either the old checkpoint or the new one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -46,15 +47,44 @@ def lock_folder(folder: Path) -> IO[bytes]:
     it; OSError when the folder cannot be written."""
     path = folder / LOCK
     folder.mkdir(parents=True, exist_ok=True)
-    f = open(path, "ab")  # held open on purpose: the lock lives as long as it
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        f.close()
-        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            raise StateFileError(f"{folder}: in use by another process (it holds {path})") from None
-        raise
-    return f
+    while True:
+        f = open(path, "ab")  # held open on purpose: the lock lives as long as it
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            f.close()
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise StateFileError(f"{folder}: in use by another process (it holds {path})") from None
+            raise
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                return f
+        except FileNotFoundError:
+            pass
+        f.close()  # a finished run removed the file between our open and our lock: take the new one
+
+
+def release_folder(lock: IO[bytes], folder: Path) -> None:
+    """Give up the lock :func:`lock_folder` took on ``folder`` and remove its file: a run that
+    finished leaves no lock behind. (One that takes the folder meanwhile locks a new file.)"""
+    with contextlib.suppress(OSError):
+        (folder / LOCK).unlink()
+    lock.close()
+
+
+def remove_resume_state(folder: Path, names: Iterable[str]) -> None:
+    """Remove what a finished run kept only to be resumed: the files and the folders of state
+    files ``names`` in ``folder`` (a folder only of ``*.flmesh`` files, and only when that
+    empties it). Nothing else in ``folder`` is touched; what cannot be removed stays."""
+    for name in names:
+        path = folder / name
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                for entry in path.glob("*.flmesh"):
+                    entry.unlink()
+                path.rmdir()
+            elif path.is_file():
+                path.unlink()
 
 
 def write_state(path: Path, tensors: Mapping[str, torch.Tensor], values: Mapping[str, Any]) -> None:

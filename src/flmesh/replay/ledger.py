@@ -5,7 +5,7 @@ release of all its class means costs epsilon, see
 :mod:`flmesh.learning.replay`). The ledger is written atomically before
 the release it records is used, and read back when its host starts again
 (:class:`~flmesh.replay.buffer.ReplayBufferCore`); fl-sim also writes a
-run's ledger with it (:mod:`flmesh.sim.record`).
+run's ledger with it (:mod:`flmesh.reports.record`).
 
 Thread-safety: none of its own; its host guards it (the replay buffer's
 condition).

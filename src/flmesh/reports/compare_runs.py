@@ -3,7 +3,7 @@ the labels those settings give, and the values each run's rows hold per panel.
 
 A run folder is what every writer leaves (rounds.jsonl, summary.json); fl-sim's also hold
 federation.toml (the effective federation file) and run.json (how it ran:
-:mod:`~flmesh.sim.record`), which give a run's settings. A sweep folder holds
+:mod:`~flmesh.reports.record`), which give a run's settings. A sweep folder holds
 sweep.json and a run folder per run (:mod:`~flmesh.sim.sweep`). Everything here
 reads files and blocks; nothing keeps state.
 """

@@ -4,7 +4,7 @@
 (:mod:`~flmesh.sim.peer`, the peer round's row included) and a star driver
 (:mod:`~flmesh.sim.star`) on threads (:mod:`~flmesh.sim.threads`), every process built on one
 transport backend (:mod:`~flmesh.sim.processes`); run folders' records, resumes and sweeps
-(:mod:`~flmesh.sim.record`, :mod:`~flmesh.sim.resume`, :mod:`~flmesh.sim.sweep`).
+(:mod:`~flmesh.reports.record`, :mod:`~flmesh.sim.resume`, :mod:`~flmesh.sim.sweep`).
 
 May import: everything below it (:mod:`flmesh.runtime`, :mod:`flmesh.aggregator`,
 :mod:`flmesh.reports`, the transport backends through the registry); never a command line.

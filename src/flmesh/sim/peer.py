@@ -38,11 +38,11 @@ from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.metrics import sampled_federation_metrics
 from flmesh.learning.task import Task
 from flmesh.learning.trainer import evaluate
+from flmesh.reports.record import sim_config
 from flmesh.reports.results import Matrix, NodeRound, RoundRow, SparseMatrix
 from flmesh.runtime.node import Node, Report, parts_of
 from flmesh.runtime.reports import EvalResult, RoundReport, StarReport
 from flmesh.sim.processes import JOINT_ID, SimProcesses
-from flmesh.sim.record import sim_config
 from flmesh.sim.threads import Lockstep, RowQueue, join_threads, run_threads
 from flmesh.topology.sampling import eval_sampled, eval_splits
 from flmesh.topology.tasks import present

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from flmesh import registry
 from flmesh.config import Federation
 from flmesh.reports.pictures import PicturesError
+from flmesh.reports.record import note_resume, write_record
 from flmesh.reports.results import Final, RoundRow, Summary
 from flmesh.reports.run_files import RunWriter, mean_bytes
 
@@ -104,9 +105,13 @@ class Simulation:
 
         Set before :meth:`start`: :attr:`checkpoint_every` (when > 0, every process saves its
         state into ``out_dir``/checkpoints after every that many rounds that write a row,
-        :mod:`~flmesh.sim.resume`; removed when the last round is done) and
+        :mod:`~flmesh.sim.resume`; removed when the last round is done),
         :attr:`resume` (restore every process from the last committed round there, keep the
-        rows up to it and run the rounds after it)."""
+        rows up to it and run the rounds after it) and :attr:`command` (the command line the
+        run record names; None from Python).
+
+        :meth:`start` writes the run record (``federation.toml`` and ``run.json``,
+        :mod:`flmesh.reports.record`) into ``out_dir``."""
         if eval_every is not None:
             if eval_every < 1:
                 raise ValueError(f"eval_every must be >= 1, got {eval_every}")
@@ -119,6 +124,8 @@ class Simulation:
         self.federation = federation
         #: the code every node and the aggregator run (the file's, with ``model`` and ``learner``)
         self.task = Task.of(federation, model=model, learner=learner)
+        given = [name for name, obj in (("model", model), ("learner", learner)) if obj is not None]
+        self._python_code = " and ".join(given) or None  # what the run record cannot name
         #: how its nodes share this process's CPU: one computes at a time (the Joint baseline's
         #: one trainer uses every core); this simulation's alone
         self.compute = Compute.for_nodes(1 if federation.baseline == "joint" else len(federation.nodes))
@@ -131,6 +138,7 @@ class Simulation:
         self.resume = False  # go on from out_dir's last committed round
         self.checkpoints: SimCheckpoints | None = None  # made in start()
         self.resumed_after = 0  # the committed round a resumed run went on from
+        self.command: list[str] | None = None  # the command line the run record names (fl-sim's)
         self.last_summary: Summary | None = None  # what run() wrote last (also when interrupted)
         self.driver: Driver
         if self.kind == "star":
@@ -154,6 +162,13 @@ class Simulation:
             every = max(1, self.checkpoint_every)
             self.checkpoints = attach(self.driver, self.out_dir, self.resume, every)
             self.resumed_after = self.checkpoints.resumed_after
+        if self.resume:
+            note_resume(self.out_dir, self.resumed_after, self.command)
+        else:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            tls = bool(self.driver.config()["tls"])
+            write_record(self.out_dir, self.federation, writer="fl-sim" if self.command else "simulation",
+                         command=self.command, transport=self.transport, tls=tls, code=self._python_code)
 
     def stop(self) -> None:
         """End the run after the round in progress. Thread-safe."""
@@ -273,7 +288,7 @@ class Simulation:
     def summary(self, rows: list[dict[str, Any]], wall_s: float) -> Summary:
         """The summary of the rows written so far (dicts, as in rounds.jsonl: a resumed run's
         rows include those before the resume)."""
-        from flmesh.sim.record import host
+        from flmesh.reports.record import host
 
         fed = self.federation
         last = rows[-1] if rows else None

@@ -24,11 +24,11 @@ from flmesh.config import Federation
 from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import federation_data, load_dataset
 from flmesh.learning.task import Task
+from flmesh.reports.record import sim_config
 from flmesh.reports.results import NodeRound, RoundRow
 from flmesh.runtime.node import Node, Report, parts_of
 from flmesh.runtime.reports import StarReport
 from flmesh.sim.processes import SimProcesses
-from flmesh.sim.record import sim_config
 from flmesh.sim.threads import RowQueue, join_threads, run_threads
 from flmesh.transports.errors import PeerError
 

@@ -1,20 +1,23 @@
 """What a run folder records so the run can be repeated or continued from it alone.
 
-``fl-sim`` writes, before the first round:
+Every writer (fl-sim, :class:`~flmesh.sim.simulation.Simulation`, fl-node and its aggregator
+role) writes, before the first round:
 
 * ``federation.toml``: the effective federation file (the file as read, ``--set`` and the
   flags that override keys applied), written by :func:`toml_text` from
   :attr:`~flmesh.config.Federation.raw`;
-* ``run.json``: the command line, the file it came from and the folder its relative paths
-  resolve against, the transport, the seed, the device and the flmesh, torch, numpy and Python
-  versions (:func:`write_record`);
+* ``run.json``: who wrote the run (``writer``; fl-node's ``node``), the command line (None
+  from Python), the file it came from and the folder its relative paths resolve against
+  (relative to the run folder, so the two folders may move together), the transport, the
+  seed, the device and the flmesh, torch, numpy and Python versions (:func:`write_record`);
 
 and, when the run ends, with a DP replay buffer (``[replay]``), ``privacy_ledger.json``: the
 buffer host's privacy ledger (:func:`~flmesh.reports.run_files.write_ledger`).
 
 :func:`load_record` reads both back into a :class:`RunRecord` (``fl-sim rerun`` and
-``fl-sim --resume``); a folder without them, or whose ``federation.toml`` no longer is the
-one the run started with, raises :class:`RecordError` (one line).
+``fl-sim --resume``); a folder without them, a record fl-sim cannot repeat, or a
+``federation.toml`` that no longer is the one the run started with, raises
+:class:`RecordError` (one line).
 """
 
 from __future__ import annotations
@@ -23,21 +26,18 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import os
 import platform
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flmesh import registry
 from flmesh.config import Federation, FederationError, parse_federation
 from flmesh.reports.run_files import write_atomic
-from flmesh.sim.simulation import Transport
-
-if TYPE_CHECKING:
-    pass
 
 RUN_FILE = "run.json"
 FEDERATION_FILE = "federation.toml"
@@ -103,7 +103,7 @@ class RunRecord:
 
     folder: Path
     federation: Federation
-    transport: Transport
+    transport: str
     tls: bool
     values: dict[str, Any]
 
@@ -126,28 +126,45 @@ def device_of(federation: Federation) -> str:
     return str(select_device(federation.training.device))
 
 
-def write_record(folder: Path, federation: Federation, argv: Sequence[str], transport: str,
-                 tls: bool) -> None:
-    """Write ``folder``/federation.toml and ``folder``/run.json (atomically). Blocks."""
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def write_record(folder: Path, federation: Federation, *, writer: str, command: Sequence[str] | None,
+                 transport: str, tls: bool, node: str | None = None, code: str | None = None) -> None:
+    """Write ``folder``/federation.toml and ``folder``/run.json (atomically). ``writer``:
+    "fl-sim", "simulation" (from Python), "fl-node" or "aggregator"; ``command``: the command
+    line (None from Python); ``node``: fl-node's id; ``code``: what the run's model and learner
+    were, when they were given as Python objects rather than named by the file (such a run
+    cannot be repeated from the folder). Blocks."""
+    base = os.path.relpath(federation.base_dir or Path.cwd(), folder.resolve())
     text = toml_text(federation.raw or {})
+    again = f"fl-sim rerun {folder}" if writer in ("fl-sim", "simulation") and code is None else None
     header = (f"# The effective federation file of a run (after --set). Relative paths resolve "
-              f"against {federation.base_dir}.\n# Repeat it: fl-sim rerun {folder}\n\n")
+              f"against {base} (from this folder).\n" + (f"# Repeat it: {again}\n" if again else "") + "\n")
     write_atomic(folder / FEDERATION_FILE, header + text)
-    record = {"command": ["fl-sim", *argv], "file": federation.source, "base_dir": federation.base_dir,
-              "federation": FEDERATION_FILE, "federation_sha256": _digest(header + text),
-              "seed": federation.seed, "transport": transport, "tls": tls,
+    record = {"writer": writer, **({"node": node} if node is not None else {}),
+              "command": list(command) if command is not None else None, "file": federation.source,
+              "base_dir": base, "federation": FEDERATION_FILE, "federation_sha256": _digest(header + text),
+              "seed": federation.seed, "transport": transport, "tls": tls, "python_code": code,
               "device": device_of(federation), "versions": versions(), "platform": platform.platform(),
-              "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "resumed": []}
+              "started": _now(), "resumed": []}
     write_atomic(folder / RUN_FILE, json.dumps(record, indent=2) + "\n")
 
 
-def note_resume(folder: Path, after: int, argv: Sequence[str]) -> None:
-    """Add a resume (after round ``after``, by ``argv``) to ``folder``/run.json."""
+def note_resume(folder: Path, after: int, command: Sequence[str] | None) -> None:
+    """Add a resume (after round ``after``, by ``command``; None from Python) to
+    ``folder``/run.json, when the folder has one."""
     path = folder / RUN_FILE
-    record = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a folder of an older version, or none: nothing to add to
+    if not isinstance(record, dict):
+        return
     record.setdefault("resumed", []).append(
-        {"after_round": after, "command": ["fl-sim", *argv], "versions": versions(),
-         "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")})
+        {"after_round": after, "command": list(command) if command is not None else None,
+         "versions": versions(), "at": _now()})
     write_atomic(path, json.dumps(record, indent=2) + "\n")
 
 
@@ -157,7 +174,9 @@ def _digest(text: str) -> str:
 
 def load_record(folder: Path) -> RunRecord:
     """The record in ``folder``. Raises RecordError (one line) when it has none, when a file
-    cannot be read, or when federation.toml is not the file the run started with."""
+    cannot be read, when fl-sim cannot repeat the run (an fl-node or aggregator folder, a
+    model or learner given in Python) or when federation.toml is not the file the run started
+    with."""
     path, toml_path = folder / RUN_FILE, folder / FEDERATION_FILE
     if not folder.is_dir():
         raise RecordError(f"{folder}: no such run folder")
@@ -170,6 +189,13 @@ def load_record(folder: Path) -> RunRecord:
         raise RecordError(f"{path}: cannot read it: {exc}") from None
     if not isinstance(values, dict) or not {"base_dir", "transport", "tls"} <= values.keys():
         raise RecordError(f"{path}: not an fl-sim run record")
+    writer = values.get("writer", "fl-sim")
+    if writer not in ("fl-sim", "simulation"):
+        raise RecordError(f"{path}: a run {writer} wrote; fl-sim repeats and resumes its own runs and "
+                          "Simulation's (start the fl-node processes again instead)")
+    if values.get("python_code"):
+        raise RecordError(f"{path}: the run's {values['python_code']} came as Python objects, which the "
+                          "folder cannot hold; run it again from Python")
     transport = values["transport"]
     if not isinstance(transport, str) or transport not in registry.transports.names():
         raise RecordError(f"{path}: unknown transport {values['transport']!r}")
@@ -180,7 +206,10 @@ def load_record(folder: Path) -> RunRecord:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RecordError(f"{toml_path}: not valid TOML: {exc}") from None
-    federation = parse_federation(raw, source=str(toml_path), base_dir=Path(values["base_dir"]))
+    base = values["base_dir"]
+    if not isinstance(base, str):
+        raise RecordError(f"{path}: base_dir is a {type(base).__name__}, not a path")
+    federation = parse_federation(raw, source=str(toml_path), base_dir=(folder / base).resolve())
     return RunRecord(folder, federation, transport, bool(values["tls"]), values)
 
 
