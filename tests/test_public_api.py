@@ -28,7 +28,8 @@ SIGNATURES = {
     "Simulation": "(federation: 'Federation', out_dir: 'Path | None' = None, "
                   "eval_every: 'int | None' = None, transport: 'Transport' = 'memory', "
                   "insecure: 'bool' = False, "
-                  "model: 'ModelFactory | nn.Module | None' = None, learner: 'Learner | None' = None)",
+                  "model: 'ModelFactory | nn.Module | None' = None, learner: 'Learner | None' = None, "
+                  "data: 'Any' = None)",
     "Simulation.run": "(self, on_round: 'Callable[[RoundRow], None] | None' = None) -> 'Summary'",
     "Node.from_federation": "(federation: 'Federation', node_id: 'str', *, data: 'NodeData | None' = None, "
                             "dataset: 'ArrayData | None' = None, listen: 'str | None' = None, "

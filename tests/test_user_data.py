@@ -6,6 +6,7 @@ The source is a module the test writes (2-D Gaussian blobs, seeded), imported by
 from __future__ import annotations
 
 import dataclasses
+import json
 import textwrap
 
 import numpy as np
@@ -14,9 +15,12 @@ import torch
 
 from flmesh.cli.sim_console import title
 from flmesh.config import parse_federation
+from flmesh.learning.arrays import ArrayData, DataError
 from flmesh.learning.data import federation_data
+from flmesh.learning.task import Task
 from flmesh.reports.record import data_config
 from flmesh.sim.simulation import Simulation
+from flmesh.testing import run
 
 from conftest import tiny_raw
 from procs import federation_file, launch, read_results
@@ -85,6 +89,29 @@ def test_a_source_runs_a_peer_federation_reproducibly(tmp_path, blobs_module):
     shares = federation_data(fed)
     assert sum(len(s.train) + len(s.test) for s in shares.values()) == 240
     assert all(s.train.input_shape == (2,) and s.train.num_classes == 3 for s in shares.values())
+
+
+def test_data_given_in_python_runs_as_the_same_data_from_a_source(tmp_path, blobs_module):
+    import user_blobs
+
+    fed = blob_federation(f"{blobs_module}:blobs")
+    want = run(fed)
+    x, y = user_blobs.blobs(n=240, seed=7)
+    raw = dict(fed.raw or {})
+    raw["data"] = {k: v for k, v in raw["data"].items() if k not in ("source", "args")}
+    plain = parse_federation(raw, source="plain.toml")  # no [data] source: the default data set
+    for given in ((x, y), ArrayData(torch.from_numpy(x), torch.from_numpy(y), 3),
+                  user_blobs.Points(240, 7)):
+        got = run(plain, task=Task.of(plain, data=given))
+        assert got.keys() == want.keys()
+        for node, state in want.items():
+            assert all(torch.equal(got[node][k], v) for k, v in state.items()), (type(given), node)
+    with Simulation(plain, tmp_path / "sim", data=(x, y)) as sim:
+        summary = sim.run()
+    assert summary.config["dataset"] == "tuple from Python"
+    assert json.loads((tmp_path / "sim" / "run.json").read_text())["python_code"] == "data"
+    with pytest.raises(DataError, match=r"^data= returned a str; expected "):
+        Simulation(plain, tmp_path / "bad", data="data.csv").start()
 
 
 @pytest.mark.parametrize("partition", ["iid", "dirichlet", "dirichlet_equal", "shards"])

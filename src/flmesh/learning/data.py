@@ -73,8 +73,9 @@ def load_dataset(cfg: DataConfig, source: Callable[..., Any] | None = None) -> A
     """The whole data set named by ``cfg.dataset``; "a+b" joins sets into one label space
     (b's classes after a's, e.g. MNIST + Fashion-MNIST: 20 classes, as Zizzo et al. use).
     With ``cfg.source``, what that user code returns (:mod:`flmesh.learning.user_data`;
-    ``source``: the callable already resolved, a :class:`~flmesh.learning.task.Task`'s)."""
-    if cfg.source is not None:
+    ``source``: the callable already resolved, a :class:`~flmesh.learning.task.Task`'s, which
+    without ``cfg.source`` returns data given in Python)."""
+    if cfg.source is not None or source is not None:
         from flmesh.learning.user_data import load_source
 
         return load_source(cfg, source)

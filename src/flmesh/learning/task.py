@@ -32,21 +32,26 @@ class Task:
     """``recipe`` builds the model; ``learners`` maps each ``[training] learner`` the file names
     (None: the default) to its learner, unless ``learner`` (a Python object) trains every node;
     ``optimizers`` maps each ``[training] optimizer`` to what builds it; ``source`` is the
-    ``[data] source`` callable (None: a registered data set)."""
+    ``[data] source`` callable, or one that returns the data given in Python (None: a
+    registered data set); ``data`` says what that data was (None: the file's)."""
 
     recipe: ModelRecipe
     learners: Mapping[str | None, Learner]
     optimizers: Mapping[str, OptimizerFactory]
     source: Callable[..., Any] | None = None
     learner: Learner | None = None
+    data: str | None = None
 
     @classmethod
     def of(cls, federation: Federation, *, model: ModelFactory | nn.Module | None = None,
-           learner: Learner | None = None) -> Task:
+           learner: Learner | None = None, data: Any = None) -> Task:
         """``federation``'s code, with ``model`` (a factory called as ``[model] factory`` is, or a
-        module every process starts from a copy of) and ``learner`` in place of the file's.
-        Blocking: imports what the file names. Raises ModelError, LearnerError or
-        UserCodeError (one line naming the file and key)."""
+        module every process starts from a copy of), ``learner`` and ``data`` in place of the
+        file's. ``data`` is what a ``[data] source`` may return: ``(x, y)`` arrays or tensors,
+        ``((x, y), (x_test, y_test))``, a mapping with ``x`` and ``y``, an
+        :class:`~flmesh.learning.arrays.ArrayData` or a torch ``Dataset``; ``[data]``'s
+        partition splits it across the nodes. Blocking: imports what the file names. Raises
+        ModelError, LearnerError or UserCodeError (one line naming the file and key)."""
         where = federation.source
         try:
             recipe = model_recipe(federation.model, model)
@@ -66,6 +71,9 @@ class Task:
         except UserCodeError as exc:
             raise UserCodeError(f"{where}: {exc}") from None
         source = None
+        if data is not None:  # stands in for [data] source, and is called as one
+            given = f"{type(data).__name__} from Python"
+            return cls(recipe, learners, optimizers, lambda **_: data, learner, given)
         if federation.data.source is not None:
             try:
                 source = load_callable(federation.data.source)

@@ -45,7 +45,7 @@ from flmesh.learning.streamed import DatasetData, as_input, check_streamable, it
 from flmesh.user_code import UserCodeError, load_callable
 
 RETURNS = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, "
-           "or a torch Dataset of (x, y) items")
+           "an ArrayData, or a torch Dataset of (x, y) items")
 
 
 def call_source(path: str, what: str, **kwargs: Any) -> tuple[Pair, Pair | None]:
@@ -88,6 +88,9 @@ def _is_array(v: Any) -> bool:
 
 
 def _pairs(value: Any, what: str) -> tuple[Pair, Pair | None]:
+    if isinstance(value, ArrayData) and not isinstance(value, DatasetData):
+        held = value.held_out
+        return (value.x, value.y), ((held.x, held.y) if held is not None else None)
     if isinstance(value, Mapping):
         if "x" not in value or "y" not in value:
             raise DataError(f"{what} returned a mapping without 'x' and 'y' (its keys: "
@@ -182,11 +185,17 @@ def labelled(train: Pair, test: Pair | None, what: str,
 
 
 def load_source(cfg: DataConfig, source: Callable[..., Any] | None = None) -> ArrayData:
-    """``[data] source``'s data set (``source``: its callable, already resolved); a separate test
-    pair rides along as ``held_out``."""
-    assert cfg.source is not None
-    what = f"[data] source {cfg.source!r}"
-    data, held_out = _sets(_call(cfg.source, "[data] source", dict(cfg.args), source), what, what, cfg)
+    """``[data] source``'s data set (``source``: its callable, already resolved; without a
+    ``[data] source``, a callable that returns data given in Python); a separate test pair rides
+    along as ``held_out``."""
+    if cfg.source is not None:
+        what = f"[data] source {cfg.source!r}"
+        value = _call(cfg.source, "[data] source", dict(cfg.args), source)
+    else:  # data given in Python (Simulation(data=...)): the object itself
+        assert source is not None
+        what = "data="
+        value = source()
+    data, held_out = _sets(value, what, what, cfg)
     if held_out is None:
         return data
     return ArrayData(data.x, data.y, data.num_classes, held_out=held_out)

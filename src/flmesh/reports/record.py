@@ -248,21 +248,23 @@ def _own_files(federation: Federation) -> dict[str, str]:
     return out
 
 
-def data_text(federation: Federation) -> str:
-    """What the nodes train on, in a few words (a run's title)."""
+def data_text(federation: Federation, given: str | None = None) -> str:
+    """What the nodes train on, in a few words (a run's title); ``given``: what data given in
+    Python was, instead of the file's (:attr:`flmesh.learning.task.Task.data`)."""
     own = _own_files(federation)
     if len(own) == len(federation.nodes):
         return "each node's own data file"
-    text = f"{federation.data.origin} {partition_text(federation)}"
+    text = f"{given or federation.data.origin} {partition_text(federation)}"
     if own:
         names = list(own)
         text += f" (own files: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
     return text
 
 
-def data_config(federation: Federation) -> dict[str, Any]:
-    """What the nodes train on, for a summary's ``config``: ``dataset`` and ``partition`` (None
-    when every node has its own file), and ``own_data`` (node -> file) when some do."""
+def data_config(federation: Federation, given: str | None = None) -> dict[str, Any]:
+    """What the nodes train on, for a summary's ``config``: ``dataset`` (``given``: what data
+    given in Python was) and ``partition`` (None when every node has its own file), and
+    ``own_data`` (node -> file) when some do."""
     own = _own_files(federation)
     if own and len(own) == len(federation.nodes):
         return {"dataset": None, "partition": None, "own_data": own}
@@ -272,20 +274,21 @@ def data_config(federation: Federation) -> dict[str, Any]:
         partition["shards_per_node"] = data.shards_per_node
     elif data.partition != "iid":
         partition["alpha"] = data.alpha
-    return {"dataset": data.origin, "partition": partition, **({"own_data": own} if own else {})}
+    return {"dataset": given or data.origin, "partition": partition, **({"own_data": own} if own else {})}
 
 
-def base_config(federation: Federation, model: str | None = None) -> dict[str, Any]:
+def base_config(federation: Federation, model: str | None = None, data: str | None = None) -> dict[str, Any]:
     """What every summary says about the set-up; ``model``: what builds the model (default: the
-    file's ``[model]``)."""
+    file's ``[model]``); ``data``: what data given in Python was (default: the file's)."""
     fed = federation
-    return {"nodes": fed.node_ids, **data_config(fed),
+    return {"nodes": fed.node_ids, **data_config(fed, data),
             "model": model or fed.model.label,
             "objective": fed.training.objective,
             "rewind": {"mode": fed.rewind.mode, "lambda": fed.rewind.lam},
             "epochs": fed.training.epochs}
 
 
-def sim_config(federation: Federation, transport: str, tls: bool, model: str | None = None) -> dict[str, Any]:
+def sim_config(federation: Federation, transport: str, tls: bool, model: str | None = None,
+               data: str | None = None) -> dict[str, Any]:
     """The set-up every summary records, with the transport the run used."""
-    return {**base_config(federation, model), "transport": transport, "tls": tls}
+    return {**base_config(federation, model, data), "transport": transport, "tls": tls}

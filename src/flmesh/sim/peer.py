@@ -219,7 +219,7 @@ class PeerDriver:
     def config(self) -> dict[str, Any]:
         fed = self.federation
         return {**sim_config(fed, self.processes.transport, self.processes.backend.secure,
-                             self.processes.task.label),
+                             self.processes.task.label, self.processes.task.data),
                 "schedule": fed.topology.schedule, "baseline": fed.baseline,
                 "graph": str(fed.topology.file) if fed.topology.file else fed.topology.graph,
                 "eval_every": self.eval_every, "eval_sample": fed.eval_sample}

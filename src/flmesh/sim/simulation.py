@@ -89,11 +89,16 @@ class Simulation:
 
     def __init__(self, federation: Federation, out_dir: Path | None = None,
                  eval_every: int | None = None, transport: Transport = "memory", insecure: bool = False,
-                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None):
+                 model: ModelFactory | nn.Module | None = None, learner: Learner | None = None,
+                 data: Any = None):
         """``model``: what every node and the aggregator build M_0 with instead of the file's
         ``[model]`` (a factory called as ``[model] factory`` is, or a module every process starts
         from a copy of). ``learner``: what every node trains and evaluates with instead of the
-        file's ``[training] learner`` (:class:`~flmesh.learning.learner.Learner`).
+        file's ``[training] learner`` (:class:`~flmesh.learning.learner.Learner`). ``data``: the
+        data set instead of the file's ``[data] dataset`` or ``source``, in any form a source may
+        return (``(x, y)`` arrays or tensors, ``((x, y), (x_test, y_test))``, an
+        :class:`~flmesh.learning.arrays.ArrayData`, a torch ``Dataset``), split across the nodes
+        by ``[data] partition``.
         ``eval_every``: compute FA/FF/PFA (and, between peers, write a row) every that many
         rounds and after the last (default: ``[federation] eval_every``); star runs still
         evaluate the global model every round (F_t compares consecutive rounds).
@@ -123,9 +128,10 @@ class Simulation:
 
         self.federation = federation
         #: the code every node and the aggregator run (the file's, with ``model`` and ``learner``)
-        self.task = Task.of(federation, model=model, learner=learner)
-        given = [name for name, obj in (("model", model), ("learner", learner)) if obj is not None]
-        self._python_code = " and ".join(given) or None  # what the run record cannot name
+        self.task = Task.of(federation, model=model, learner=learner, data=data)
+        given = [name for name, obj in (("model", model), ("learner", learner), ("data", data))
+                 if obj is not None]
+        self._python_code = ", ".join(given) or None  # what the run record cannot name
         #: how its nodes share this process's CPU: one computes at a time (the Joint baseline's
         #: one trainer uses every core); this simulation's alone
         self.compute = Compute.for_nodes(1 if federation.baseline == "joint" else len(federation.nodes))

@@ -71,7 +71,7 @@ class StarDriver:
         agg = self.federation.aggregator
         assert agg is not None
         return {**sim_config(self.federation, self.processes.transport, self.processes.backend.secure,
-                             self.processes.task.label),
+                             self.processes.task.label, self.processes.task.data),
                 "strategy": agg.strategy, "fraction": agg.fraction,
                 "deadline_s": agg.deadline_s, "min_updates": agg.min_updates,
                 "eval_every": self.federation.eval_every}
