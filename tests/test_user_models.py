@@ -167,3 +167,21 @@ def test_a_model_that_fails_on_a_sample_is_one_line():
     assert text.startswith("tiny.toml: model 'test_user_models:mlp': the model fails on one sample of shape "
                            "[1, 1, 8, 8]: RuntimeError: "), text
     assert "\n" not in text
+
+
+def make_net(in_dim, classes, width=16):
+    """A factory written before flmesh: its own argument names, positional."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_dim, width), nn.ReLU(), nn.Linear(width, classes))
+
+
+def test_a_factory_without_input_shape_and_num_classes_gets_its_own_arguments_only():
+    fed = federation({"factory": "test_user_models:make_net", "args": {"in_dim": 64, "classes": 10}})
+    with Cluster(fed) as cluster:
+        cluster.round(1)
+        assert parts(cluster.nodes[0]).model.spec["1.weight"][1] == (16, 64)
+    wrong = federation({"factory": "test_user_models:make_net", "args": {"in_dim": 64, "classes": 5}})
+    with pytest.raises(ModelError, match=r"returns \[1, 5\] for one sample, the data has 10 classes"):
+        Cluster(wrong)
+    lacking = federation({"factory": "test_user_models:make_net", "args": {"in_dim": 64}})
+    with pytest.raises(ModelError, match=r"\[model.args\]: 'test_user_models:make_net' needs 'classes'"):
+        Cluster(lacking)

@@ -4,7 +4,8 @@
 registry               entry-point group      a name stands for
 =====================  =====================  =================================================
 :data:`algorithms`     ``flmesh.algorithms``  an :class:`flmesh.Algorithm` subclass (or instance)
-:data:`models`         ``flmesh.models``      ``factory(*, input_shape, num_classes, **args)``,
+:data:`models`         ``flmesh.models``      ``factory(**args)``, with ``input_shape``
+                                              and ``num_classes`` when it takes them,
                                               which returns a ``torch.nn.Module``
 :data:`datasets`       ``flmesh.datasets``    ``load(cfg: DataConfig) -> ArrayData``
 :data:`schedules`      ``flmesh.schedules``   ``factory(graph, *, seed) -> Schedule``

@@ -91,35 +91,40 @@ class ModelRecipe:
     factory: ModelFactory | nn.Module
     args: Mapping[str, Any] = field(default_factory=dict)
 
-    def _check_args(self) -> None:
+    def _shape_args(self, input_shape: tuple[int, ...], num_classes: int) -> dict[str, Any]:
+        """What the factory is called with besides ``[model.args]``: ``input_shape`` and
+        ``num_classes``, each when it takes it by that name (a factory without them, such as
+        ``make_net(width=...)``, gets its own arguments only; the built model's output is then
+        checked against the data's classes). Raises ModelError for ``[model.args]`` the
+        factory does not take or lacks."""
+        shapes = {"input_shape": input_shape, "num_classes": num_classes}
         try:
             params = inspect.signature(self.factory).parameters
         except (TypeError, ValueError):  # no signature to read (some C callables): the call will say
-            return
+            return shapes
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return
+            return shapes
         named = [n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY]
-        if not {"input_shape", "num_classes"} <= set(named):
-            raise ModelError(f"{self.key} {self.label!r} must accept the keyword arguments input_shape "
-                             f"and num_classes (it takes {', '.join(named) or 'none'})")
         unknown = next((a for a in self.args if a not in named), None)
         if unknown is not None:
-            takes = [n for n in named if n not in ("input_shape", "num_classes")]
+            takes = [n for n in named if n not in shapes]
             raise ModelError(f"[model.args] {unknown}: {self.label!r} takes no argument {unknown!r} "
                              f"(it takes {', '.join(takes) or 'none'})")
+        given = {k: v for k, v in shapes.items() if k in named and k not in self.args}
         missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
-                   and n not in ("input_shape", "num_classes", *self.args)
-                   and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+                   and n not in (*given, *self.args)
+                   and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
         if missing:
             raise ModelError(f"[model.args]: {self.label!r} needs {', '.join(map(repr, missing))}")
+        return given
 
     def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         """A fresh model (a copy, when the recipe is a module); draws from torch's global RNG."""
         if isinstance(self.factory, nn.Module):
             return copy.deepcopy(self.factory)
-        self._check_args()
+        shapes = self._shape_args(input_shape, num_classes)
         try:
-            model = self.factory(input_shape=input_shape, num_classes=num_classes, **self.args)
+            model = self.factory(**shapes, **self.args)
         except (ModelError, MissingExtra):
             raise
         except Exception as exc:  # the user's factory failed: one line, not a traceback
