@@ -657,6 +657,26 @@ def test_an_image_folder_streams_with_sorted_classes_one_size_and_a_seeded_split
     assert unsized.train.input_shape == (3, 8, 8), "without image_size: the first image's size"
 
 
+def test_a_folder_of_grey_scale_images_is_one_channel_and_one_colour_image_makes_it_rgb(tmp_path):
+    from PIL import Image
+
+    from flmesh.learning.user_data import own_data
+
+    rng = np.random.default_rng(0)
+    for name, level in (("dark", 40), ("light", 200)):
+        (tmp_path / "a" / name).mkdir(parents=True)
+        for i in range(4):
+            pixels = np.clip(rng.normal(level, 20, size=(8, 8)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels, mode="L").save(tmp_path / "a" / name / f"{i}.png")
+    fed = image_federation(tmp_path, {"a": "a", "b": "a"}, classes=2)
+    share = own_data(fed, "a", path=tmp_path / "a", what="a")
+    assert share.train.input_shape == (1, 8, 8), "grey-scale stays one channel"
+    x = share.train.x[:]
+    assert x.shape[1] == 1 and float(x[share.train.y == 1].mean()) > float(x[share.train.y == 0].mean())
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a" / "dark" / "rgb.png")
+    assert own_data(fed, "a", path=tmp_path / "a", what="a").train.input_shape == (3, 8, 8)
+
+
 def test_train_and_test_subfolders_are_the_split_matched_by_class_name(tmp_path):
     from flmesh.learning.user_data import own_data
 

@@ -7,14 +7,17 @@ names in sorted order (label 0 is the first), ``[data] classes`` when set is the
 ``FOLDER/test/<class>/...`` those are the node's train and test sets (test's classes are
 matched to train's by name); otherwise the caller splits off a seeded test share.
 
-Every image is read as RGB and converted to a float32 tensor in [0, 1] (3, H, W), resized to
-``[data] image_size = [H, W]`` (default: the size of the first image). Each image's header
-is read before training, so a file that is not an image is one line naming it; the set is
-then streamed (:mod:`flmesh.learning.streamed`). Blocking: reads the folder.
+Every image is converted to a float32 tensor in [0, 1], resized to ``[data] image_size = [H,
+W]`` (default: the size of the first image): (1, H, W) when every image of the folder is
+grey-scale (PIL modes ``1``, ``L``, ``LA``, ``I``, ``I;16``, ``F``), else (3, H, W) in RGB.
+Each image's header is read before training, so a file that is not an image is one line
+naming it; the set is then streamed (:mod:`flmesh.learning.streamed`). Blocking: reads the
+folder.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +53,22 @@ def read_image_folder(folder: Path, what: str, cfg: DataConfig) -> tuple[Dataset
     if cfg.classes is not None and len(classes) > cfg.classes:
         raise DataError(f"{what}: {len(classes)} class subfolders, but [data] classes = {cfg.classes}")
     sets = []
+    modes: set[str] = set()
     for path, label in named:
         found = _class_folders(path, label)
         unknown = sorted(set(found) - set(classes))
         if unknown:
             raise DataError(f"{label}: class subfolders that train/ lacks: {', '.join(unknown)}")
         try:
-            ds = datasets.ImageFolder(str(path), loader=_rgb)
+            ds = datasets.ImageFolder(str(path), loader=_load)
         except (FileNotFoundError, OSError) as exc:  # a class subfolder without an image file
             raise DataError(f"{label}: {' '.join(str(exc).split())}") from None
-        _check_headers(ds.samples)
+        modes |= _check_headers(ds.samples)
         sets.append(ds)
     size = cfg.image_size or _first_size(sets[0].samples[0][0])
-    convert = transforms.Compose([transforms.Resize(size), transforms.ToTensor()])
+    mode = "L" if modes <= GREY else "RGB"  # one channel only when no image has colour
+    convert = transforms.Compose([functools.partial(_in_mode, mode=mode), transforms.Resize(size),
+                                  transforms.ToTensor()])
     out = []
     for ds, (_, label) in zip(sets, named, strict=True):
         ds.transform = convert
@@ -71,25 +77,40 @@ def read_image_folder(folder: Path, what: str, cfg: DataConfig) -> tuple[Dataset
     return out[0], (out[1] if split else None)
 
 
-def _rgb(path: str) -> Any:
-    """The image at ``path`` as RGB (what ImageFolder's default loader does), or a DataError
+def _load(path: str) -> Any:
+    """The image at ``path``, read whole (the transform converts its mode), or a DataError
     naming the file: an image damaged past its header fails here, when a batch reads it."""
     image: Any = require("PIL.Image", "vision", "an image folder")
     try:
         with image.open(path) as im:
-            return im.convert("RGB")
+            im.load()
+            return im.copy()
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
 
 
-def _check_headers(samples: list[tuple[str, int]]) -> None:
+def _in_mode(image: Any, mode: str) -> Any:
+    """``image`` converted to the PIL ``mode`` the folder is read in (a function of the module:
+    DataLoader workers may pickle the transform)."""
+    return image.convert(mode)
+
+
+#: PIL modes of grey-scale images (with ``LA``'s alpha dropped): a folder of only these is read
+#: as one channel.
+GREY = frozenset({"1", "L", "LA", "I", "I;16", "F"})
+
+
+def _check_headers(samples: list[tuple[str, int]]) -> set[str]:
+    """Every image's PIL mode, from its header; DataError naming a file that is not an image."""
     image = require("PIL.Image", "vision", "an image folder")
+    modes = set()
     for path, _ in samples:
         try:
-            with image.open(path):
-                pass
+            with image.open(path) as im:
+                modes.add(im.mode)
         except (OSError, ValueError) as exc:
             raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
+    return modes
 
 
 def _first_size(path: str) -> tuple[int, int]:
