@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-faults test-deploy image lint typecheck protos bench clean FORCE
+.PHONY: demo test test-slow test-faults test-deploy image docs lint typecheck protos bench clean FORCE
 
 # editable_mode=strict installs a tree of links that type checkers and IDEs can
 # follow (no import hook). The links cover the modules present at install time,
@@ -70,6 +70,10 @@ image: $(STAMP)
 
 test-deploy: $(DEV)
 	bash deploy/test-deploy.sh
+
+# The documentation site (mkdocs, a development tool) in build/site.
+docs: $(DEV)
+	$(VENV)/bin/mkdocs build --strict
 
 lint: $(DEV)
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from flmesh import algorithms
 from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf
@@ -14,6 +15,7 @@ from flmesh.config.params import Param
 from flmesh.config.parser import parse_federation
 from flmesh.registry import AlgorithmError, register_algorithm
 from flmesh.registry import algorithms as registered
+from flmesh.testing import run
 
 from conftest import REPO, tiny_raw
 
@@ -211,3 +213,15 @@ def test_fedcurvs_lambda_lives_in_its_table_and_the_old_key_is_read_for_one_vers
     ]:
         with pytest.raises(FederationError, match=expected):
             parse_federation(raw)
+
+
+def test_the_strategy_docs_algorithms_shows_runs_as_written(tmp_path, monkeypatch):
+    text = (REPO / "docs" / "algorithms.md").read_text()
+    block = text.split("```python\n# mystrategies.py\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "mystrategies.py").write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fed = parse_federation(tiny_raw(nodes=3, rounds=2, aggregator={"strategy": "mystrategies:Median",
+                                                                   "fraction": 1.0}))
+    states = run(fed)
+    assert all(torch.isfinite(t).all() for s in states.values() for t in s.values() if t.is_floating_point())
+    sys.modules.pop("mystrategies", None)

@@ -65,5 +65,4 @@ class Rfa(flmesh.Algorithm):
         return self.is_strategy(federation)
 
     def server(self, ctx: flmesh.ServerContext) -> flmesh.ServerHalf:
-        settings = self.settings(ctx.federation)
-        return RfaServer(settings["iterations"], settings["nu"])
+        return RfaServer(ctx.settings.iterations, ctx.settings.nu)  # [aggregator.params], checked
