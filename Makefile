@@ -15,19 +15,33 @@ $(MODULES): FORCE
 	@find src -name '*.py' | sort > $@.new
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
+# PyPI's torch carries CUDA (several GB). Without an NVIDIA GPU (no nvidia-smi), torch and
+# torchvision come from TORCH_INDEX, PyTorch's CPU builds (about 1 GB), when it answers; else
+# from PyPI (those run on a CPU too). `make TORCH_INDEX=` always takes PyPI's.
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi),,https://download.pytorch.org/whl/cpu)
+# The torch and torchvision installed, as pip constraints: the extras keep them, never swap a
+# CPU build for PyPI's CUDA one.
+PINS := $(VENV)/torch-pins.txt
+
 # `make demo` installs what running needs (the runtime dependencies and the vision and
 # tensorboard extras); the test and development targets add the `dev` extra's tools.
 # setuptools >= 70.1 builds wheels by itself: examples/custom/run.sh and tests/test_wheel.py
-# (make test) build packages with it, offline (--no-build-isolation).
+# (make test-slow) build packages with it, offline (--no-build-isolation).
 $(STAMP): pyproject.toml $(MODULES)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=70.1"
-	$(PY) -m pip install --quiet -e ".[vision,tensorboard]" --config-settings editable_mode=strict
+	@if [ -n "$(TORCH_INDEX)" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "make: no NVIDIA GPU: torch's CPU build from $(TORCH_INDEX) (PyPI's carries CUDA, several GB)"; \
+	  $(PY) -m pip install --quiet --timeout 20 --retries 1 torch torchvision --index-url $(TORCH_INDEX) \
+	    || echo "make: $(TORCH_INDEX) did not answer: torch from PyPI instead (its build runs on a CPU too)"; \
+	fi
+	$(PY) -m pip freeze | grep -iE '^(torch|torchvision)==' > $(PINS) || true
+	$(PY) -m pip install --quiet -e ".[vision,tensorboard]" -c $(PINS) --config-settings editable_mode=strict
 	touch $(STAMP)
 
 DEV := $(VENV)/.installed-dev
 $(DEV): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[dev,vision,tensorboard]" --config-settings editable_mode=strict
+	$(PY) -m pip install --quiet -e ".[dev,vision,tensorboard]" -c $(PINS) --config-settings editable_mode=strict
 	$(PY) -m compileall -q build/__editable__.*  # the reinstall rebuilt the link tree (see PYC)
 	touch $(DEV)
 

@@ -136,6 +136,15 @@ def test_a_sweep_folder_draws_a_band_per_setting_over_its_seeds(made, tmp_path, 
         assert line["low"] == pytest.approx(low, abs=1e-5)
 
 
+def test_a_lone_sweep_folder_compares_every_run_its_bands_png_has_the_means(made, tmp_path, capsys):
+    content, _ = compare(capsys, made / "sweep", "--out", tmp_path / "each")
+    fa = next(p for p in content["panels"] if p["id"] == "fa")["curves"]
+    assert len(fa) == 4 and all(len(c["runs"]) == 1 and c["band"] is None for c in fa)
+    assert all("seed=" in c["label"] for c in fa), [c["label"] for c in fa]
+    bands = json.loads((made / "sweep" / "bands.json").read_text())
+    assert len(next(p for p in bands["panels"] if p["id"] == "fa")["curves"]) == 2, "not the same picture"
+
+
 def test_a_sweep_draws_its_own_bands(made):
     index = json.loads((made / "sweep" / "sweep.json").read_text())
     assert index["picture"] == "bands.png" and index["curves"] == "bands.json"

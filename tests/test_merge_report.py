@@ -50,6 +50,8 @@ def test_cross_evaluated_folders_give_fa_ff_pfa_per_round_and_a_run_folder(tmp_p
     printed = capsys.readouterr().out
     assert "FA: mean accuracy of every model on every node's test split" in printed
     assert "    2   70.00   25.82   90.00        0" in printed, printed  # FF: std of .8 .4 .6 1, N^2-1
+    header = next(line for line in printed.splitlines() if "rounds" in line and "best FA %" in line)
+    assert "mean F_t %" in header and "wall s" in header, "the table's header is whole, however narrow"
     rows = read_rows(out / "rounds.jsonl")
     assert [r["round"] for r in rows] == [1, 2] and rows[0]["fa"] == 0.5 and rows[0]["ff"] == 0.0
     assert rows[1]["accuracy_matrix"]["values"] == [[0.8, 0.4], [0.6, 1.0]]

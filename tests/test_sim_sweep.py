@@ -51,6 +51,16 @@ def test_seeds_and_a_sweep_run_every_combination_into_its_own_folder(tmp_path, c
         read_rows(out / "rewind.lambda=0.2,seed=2" / "rounds.jsonl"))
 
 
+def test_a_sweep_prints_the_key_once_and_each_run_its_rows_and_final_line(tmp_path, capsys):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(REWIND)
+    assert main([str(fed), "--seeds", "1,2,3", "--out", str(tmp_path / "s"), "--no-pictures"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("FA: mean accuracy of every model") == 1, printed
+    assert printed.count("round    FA %") == 3 and printed.count(": round 2/2: FA ") == 3
+    assert "after round 2" not in printed, "no final table per run: the sweep's table has them"
+
+
 def test_seeds_of_a_star_federation_average_the_global_accuracy(tmp_path, capsys):
     fed = tmp_path / "star.toml"
     fed.write_text(STAR.replace("rounds = 8", "rounds = 2"))

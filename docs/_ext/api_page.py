@@ -176,8 +176,8 @@ def render(name: str, obj: Any, qualified: str) -> str:
         if doc:
             parts.append(f"\n{doc}\n")
         if fields:
-            rows = "".join(f"| `{f.name}` | `{_cell(_type(f.type))}` | {_cell(_default(f))} |\n" for f in fields
-                           if not f.name.startswith("_"))
+            rows = "".join(f"| `{f.name}` | `{_cell(_type(f.type))}` | {_cell(_default(f))} |\n"
+                           for f in fields if not f.name.startswith("_"))
             parts.append(f"\n| field | type | default |\n|---|---|---|\n{rows}")
         for member, value in members(obj):
             parts.append("\n" + render_member(name, member, value))
@@ -217,7 +217,8 @@ def page() -> str:
         for name in names:
             out.append("\n" + render(name, getattr(flmesh, name), f"flmesh.{name}"))
     testing = flmesh.testing
-    out.append("\n## Testing: `flmesh.testing`\n\n<a id=\"flmesh.testing\"></a>\n\n" + markdown(doc_of(testing)) + "\n")
+    out.append("\n## Testing: `flmesh.testing`\n\n<a id=\"flmesh.testing\"></a>\n\n"
+               + markdown(doc_of(testing)) + "\n")
     for name in testing.__all__:
         out.append("\n" + render(name, getattr(testing, name), f"flmesh.testing.{name}"))
     return "".join(out).rstrip("\n") + "\n"

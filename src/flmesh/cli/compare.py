@@ -1,4 +1,4 @@
-"""``fl-sim compare RUN_DIR... [--out DIR] [--band std|minmax]``: several runs' curves side by side
+"""``fl-sim compare RUN_DIR... [--out DIR] [--band std|minmax|none]``: several runs' curves side by side
 (:mod:`flmesh.reports.compare` draws them)."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ def main(argv: list[str]) -> int:
                    help="run folders, or sweep folders (fl-sim --seeds/--sweep)")
     p.add_argument("--out", type=Path, metavar="DIR", help="folder for compare.png and compare.json "
                    "(default runs/compare-<hash of the runs' paths>)")
-    p.add_argument("--band", choices=sorted(BANDS), default="std",
-                   help="a sweep's seeds around their mean: std (± the sample standard deviation, the "
-                        "default) or minmax")
+    p.add_argument("--band", choices=sorted(BANDS),
+                   help="a sweep's seeds: around their mean, std (± the sample standard deviation, the "
+                        "default) or minmax; or none, every run its own curve (the default for one sweep "
+                        "folder alone, whose bands.png already shows the means)")
     args = p.parse_args(argv)
     if args.out is not None and args.out.suffix.lower() == ".png":
         print(f"fl-sim compare: error: --out {args.out}: a folder (it gets compare.png and "
@@ -32,7 +33,8 @@ def main(argv: list[str]) -> int:
     skipped: list[str] = []
     try:
         runs = collect(args.runs, skipped)
-        content = build(runs, args.band)
+        lone_sweep = len(args.runs) == 1 and (args.runs[0] / "sweep.json").is_file()
+        content = build(runs, args.band or ("none" if lone_sweep else "std"))
         picture, index = write(content, args.out if args.out is not None else default_folder(args.runs))
     except RunError as exc:
         print(f"fl-sim compare: error: {exc}", file=sys.stderr)

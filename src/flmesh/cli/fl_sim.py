@@ -30,6 +30,7 @@ from flmesh.cli.common import OneLineParser, has_wire, one_blas_thread, quiet_gr
 if TYPE_CHECKING:
     from flmesh.cli.sim_run import RunPlan
     from flmesh.config import Federation
+    from flmesh.reports.results import Summary
 
 # Everything heavy (torch, grpc, networkx, rich) is imported after the flags are read, so
 # ``fl-sim --help`` and a bad flag answer at once.
@@ -201,10 +202,15 @@ def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, ov
            seeds: list[int] | None, grid: list[tuple[str, list[str]]],
            plan: Callable[[Federation, Path, str], RunPlan]) -> int:
     """--seeds and --sweep: every run read (and checked) first, then run one after another."""
-    from rich.console import Console
+    from dataclasses import replace
 
+    from rich.console import Console
+    from rich.markup import escape
+
+    from flmesh.cli.sim_console import key
     from flmesh.cli.sim_run import run_one, say, writable_folder
     from flmesh.config import FederationError, load_federation
+    from flmesh.reports.run_tools import print_whole
     from flmesh.sim.simulation import default_out_dir
     from flmesh.sim.sweep import Point, Sweep, points, run_sweep
 
@@ -227,8 +233,14 @@ def _sweep(args: argparse.Namespace, argv: list[str], federation: Federation, ov
         return _error(str(exc))
     sweep = Sweep(out, federation.name, argv, seeds, grid)
     console = Console(highlight=False)
-    code = run_sweep(sweep, todo, lambda point, folder: run_one(plan(feds[point], folder, label)))
-    console.print(sweep.table())
+    if not args.quiet:  # the key once; each run then prints its rows and its final line
+        console.print(f"[dim]{escape(key(federation))}[/]")
+
+    def one(point: Point, folder: Path) -> tuple[int, Summary | None]:
+        return run_one(replace(plan(feds[point], folder, label), in_sweep=True))
+
+    code = run_sweep(sweep, todo, one)
+    print_whole(console, sweep.table())
     drawn = sweep.head.get("picture")  # this sweep's, not a stale file from an earlier one
     say(console, f"sweep: {out / 'sweep.json'} ({len(sweep.runs)} of {len(todo)} runs)"
         + (f"; curves with a band: {out / drawn}" if drawn else ""))

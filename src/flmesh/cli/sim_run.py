@@ -40,6 +40,7 @@ class RunPlan:
     checkpoint_every: int = 1  # 0: none
     pictures: bool = True
     quiet: bool = False
+    in_sweep: bool = False  # one run of a sweep: its rows, not the key or the final table again
     tensorboard: Path | None = None
     console: Console = field(default_factory=lambda: Console(highlight=False))
     err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
@@ -87,6 +88,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     from flmesh.format.state_file import LOCK, lock_folder, release_folder
     from flmesh.observe.logs import row_scalars
     from flmesh.reports.pictures import PicturesError
+    from flmesh.reports.run_tools import print_whole
     from flmesh.sim.simulation import Simulation
     from flmesh.transports.errors import PeerError, UnknownPeerError
 
@@ -129,7 +131,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
             say(console, f"resuming after round {sim.resumed_after} (its checkpoint in {out}/checkpoints)")
         elif plan.resume:
             say(console, f"no complete round saved in {out}: running it again from round 1")
-        console.print(sim_console.header(fed), style="bold")
+        console.print(sim_console.columns(fed) if plan.in_sweep else sim_console.header(fed), style="bold")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                         transient=True, disable=plan.quiet)
@@ -169,11 +171,11 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         return code, None
     if summary.interrupted and code == 0:
         code = 130  # stopped by SIGTERM
-    if plan.quiet:
+    if plan.quiet or plan.in_sweep:  # a sweep's table has every run's final numbers
         say(console, sim_console.final_line(summary, fed.metric))
     else:
         if (table := sim_console.final_table(fed, summary)) is not None:
-            console.print(table)
+            print_whole(console, table)
         written = ", ".join(["rounds.jsonl", *(Path(p).name for p in summary.pictures)])
         say(console, f"results: {summary.out_dir}/summary.json, {written}")
     if summary.interrupted:

@@ -12,8 +12,8 @@ rewind.lambda=0.2``; a run without that record (fl-node, the aggregator) by its 
 A sweep folder (``fl-sim --seeds/--sweep``: sweep.json and a folder per run) is taken whole:
 its interrupted runs are left out (a line says how many), its finished runs of the same
 settings but different seeds make one curve, their mean per round (over the rounds every one
-of them has), with a band: ± the sample standard deviation, or min-max with ``--band minmax``.
-Runs named one by one are drawn one curve each.
+of them has), with a band: ± the sample standard deviation, or min-max with ``--band minmax``;
+``--band none`` draws every run its own curve. Runs named one by one are drawn one curve each.
 
 The output folder (default ``runs/compare-<hash of the runs' paths>``; an ``--out`` ending in
 ``.png`` is refused) gets ``compare.png`` and ``compare.json``: the panels with their curves,
@@ -35,7 +35,7 @@ from flmesh.reports.compare_runs import SEED, Run, differing, labels, points
 from flmesh.reports.run_tools import RunError
 
 #: What each --band draws around the mean, as the legend says it.
-BANDS = {"std": "mean ± std", "minmax": "mean, min-max band"}
+BANDS = {"std": "mean ± std", "minmax": "mean, min-max band", "none": "every run its own curve"}
 #: Panel id -> (title, unit, table column); ``task_K_accuracy`` and ``global_task_K_accuracy``
 #: are made per task, ``fa[METRIC]`` and the like per ``[federation] metric``.
 PANELS = {"fa": ("FA: federation accuracy (peer runs)", "%", "FA %"),
@@ -79,11 +79,12 @@ def _order(panel: str) -> tuple[int, str]:
 
 def curves(runs: Sequence[Run], band: str = "std") -> list[Curve]:
     """The curves of ``runs``, labelled: one per run named on its own; one per sweep and set of
-    settings (the seed aside) for the runs that came from a sweep folder."""
+    settings (the seed aside) for the runs that came from a sweep folder, unless ``band`` is
+    "none" (every run its own curve, its seed in its label)."""
     out: list[Curve] = []
     grouped: dict[tuple[Path, str], Curve] = {}
     for run in runs:
-        if run.sweep is None or not run.settings:
+        if run.sweep is None or not run.settings or band == "none":
             out.append(Curve([run], dict(run.settings)))
             continue
         common = {k: v for k, v in run.settings.items() if k != SEED}

@@ -131,6 +131,16 @@ def final_metrics(summary: Mapping[str, Any]) -> dict[str, str]:
             "wall s": f"{summary['wall_s']:.1f}" if isinstance(summary.get("wall_s"), (int, float)) else "-"}
 
 
+def print_whole(console: Any, table: Any) -> None:
+    """Print a rich ``table`` without wrapping its cells: into a pipe or a file, a console is
+    80 columns wide, which would cut the headers; there the table takes the width it needs."""
+    if not console.is_terminal:
+        needed = console.measure(table, options=console.options.update(max_width=1000)).maximum
+        if needed > console.width:
+            console = type(console)(file=console.file, width=needed, highlight=False)
+    console.print(table)
+
+
 def print_table(named: Sequence[tuple[str, Mapping[str, Any]]], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -142,4 +152,4 @@ def print_table(named: Sequence[tuple[str, Mapping[str, Any]]], title: str) -> N
     for name, summary in named:
         values = final_metrics(summary)
         table.add_row(name, *(values[c] for c in COLUMNS))
-    Console(highlight=False).print(table)
+    print_whole(Console(highlight=False), table)

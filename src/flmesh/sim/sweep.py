@@ -9,8 +9,8 @@ federation's global accuracy). It is rewritten after every run, so an interrupte
 still has an index of the runs it finished. Each subfolder is an ordinary run folder
 (``fl-sim report``, ``fl-sim rerun``, ``fl-sim --resume`` take it). When the runs drew their
 pictures, ``bands.png`` beside them shows each metric per round, per combination: the mean
-over its seeds with a ± std band (``bands.json``: its numbers; ``fl-sim compare SWEEP_DIR``
-draws the same).
+over its seeds with a ± std band (``bands.json``: its numbers); ``fl-sim compare SWEEP_DIR``
+draws every run its own curve beside it.
 """
 
 from __future__ import annotations
