@@ -32,8 +32,12 @@ $(STAMP): pyproject.toml $(MODULES)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools>=70.1"
 	@if [ -n "$(TORCH_INDEX)" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
 	  echo "make: no NVIDIA GPU: torch's CPU build from $(TORCH_INDEX) (PyPI's carries CUDA, several GB)"; \
-	  $(PY) -m pip install --quiet --timeout 20 --retries 1 torch torchvision --index-url $(TORCH_INDEX) \
-	    || echo "make: $(TORCH_INDEX) did not answer: torch from PyPI instead (its build runs on a CPU too)"; \
+	  if env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null $(PY) -m pip install --quiet \
+	       --timeout 20 --retries 1 --index-url $(TORCH_INDEX) torch torchvision 2>/dev/null \
+	     && $(PY) -c "import torchvision" 2>/dev/null; then :; else \
+	    echo "make: no working pair from $(TORCH_INDEX): torch from PyPI instead (its build runs on a CPU too)"; \
+	    $(PY) -m pip uninstall --quiet -y torch torchvision 2>/dev/null || true; \
+	  fi; \
 	fi
 	$(PY) -m pip freeze | grep -iE '^(torch|torchvision)==' > $(PINS) || true
 	$(PY) -m pip install --quiet -e ".[vision,tensorboard]" -c $(PINS) --config-settings editable_mode=strict
