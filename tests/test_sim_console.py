@@ -262,3 +262,18 @@ def test_a_federation_metric_names_the_pictures_the_quiet_line_and_fl_nodes_log(
     line = final_line(summary, "balanced_accuracy")
     assert "FA balanced_accuracy 50.00 %, FF balanced_accuracy 10.00 %" in line
     assert "FA 50.00 %, FF 10.00 %, PFA 60.00 %" in final_line(summary)
+
+
+def test_a_round_under_way_shows_what_the_nodes_are_doing(tmp_path):
+    from types import SimpleNamespace
+
+    from flmesh.cli.sim_run import InRound
+    from flmesh.sim.simulation import Simulation
+
+    shown = InRound(SimpleNamespace(node_states=lambda: {"training": 7, "waiting": 3, "idle": 1}))
+    assert shown.render(None).plain == "7 training, 3 waiting"  # type: ignore[arg-type]
+    with Simulation(_peer(), tmp_path / "run") as sim:
+        states = sim.node_states()
+        assert sum(states.values()) == 3 and set(states) <= {"starting", "idle"}, states
+        sim.run()
+        assert set(sim.node_states()) <= {"idle", "done"}

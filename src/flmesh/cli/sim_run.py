@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.progress import ProgressColumn, Task
+from rich.text import Text
 
 from flmesh.cli.common import has_wire
 from flmesh.config import Federation
@@ -23,7 +25,7 @@ from flmesh.config import Federation
 if TYPE_CHECKING:
     from flmesh.observe.logs import Board
     from flmesh.reports.results import RoundRow, Summary
-    from flmesh.sim.simulation import Transport
+    from flmesh.sim.simulation import Simulation, Transport
 
 
 @dataclass
@@ -72,6 +74,19 @@ def writable_folder(out: Path, label: str) -> bool:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise FederationError(f"{label} {out}: cannot write results there: {why}") from None
     return made
+
+
+class InRound(ProgressColumn):
+    """A progress column: what the nodes are doing in the round under way ("7 training, 3
+    waiting"), redrawn with the bar (ten times a second), so a long round is not silent."""
+
+    def __init__(self, sim: Simulation) -> None:
+        super().__init__()
+        self.sim = sim
+
+    def render(self, task: Task) -> Text:
+        states = {s: n for s, n in self.sim.node_states().items() if s not in ("idle", "done")}
+        return Text(", ".join(f"{n} {s}" for s, n in states.items()), style="dim")
 
 
 def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
@@ -133,7 +148,7 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
             say(console, f"no complete round saved in {out}: running it again from round 1")
         console.print(sim_console.columns(fed) if plan.in_sweep else sim_console.header(fed), style="bold")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                        MofNCompleteColumn(), TimeElapsedColumn(), InRound(sim), console=console,
                         transient=True, disable=plan.quiet)
     task = progress.add_task("rounds", total=fed.rounds, completed=sim.resumed_after)
 

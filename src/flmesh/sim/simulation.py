@@ -21,6 +21,7 @@ Blocking; use from one thread. ``stop()`` may be called from another thread
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as _dt
 import gc
@@ -202,6 +203,13 @@ class Simulation:
     def rounds_done(self) -> int:
         """How many rounds have finished so far. Thread-safe."""
         return self.driver.rounds_done
+
+    def node_states(self) -> dict[str, int]:
+        """How many nodes are in each state now ("training", "waiting", "sending", ...; see
+        :meth:`flmesh.Node.state`), most first: what a round is doing while it lasts.
+        Thread-safe; empty before :meth:`start`."""
+        counts = collections.Counter(n.state() for n in getattr(self.driver, "nodes", []))
+        return dict(counts.most_common())
 
     def run(self, on_round: Callable[[RoundRow], None] | None = None) -> Summary:
         """Run every round, writing rounds.jsonl as it goes; returns the summary it writes
