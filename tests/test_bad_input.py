@@ -296,8 +296,8 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                           "[data] source 'udata_bad:fails' raised ValueError: no points today"),
     "sim-source-wrong-type": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:wrong"'],
                               "[data] source 'udata_bad:wrong' returned a str; expected (x, y) arrays or "
-                              "tensors, ((x, y), (x_test, y_test)), a mapping with x and y, or a torch "
-                              "Dataset of (x, y) items"),
+                              "tensors, ((x, y), (x_test, y_test)), a mapping with x and y, an ArrayData, "
+                              "or a torch Dataset of (x, y) items"),
     "sim-source-nan": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:nan"'],
                        "[data] source 'udata_bad:nan': x holds NaN or infinity"),
     "sim-learner-missing": (["{file}", "--out", "{tmp}/new", "--set", 'training.learner="nope_mod:L"'],
@@ -491,8 +491,8 @@ def _data_files(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(tmp))
 
 
-EXPECTED = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, or a torch "
-            "Dataset of (x, y) items")
+EXPECTED = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, an ArrayData, "
+            "or a torch Dataset of (x, y) items")
 # id -> (fl-node flags with {tmp} to fill in, the stderr line after "fl-node a: error: ")
 NODE_DATA_CASES: dict[str, tuple[list[str], str]] = {
     "data-missing": (["--data", "{tmp}/nope.npz"], "--data {tmp}/nope.npz: no such file"),

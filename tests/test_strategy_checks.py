@@ -4,6 +4,10 @@ checked every round: a mistake is one line naming the strategy, never a tracebac
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +15,12 @@ import torch
 from flmesh.algorithms.base import Algorithm, ServerContext, ServerHalf
 from flmesh.algorithms.checks import StrategyError, checked_global, try_strategy
 from flmesh.algorithms.fedavg import fedavg
-from flmesh.cli import fl_sim
 from flmesh.config.parser import parse_federation
 from flmesh.testing import run
 
 from conftest import tiny_raw
+
+FL_SIM = str(Path(sys.executable).with_name("fl-sim"))
 
 
 class _Half(ServerHalf):
@@ -65,27 +70,35 @@ def test_a_broken_strategy_is_refused_before_round_1_in_one_line(strategy, said)
     assert "\n" not in str(caught.value)
 
 
-def test_fl_sim_says_it_in_one_line_and_exits_2(tmp_path, capsys):
+FILE = ('[federation]\nname = "s"\nrounds = {rounds}\n[topology]\nnodes = 3\n[data]\ndataset = "digits"\n'
+        '[model]\nname = "mlp"\nhidden = [8]\n[training]\nepochs = 0.2\n'
+        '[aggregator]\nstrategy = "test_strategy_checks:{strategy}"\nfraction = 1.0\n')
+
+
+def fl_sim(tmp_path, strategy: str, rounds: int) -> subprocess.CompletedProcess[str]:
+    """fl-sim as a user runs it, with this module importable (it holds the strategies)."""
     fed = tmp_path / "star.toml"
-    fed.write_text('[federation]\nname = "s"\nrounds = 2\n[topology]\nnodes = 3\n[data]\ndataset = "digits"\n'
-                   '[model]\nname = "mlp"\nhidden = [8]\n[training]\nepochs = 0.2\n'
-                   '[aggregator]\nstrategy = "test_strategy_checks:Values"\nfraction = 1.0\n')
-    assert fl_sim.main([str(fed), "--out", str(tmp_path / "out"), "--quiet", "--no-pictures"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    fed.write_text(FILE.format(rounds=rounds, strategy=strategy))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    return subprocess.run([FL_SIM, str(fed), "--out", str(tmp_path / "out"), "--quiet", "--no-pictures"],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_fl_sim_says_it_in_one_line_and_exits_2(tmp_path):
+    done = fl_sim(tmp_path, "Values", rounds=2)
+    assert done.returncode == 2
+    err = done.stderr.strip().splitlines()
     assert len(err) == 1 and "dict_values" in err[0] and "star.toml" in err[0], err
 
 
-def test_a_strategy_that_goes_wrong_later_stops_the_run_in_one_line(tmp_path, capsys):
+def test_a_strategy_that_goes_wrong_later_stops_the_run_in_one_line(tmp_path):
     with pytest.raises(StrategyError, match=r"^strategy 'test_strategy_checks:NaNLater'.aggregate returned "
                                             r"non-finite values in '[\w.]+'$"):
         run(star("NaNLater", rounds=3))
-    fed = tmp_path / "star.toml"
-    fed.write_text('[federation]\nname = "s"\nrounds = 3\n[topology]\nnodes = 3\n[data]\ndataset = "digits"\n'
-                   '[model]\nname = "mlp"\nhidden = [8]\n[training]\nepochs = 0.2\n'
-                   '[aggregator]\nstrategy = "test_strategy_checks:NaNLater"\nfraction = 1.0\n')
-    assert fl_sim.main([str(fed), "--out", str(tmp_path / "out"), "--quiet", "--no-pictures"]) == 1
-    err = capsys.readouterr().err
-    assert "non-finite values" in err and "results so far" in err and "Traceback" not in err, err
+    done = fl_sim(tmp_path, "NaNLater", rounds=3)
+    assert done.returncode == 1
+    assert "non-finite values" in done.stderr and "results so far" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_a_good_strategy_runs_as_the_built_in_and_another_float_dtype_is_cast():
