@@ -91,6 +91,14 @@ def test_sim_breakdown(tmp_path):
     assert number(second["cpu_s"], 0) and number(second["pss_mib"], 1), "a second process was priced"
 
 
+def test_fl_node(tmp_path):
+    results = run(tmp_path, "fl_node.py")
+    assert (results["nodes"], results["rounds"], results["runs"]) == (3, 3, 1)
+    node, sim = results["ways"]["fl-node"], results["ways"]["fl-sim"]
+    assert set(node) == {"listening_s", "whole_s", "round_s"} and set(sim) == {"whole_s", "round_s"}
+    assert all(number(v["min"], 0) and v["min"] == v["median"] for v in [*node.values(), *sim.values()])
+
+
 def test_startup(tmp_path):
     rows = run(tmp_path, "startup.py")["rows"]
     assert [r["what"] for r in rows] == [
