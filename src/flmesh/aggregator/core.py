@@ -103,7 +103,7 @@ class AggregatorCore:
     def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
              address: str) -> JoinInfo:
         self.members.check(node_id, caller)
-        self.members.within_bound(node_id, num_samples, "Join")
+        self.members.check_join(node_id, num_samples)
         with self._cond:
             self.members.join(node_id, num_samples, address)
             return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
@@ -151,7 +151,7 @@ class AggregatorCore:
         late = self._check_open(meta.sender, meta.round)
         if late is not None:
             return late
-        self.members.within_bound(meta.sender, meta.num_samples, "SubmitUpdate")
+        self.members.check_update(meta.sender, meta.num_samples)
         try:
             decoded = codec.decode(stream, self.update_spec, self.max_model_bytes, wire=self.wire)
         except codec.CodecError as exc:
@@ -216,11 +216,13 @@ class AggregatorCore:
         """Every node that joined, with the address it gave (possibly empty)."""
         return self.members.addresses_all()
 
-    def resume(self, global_state: Tensors, joined: dict[str, str], round: int, last_accuracy: float) -> None:
-        """Take back a checkpoint's state: ``round`` is over, the next one opens next."""
+    def resume(self, global_state: Tensors, joined: dict[str, str], declared: dict[str, int], round: int,
+               last_accuracy: float) -> None:
+        """Take back a checkpoint's state (``declared``: each member's declared sample count):
+        ``round`` is over, the next one opens next."""
         with self._cond:
             self.global_state = {k: v.detach().to("cpu").clone() for k, v in global_state.items()}
-            self.members.restore(joined)
+            self.members.restore(joined, declared)
             self._open = self._closed = round
             self.last_accuracy = last_accuracy
             self._cond.notify_all()
