@@ -38,6 +38,7 @@ from flmesh.format.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.format.compression import WireFormat
 from flmesh.topology.sampling import selected
 from flmesh.transports.errors import Refused
+from flmesh.transports.limits import POLLS_PER_CALLER, CallerSlots
 from flmesh.transports.seam import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("flmesh.aggregator")
 
 #: The longest one Poll waits on the server, whatever the caller asks: a stalled
-#: caller cannot hold a worker thread longer than this.
+#: caller cannot hold a worker thread longer than this. How many Polls one caller may
+#: have waiting at once is :data:`~flmesh.transports.limits.POLLS_PER_CALLER`.
 MAX_POLL_WAIT_S = 5.0
 
 
@@ -87,6 +89,7 @@ class AggregatorCore:
         self._selected: dict[int, tuple[str, ...]] = {}  # round -> its sample (see selected)
         self.stop_event = threading.Event()
         self.members = Members(federation, self._cond, clock, self.stop_event)
+        self._waiting_polls = CallerSlots(POLLS_PER_CALLER)  # a flood from one member holds one worker
 
     # ------------------------------------------------------------------ sampling
     def selected(self, round: int) -> list[str]:
@@ -109,16 +112,27 @@ class AggregatorCore:
             return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
 
     def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo:
+        """Where the aggregator is, once it opens ``round`` or ``wait_s`` (at most
+        :data:`MAX_POLL_WAIT_S`) passes. A Poll that would wait while another of the same node
+        waits is refused: each waiting Poll holds one of the server's workers."""
         self.members.check(node_id, caller)
-        deadline = self.clock.now() + max(0.0, min(wait_s, MAX_POLL_WAIT_S))
-        with self._cond:
-            while self._open < round and not self._done and not self.stop_event.is_set():
-                remaining = deadline - self.clock.now()
-                if remaining <= 0:
-                    break
-                self.clock.wait(self._cond, remaining)
-            return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
-                            self._done, self.federation.rounds)
+        wait = max(0.0, min(wait_s, MAX_POLL_WAIT_S))  # NaN: 0
+        if wait > 0 and not self._waiting_polls.take(node_id):
+            raise Refused("RESOURCE_EXHAUSTED", f"aggregator: {node_id} has a Poll waiting here (limit "
+                          f"{POLLS_PER_CALLER} per caller); retry once it is answered")
+        try:
+            deadline = self.clock.now() + wait
+            with self._cond:
+                while self._open < round and not self._done and not self.stop_event.is_set():
+                    remaining = deadline - self.clock.now()
+                    if remaining <= 0:
+                        break
+                    self.clock.wait(self._cond, remaining)
+                return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
+                                self._done, self.federation.rounds)
+        finally:
+            if wait > 0:
+                self._waiting_polls.give(node_id)
 
     def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
         """The open round's global model for a sampled node."""
