@@ -55,8 +55,8 @@ def committed(run_dir: Path) -> tuple[int, dict[str, Any] | None]:
         raise CheckpointError(f"{path}: damaged commit mark: {exc}; the run cannot be resumed") from None
     round, row = (mark.get("round"), mark.get("row")) if isinstance(mark, dict) else (None, None)
     if type(round) is not int or round < 0 or not (row is None or isinstance(row, dict)):
-        raise CheckpointError(f"{path}: damaged commit mark: it holds no round number and row; the run "
-                              "cannot be resumed")
+        raise CheckpointError(f"{path}: damaged commit mark: it does not hold a round number and a row; "
+                              "the run cannot be resumed")
     return round, row
 
 
@@ -82,7 +82,8 @@ class SimCheckpoints:
         self.folder = run_dir / FOLDER
         self.processes = processes
         self.every = every
-        self.resumed_after, self.resumed_row = committed(run_dir)
+        self.resumed_after = 0  # the committed round a resume goes on from (attach sets it)
+        self.resumed_row: dict[str, Any] | None = None  # the copy of its row
         self._saved: dict[int, int] = {}
         self._cond = threading.Condition()
         self._stopped = threading.Event()
@@ -190,8 +191,9 @@ def attach(driver: object, run_dir: Path, resume: bool, every: int = 1) -> SimCh
         raise TypeError(f"no checkpoints for a {type(driver).__name__}")
     if not resume:
         checkpoints.remove()
-        checkpoints.resumed_after, checkpoints.resumed_row = 0, None
-    elif checkpoints.resumed_after:
+    else:
+        checkpoints.resumed_after, checkpoints.resumed_row = committed(run_dir)
+    if checkpoints.resumed_after:
         for node in nodes:
             checkpoints.restore_node(node)
         if aggregator is not None:
