@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     add_json_flag(p, "dishonest")
     args = p.parse_args(argv)
     BOOST = args.boost
+    sys.modules.setdefault("dishonest", sys.modules[__name__])  # the learner's import path: this module
     args.rounds = args.rounds or (3 if args.quick else 20)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
     progress = Progress()

@@ -24,6 +24,7 @@ from flmesh.transports.grpc.aggregator_service import serve
 from flmesh.transports.memory.backend import MemoryBackend
 
 from conftest import tiny_raw
+from harness import Cluster
 
 IDS = [f"node{i}" for i in range(10)]
 
@@ -316,3 +317,70 @@ def test_max_samples_bounds_join_and_updates():
     with pytest.raises(Refused, match=r"SubmitUpdate from b claims 60 samples, over \[aggregator\] max_"):
         _submit(core, "b", 1, 1.0, samples=60)
     assert _submit(core, "b", 1, 1.0, samples=50).accepted
+
+
+def test_a_later_join_cannot_raise_the_sample_count_of_the_first():
+    """The newest Join moves a member's address, never its weight: a restarted node joins again
+    with what it holds, and a member claiming more on a second Join is refused."""
+    core, clock = _core(rounds=2)
+    for node in "abc":
+        core.join(None, node, 10, [10, 0], f"127.0.0.1:{5000 + ord(node)}")
+    refusal = (r"^aggregator: Join from a claims 1099511627776 samples, over the 10 it declared when it "
+               r"first joined \(a later Join cannot raise it\)$")
+    with pytest.raises(Refused, match=refusal) as exc:
+        core.join(None, "a", 2**40, [10, 0], "127.0.0.1:6000")
+    assert exc.value.code == "INVALID_ARGUMENT"
+    core.join(None, "a", 10, [10, 0], "127.0.0.1:6001")  # a restarted node joins again: accepted
+    assert core.addresses()["a"] == "127.0.0.1:6001"
+    core.open_round(1)
+    with pytest.raises(Refused, match="SubmitUpdate from a claims 1099511627776 samples, over the 10"):
+        _submit(core, "a", 1, 100.0, samples=2**40)
+    for node in "abc":
+        assert _submit(core, node, 1, 1.0 if node == "a" else 4.0, samples=10).accepted
+    core.wait_for_updates(1, clock.now() + 30)
+    core.close_round(1)
+    assert torch.allclose(core.global_state["w"], torch.full((2,), 3.0)), "a keeps its first Join's weight"
+
+
+def test_zero_samples_are_refused_at_join_and_at_submit():
+    """An update of 0 samples, the only one of its round, left FedAvg no weight to divide by and
+    ended the aggregator: it is refused, and so is a Join of 0 where the data does not change.
+    In a continual federation a node joins before its first task, holding none."""
+    core, clock = _core(rounds=2)
+    with pytest.raises(Refused, match=r"^aggregator: Join from a declares 0 samples; a member trains on at "
+                                      r"least one$") as exc:
+        core.join(None, "a", 0, [0, 0], "")
+    assert exc.value.code == "INVALID_ARGUMENT"
+    core.open_round(1)
+    with pytest.raises(Refused, match=r"^aggregator: SubmitUpdate from a claims 0 samples; an update is "
+                                      r"weighed by its samples and needs at least one$") as exc:
+        _submit(core, "a", 1, 5.0, samples=0)
+    assert exc.value.code == "INVALID_ARGUMENT"
+    core.wait_for_updates(1, clock.now() + 30)
+    outcome = core.close_round(1)
+    assert outcome.received == [] and torch.equal(core.global_state["w"], torch.zeros(2))
+    raw = tiny_raw(nodes=4, rounds=2, aggregator={"fraction": 1.0}, tasks={"tasks": 2, "rounds_per_task": 1})
+    state = {"w": torch.zeros(2)}
+    continual = AggregatorCore(parse_federation(raw), initial=state, server=FedAvgServer(), strategy="fedavg",
+                               model_spec=model_spec(state), update_spec={}, clock=ManualClock())
+    continual.join(None, "node0", 0, [], "")
+    assert continual.joined() == ["node0"]
+    continual.open_round(1)
+    with pytest.raises(Refused, match="SubmitUpdate from node0 claims 0 samples"):
+        _submit(continual, "node0", 1, 5.0, samples=0)
+
+
+def test_a_sampled_node_without_training_samples_sends_no_update():
+    """No honest node sends an update of 0 samples: one whose training share is empty says so
+    in its report, and the round goes on with the others' updates."""
+    from flmesh.learning.arrays import NodeData
+
+    fed = parse_federation(tiny_raw(nodes=3, rounds=1, aggregator={"fraction": 1.0, "deadline_s": 5}))
+    with Cluster(fed, "memory") as c:
+        share = c.parts["node0"].share
+        train = share.data.train
+        share.data = NodeData(ArrayData(train.x[:0], train.y[:0], train.num_classes), share.data.test)
+        row, reports = c.star_round(1)
+    assert not reports["node0"].submitted and "held no training samples in round 1; sent no update" in \
+        reports["node0"].notes
+    assert row.received == ["node1", "node2"] and row.aggregated

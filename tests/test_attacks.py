@@ -605,3 +605,106 @@ def test_stream_games_are_refused_and_leave_the_inbox_empty(plain):
         assert huge[0] == grpc.StatusCode.OK and "accepted: true" in huge[1], huge
     finally:
         channel.close()
+
+
+def test_a_member_cannot_raise_its_weight_by_joining_again_or_across_a_resume(tmp_path):
+    """FedAvg weighs an update by the samples its member claims, and mTLS cannot tell a true count
+    from a false one. A member joined with 10 joins again claiming 2^40 (refused: a later Join
+    cannot raise its first), then sends an update claiming 2^40 (refused); after the aggregator
+    is restarted from its checkpoint the member's count is still the first Join's, with no new
+    Join."""
+    from flmesh.aggregator.aggregator import Aggregator
+    from flmesh.aggregator.checkpoint import restore, save
+    from flmesh.learning.data import load_dataset
+    from flmesh.transports.backend import TransportSettings
+    from flmesh.transports.memory.backend import MemoryBackend
+
+    ids = identities(tmp_path / "pki", ["node0", "node1", "aggregator"])
+    fed = parse_federation(tiny_raw(nodes=2, rounds=3, aggregator={"fraction": 1.0}), source="t.toml")
+    data = load_dataset(fed.data)
+    agg = Aggregator.from_federation(fed, backend=deployed(fed, "aggregator", ids["aggregator"]),
+                                     dataset=data)
+    address = agg.serve("127.0.0.1:0")
+    as_node0 = GrpcAggregatorTransport(address, tls=ids["node0"])
+
+    def update(round: int, samples: int) -> codec.EncodedModel:
+        return codec.encode(agg.core.global_state, ModelMeta(round=round, sender="node0", kind="update",
+                                                             num_samples=samples))
+
+    try:
+        as_node0.join("node0", 10, [1] * 10, "", timeout=5)
+        with pytest.raises(PeerError) as caught:
+            as_node0.join("node0", 2**40, [1] * 10, "", timeout=5)
+        assert (caught.value.code, caught.value.details) == (
+            "INVALID_ARGUMENT", "aggregator: Join from node0 claims 1099511627776 samples, over the 10 it "
+            "declared when it first joined (a later Join cannot raise it)")
+        agg.core.open_round(1)
+        with pytest.raises(PeerError) as caught:
+            as_node0.submit(update(1, 2**40), timeout=10)
+        assert caught.value.details == ("aggregator: SubmitUpdate from node0 claims 1099511627776 samples, "
+                                        "over the 10 it declared when it joined")
+        save(agg, 1, tmp_path / "agg")
+    finally:
+        as_node0.close()
+        agg.close(grace=0)
+    again = Aggregator.from_federation(fed, backend=MemoryBackend(TransportSettings(fed)), dataset=data)
+    try:
+        assert restore(again, tmp_path / "agg") == 1
+        again.core.open_round(2)
+        with pytest.raises(Refused, match="SubmitUpdate from node0 claims 1099511627776 samples, over the"):
+            again.core.submit(None, update(2, 2**40).chunks())
+        assert again.core.submit(None, update(2, 10).chunks()).accepted
+    finally:
+        again.close(grace=0)
+
+
+# ----------------------------------------------------------------------------- 8. Poll floods
+
+def test_a_poll_flood_from_one_member_holds_one_worker_and_others_are_answered(tmp_path):
+    """A Poll waits on the aggregator (up to 5 s) and holds one of its workers meanwhile. One member
+    looping Polls for a round that never comes, on 16 connections at once, gets one waiting and
+    the others refused at once in one line, so Status and the other member's calls are answered
+    while the flood lasts, and the round opens and reaches them."""
+    from flmesh.aggregator.aggregator import Aggregator
+    from flmesh.learning.data import load_dataset
+    from flmesh.v1 import aggregator_pb2_grpc
+
+    ids = identities(tmp_path / "pki", ["node0", "node1", "aggregator"])
+    fed = parse_federation(tiny_raw(nodes=2, rounds=2, aggregator={"fraction": 1.0}), source="t.toml")
+    agg = Aggregator.from_federation(fed, backend=deployed(fed, "aggregator", ids["aggregator"]),
+                                     dataset=load_dataset(fed.data))
+    address = agg.serve("127.0.0.1:0")
+    forever = aggregator_pb2.PollRequest(node_id="node0", round=999_999, wait_s=1e9)
+    channels = [make_channel(address, ids["node0"], "aggregator") for _ in range(16)]
+    stop = threading.Event()
+    answers: list[tuple[grpc.StatusCode, str]] = []
+
+    def flood(stub: aggregator_pb2_grpc.AggregatorStub) -> None:
+        while not stop.is_set():
+            code, details = _code(lambda: stub.Poll(forever, timeout=60))
+            answers.append((code, details if code != grpc.StatusCode.OK else ""))
+
+    floods = [threading.Thread(target=flood, args=(aggregator_pb2_grpc.AggregatorStub(c),), daemon=True)
+              for c in channels]
+    node1 = GrpcAggregatorTransport(address, tls=ids["node1"])
+    try:
+        for t in floods:
+            t.start()
+        wait_until(lambda: sum(c == grpc.StatusCode.RESOURCE_EXHAUSTED for c, _ in answers) >= 32, timeout=60)
+        assert node1.status(timeout=30).round == 0
+        node1.join("node1", 10, [1] * 10, "", timeout=30)
+        agg.core.open_round(1)
+        info = node1.poll("node1", 1, wait_s=5)
+        assert (info.round, info.selected) == (1, True)
+    finally:
+        stop.set()
+        agg.stop()  # the waiting Poll is answered now
+        for t in floods:
+            t.join(30)
+        for channel in channels:
+            channel.close()
+        node1.close()
+        agg.close(grace=0)
+    refused = {d for c, d in answers if c != grpc.StatusCode.OK}
+    assert refused == {"aggregator: node0 has a Poll waiting here (limit 1 per caller); retry once it is "
+                       "answered"}, refused

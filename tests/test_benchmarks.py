@@ -179,6 +179,18 @@ def test_dishonest(tmp_path):
         assert cell["refused_honest"] == 0 and isinstance(cell["refused_dishonest"], int)
 
 
+def test_distance_guard(tmp_path):
+    results = run(tmp_path, "distance_guard.py")
+    assert [(c["attack"], c["guard"]) for c in results["cells"]] == [
+        ("none", 0.0), ("none", 5.0), ("boosted x -10", 0.0), ("boosted x -10", 5.0),
+        ("bias shift x 4", 0.0), ("bias shift x 4", 5.0)]
+    for cell in results["cells"]:
+        assert one_seed(cell["honest_accuracy"]) and one_seed(cell["honest_fa"])
+    refused = {(c["attack"], c["guard"]): c["refused"] for c in results["cells"]}
+    assert refused[("none", 5.0)] == 0 and refused[("boosted x -10", 5.0)] > 0
+    assert refused[("bias shift x 4", 5.0)] == 0, "under the bound: taken"
+
+
 @pytest.fixture(scope="module")
 def wsm_quick(tmp_path_factory: Any) -> tuple[Any, dict[str, Any]]:
     """benchmarks/wsm.py --quick at 2 rounds of 20 nodes (C = 0.1: 2 participants): its folder

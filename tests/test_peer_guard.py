@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -32,10 +33,32 @@ def test_the_guard_bounds_by_the_nodes_own_movement():
     assert guard.check(m0, {"w": torch.tensor([100.0, 0.0])}, "b") is None, "nothing trained yet: no bound"
     assert guard.check(own, {"w": torch.tensor([-1.0, 0.0])}, "b") is None  # 2 away: within 3 x 1
     note = guard.check(own, {"w": torch.tensor([-10.0, 0.0])}, "b")
-    assert note is not None and note.startswith("refused b's model: its distance 11 from this node's model "
-                                                "is over distance_guard 3 x the 1 this node's model moved")
+    assert note == ("refused b's model: it is farther from this node's model than distance_guard 3 times "
+                    "the distance this node's model moved from M_0")
     assert "NaN" in (guard.check(own, {"w": torch.tensor([float("nan"), 0.0])}, "b") or "")
     assert DistanceGuard(0.0, lambda: m0).check(own, {"w": torch.full((2,), 1e9)}, "b") is None, "off"
+
+
+def test_a_refusal_note_tells_the_sender_nothing_of_the_scale():
+    """A refused sender who reads the note (a shared results folder, a log) learns only that it
+    was refused: the same words whatever the distances, so nothing to aim just under the bound."""
+    m0 = {"w": torch.zeros(3)}
+    guard = DistanceGuard(5.0, lambda: m0)
+    notes = {guard.check({"w": torch.tensor([moved, 0.0, 0.0])}, {"w": torch.tensor([-k * moved, 0.0, 0.0])},
+                         "node0") for moved in (0.01, 1.03, 250.0) for k in (6.0, 1e6)}
+    assert notes == {"refused node0's model: it is farther from this node's model than distance_guard 5 "
+                     "times the distance this node's model moved from M_0"}
+
+
+def test_the_guard_bounds_the_distance_not_its_direction():
+    """What it cannot stop: M_0 with one output bias moved 4 times as far as the node's own model
+    moved is about 4.1 of those distances away, under 5, and is taken (benchmarks/distance_guard.py
+    measures what it does to the honest nodes)."""
+    m0 = {"w": torch.zeros(3), "bias": torch.zeros(3)}
+    own = {"w": torch.tensor([1.03, 0.0, 0.0]), "bias": torch.zeros(3)}
+    shifted = {"w": torch.zeros(3), "bias": torch.tensor([4 * 1.03, 0.0, 0.0])}
+    assert distance(own, shifted) == pytest.approx(17**0.5 * 1.03)
+    assert DistanceGuard(5.0, lambda: m0).check(own, shifted, "node0") is None
 
 
 class Boost(flmesh.Learner):

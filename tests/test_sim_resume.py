@@ -226,6 +226,44 @@ def test_checkpoints_every_few_rounds_resume_from_the_last_saved(tmp_path, capsy
     assert numbers(read_rows(cut / "rounds.jsonl")) == numbers(read_rows(straight / "rounds.jsonl"))
 
 
+def test_a_torn_row_of_the_committed_round_is_written_again_on_resume(tmp_path, capsys, monkeypatch):
+    """The last line of rounds.jsonl torn after its round was committed (the machine went down
+    mid-write, or the disk kept half): the resume writes that row again from the copy the
+    commit mark keeps, so the run has every row of the uninterrupted one."""
+    fed = tmp_path / "fed.toml"
+    fed.write_text(REWIND)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    assert main([str(fed), "--out", str(straight), "--no-pictures", "--quiet"]) == 0
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 2)
+        assert main([str(fed), "--out", str(cut), "--no-pictures", "--checkpoint-every", "1"]) == 130
+    committed = json.loads((cut / "checkpoints" / "round.json").read_text())["round"]
+    lines = (cut / "rounds.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["round"] == committed, "the committed round's row is the last line"
+    (cut / "rounds.jsonl").write_text("".join(f"{line}\n" for line in lines[:-1]) + lines[-1][:100])
+    capsys.readouterr()
+    assert main(["--resume", str(cut), "--no-pictures", "--quiet"]) == 0
+    assert numbers(read_rows(cut / "rounds.jsonl")) == numbers(read_rows(straight / "rounds.jsonl"))
+    assert json.loads((cut / "summary.json").read_text())["rounds"] == 8
+
+
+@pytest.mark.parametrize("mark", [b"\xff\xfe garbage", b"{\"round\": ", b"[]", b'{"round": "2"}'],
+                         ids=["not-utf-8", "cut", "not-an-object", "round-not-a-number"])
+def test_a_damaged_commit_mark_is_one_line_naming_it(tmp_path, capsys, mark):
+    fed = tmp_path / "fed.toml"
+    fed.write_text(TINY)
+    run = tmp_path / "run"
+    assert main([str(fed), "--out", str(run), "--rounds", "1", "--quiet", "--no-pictures"]) == 0
+    path = run / "checkpoints" / "round.json"
+    path.parent.mkdir()
+    path.write_bytes(mark)
+    capsys.readouterr()
+    assert main(["--resume", str(run), "--no-pictures"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fl-sim: error: {path}: damaged commit mark: ") and err.count("\n") == 1, err
+    assert err.endswith("; the run cannot be resumed\n"), err
+
+
 def test_a_run_without_checkpoints_says_it_cannot_be_resumed(tmp_path, capsys, monkeypatch):
     fed = tmp_path / "fed.toml"
     fed.write_text(TINY)

@@ -18,6 +18,7 @@ from flmesh.cli.node import main
 from flmesh.config import parse_federation
 from flmesh.format.state_file import (
     LOCK,
+    MAGIC,
     StateFileError,
     StateWriteError,
     lock_folder,
@@ -205,6 +206,48 @@ def test_fl_node_resume_on_a_damaged_inbox_entry_exits_2_in_one_line(tmp_path, c
     assert main([*FL_NODE_ARGS, "--federation", str(fed_file), "--out", str(out), "--resume"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line == f"fl-node a: error: {bad}: not a flmesh checkpoint"
+
+
+def _cut_in_header(raw: bytes) -> bytes:
+    return raw[:len(MAGIC) + 8 + 20]
+
+
+def _header_of_2_63_bytes(raw: bytes) -> bytes:
+    return raw[:len(MAGIC)] + (2**63).to_bytes(8, "little") + raw[len(MAGIC) + 8:]
+
+
+@pytest.mark.parametrize("damage", [_cut_in_header, _header_of_2_63_bytes, lambda raw: raw[:100]],
+                         ids=["cut-inside-the-header", "header-of-2^63-bytes", "cut-to-100-bytes"])
+def test_a_state_file_cut_in_its_header_is_one_line_naming_it(tmp_path, damage):
+    """The header carries the run's configuration (a few hundred bytes): a cut inside it, or a
+    length beyond the file, is a damaged file in one line, for a checkpoint and a kept delivery."""
+    f, entry = _kept_delivery(tmp_path)
+    checkpoint = tmp_path / CHECKPOINT
+    for path in (checkpoint, entry):
+        whole = path.read_bytes()
+        path.write_bytes(damage(whole))
+        with Cluster(f, "memory") as c, pytest.raises(
+                StateFileError, match=rf"^{path}: damaged checkpoint: truncated \(its header is \d+ bytes, "
+                                      r"\d+ follow\)$"):
+            restore(c.parts["node2"], tmp_path)
+        path.write_bytes(whole)
+
+
+def test_fl_node_resume_on_a_checkpoint_cut_in_its_header_exits_2_in_one_line(tmp_path, capsys):
+    fed_file = federation_file(tmp_path, ["a", "b", "c"], rounds=3)
+    out = tmp_path / "run"
+    from flmesh.config import load_federation
+    from flmesh.runtime.node import Node
+
+    node = Node.from_federation(load_federation(fed_file, []), "a")
+    try:
+        path = save(parts(node), 1, out)
+    finally:
+        node.stop(grace=0)
+    path.write_bytes(_cut_in_header(path.read_bytes()))
+    assert main([*FL_NODE_ARGS, "--federation", str(fed_file), "--out", str(out), "--resume"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"fl-node a: error: {path}: damaged checkpoint: truncated (its header is "), line
 
 
 @pytest.mark.parametrize("text", ['{"releases": [{"client": "node0"', '{"releases": [{"client": 1}]}',

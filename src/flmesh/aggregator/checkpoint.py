@@ -2,7 +2,8 @@
 :mod:`flmesh.runtime.checkpoint`).
 
 It holds the global model, the strategy's state (FedCurv's terms, Flashback's
-label counts), who joined and at which address, and what the next round's row
+label counts), who joined, at which address and with how many samples (the
+bound on each member's weight, :mod:`~flmesh.aggregator.members`), and what the next round's row
 needs (the last accuracy, the global per-class accuracy for F_t).
 ``fl-node --role aggregator --resume`` reads it back and opens the next round;
 nodes that were polling find it again (:mod:`flmesh.runtime.star_round`). Every update
@@ -50,6 +51,7 @@ def save(aggregator: Aggregator, round: int, folder: Path) -> Path:
         tensors["prev_global"] = torch.from_numpy(np.nan_to_num(prev, nan=-1.0))
     values = {"format": FORMAT, "federation": aggregator.federation.name, "node": "aggregator",
               "strategy": core.strategy, "round": round, "joined": core.addresses_all(),
+              "declared": core.members.declared(),
               "last_accuracy": core.last_accuracy, "server": server_values}
     shape = run_shape(aggregator.federation)
     values.update(shape=shape, digest=shape_digest(shape))
@@ -117,11 +119,12 @@ def restore(aggregator: Aggregator, folder: Path) -> int:
     try:
         round = int(values["round"])
         joined = {str(k): str(v) for k, v in dict(values["joined"]).items()}
+        declared = {str(k): int(v) for k, v in dict(values["declared"]).items()}
         last_accuracy = float(values["last_accuracy"])
     except (KeyError, TypeError, ValueError) as exc:
         raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
     check_rounds(path, round, aggregator.federation.rounds)
-    core.resume(glob, joined, round, last_accuracy)
+    core.resume(glob, joined, declared, round, last_accuracy)
     core.take_back(kept_updates(folder, round + 1, core.update_spec))
     core.server.restore(split(tensors, "server/"), values.get("server", {}))
     if "prev_global" in tensors:

@@ -38,6 +38,7 @@ from flmesh.format.codec import EncodedModel, ModelMeta, ModelSpec
 from flmesh.format.compression import WireFormat
 from flmesh.topology.sampling import selected
 from flmesh.transports.errors import Refused
+from flmesh.transports.limits import POLLS_PER_CALLER, CallerSlots
 from flmesh.transports.seam import AggregatorStatus, ByteCounter, Chunks, JoinInfo, PollInfo, SubmitResult
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("flmesh.aggregator")
 
 #: The longest one Poll waits on the server, whatever the caller asks: a stalled
-#: caller cannot hold a worker thread longer than this.
+#: caller cannot hold a worker thread longer than this. How many Polls one caller may
+#: have waiting at once is :data:`~flmesh.transports.limits.POLLS_PER_CALLER`.
 MAX_POLL_WAIT_S = 5.0
 
 
@@ -87,6 +89,7 @@ class AggregatorCore:
         self._selected: dict[int, tuple[str, ...]] = {}  # round -> its sample (see selected)
         self.stop_event = threading.Event()
         self.members = Members(federation, self._cond, clock, self.stop_event)
+        self._waiting_polls = CallerSlots(POLLS_PER_CALLER)  # a flood from one member holds one worker
 
     # ------------------------------------------------------------------ sampling
     def selected(self, round: int) -> list[str]:
@@ -103,22 +106,33 @@ class AggregatorCore:
     def join(self, caller: str | None, node_id: str, num_samples: int, label_counts: list[int],
              address: str) -> JoinInfo:
         self.members.check(node_id, caller)
-        self.members.within_bound(node_id, num_samples, "Join")
+        self.members.check_join(node_id, num_samples)
         with self._cond:
             self.members.join(node_id, num_samples, address)
             return JoinInfo(self.federation.name, self.strategy, self.federation.rounds, self._open)
 
     def poll(self, caller: str | None, node_id: str, round: int, wait_s: float) -> PollInfo:
+        """Where the aggregator is, once it opens ``round`` or ``wait_s`` (at most
+        :data:`MAX_POLL_WAIT_S`) passes. A Poll that would wait while another of the same node
+        waits is refused: each waiting Poll holds one of the server's workers."""
         self.members.check(node_id, caller)
-        deadline = self.clock.now() + max(0.0, min(wait_s, MAX_POLL_WAIT_S))
-        with self._cond:
-            while self._open < round and not self._done and not self.stop_event.is_set():
-                remaining = deadline - self.clock.now()
-                if remaining <= 0:
-                    break
-                self.clock.wait(self._cond, remaining)
-            return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
-                            self._done, self.federation.rounds)
+        wait = max(0.0, min(wait_s, MAX_POLL_WAIT_S))  # NaN: 0
+        if wait > 0 and not self._waiting_polls.take(node_id):
+            raise Refused("RESOURCE_EXHAUSTED", f"aggregator: {node_id} has a Poll waiting here (limit "
+                          f"{POLLS_PER_CALLER} per caller); retry once it is answered")
+        try:
+            deadline = self.clock.now() + wait
+            with self._cond:
+                while self._open < round and not self._done and not self.stop_event.is_set():
+                    remaining = deadline - self.clock.now()
+                    if remaining <= 0:
+                        break
+                    self.clock.wait(self._cond, remaining)
+                return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
+                                self._done, self.federation.rounds)
+        finally:
+            if wait > 0:
+                self._waiting_polls.give(node_id)
 
     def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
         """The open round's global model for a sampled node."""
@@ -151,7 +165,7 @@ class AggregatorCore:
         late = self._check_open(meta.sender, meta.round)
         if late is not None:
             return late
-        self.members.within_bound(meta.sender, meta.num_samples, "SubmitUpdate")
+        self.members.check_update(meta.sender, meta.num_samples)
         try:
             decoded = codec.decode(stream, self.update_spec, self.max_model_bytes, wire=self.wire)
         except codec.CodecError as exc:
@@ -216,11 +230,13 @@ class AggregatorCore:
         """Every node that joined, with the address it gave (possibly empty)."""
         return self.members.addresses_all()
 
-    def resume(self, global_state: Tensors, joined: dict[str, str], round: int, last_accuracy: float) -> None:
-        """Take back a checkpoint's state: ``round`` is over, the next one opens next."""
+    def resume(self, global_state: Tensors, joined: dict[str, str], declared: dict[str, int], round: int,
+               last_accuracy: float) -> None:
+        """Take back a checkpoint's state (``declared``: each member's declared sample count):
+        ``round`` is over, the next one opens next."""
         with self._cond:
             self.global_state = {k: v.detach().to("cpu").clone() for k, v in global_state.items()}
-            self.members.restore(joined)
+            self.members.restore(joined, declared)
             self._open = self._closed = round
             self.last_accuracy = last_accuracy
             self._cond.notify_all()

@@ -2,11 +2,20 @@
 
 Every node of the federation is a member. A member joins with the address its
 Peer service listens on (empty: none) and the sample count it declares; the
-newest Join wins. The checks here refuse, as :class:`~flmesh.transports.errors.Refused`,
-a request that names no member or is sent for another node, and a sample
-count over ``[aggregator] max_samples`` or, in an update of a federation
-whose data does not change, over what the node declared when it joined
-(FedAvg weighs by it).
+newest Join wins the address. The checks here refuse, as
+:class:`~flmesh.transports.errors.Refused`, a request that names no member or
+is sent for another node, an update of 0 samples, and a sample count over
+``[aggregator] max_samples``.
+
+FedAvg weighs an update by its sample count, and mTLS proves who a member is,
+not what it holds. In a federation whose data does not change, a member's
+weight is bounded by the count of its *first* Join: a later Join may not raise
+it (a restarted node joins again with the same data), an update may not claim
+more, and the aggregator's checkpoint keeps it across a resume. What the first
+Join claims is believed; ``max_samples``, from the federation file, which no
+member can change, bounds that. In a continual federation a node's data
+changes with the task (it joins holding none), so only ``max_samples`` and the
+0-sample refusal apply.
 
 Thread-safety: the members share their aggregator core's condition (a
 re-entrant lock), so a Join wakes whatever waits on the core; every method
@@ -34,7 +43,8 @@ class Members:
         self._clock = clock
         self._stop_event = stop_event
         self._joined: dict[str, str] = {}  # node -> address
-        self._declared: dict[str, int] = {}  # node -> the sample count it declared at Join
+        self._declared: dict[str, int] = {}  # node -> the sample count of its first Join
+        self._fixed = federation.tasks is None  # the data does not change: the first Join bounds
 
     # ------------------------------------------------------------------ checks
     def check(self, node_id: str, caller: str | None = None) -> None:
@@ -48,33 +58,62 @@ class Members:
         if caller is not None and caller != node_id:
             raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} may not act for {node_id!r}")
 
-    def within_bound(self, node: str, count: int, call: str) -> None:
-        """Refuse a sample count over ``[aggregator] max_samples`` or, in an update of a federation
-        whose data does not change, over what ``node`` declared when it joined: FedAvg weighs by
-        it, so an unbounded claim would let one member take over the global model."""
+    def check_join(self, node: str, count: int) -> None:
+        """Refuse a Join's sample count: over ``[aggregator] max_samples``, or, in a federation
+        whose data does not change, 0 or more than ``node``'s first Join declared."""
+        self._within_max(node, count, "Join")
+        if not self._fixed:
+            return
+        if count < 1:
+            raise Refused("INVALID_ARGUMENT", f"aggregator: Join from {node} declares {count} samples; a "
+                          "member trains on at least one")
+        with self._cond:
+            first = self._declared.get(node)
+        if first is not None and count > first:
+            raise Refused("INVALID_ARGUMENT", f"aggregator: Join from {node} claims {count} samples, over "
+                          f"the {first} it declared when it first joined (a later Join cannot raise it)")
+
+    def check_update(self, node: str, count: int) -> None:
+        """Refuse an update's sample count: 0 (FedAvg weighs by it: a round of such updates
+        would have no weight), over ``[aggregator] max_samples``, or, in a federation whose
+        data does not change, over what ``node`` declared when it first joined."""
+        if count < 1:
+            raise Refused("INVALID_ARGUMENT", f"aggregator: SubmitUpdate from {node} claims {count} samples; "
+                          "an update is weighed by its samples and needs at least one")
+        self._within_max(node, count, "SubmitUpdate")
+        with self._cond:
+            declared = self._declared.get(node)
+        if self._fixed and declared is not None and count > declared:
+            raise Refused("INVALID_ARGUMENT", f"aggregator: SubmitUpdate from {node} claims {count} samples, "
+                          f"over the {declared} it declared when it joined")
+
+    def _within_max(self, node: str, count: int, call: str) -> None:
         bound = self.config.max_samples
         if bound and count > bound:
             raise Refused("INVALID_ARGUMENT", f"aggregator: {call} from {node} claims {count} samples, over "
                           f"[aggregator] max_samples = {bound}")
-        with self._cond:
-            declared = self._declared.get(node)
-        if call == "SubmitUpdate" and self.federation.tasks is None and declared is not None \
-                and count > declared:
-            raise Refused("INVALID_ARGUMENT", f"aggregator: SubmitUpdate from {node} claims {count} samples, "
-                          f"over the {declared} it declared when it joined")
 
     # ------------------------------------------------------------------ joins
     def join(self, node_id: str, num_samples: int, address: str) -> None:
-        """Record a checked member's Join and wake the waiters on the shared condition."""
+        """Record a checked member's Join (its address; its count, when it is the first) and
+        wake the waiters on the shared condition."""
         with self._cond:
             self._joined[node_id] = address
-            self._declared[node_id] = num_samples
+            if self._fixed:
+                self._declared.setdefault(node_id, num_samples)
             self._cond.notify_all()
 
-    def restore(self, joined: dict[str, str]) -> None:
-        """Take back a checkpoint's joined members (node -> address); non-members are dropped."""
+    def declared(self) -> dict[str, int]:
+        """The sample count of every member's first Join (none in a continual federation)."""
+        with self._cond:
+            return dict(self._declared)
+
+    def restore(self, joined: dict[str, str], declared: dict[str, int]) -> None:
+        """Take back a checkpoint's joined members (node -> address) and their declared sample
+        counts; non-members are dropped."""
         with self._cond:
             self._joined = {n: a for n, a in joined.items() if n in self.node_ids}
+            self._declared = {n: c for n, c in declared.items() if n in self.node_ids}
             self._cond.notify_all()
 
     def names(self) -> tuple[str, ...]:

@@ -252,6 +252,7 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
     from flmesh.cli.sim_run import RunPlan, run_one
     from flmesh.config import FederationError, load_federation
     from flmesh.reports.record import load_record, same_federation
+    from flmesh.runtime.checkpoint import CheckpointError
     from flmesh.sim.resume import committed_round
 
     folder: Path = args.resume
@@ -266,8 +267,12 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
                                   "buffer is held in memory only); run it again")
     except FederationError as exc:
         return _error(f"--resume {exc}" if str(exc).startswith(f"{folder}:") else str(exc))
+    try:
+        done = committed_round(folder)
+    except CheckpointError as exc:
+        return _error(str(exc))
     summary = folder / "summary.json"
-    if committed_round(folder) == 0 and summary.is_file() and '"interrupted": false' in summary.read_text():
+    if done == 0 and summary.is_file() and '"interrupted": false' in summary.read_text(errors="replace"):
         print(f"{folder}: the run is complete; nothing to resume")
         return 0
     return run_one(RunPlan(record.federation, folder, "--resume", argv, transport=record.transport,

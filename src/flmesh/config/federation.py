@@ -192,7 +192,7 @@ class AggregatorConfig:
     overlapping client data. ``clip_norm`` > 0 scales every update's change from the
     global model down to that L2 norm before any strategy aggregates (0: no clipping).
     ``max_samples`` bounds the sample count a node may claim (at Join and in every update;
-    0: no bound beyond the count the node declared when it joined).
+    0: no bound beyond the count of the node's first Join, which a member sets alone).
     ``strategy`` is a registered name or an import path ``package.module:Class``;
     ``params`` its parameters (``[aggregator.params]`` over the strategy's declared
     defaults; docs/algorithms.md lists the built-ins').

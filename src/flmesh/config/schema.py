@@ -240,7 +240,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "deadline_s": "seconds after which a round closes with the updates that arrived",
         "public_fraction": "share of the data set carved out as the aggregator's labelled public split",
         "clip_norm": "scale each update's change from the global model down to this L2 norm (0: off)",
-        "max_samples": "most samples a node may claim at Join and in an update (0: what it declared)",
+        "max_samples": "most samples a node may claim at Join and in an update (0: its first Join's count)",
         "params": "the strategy's parameters ([aggregator.params], docs/algorithms.md)",
         "server_epochs": "deprecated: [aggregator.params] server_epochs",
         "gamma": "deprecated: [aggregator.params] gamma",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from google.protobuf.message import DecodeError
 
 from flmesh.format import codec
 from flmesh.format.codec import CodecError, ModelMeta
@@ -133,6 +134,9 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         raise StateFileError(f"{path}: not a flmesh checkpoint")
     (size,) = _LENGTH.unpack_from(raw, len(MAGIC))
     start = len(MAGIC) + _LENGTH.size
+    if size > len(raw) - start:
+        raise StateFileError(f"{path}: damaged checkpoint: truncated (its header is {size} bytes, "
+                             f"{len(raw) - start} follow)")
     try:
         header = pb.ModelHeader.FromString(raw[start:start + size])
         chunks = [pb.ModelChunk(header=header), pb.ModelChunk(data=raw[start + size:])]
@@ -140,7 +144,7 @@ def read_state(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         if decoded.meta.kind != "checkpoint":
             raise CodecError("invalid", f"holds a {decoded.meta.kind!r} model, not a checkpoint")
         values = json.loads(str(decoded.meta.metadata.get("values", "{}")))
-    except (CodecError, ValueError) as exc:  # protobuf's DecodeError is a ValueError too
+    except (CodecError, DecodeError, ValueError) as exc:  # ValueError: the values' JSON
         raise StateFileError(f"{path}: damaged checkpoint: {exc}") from None
     if not isinstance(values, dict):
         raise StateFileError(f"{path}: damaged checkpoint: its values are not a JSON object")

@@ -61,12 +61,14 @@ class RunWriter:
     A crash can leave only a torn last line, without its newline; :func:`complete_lines`
     drops it for every reader. summary.json is replaced atomically. ``append=True`` keeps the
     rows already in rounds.jsonl (a resumed run), those of rounds up to ``upto`` when it is
-    given (a round after the checkpoint runs again). The rows are kept as their JSON lines (a
-    few bytes per number, and nothing for Python's cyclic collector to walk) and parsed when
-    :attr:`rows` is read. Not thread-safe: one writer per run.
+    given (a round after the checkpoint runs again); ``last``, the row of round ``upto`` as the
+    checkpoint kept it, is written again when rounds.jsonl lost it (its line was torn). The
+    rows are kept as their JSON lines (a few bytes per number, and nothing for Python's cyclic
+    collector to walk) and parsed when :attr:`rows` is read. Not thread-safe: one writer per run.
     """
 
-    def __init__(self, out_dir: Path, append: bool = False, upto: int | None = None):
+    def __init__(self, out_dir: Path, append: bool = False, upto: int | None = None,
+                 last: dict[str, Any] | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rounds_path = self.out_dir / "rounds.jsonl"
@@ -75,6 +77,9 @@ class RunWriter:
         if append and self.rounds_path.exists():
             lines = complete_lines(self.rounds_path.read_text(encoding="utf-8"))
             self._lines = [line for line in lines if upto is None or json.loads(line).get("round", 0) <= upto]
+        if append and last is not None and last.get("round") == upto and not any(
+                json.loads(line).get("round") == upto for line in self._lines):
+            self._lines.append(json.dumps(last))
         write_atomic(self.rounds_path, "".join(line + "\n" for line in self._lines))
 
     @property

@@ -11,6 +11,13 @@ it. The reference is the node's own training, which no peer can inflate. A refus
 is treated as one that never came: the node trains its own model, and the round's notes
 say why. Before a node has trained (its model is still M_0) nothing is refused.
 
+The guard bounds how far, not in which direction: a model within the bound may still be
+poisoned. One that keeps M_0 and moves a single class's output bias by four times what an
+honest model moves passes it and takes the next nodes' accuracy down
+(``benchmarks/distance_guard.py``, docs/results.md). The refusal note therefore names no
+distance: a refused sender who reads it (in a shared results folder or log) would learn the
+scale that passes.
+
 Pure bookkeeping over tensors; not thread-safe (the round loop calls it).
 """
 
@@ -57,9 +64,9 @@ class DistanceGuard:
         if not math.isfinite(d):
             return f"refused {sender}'s model: it holds NaN or infinity"
         moved = distance(own, self._m0)
-        if moved > 0 and d > self.multiple * moved:
-            return (f"refused {sender}'s model: its distance {d:.4g} from this node's model is over "
-                    f"distance_guard {self.multiple:g} x the {moved:.4g} this node's model moved from M_0")
+        if moved > 0 and d > self.multiple * moved:  # no distance in the note: it would tell the scale
+            return (f"refused {sender}'s model: it is farther from this node's model than distance_guard "
+                    f"{self.multiple:g} times the distance this node's model moved from M_0")
         return None
 
 

@@ -102,22 +102,27 @@ class StarRound:
             for client in plugins.clients.values():
                 extras.update(client.update_extras(model.module))
         train = self.share.data.train
-        meta = ModelMeta(round=round, sender=me, kind="update", num_samples=len(train),
-                         label_counts=tuple(train.label_counts()), architecture=model.architecture)
-        self.activity.set_state("sending", "aggregator")
-        update = encode({**state, **extras}, meta, settings.wire)
-        reply = with_retry(lambda: agg.submit(update, timeout=settings.round_timeout_s),
-                           reconnect_window(settings), clock=self.clock, stop=self.stop,
-                           on_retry=self._lost_aggregator(round, "submitting its update"))
-        if reply.late:
-            notes.append(f"update for round {round} arrived after the round closed")
+        submitted = late = False
+        if len(train) == 0:  # an update is weighed by its samples: one of none would weigh nothing
+            notes.append(f"held no training samples in round {round}; sent no update")
+        else:
+            meta = ModelMeta(round=round, sender=me, kind="update", num_samples=len(train),
+                             label_counts=tuple(train.label_counts()), architecture=model.architecture)
+            self.activity.set_state("sending", "aggregator")
+            update = encode({**state, **extras}, meta, settings.wire)
+            reply = with_retry(lambda: agg.submit(update, timeout=settings.round_timeout_s),
+                               reconnect_window(settings), clock=self.clock, stop=self.stop,
+                               on_retry=self._lost_aggregator(round, "submitting its update"))
+            submitted, late = reply.accepted or reply.duplicate, reply.late
+            if reply.late:
+                notes.append(f"update for round {round} arrived after the round closed")
         for client in plugins.clients.values():
-            client.after_update(round, state, extras, included=reply.accepted or reply.duplicate)
+            client.after_update(round, state, extras, included=submitted)
         self.activity.finish_round(round, local.accuracy)
         self.activity.set_state("idle")
         sent, got = self.counter.take()
-        return StarReport(node=me, round=round, selected=True, submitted=reply.accepted or reply.duplicate,
-                          late=reply.late, train=stats, start=start_eval, local=local, rewound_to=rewound_to,
+        return StarReport(node=me, round=round, selected=True, submitted=submitted,
+                          late=late, train=stats, start=start_eval, local=local, rewound_to=rewound_to,
                           wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
                           bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task)
 

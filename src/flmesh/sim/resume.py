@@ -6,11 +6,13 @@ writes its checkpoint (:mod:`flmesh.runtime.checkpoint`,
 :mod:`flmesh.aggregator.checkpoint`; a node's deliveries for later rounds
 included) into ``RUN_DIR/checkpoints/round-T/<process>/``, in its own thread. Once the
 round's row is in rounds.jsonl and every process has saved, the runner *commits* round T:
-``checkpoints/round.json`` names it and older rounds' folders go. An interruption at any
-moment leaves one complete committed round, whose rows are all written; resuming restores
-every process from it and runs the rounds after it, drawing what they would have drawn
-(every draw derives from the federation's seed, the node and the round). A run that ends
-after its last round removes the folder.
+``checkpoints/round.json`` names it, with a copy of its row, and older rounds' folders go.
+An interruption at any moment leaves one complete committed round, whose rows are all
+written; resuming restores every process from it and runs the rounds after it, drawing
+what they would have drawn (every draw derives from the federation's seed, the node and
+the round). Should the committed round's row have been torn since (the last line of
+rounds.jsonl, cut short), the resume writes it again from the copy. A run that ends after
+its last round removes the folder.
 
 Thread-safe: processes save from their own threads; one runner thread commits.
 """
@@ -21,10 +23,10 @@ import json
 import shutil
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from flmesh.reports.run_files import write_atomic
-from flmesh.runtime.checkpoint import keep_delivery
+from flmesh.reports.run_files import to_json, write_atomic
+from flmesh.runtime.checkpoint import CheckpointError, keep_delivery
 from flmesh.runtime.checkpoint import restore as restore_node
 from flmesh.runtime.checkpoint import save as save_node
 from flmesh.runtime.node import parts_of
@@ -32,6 +34,7 @@ from flmesh.sim.threads import WAKE_S, Lockstep
 
 if TYPE_CHECKING:
     from flmesh.aggregator.aggregator import Aggregator
+    from flmesh.reports.results import RoundRow
     from flmesh.runtime.node import Node
 
 FOLDER = "checkpoints"
@@ -39,12 +42,28 @@ MARK = "round.json"
 AGGREGATOR = "aggregator"
 
 
-def committed_round(run_dir: Path) -> int:
-    """The last committed round of the run in ``run_dir`` (0: none)."""
+def committed(run_dir: Path) -> tuple[int, dict[str, Any] | None]:
+    """The last committed round of the run in ``run_dir`` (0: none) and the copy of its row
+    (None when the mark keeps none). CheckpointError (one line naming the mark) when the
+    mark is damaged."""
     path = run_dir / FOLDER / MARK
     if not path.is_file():
-        return 0
-    return int(json.loads(path.read_text(encoding="utf-8"))["round"])
+        return 0, None
+    try:
+        mark = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+        raise CheckpointError(f"{path}: damaged commit mark: {exc}; the run cannot be resumed") from None
+    round, row = (mark.get("round"), mark.get("row")) if isinstance(mark, dict) else (None, None)
+    if type(round) is not int or round < 0 or not (row is None or isinstance(row, dict)):
+        raise CheckpointError(f"{path}: damaged commit mark: it does not hold a round number and a row; "
+                              "the run cannot be resumed")
+    return round, row
+
+
+def committed_round(run_dir: Path) -> int:
+    """The last committed round of the run in ``run_dir`` (0: none); CheckpointError (one
+    line naming the mark) when the mark is damaged."""
+    return committed(run_dir)[0]
 
 
 class SimCheckpoints:
@@ -63,7 +82,8 @@ class SimCheckpoints:
         self.folder = run_dir / FOLDER
         self.processes = processes
         self.every = every
-        self.resumed_after = committed_round(run_dir)
+        self.resumed_after = 0  # the committed round a resume goes on from (attach sets it)
+        self.resumed_row: dict[str, Any] | None = None  # the copy of its row
         self._saved: dict[int, int] = {}
         self._cond = threading.Condition()
         self._stopped = threading.Event()
@@ -106,10 +126,10 @@ class SimCheckpoints:
         if self._barrier is not None:
             self._barrier.meet(t)
 
-    def commit(self, t: int) -> bool:
-        """Once every process has saved round ``t``: mark it the round to resume from and drop
-        older ones. Call after round ``t``'s row is written. Blocks; False when stopped first
-        (or when round ``t`` is not one to save)."""
+    def commit(self, t: int, row: RoundRow) -> bool:
+        """Once every process has saved round ``t``: mark it the round to resume from, with a
+        copy of its ``row``, and drop older ones. Call after ``row`` is written. Blocks; False
+        when stopped first (or when round ``t`` is not one to save)."""
         if t % self.every:
             return False
         with self._cond:
@@ -118,7 +138,7 @@ class SimCheckpoints:
                     return False
                 self._cond.wait(WAKE_S)
             self._saved = {r: n for r, n in self._saved.items() if r > t}
-        write_atomic(self.folder / MARK, json.dumps({"round": t}) + "\n")
+        write_atomic(self.folder / MARK, json.dumps({"round": t, "row": to_json(row)}) + "\n")
         for old in self.folder.glob("round-*"):
             if old.name < self._round(t).name:  # a later round may be being saved already
                 shutil.rmtree(old, ignore_errors=True)
@@ -143,8 +163,6 @@ class SimCheckpoints:
         self._restore(restore(aggregator, self._round(self.resumed_after) / AGGREGATOR), AGGREGATOR)
 
     def _restore(self, got: int, who: str) -> None:
-        from flmesh.runtime.checkpoint import CheckpointError
-
         if got != self.resumed_after:
             raise CheckpointError(f"{self._round(self.resumed_after)}/{who}: holds round {got}, "
                                   f"expected {self.resumed_after}")
@@ -173,8 +191,9 @@ def attach(driver: object, run_dir: Path, resume: bool, every: int = 1) -> SimCh
         raise TypeError(f"no checkpoints for a {type(driver).__name__}")
     if not resume:
         checkpoints.remove()
-        checkpoints.resumed_after = 0
-    elif checkpoints.resumed_after:
+    else:
+        checkpoints.resumed_after, checkpoints.resumed_row = committed(run_dir)
+    if checkpoints.resumed_after:
         for node in nodes:
             checkpoints.restore_node(node)
         if aggregator is not None:

@@ -218,7 +218,8 @@ class Simulation:
         (after the summary is written), :class:`LedgerError` when the privacy ledger cannot be
         written (after the pictures; when the run failed, the ledger's error is logged instead)."""
         before = self._previous_summary()
-        writer = RunWriter(self.out_dir, append=self.resume, upto=self.resumed_after)
+        last = self.checkpoints.resumed_row if self.checkpoints is not None else None
+        writer = RunWriter(self.out_dir, append=self.resume, upto=self.resumed_after, last=last)
         started = time.monotonic()
         frozen = ended = False
         lost: str | None = None  # why the privacy ledger could not be written
@@ -233,7 +234,7 @@ class Simulation:
                     gc.freeze()
                     frozen = True
                 if self.checkpoints is not None:
-                    self.checkpoints.commit(row.round)
+                    self.checkpoints.commit(row.round, row)
                 if on_round is not None:
                     on_round(row)
             ended = True

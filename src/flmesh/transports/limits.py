@@ -15,6 +15,10 @@ PER_CALLER = 4
 #: test split on the node's CPU, and every caller flmesh runs asks for one at a time.
 EVALS_PER_CALLER = 1
 
+#: Polls one caller may have waiting on the aggregator at once. A waiting Poll holds one of the
+#: server's workers, which are counted for one per member; a node polls one at a time.
+POLLS_PER_CALLER = 1
+
 
 class CallerSlots:
     """At most ``per_caller`` of one kind of call running per caller at once. Thread-safe."""

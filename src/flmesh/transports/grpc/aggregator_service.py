@@ -65,9 +65,11 @@ def serve(handlers: AggregatorHandlers, listen: str, nodes: int = 8,
           tls: Tls | None = None) -> tuple[grpc.Server, health.HealthServicer, str]:
     """Start the Aggregator service (and gRPC health) on ``listen``: (server, health, HOST:PORT).
 
-    Every node may hold one worker in a Poll (unary, at most a few seconds), so
-    the guard keeps a worker per node free beside the fetch and submit streams
-    it admits (two per node at most, one per caller)."""
+    Every node may hold one worker in a waiting Poll (unary, at most a few
+    seconds; the core refuses a second one from the same caller), so the guard
+    keeps a worker per node free beside the fetch and submit streams it admits
+    (two per node at most, one per caller), and eight more for the other unary
+    calls (Status, Join, health)."""
     servicer = AggregatorServicer(handlers)
 
     def add(server: grpc.Server) -> None:

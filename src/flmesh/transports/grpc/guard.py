@@ -9,7 +9,8 @@ leaves the others their slots; one connection in plaintext, where nobody is
 authenticated), refusing the rest at once with RESOURCE_EXHAUSTED (callers
 retry). The thread pool has ``reserve`` workers beyond the admitted streams,
 so the unary calls (health, ``Status``, ``Hello``, ``Poll``) are always
-answered.
+answered. A unary call that waits (the aggregator's long-poll ``Poll``) is
+bounded per caller where it waits (:data:`~flmesh.transports.limits.POLLS_PER_CALLER`).
 
 An admitted stream is ended when it waits on its caller longer than
 ``idle_s``: no request message arrives (DEADLINE_EXCEEDED naming the idle
