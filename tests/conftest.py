@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,17 @@ from flmesh.transports.grpc.backend import GrpcBackend
 from flmesh.transports.grpc.tls import Tls
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers():
+    """Put the root logger back after each test: a CLI ``main`` run in-process points it at the
+    test's captured stderr, which is closed once that test ends."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> None:

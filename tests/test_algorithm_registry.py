@@ -58,8 +58,11 @@ def extpkg(tmp_path, monkeypatch):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extpkg\nVersion: 1.0\n")
     (pkg / "broken.py").write_text("raise ImportError('half installed')\n")
+    marker = str(tmp_path / "imported")
+    (pkg / "exits.py").write_text(f"import pathlib, sys\npathlib.Path({marker!r}).touch()\nsys.exit(0)\n")
     (dist / "entry_points.txt").write_text("[flmesh.algorithms]\nentryavg = extpkg.algos:EntryAvg\n"
-                                           "brokenavg = extpkg.broken:BrokenAvg\n")
+                                           "brokenavg = extpkg.broken:BrokenAvg\n"
+                                           "exitavg = extpkg.exits:ExitAvg\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
     registered.unregister("entryavg")  # the package goes with tmp_path
@@ -97,16 +100,33 @@ def test_bad_plug_ins_are_one_line(extpkg):
         ("extpkg.algos:Fussy", "building the plug-in failed: RuntimeError: needs a GPU"),
         ("brokenavg", "importing extpkg.broken failed: ImportError: half installed"),
         ("nowhere.at_all:X", "no module named 'nowhere'"),
-        ("fedsgd", "expected one of 'entryavg', 'fedadam', 'fedavg', .*, or an import path"),
+        ("fedsgd", "expected one of 'fedadam', 'fedavg', .*, an installed plug-in \\('brokenavg', "
+                   "'entryavg', 'exitavg'\\), or an import path"),
         ("wsm", "expected a strategy, not the objective plug-in 'wsm'"),
     ]:
         with pytest.raises(FederationError, match=expected) as caught:
             parse_federation(tiny_raw(aggregator={"strategy": strategy}))
         assert "\n" not in str(caught.value)
-    with pytest.raises(FederationError, match=r"\[training\] objective: expected one of 'ce', 'wsm', or"):
+    with pytest.raises(FederationError, match=r"\[training\] objective: expected one of 'ce', 'wsm', an "
+                       r"installed plug-in \('brokenavg', 'entryavg', 'exitavg'\), or"):
         parse_federation(tiny_raw(training={"objective": "fedsgd"}))
     with pytest.raises(FederationError, match=r"objective: expected an objective, not the strategy plug-in"):
         parse_federation(tiny_raw(training={"objective": "fedavg"}))
+
+
+def test_a_plug_in_that_exits_on_import_is_one_line_and_listing_names_imports_none(extpkg, tmp_path):
+    """sys.exit(0) in an installed plug-in's module: a misspelt name lists it without importing it
+    (a listing runs no package's code); naming it is one line, not an exit."""
+    listed = r"an installed plug-in \('brokenavg', 'entryavg', 'exitavg'\)"
+    for raw in (tiny_raw(aggregator={"strategy": "fedavgg"}), tiny_raw(training={"objective": "cee"})):
+        with pytest.raises(FederationError, match=listed):
+            parse_federation(raw)
+    assert not (tmp_path / "imported").exists()
+    with pytest.raises(FederationError, match=r"^<federation>: \[aggregator\] strategy: expected a usable "
+                       r"strategy: algorithm 'exitavg' \(entry point of flmesh.algorithms\): 'extpkg.exits:"
+                       r"ExitAvg': importing extpkg.exits failed: SystemExit: 0, got 'exitavg'$"):
+        parse_federation(tiny_raw(aggregator={"strategy": "exitavg"}))
+    assert (tmp_path / "imported").exists()
 
 
 class RunTime(Algorithm):

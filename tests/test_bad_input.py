@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 import subprocess
 import sys
@@ -300,6 +301,15 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                               "or a torch Dataset of (x, y) items"),
     "sim-source-nan": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:nan"'],
                        "[data] source 'udata_bad:nan': x holds NaN or infinity"),
+    "sim-source-exits": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:exits"'],
+                         "[data] source 'udata_bad:exits' raised SystemExit: 0"),
+    "sim-source-one-sample": (["{file}", "--out", "{tmp}/new", "--set", 'data.source="udata_bad:one"',
+                               "--set", 'data.partition="iid"'],
+                              "{file}: [data] source 'udata_bad:one': node0's share holds 1 of the 1 samples "
+                              "split over 3 nodes; a node needs 2 or more (to train and to test)"),
+    "sim-model-over-max-mib": (["{file}", "--set", "federation.max_model_mib=0.001"],
+                               "{file}: [model] hidden: [16] makes a model of at least 0.00452 MiB, over "
+                               "[federation] max_model_mib = 0.001 (peers refuse larger models)"),
     "sim-learner-missing": (["{file}", "--out", "{tmp}/new", "--set", 'training.learner="nope_mod:L"'],
                             "{file}: [training] learner: 'nope_mod:L': no module named 'nope_mod'"),
     "sim-optimizer-missing": (["{file}", "--out", "{tmp}/new", "--set",
@@ -322,6 +332,8 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
     "sim-sweep-unknown-key": (["{file}", "--out", "{tmp}/new", "--sweep", "rewind.lamda=0.1,0.2"],
                               "--sweep rewind.lamda=0.1: {file}: [rewind] lamda: unknown key (expected one "
                               "of lambda, mode, scope)"),
+    "sim-sweep-twice": (["{file}", "--out", "{tmp}/new", "--sweep", "training.lr=0.1,0.1"],
+                        "--sweep training.lr: 0.1 is listed twice in '0.1,0.1'"),
     "sim-sweep-malformed": (["{file}", "--sweep", "lambda=0.1"],
                             "--sweep 'lambda=0.1': expected SECTION.KEY=V1,V2,..., e.g. "
                             "rewind.lambda=0.1,0.2"),
@@ -356,6 +368,9 @@ def test_fl_sim_flag_is_refused(tmp_path, capsys, monkeypatch, argv, message):
 
 USER_MODELS = """
 import math
+import sys
+
+import torch
 from torch import nn
 
 WIDTH = 8
@@ -376,10 +391,21 @@ def weights(*, input_shape, num_classes):
 
 def eleven(*, input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 11))
+
+
+def exits(*, input_shape, num_classes):
+    sys.exit(0)
+
+
+def nan(*, input_shape, num_classes):
+    model = make(input_shape=input_shape, num_classes=num_classes)
+    with torch.no_grad():
+        model[1].weight[0, 0] = math.nan
+    return model
 """
 
 # id -> ([model] lines, the stderr line after "fl-sim: error: FILE: "); user_models.py is USER_MODELS,
-# broken.py raises ImportError when imported
+# broken.py raises ImportError when imported; a line "#KEY = VALUE" goes into [federation]
 MODEL_CASES: dict[str, tuple[str, str]] = {
     "model-missing-module": (
         'factory = "no_such_pkg.models:make"',
@@ -407,6 +433,17 @@ MODEL_CASES: dict[str, tuple[str, str]] = {
         'factory = "user_models:eleven"',
         "[model] factory 'user_models:eleven': the model returns [1, 11] for one sample, the data has "
         "10 classes (expected [1, 10])"),
+    "model-factory-exits": (
+        'factory = "user_models:exits"',
+        "[model] factory 'user_models:exits' raised SystemExit: 0"),
+    "model-nan-weights": (
+        'factory = "user_models:nan"',
+        "[model] factory 'user_models:nan': the model holds NaN or infinity in its initial weights (tensor "
+        "'1.weight'); every peer refuses such a model"),
+    "model-over-max-mib": (
+        'factory = "user_models:make"\n[model.args]\nwidth = 8192\n#max_model_mib = 1',
+        "[model] factory 'user_models:make': the model takes 2.34 MiB as it travels, over [federation] "
+        "max_model_mib = 1 (peers refuse larger models)"),
     "model-unknown-name": (
         'factory = "transformer"',
         "[model] factory: unknown model 'transformer' (registered: cnn, cnn2, mlp, resnet18; "
@@ -431,7 +468,8 @@ def test_a_bad_model_is_one_line_exit_2(tmp_path, capsys, user_models, lines, me
     from flmesh.cli.node import main as node_main
 
     file = tmp_path / "f.toml"
-    file.write_text(TINY.replace("hidden = [16]", lines))
+    more = "".join(f"\n{line[1:]}" for line in lines.splitlines() if line.startswith("#"))  # [federation]
+    file.write_text(TINY.replace("rounds = 2", f"rounds = 2{more}").replace("hidden = [16]", lines))
     assert _sim([str(file), "--out", str(tmp_path / "new"), "--no-pictures"]) == 2
     err = capsys.readouterr().err
     assert err == f"fl-sim: error: {file}: {message}\n", err
@@ -468,6 +506,10 @@ def fails(**kwargs):
     raise ValueError("no points today")
 def nan(**kwargs):
     return np.array([[np.nan, 1.0], [0.0, 1.0]]), np.array([0, 1])
+def exits(**kwargs):
+    raise SystemExit(0)
+def one(**kwargs):
+    return np.zeros((1, 2)), np.array([0])
 """
 
 
@@ -481,6 +523,8 @@ def _data_files(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     np.savez(tmp / "fractional.npz", x=np.zeros((4, 2)), y=np.array([0, 0.5, 1, 0]))
     np.savez(tmp / "nan.npz", x=np.array([[0, 1], [np.nan, 1], [1, 1], [2, 2]]), y=np.array([0, 1, 1, 0]))
     np.savez(tmp / "empty.npz", x=np.zeros((0, 2)), y=np.zeros(0, dtype=np.int64))
+    np.savez(tmp / "huge-label.npz", x=np.zeros((4, 2)), y=np.array([0, 1, 2, 10**12]))
+    _npz_bomb(tmp / "bomb.npz")
     (tmp / "data.txt").write_text("1,2,0\n")
     (tmp / "nolabel.csv").write_text("a,b\n1,2\n")
     (tmp / "cat.csv").write_text("a,label\n1,cat\n")
@@ -489,6 +533,21 @@ def _data_files(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp / "udata_bad.py").write_text(UDATA)
     (tmp / "udata_broken.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp))
+
+
+def _npz_bomb(path: Path) -> None:
+    """A .npz whose x.npy header says 2^31 float32 (8 GiB), its data left out (a real one is 9 MB of
+    deflated zeros): only the header may be read."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path, "w") as z:
+        with z.open("x.npy", "w") as f:
+            np.lib.format.write_array_header_2_0(f, {"descr": "<f4", "fortran_order": False,
+                                                     "shape": (2**31,)})
+        with z.open("y.npy", "w") as f:
+            np.lib.format.write_array(f, np.zeros(4, dtype=np.int64))
 
 
 EXPECTED = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, an ArrayData, "
@@ -515,6 +574,13 @@ NODE_DATA_CASES: dict[str, tuple[list[str], str]] = {
     "data-nan": (["--data", "{tmp}/nan.npz"], "--data {tmp}/nan.npz: x holds NaN or infinity"),
     "data-inf-csv": (["--data", "{tmp}/inf.csv"], "--data {tmp}/inf.csv: x holds NaN or infinity"),
     "data-empty": (["--data", "{tmp}/empty.npz"], "--data {tmp}/empty.npz: x holds no samples"),
+    "data-npz-bomb": (["--data", "{tmp}/bomb.npz"],
+                      "--data {tmp}/bomb.npz: its arrays would take 8.0 GiB (x (2147483648,) float32, y (4,) "
+                      "int64), over the 4 GiB a node's own file may hold; stream larger data from a [data] "
+                      "source Dataset ([data] stream = true)"),
+    "data-label-huge": (["--data", "{tmp}/huge-label.npz"],
+                        "--data {tmp}/huge-label.npz: y holds the label 1000000000000; labels go up to "
+                        "999999 ([data] classes is at most 1000000)"),
     "data-empty-csv": (["--data", "{tmp}/empty.csv"],
                        "--data {tmp}/empty.csv: is empty, expected a header and one row per sample"),
     "data-in-file-missing": (["--set", 'nodes.a.data="gone.csv"'],
@@ -533,6 +599,8 @@ NODE_DATA_CASES: dict[str, tuple[list[str], str]] = {
                       "--data-source 'udata_bad:fails' raised ValueError: no points today"),
     "source-wrong-type": (["--data-source", "udata_bad:wrong"],
                           f"--data-source 'udata_bad:wrong' returned a str; expected {EXPECTED}"),
+    "source-exits": (["--data-source", "udata_bad:exits"],
+                     "--data-source 'udata_bad:exits' raised SystemExit: 0"),
 }
 
 
@@ -693,6 +761,12 @@ def _streamed_files(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp / "broken" / "cat").mkdir(parents=True)
     Image.new("RGB", (4, 4)).save(tmp / "broken" / "cat" / "0.png")
     (tmp / "broken" / "cat" / "1.png").write_bytes(b"not a png")
+    for name in ("pipe", "bomb", "wide"):
+        (tmp / name / "cat").mkdir(parents=True)
+        Image.new("RGB", (4, 4)).save(tmp / name / "cat" / "1.png")
+    os.mkfifo(tmp / "pipe" / "cat" / "0.png")  # opening it would wait for a writer for ever
+    Image.new("1", (13_400, 13_400)).save(tmp / "bomb" / "cat" / "0.png")  # 22 kB, 180 million pixels
+    Image.new("RGB", (5000, 4)).save(tmp / "wide" / "cat" / "0.png")
     (tmp / "udata_streamed.py").write_text(UDATA_STREAMED)
     monkeypatch.syspath_prepend(str(tmp))
 
@@ -709,6 +783,14 @@ STREAMED_CASES: dict[str, tuple[list[str], str]] = {
     "folder-bad-image": (["--data", "{tmp}/broken"],
                          "{tmp}/broken/cat/1.png: cannot be read as an image (cannot identify image file"),
     "folder-missing": (["--data", "{tmp}/nowhere"], "--data {tmp}/nowhere: no such file or folder"),
+    "folder-named-pipe": (["--data", "{tmp}/pipe"], "{tmp}/pipe/cat/0.png: not a regular file"),
+    "folder-decompression-bomb": (["--data", "{tmp}/bomb"],
+                                  "{tmp}/bomb/cat/0.png: cannot be read as an image (Image size (179560000 "
+                                  "pixels) exceeds limit of 178956970 pixels, could be decompression bomb"),
+    "folder-first-image-too-wide": (["--data", "{tmp}/wide"],
+                                    "{tmp}/wide/cat/0.png: the first image, 5000 x 4 pixels, sets the size "
+                                    "every image is resized to; set [data] image_size = [H, W], at most 4096 "
+                                    "a side"),
     "dataset-not-pairs": (["--data-source", "udata_streamed:triples", *STREAM],
                           "--data-source 'udata_streamed:triples': item 0 is a tuple, not an (x, y) pair"),
     "dataset-label-over-classes": (["--data-source", "udata_streamed:big_labels", "--set", "data.classes=3",

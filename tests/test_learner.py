@@ -8,6 +8,7 @@ is one line before any training."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -138,6 +139,8 @@ def test_an_optimizer_from_an_import_path():
 
 LEARNERS = "flmesh_test_learners"
 SOURCE = '''
+import sys
+
 import torch
 from flmesh import Learner
 
@@ -160,6 +163,32 @@ class Raises(Learner):
 
 class NotALearner:
     pass
+
+
+class QuitsAtOnce(Learner):
+    def __init__(self):
+        sys.exit(0)
+
+
+class QuitsInTheCheck(Learner):
+    def evaluate(self, model, batches, context):
+        raise SystemExit
+
+
+class QuitsMidRun(Learner):
+    def train(self, model, batches, context):
+        if context.steps > 1:  # not in the one-batch check before round 1
+            sys.exit(0)
+        return super().train(model, batches, context)
+
+
+class Diverges(Learner):
+    def train(self, model, batches, context):
+        out = super().train(model, batches, context)
+        if context.steps > 1:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] = float("nan")
+        return out
 
 
 def make_sgd(params, lr, weight_decay):
@@ -186,6 +215,8 @@ def learners(tmp_path, monkeypatch):
     ({"learner": f"{LEARNERS}:NoMapping"}, LearnerError, "NoMapping.evaluate returned a float"),
     ({"learner": f"{LEARNERS}:BadValue"}, LearnerError, "returned loss = 'low', not a number"),
     ({"learner": f"{LEARNERS}:Raises"}, LearnerError, "raised RuntimeError: no GPU here"),
+    ({"learner": f"{LEARNERS}:QuitsAtOnce"}, LearnerError, "calling it raised SystemExit: 0"),
+    ({"learner": f"{LEARNERS}:QuitsInTheCheck"}, LearnerError, "a check on one batch raised SystemExit"),
     ({"optimizer": f"{LEARNERS}:not_an_optimizer"}, UserCodeError, "returned a str, not a torch.optim"),
 ])
 def test_a_bad_learner_or_optimizer_is_one_line_before_training(learners, training, error, expected):
@@ -193,6 +224,52 @@ def test_a_bad_learner_or_optimizer_is_one_line_before_training(learners, traini
         run(fed(**training))
     message = str(exc.value)
     assert "\n" not in message and message.startswith("tiny.toml: ") and expected in message
+
+
+MID_RUN = {
+    "QuitsMidRun": rf"user code raised SystemExit: 0 at .*{LEARNERS}\.py:\d+ \(in train\)",
+    "Diverges": r"node\d: round 1: the model holds NaN or infinity in its trained weights "
+                r"\(tensor '[\w.]+'\); every peer refuses such a model",
+}
+
+
+@pytest.mark.parametrize("star", [False, True], ids=["peer", "star"])
+@pytest.mark.parametrize("learner", MID_RUN)
+def test_a_learner_that_exits_or_diverges_mid_run_ends_fl_sim_with_exit_1_in_one_line(
+        tmp_path, capsys, learners, learner, star):
+    """sys.exit(0) in train, or NaN weights after it: not exit 0 with nothing said, not a model every
+    peer refuses sent round after round."""
+    from flmesh.cli import fl_sim
+
+    fed = tmp_path / "f.toml"
+    fed.write_text('[federation]\nname = "f"\nrounds = 2\n[topology]\nnodes = 3\n[model]\nhidden = [8]\n'
+                   f'[training]\nlearner = "{LEARNERS}:{learner}"\n'
+                   + ('[aggregator]\nstrategy = "fedavg"\nfraction = 1.0\n' if star else ""))
+    assert fl_sim.main([str(fed), "--out", str(tmp_path / "out"), "--quiet", "--no-pictures"]) == 1
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("fl-sim: error: ")]
+    assert len(said) == 1 and "Traceback" not in err, err
+    out = re.escape(str(tmp_path / "out"))
+    assert re.fullmatch(rf"fl-sim: error: {MID_RUN[learner]}; results so far in {out}", said[0]), said[0]
+
+
+@pytest.mark.parametrize("learner", MID_RUN)
+def test_a_learner_that_exits_or_diverges_mid_run_ends_fl_node_with_exit_1_in_one_line(
+        tmp_path, capsys, learners, learner):
+    from flmesh.cli.node import main as node_main
+
+    from procs import federation_file
+
+    fed = federation_file(tmp_path, ["node0", "node1"], rounds=2)
+    assert node_main(["--id", "node0", "--federation", str(fed), "--listen", "127.0.0.1:0", "--insecure",
+                      "--out", str(tmp_path / "out"), "--set", 'federation.baseline="standalone"',
+                      "--set", f'training.learner="{LEARNERS}:{learner}"']) == 1
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "error:" in line]
+    assert len(said) == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"fl-node node0: error: {MID_RUN[learner]}", said[0]), said[0]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["interrupted"] and re.fullmatch(MID_RUN[learner], summary["error"])
 
 
 def test_an_optimizer_callable_from_the_file_works(learners):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 
 import grpc
+import numpy as np
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -12,8 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from flmesh.config import parse_federation
 from flmesh.format import codec
 from flmesh.format.codec import ModelMeta
+from flmesh.learning.arrays import ArrayData, NodeData
 from flmesh.learning.data import federation_data
 from flmesh.runtime.handlers import VERSION
+from flmesh.runtime.membership import HelloRefused, wait_for_peers
 from flmesh.runtime.node import Node
 from flmesh.transports.errors import PeerError
 from flmesh.transports.grpc.channels import make_channel
@@ -147,6 +151,35 @@ def test_hello_refuses_a_node_with_another_model():
                                             "runs mlp:.*same \\[model\\]") as err:
             parts(b).transport.hello("node0", "node1", mine.name, parts(b).model.architecture, timeout=10)
         assert not err.value.retryable
+    finally:
+        a.stop(grace=0)
+        b.stop(grace=0)
+
+
+def test_nodes_whose_data_differ_in_shape_both_say_how_at_hello():
+    """64 against 32 inputs: the caller is told both shapes, and the node that refused its Hello
+    stops waiting for it at once and says the same (not "did not answer Hello" a minute later)."""
+    fed = parse_federation(tiny_raw(nodes=2, rounds=1, data={"classes": 3}), source="f.toml")
+
+    def share(features: int) -> NodeData:
+        data = ArrayData(torch.rand(20, features), torch.arange(20) % 3, 3)
+        return NodeData(data.subset(np.arange(16)), data.subset(np.arange(16, 20)))
+
+    a = Node.from_federation(fed, "node0", data=share(64), listen="127.0.0.1:0", insecure=True)
+    b = Node.from_federation(fed, "node1", data=share(32), listen="127.0.0.1:0", insecure=True)
+    why = (r"node0 runs model mlp:\w+ \(inputs \[64\], 3 classes\), the caller 'node1' runs mlp:\w+ "
+           r"\(inputs \[32\], 3 classes\): every node of a federation needs the same \[model\] and data of "
+           r"one shape")
+    try:
+        addresses = {"node0": a.start(), "node1": b.start()}
+        a.connect(addresses)
+        b.connect(addresses)
+        with pytest.raises(PeerError, match=f"FAILED_PRECONDITION: {why}$"):
+            wait_for_peers(parts(b).transport, "node1", fed.name, parts(b).model.introduced, ["node0"], 60,
+                           threading.Event(), refused=parts(b).handlers.refused_hello)
+        with pytest.raises(HelloRefused, match=f"^this node refused node1's Hello: {why}$"):
+            wait_for_peers(parts(a).transport, "node0", fed.name, parts(a).model.introduced, ["node1"], 60,
+                           threading.Event(), refused=parts(a).handlers.refused_hello)
     finally:
         a.stop(grace=0)
         b.stop(grace=0)

@@ -81,6 +81,11 @@ class Registry(Generic[T]):
         Imports nothing."""
         return sorted(set(self._registered) | set(self._builtins) | set(self.installed()))
 
+    def held(self, name: str) -> bool:
+        """Whether ``name`` stands for something registered or resolved already (what it stands
+        for is had without an import)."""
+        return name in self._registered or name in self._loaded
+
     def unknown(self, name: object) -> str:
         """The one line that says ``name`` is no name of this kind, listing the known ones."""
         known = ", ".join(self.names()) or "none: is flmesh installed (pip install -e .)?"
@@ -190,7 +195,9 @@ def as_algorithm(obj: Any, where: str) -> Any:
             raise AlgorithmError(f"{where}: params must be Param declarations, got {type(p).__name__}")
     try:  # only now: a class is built only when it is a plug-in
         return obj() if isinstance(obj, type) else obj
-    except Exception as exc:  # the plug-in's constructor raised
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the plug-in's constructor raised (or called sys.exit)
         raise AlgorithmError(f"{where}: building the plug-in failed: {type(exc).__name__}: {exc}") from None
 
 

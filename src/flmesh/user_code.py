@@ -6,12 +6,20 @@ federation file, ``fl-node`` flags), never from the wire. Every way a path can b
 (not of the form ``module:name``, a module that is missing or raises on import, a missing
 attribute, an object that is not callable) is one :class:`UserCodeError` line naming the
 path and the problem; callers prefix the file and key.
+
+User code may end in what is no ``Exception``: ``sys.exit()`` raises ``SystemExit``, which would
+end the process with its code (0: success) and no word. Wherever flmesh calls user code (an
+import, a factory, a source, a learner, a plug-in), it catches every ``BaseException`` but
+``KeyboardInterrupt`` (Ctrl-C stays an interrupt) and turns it into its one-line error; one
+raised mid-run (a learner's ``train``, a plug-in's half) ends fl-sim, fl-node and the
+aggregator with exit 1 and :func:`exit_line`.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import traceback
 from typing import Any
 
 #: ``package.module:attribute`` (the attribute may be dotted: ``module:Class.method``).
@@ -41,7 +49,9 @@ def load_object(path: str) -> Any:
             raise UserCodeError(f"{path!r}: no module named {exc.name!r} "
                                 "(is its package installed?)") from None
         raise UserCodeError(f"{failed}: {type(exc).__name__}: {exc}") from None
-    except Exception as exc:  # the user's module raised while it was imported
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's module raised (or called sys.exit) while it was imported
         raise UserCodeError(f"{failed}: {type(exc).__name__}: {exc}") from None
     target: Any = module
     for part in attribute.split("."):
@@ -59,4 +69,14 @@ def load_callable(path: str) -> Any:
     return target
 
 
-__all__ = ["UserCodeError", "is_import_path", "load_callable", "load_object"]
+def exit_line(exc: BaseException) -> str:
+    """One line for ``exc``, a BaseException that is no Exception (``SystemExit`` from
+    ``sys.exit``), which only user code raises once a run is under way: what it is and the
+    innermost line it came from."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} (in {frames[-1].name})" if frames else ""
+    text = " ".join(str(exc).split())
+    return f"user code raised {type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+__all__ = ["UserCodeError", "exit_line", "is_import_path", "load_callable", "load_object"]

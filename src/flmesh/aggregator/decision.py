@@ -62,7 +62,9 @@ def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selec
         who = f"strategy {config.strategy!r}"
         try:
             new = server.aggregate(round, start, to_aggregate)
-        except Exception as exc:  # the strategy may be the user's: one line, the cause kept
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the strategy may be the user's (sys.exit too): one line, cause kept
             raise StrategyError(f"{who}.aggregate raised {type(exc).__name__} in round {round}: "
                                 f"{exc}") from exc
         new_global = checked_global(new, start, who)

@@ -100,7 +100,9 @@ def try_strategy(plugin: Algorithm, ctx: ServerContext, initial: Tensors, num_cl
     except StrategyError as exc:
         raise StrategyError(f"{where}: {exc} (tried before round 1 on two copies of the initial "
                             "model)") from None
-    except Exception as exc:  # the user's code raised on the check's updates
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code raised (or called sys.exit) on the check's updates
         raise StrategyError(f"{where}: {who} raised {type(exc).__name__} before round 1, aggregating two "
                             f"copies of the initial model: {exc}") from None
 

@@ -29,6 +29,7 @@ from flmesh.cli.common import OneLineParser, check_seconds
 from flmesh.cli.node import UsageError, check_address
 from flmesh.cli.ops_flags import Ops, add_ops_options, start_ops
 from flmesh.cli.tls_flags import TlsUsageError, add_tls_options, tls_from_args
+from flmesh.user_code import exit_line
 
 if TYPE_CHECKING:
     from flmesh.reports.results import RoundRow
@@ -156,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     except StateWriteError as exc:  # the privacy ledger: one line naming it, as a checkpoint's
         error = str(exc)
         print(f"{prog}: error: {error}", file=sys.stderr)
-    except Exception as exc:  # a strategy or evaluation failure: keep the finished rounds, say what
-        error = f"{type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a strategy or evaluation failure (sys.exit too): keep the rounds, say what
+        error = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else exit_line(exc)
         print(f"{prog}: error: {error}", file=sys.stderr)
     finally:
         last = rows[-1] if rows else None

@@ -41,6 +41,7 @@ from flmesh.cli.ops_flags import add_ops_options, show_progress, start_ops
 from flmesh.cli.tls_flags import TlsUsageError, add_tls_options, tls_from_args
 from flmesh.observe.logs import setup_logging
 from flmesh.transports.errors import PeerError, UnknownPeerError
+from flmesh.user_code import exit_line
 
 if TYPE_CHECKING:
     from flmesh.cli.node_run import NodeRun
@@ -259,11 +260,21 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    from flmesh.learning.models import ModelError
+    from flmesh.runtime.membership import HelloRefused
+
     try:
         status = run.run()
-    except (PeerError, UnknownPeerError, UsageError, OSError) as exc:  # OSError: a write failed
+    except (PeerError, UnknownPeerError, UsageError, OSError, ModelError, HelloRefused) as exc:  # OSError:
+        # a write failed; ModelError: training left a model no peer takes
         run.failed(str(exc), exc.peer if isinstance(exc, PeerError) else None)
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        status = 1
+    except BaseException as exc:  # sys.exit in user code mid-run (a learner, a plug-in's half)
+        if isinstance(exc, Exception | KeyboardInterrupt):
+            raise
+        run.failed(exit_line(exc))
+        print(f"{prog}: error: {exit_line(exc)}", file=sys.stderr)
         status = 1
     finally:
         run.close()

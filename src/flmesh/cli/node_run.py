@@ -167,9 +167,9 @@ class NodeRun:
         # where it listens is the stdout line of announce(); this says what it waits for
         log.info("waiting for %s to answer Hello", ", ".join(self.needed) or "nobody")
         failures: dict[str, PeerError] = {}
-        silent = wait_for_peers(parts.transport, self.node_id, fed.name, parts.model.architecture,
+        silent = wait_for_peers(parts.transport, self.node_id, fed.name, parts.model.introduced,
                                 self.needed, self.hello_timeout, parts.stop, refresh=self.refresh_peers,
-                                failures=failures)
+                                failures=failures, refused=parts.handlers.refused_hello)
         if silent and self.signal is None:
             self._say_silent(silent, failures)
             self.error = f"peers did not answer Hello: {', '.join(silent)}"

@@ -101,11 +101,13 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
     from flmesh.cli.node_run import input_errors
     from flmesh.config import FederationError
     from flmesh.format.state_file import LOCK, lock_folder, release_folder
+    from flmesh.learning.models import ModelError
     from flmesh.observe.logs import row_scalars
     from flmesh.reports.pictures import PicturesError
     from flmesh.reports.run_tools import print_whole
     from flmesh.sim.simulation import Simulation
     from flmesh.transports.errors import PeerError, UnknownPeerError
+    from flmesh.user_code import exit_line
 
     console, err, fed, out = plan.console, plan.err, plan.federation, plan.out
     bad_input: tuple[type[Exception], ...] = (FederationError, *input_errors(), OSError)
@@ -167,13 +169,19 @@ def run_one(plan: RunPlan) -> tuple[int, Summary | None]:
         err.print("fl-sim: interrupted; stopping all nodes")
         sim.stop()
         code = 130
-    except (PeerError, UnknownPeerError, StrategyError) as exc:  # the aggregator stopped answering, or
-        # the strategy returned what is no model
+    except (PeerError, UnknownPeerError, StrategyError, ModelError) as exc:  # the aggregator stopped
+        # answering, the strategy returned what is no model, training left one no peer takes
         say(err, f"fl-sim: error: {exc}; results so far in {sim.out_dir}")
         sim.stop()
         code = 1
     except PicturesError as exc:  # the rows and the summary are written
         say(err, f"fl-sim: error: {exc}")
+        code = 1
+    except BaseException as exc:  # sys.exit in user code on a node's thread (a learner, a plug-in)
+        if isinstance(exc, Exception):
+            raise
+        say(err, f"fl-sim: error: {exit_line(exc)}; results so far in {sim.out_dir}")
+        sim.stop()
         code = 1
     finally:
         sim.close()

@@ -31,6 +31,11 @@ MAX_LR = 10
 MAX_PENALTY = 1e6  # FedCurv's lambda
 
 
+def mib(size: float) -> str:
+    """A size in MiB with the digits that matter: "768", "30.5", "0.00244"."""
+    return f"{size:.0f}" if size >= 100 else f"{size:.3g}"
+
+
 class Bad(Exception):
     """A value is not what the key expects; the message says what was expected."""
 

@@ -330,6 +330,11 @@ class Federation:
         except ValueError as exc:  # RegistryError, or the schedule refusing the graph
             raise FederationError(f"{self.source}: [topology] schedule "
                                   f"{self.topology.schedule!r}: {exc}") from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a user's schedule raised (or called sys.exit)
+            raise FederationError(f"{self.source}: [topology] schedule {self.topology.schedule!r} raised "
+                                  f"{type(exc).__name__}: {exc}") from None
         if not callable(getattr(schedule, "plan", None)):
             raise FederationError(f"{self.source}: [topology] schedule {name!r} made a "
                                   f"{type(schedule).__name__}, which has no plan(round) method")

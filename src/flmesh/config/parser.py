@@ -44,7 +44,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flmesh.config.checks import MAX_NODES, SectionReader, key_text
+from flmesh.config.checks import MAX_NODES, SectionReader, key_text, mib
 from flmesh.config.continual import read_continual
 from flmesh.config.federation import (
     DataConfig,
@@ -97,7 +97,7 @@ def _check_model_size(r: SectionReader, model: ModelConfig, max_mib: float) -> N
     if floor > max_mib:
         key = "hidden" if model.name == "mlp" else "channels"
         raise r.fail(f"[model] {key}", f"{list(getattr(model, key))} makes a model of at least "
-                     f"{floor:.0f} MiB, over [federation] max_model_mib = {max_mib:g} "
+                     f"{mib(floor)} MiB, over [federation] max_model_mib = {max_mib:g} "
                      "(peers refuse larger models)")
 
 

@@ -87,16 +87,21 @@ def _image_size(v: Any) -> tuple[int, int]:
     return v[0], v[1]
 
 
-def algorithm_names(kind: str) -> list[str]:
-    """The registered names of ``kind``'s plug-ins (imports them; those that fail are left out)."""
-    found = []
+def algorithm_names(kind: str) -> tuple[list[str], list[str]]:
+    """The names a plug-in of ``kind`` goes by: (flmesh's own and those held already, of that
+    kind; every other installed plug-in, of a kind unknown). Imports no plug-in but flmesh's own:
+    an installed package's code runs only where a federation names it."""
+    own, found, installed = set(algorithms.builtin_names()), [], []
     for name in algorithms.names():
+        if name not in own and not algorithms.held(name):
+            installed.append(name)
+            continue
         try:
             if algorithms.resolve(name).kind == kind:
                 found.append(name)
         except AlgorithmError:
             continue
-    return found
+    return found, installed
 
 
 def algorithm_name(kind: str) -> Check:
@@ -105,7 +110,10 @@ def algorithm_name(kind: str) -> Check:
         if not isinstance(v, str) or not v:
             raise Bad(f"a registered {kind} or an import path package.module:Class")
         if v not in algorithms.names() and ":" not in v:
-            known = ", ".join(repr(n) for n in algorithm_names(kind)) or "none (is flmesh installed?)"
+            found, installed = algorithm_names(kind)
+            known = ", ".join(repr(n) for n in found) or "none (is flmesh installed?)"
+            if installed:
+                known += f", an installed plug-in ({', '.join(repr(n) for n in installed)})"
             raise Bad(f"one of {known}, or an import path package.module:Class")
         try:
             plugin = algorithms.resolve(v)
@@ -218,7 +226,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "seed": "seeds partitions, models, schedules and draws: same file, same numbers",
         "rounds": "rounds to run",
         "round_timeout_s": "seconds a node waits for its source's model (longer while the source works)",
-        "max_model_mib": "MiB: a larger incoming model is refused",
+        "max_model_mib": "MiB: a larger incoming model is refused, and a model built larger stops the run "
+                         "before round 1",
         "baseline": "run a FedRewind baseline instead: each node alone, or every node's data on one",
         "eval_every": "FA/FF/PFA every N rounds and after the last (N x N evaluations each time)",
         "metric": "what FA, FF, PFA and the matrix are over: accuracy or a metric the learner returns",
@@ -291,7 +300,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "label_column": "the label column of a node's CSV file",
         "stream": "read a source's Dataset batch by batch from disk, not into memory",
         "workers": "DataLoader worker processes for a streamed set (0: the training thread)",
-        "image_size": "an image folder's image size [height, width] (unset: its first image's)",
+        "image_size": "an image folder's image size [height, width] (unset: its first image's, at most 4096 "
+                      "a side)",
     },
     "model": {
         "name": "a built-in architecture",

@@ -32,6 +32,7 @@ from flmesh import registry
 from flmesh.config import DataConfig, Federation
 from flmesh.learning import partitions
 from flmesh.learning.arrays import ArrayData, DataError, NodeData
+from flmesh.learning.extras import MissingExtra
 from flmesh.topology import sampling
 
 # Stream ids for numpy/torch seeding, so independent uses of one federation seed
@@ -103,7 +104,13 @@ def _load_one(name: str, cfg: DataConfig) -> ArrayData:
         load = registry.datasets.resolve(name)
     except registry.RegistryError as exc:
         raise DataError(str(exc)) from None
-    data = load(cfg)
+    try:
+        data = load(cfg)
+    except (DataError, MissingExtra, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # an installed package's loader raised (or called sys.exit)
+        raise DataError(f"dataset {name!r} raised {type(exc).__name__}: {' '.join(str(exc).split())}"
+                        ) from None
     if not isinstance(data, ArrayData):
         raise DataError(f"dataset {name!r} returned a {type(data).__name__}, not an ArrayData")
     return data
@@ -159,10 +166,14 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
     node trains on its whole partition and tests on held-out samples in its partition's label
     proportions (:func:`~flmesh.learning.partitions.proportional`).
     Every share is a copy: nothing returned keeps the whole data set alive.
+
+    Raises DataError (one line) when a node's partition holds under 2 samples (1 with a held-out
+    test set), and, for the whole federation, when nodes' data differ in input shape or class
+    count (they could not train one model).
     """
     out = _own_files(federation, only)
     if len(out) == (1 if only is not None else len(federation.nodes)):
-        return out
+        return _one_shape(federation, out) if only is None else out
     data = dataset if dataset is not None else load_dataset(federation.data, source)
     from flmesh.learning.streamed import DatasetData, check_streamable
 
@@ -174,6 +185,15 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
                                                 federation.seed)]
     largest = max(len(p) for p in parts)
     held_out = data.held_out
+    need = 1 if held_out is not None else 2  # one sample to train on and one to test on
+    for node in federation.nodes:
+        share = parts[node.partition if node.partition is not None else node.index]
+        if node.data is None and len(share) < need:
+            what = (f"[data] source {federation.data.source!r}" if federation.data.source
+                    else f"[data] dataset {federation.data.dataset!r}")
+            raise DataError(f"{federation.source}: {what}: {node.id}'s share holds {len(share)} of the "
+                            f"{len(pool)} samples split over {len(parts)} nodes; a node needs {need} or more "
+                            "(to train and to test)")
     tests = (partitions.proportional([labels[p] for p in parts], held_out.y.numpy(),
                                      np.random.default_rng([federation.seed, SEED_SPLIT]))
              if held_out is not None else [])
@@ -187,7 +207,22 @@ def federation_data(federation: Federation, dataset: ArrayData | None = None,
         rng = np.random.default_rng([federation.seed, SEED_SPLIT, p])
         train_idx, test_idx = partitions.train_test_split(parts[p], federation.data.test_fraction, rng)
         out[node.id] = NodeData(data.subset(train_idx), data.subset(test_idx), largest)
-    return out
+    return _one_shape(federation, out) if only is None else out
+
+
+def _one_shape(federation: Federation, shares: dict[str, NodeData]) -> dict[str, NodeData]:
+    """``shares``, every node's, when their inputs have one shape and their labels one class count;
+    else DataError naming two nodes that differ."""
+    kinds: dict[tuple[tuple[int, ...], int], str] = {}
+    for node_id, share in shares.items():
+        kinds.setdefault((share.train.input_shape, share.train.num_classes), node_id)
+    if len(kinds) > 1:
+        ((shape, classes), first), ((other, count), second) = list(kinds.items())[:2]
+        unset = "; set [data] classes" if classes != count and federation.data.classes is None else ""
+        raise DataError(f"{federation.source}: {first}'s data has inputs {list(shape)} and {classes} "
+                        f"classes, {second}'s inputs {list(other)} and {count} classes: every node of a "
+                        f"federation needs data of one shape (they train one model){unset}")
+    return shares
 
 
 def _own_files(federation: Federation, only: str | None) -> dict[str, NodeData]:

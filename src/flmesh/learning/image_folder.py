@@ -8,11 +8,12 @@ names in sorted order (label 0 is the first), ``[data] classes`` when set is the
 matched to train's by name); otherwise the caller splits off a seeded test share.
 
 Every image is converted to a float32 tensor in [0, 1], resized to ``[data] image_size = [H,
-W]`` (default: the size of the first image): (1, H, W) when every image of the folder is
-grey-scale (PIL modes ``1``, ``L``, ``LA``, ``I``, ``I;16``, ``F``), else (3, H, W) in RGB.
-Each image's header is read before training, so a file that is not an image is one line
-naming it; the set is then streamed (:mod:`flmesh.learning.streamed`). Blocking: reads the
-folder.
+W]`` (default: the size of the first image, at most 4096 a side): (1, H, W) when every image
+of the folder is grey-scale (PIL modes ``1``, ``L``, ``LA``, ``I``, ``I;16``, ``F``), else
+(3, H, W) in RGB. Each image's header is read before training, so a file that is not an image,
+one that is not a regular file (a named pipe, a device) and one past PIL's decompression-bomb
+bound (some 179 million pixels) are one line naming it; the set is then streamed
+(:mod:`flmesh.learning.streamed`). Blocking: reads the folder.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flmesh.config import DataConfig
+from flmesh.config.schema import MAX_IMAGE_SIDE
 from flmesh.learning.arrays import DataError
 from flmesh.learning.extras import require
 from flmesh.learning.streamed import DatasetData, streamed
@@ -85,7 +87,7 @@ def _load(path: str) -> Any:
         with image.open(path) as im:
             im.load()
             return im.copy()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, image.DecompressionBombError) as exc:
         raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
 
 
@@ -105,10 +107,12 @@ def _check_headers(samples: list[tuple[str, int]]) -> set[str]:
     image = require("PIL.Image", "vision", "an image folder")
     modes = set()
     for path, _ in samples:
+        if not Path(path).is_file():  # a named pipe would block the open, a device never end
+            raise DataError(f"{path}: not a regular file")
         try:
             with image.open(path) as im:
                 modes.add(im.mode)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, image.DecompressionBombError) as exc:
             raise DataError(f"{path}: cannot be read as an image ({' '.join(str(exc).split())})") from None
     return modes
 
@@ -117,6 +121,9 @@ def _first_size(path: str) -> tuple[int, int]:
     image: Any = require("PIL.Image", "vision", "an image folder")
     with image.open(path) as im:
         width, height = im.size
+    if max(width, height) > MAX_IMAGE_SIDE:
+        raise DataError(f"{path}: the first image, {width} x {height} pixels, sets the size every image is "
+                        f"resized to; set [data] image_size = [H, W], at most {MAX_IMAGE_SIDE} a side")
     return int(height), int(width)
 
 

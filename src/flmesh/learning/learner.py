@@ -143,7 +143,9 @@ def load_learner(spec: str | Learner | Any | None) -> Learner:
             raise UserCodeError(str(exc)) from None
         try:
             learner = made()
-        except Exception as exc:  # the user's constructor raised
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the user's constructor raised (or called sys.exit)
             raise UserCodeError(f"{spec!r}: calling it raised {type(exc).__name__}: {exc}") from None
     for method in ("train", "evaluate"):
         if not callable(getattr(learner, method, None)):
@@ -194,7 +196,9 @@ def federation_learner(federation: Federation, training: TrainingConfig, model: 
                       federation.metric)
     except (LearnerError, UserCodeError) as exc:
         raise LearnerError(f"{where}: {exc}") from None
-    except Exception as exc:  # the user's train or evaluate raised on the check's batch
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's train or evaluate raised (or exited) on the check's batch
         raise LearnerError(f"{where}: a check on one batch raised {type(exc).__name__}: {exc}") from None
     return learner
 

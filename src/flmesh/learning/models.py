@@ -11,6 +11,10 @@ weights M_0 from it. ``[model] name`` names a built-in (``mlp``, ``cnn``, ``cnn2
 ``resnet18``; its sizes are the factory's arguments), ``[model] factory`` a registered name or
 an import path ``package.module:callable``. Any model can start from a local state-dict file
 (``[model] weights``).
+
+Every peer refuses a model over ``[federation] max_model_mib`` (its tensors as they travel:
+float32 ones at the ``[wire] dtype``) and one that holds NaN or infinity, so M_0 is checked
+for both when it is built, before round 1 (:func:`federation_model`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from torch import nn
 
 from flmesh import registry
 from flmesh.config import Federation, ModelConfig
+from flmesh.config.checks import mib
 from flmesh.learning.architectures import MLP, FedAvgCNN, SmallCNN, resnet18
 from flmesh.learning.data import SEED_MODEL, derive_seed
 from flmesh.learning.extras import MissingExtra
@@ -125,9 +130,9 @@ class ModelRecipe:
         shapes = self._shape_args(input_shape, num_classes)
         try:
             model = self.factory(**shapes, **self.args)
-        except (ModelError, MissingExtra):
+        except (ModelError, MissingExtra, KeyboardInterrupt):
             raise
-        except Exception as exc:  # the user's factory failed: one line, not a traceback
+        except BaseException as exc:  # the user's factory failed (or called sys.exit): one line
             raise ModelError(f"{self.key} {self.label!r} raised {one_line(exc)}") from None
         if not isinstance(model, nn.Module):
             raise ModelError(f"{self.key} {self.label!r} returned {type(model).__name__}, "
@@ -185,7 +190,9 @@ def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int) -> No
     try:
         with torch.no_grad():
             out = model(sample)
-    except Exception as exc:  # the user's forward failed on the data: one line
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's forward failed on the data (or called sys.exit): one line
         raise ModelError(f"fails on one sample of shape {list(sample.shape)}: {one_line(exc)}") from None
     finally:
         model.train(was_training)
@@ -193,6 +200,35 @@ def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int) -> No
     if got != [1, num_classes]:
         raise ModelError(f"returns {got} for one sample, the data has {num_classes} classes "
                          f"(expected [1, {num_classes}])")
+
+
+def wire_bytes(state: Mapping[str, torch.Tensor], wire_dtype: str = "native") -> int:
+    """The bytes ``state``'s tensors take as they travel: float32 ones at the ``[wire] dtype``
+    (``"float16"``, ``"bfloat16"``: 2 bytes), the others at their own."""
+    half = wire_dtype != "native"
+    return sum(t.numel() * (2 if half and t.dtype == torch.float32 else t.element_size())
+               for t in state.values())
+
+
+def non_finite(state: Mapping[str, torch.Tensor]) -> str | None:
+    """The name of the first floating tensor of ``state`` that holds NaN or infinity, if any."""
+    return next((name for name, t in state.items()
+                 if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+
+
+def check_sendable(model: nn.Module, federation: Federation, which: str) -> None:
+    """Refuse (ModelError, "the model ...") a ``model`` every peer would refuse: one that holds NaN
+    or infinity (``which`` weights: "initial", "trained") or is over ``[federation]
+    max_model_mib`` as it travels."""
+    state = model.state_dict()
+    bad = non_finite(state)
+    if bad is not None:
+        raise ModelError(f"holds NaN or infinity in its {which} weights (tensor {bad!r}); every peer "
+                         "refuses such a model")
+    size, limit = wire_bytes(state, federation.wire.dtype), federation.max_model_mib
+    if size > limit * 2**20:
+        raise ModelError(f"takes {mib(size / 2**20)} MiB as it travels, over [federation] max_model_mib = "
+                         f"{limit:g} (peers refuse larger models)")
 
 
 def federation_model(federation: Federation, input_shape: Sequence[int], num_classes: int,
@@ -214,6 +250,7 @@ def federation_model(federation: Federation, input_shape: Sequence[int], num_cla
         model = factory()
         try:
             check_output(model, sample if sample is not None else torch.zeros(1, *shape), num_classes)
+            check_sendable(model, federation, "initial")
         except ModelError as exc:
             raise ModelError(f"{recipe.key} {recipe.label!r}: the model {exc}") from None
     except ModelError as exc:

@@ -64,7 +64,9 @@ def user_optimizer(path: str, make: Callable[..., Any], model: nn.Module, lr: fl
     ``make(model.parameters(), lr=lr, weight_decay=weight_decay)``. Raises UserCodeError."""
     try:
         optimizer = make(model.parameters(), lr=lr, weight_decay=weight_decay)
-    except Exception as exc:  # the user's callable raised
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's callable raised (or called sys.exit)
         raise UserCodeError(f"[training] optimizer = {path!r}: calling it raised "
                             f"{type(exc).__name__}: {exc}") from None
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -31,9 +31,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from flmesh.config import Federation
+from flmesh.config.schema import MAX_CLASSES
 from flmesh.learning.arrays import ArrayData, DataError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+#: What a label past the class bound is told (a model that wide is a typo, not a plan).
+LABEL_BOUND = f"labels go up to {MAX_CLASSES - 1} ([data] classes is at most {MAX_CLASSES})"
 
 
 
@@ -64,7 +67,9 @@ def item_pair(dataset: Any, i: int, what: str) -> tuple[Any, Any]:
     """Item ``i`` of ``dataset``, checked to be an ``(x, y)`` pair."""
     try:
         item = dataset[i]
-    except Exception as exc:  # the user's Dataset (or a file it reads) raised
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's Dataset (or a file it reads) raised, or called sys.exit
         raise DataError(f"{what}: item {i} raised {type(exc).__name__}: {_one_line(exc)}") from None
     if not isinstance(item, tuple | list) or len(item) != 2:
         raise DataError(f"{what}: item {i} is a {type(item).__name__}, not an (x, y) pair")
@@ -202,6 +207,8 @@ def _check_labels(array: np.ndarray, n: int, what: str, classes: int | None) -> 
     if classes is not None and y.max() >= classes:
         raise DataError(f"{what}: holds the label {y.max()}, but [data] classes = {classes} "
                         f"(labels 0..{classes - 1})")
+    if y.max() >= MAX_CLASSES:
+        raise DataError(f"{what}: holds the label {y.max()}; {LABEL_BOUND}")
     return y
 
 
@@ -216,4 +223,4 @@ def check_streamable(federation: Federation, what: str) -> None:
                         "(use arrays, or a Dataset without [data] stream = true)")
 
 
-__all__ = ["DatasetData", "StreamedInputs", "check_streamable", "streamed"]
+__all__ = ["LABEL_BOUND", "DatasetData", "StreamedInputs", "check_streamable", "streamed"]

@@ -36,12 +36,21 @@ import numpy as np
 import torch
 
 from flmesh.config import DataConfig, Federation
+from flmesh.config.schema import MAX_CLASSES
 from flmesh.learning import partitions
 from flmesh.learning.arrays import ArrayData, DataError, NodeData
 from flmesh.learning.data import SEED_SPLIT
 from flmesh.learning.image_folder import read_image_folder
 from flmesh.learning.node_files import FORMATS, Pair, held_out_pair, read_file
-from flmesh.learning.streamed import DatasetData, as_input, check_streamable, item_pair, label_of, streamed
+from flmesh.learning.streamed import (
+    LABEL_BOUND,
+    DatasetData,
+    as_input,
+    check_streamable,
+    item_pair,
+    label_of,
+    streamed,
+)
 from flmesh.user_code import UserCodeError, load_callable
 
 RETURNS = ("(x, y) arrays or tensors, ((x, y), (x_test, y_test)), a mapping with x and y, "
@@ -63,7 +72,9 @@ def _call(path: str, what: str, kwargs: dict[str, Any], fn: Callable[..., Any] |
             raise DataError(f"{what}: {_one_line(exc)}") from None
     try:
         value = fn(**kwargs)
-    except Exception as exc:  # the user's code raised: one line, not a traceback
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the user's code raised (or called sys.exit): one line, not a traceback
         raise DataError(f"{what} {path!r} raised {type(exc).__name__}: {_one_line(exc)}") from None
     return value
 
@@ -78,7 +89,7 @@ def _sets(value: Any, called: str, what: str, cfg: DataConfig) -> tuple[ArrayDat
     return labelled(train, test, what, cfg.classes)
 
 
-def _one_line(exc: Exception) -> str:
+def _one_line(exc: BaseException) -> str:
     """A user's exception text on one line (its own newlines would break the one-line error)."""
     return " ".join(str(exc).split())
 
@@ -131,7 +142,7 @@ def _inputs(x: Any, what: str, name: str) -> torch.Tensor:
         raise DataError(f"{what}: {name} holds complex numbers, expected real ones")
     if array.ndim == 0:
         raise DataError(f"{what}: {name} is a single number, expected one row per sample")
-    array = array.astype(np.float32)
+    array = array.astype(np.float32, copy=not array.flags.writeable)  # torch shares a writable array
     if array.ndim == 1:
         array = array[:, None]  # one feature per sample
     if not np.isfinite(array).all():
@@ -175,10 +186,12 @@ def labelled(train: Pair, test: Pair | None, what: str,
         raise DataError(f"{what}: x has samples of shape {tuple(sets[0][0].shape[1:])}, "
                         f"x_test {tuple(sets[1][0].shape[1:])}")
     largest = max(int(y.max()) for _, y, _ in sets)
+    suffix = next(s for _, y, s in sets if int(y.max()) == largest)
     if classes is not None and largest >= classes:
-        suffix = next(s for _, y, s in sets if int(y.max()) == largest)
         raise DataError(f"{what}: y{suffix} holds the label {largest}, but [data] classes = {classes} "
                         f"(labels 0..{classes - 1})")
+    if largest >= MAX_CLASSES:
+        raise DataError(f"{what}: y{suffix} holds the label {largest}; {LABEL_BOUND}")
     count = classes if classes is not None else largest + 1
     out = [ArrayData(x, y, count) for x, y, _ in sets]
     return out[0], (out[1] if len(out) == 2 else None)

@@ -68,6 +68,9 @@ class NodeHandlers:
         self.node_id = settings.node_id
         self._evaluations = CallerSlots(EVALS_PER_CALLER)
         self._keeping = threading.Lock()  # one delivery at a time from "is it new" to "it is in"
+        #: member -> why this node refused its Hello (another federation or model): this node cannot
+        #: run with it either, which its own wait for peers says (bounded by the members)
+        self.refused_hello: dict[str, str] = {}
 
     # ------------------------------------------------------------------ checks
     def _member(self, peer_id: str, what: str) -> None:
@@ -160,13 +163,18 @@ class NodeHandlers:
     def hello(self, caller: str | None, node_id: str, federation: str, architecture: str) -> HelloInfo:
         self._member(node_id, "Hello")
         self._same(caller, node_id, "Hello")
+        why = None
         if federation and federation != self.settings.federation.name:
-            raise Refused("FAILED_PRECONDITION", f"{self.node_id} is in federation "
-                          f"{self.settings.federation.name!r}, not {federation!r}")
+            why = f"{self.node_id} is in federation {self.settings.federation.name!r}, not {federation!r}"
         mine = self.model.architecture
-        if architecture and architecture != mine:
-            raise Refused("FAILED_PRECONDITION", f"{self.node_id} runs model {mine}, the caller {node_id!r} "
-                          f"runs {architecture}: every node of a federation needs the same [model]")
+        theirs = architecture.partition(" ")[0]  # the fingerprint; then the data it was built for
+        if why is None and theirs and theirs != mine:
+            why = (f"{self.node_id} runs model {self.model.introduced}, the caller {node_id!r} runs "
+                   f"{architecture}: every node of a federation needs the same [model] and data of one "
+                   "shape")
+        if why is not None:
+            self.refused_hello[node_id] = why
+            raise Refused("FAILED_PRECONDITION", why)
         return HelloInfo(self.node_id, self.settings.federation.name, mine, VERSION,
                          self.activity.last_round)
 

@@ -30,6 +30,7 @@ import torch
 
 from flmesh.config import TrainingConfig
 from flmesh.format.codec import MetaValue, ModelMeta, encode
+from flmesh.learning.models import ModelError, check_sendable
 from flmesh.learning.optimizers import BUILT_IN, load_optimizer_state, optimizer_spec, optimizer_state
 from flmesh.learning.trainer import split_steps, steps_for, train
 from flmesh.runtime.reports import TrainStats
@@ -144,7 +145,18 @@ class LocalTraining:
                     regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
         """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server) in steps. Returns
         the training stats (steps include the rewind node's) and where the rewind ran (None: no
-        rewind, or it failed)."""
+        rewind, or it failed). Raises ModelError (one line) when the trained model is one every
+        peer refuses (NaN or infinity in its weights: training diverged): it is not sent."""
+        stats, rewound_to = self._train_round(round, target, notes, regularizers)
+        with self.model.lock:
+            try:
+                check_sendable(self.model.module, self.settings.federation, "trained")
+            except ModelError as exc:
+                raise ModelError(f"{self.settings.node_id}: round {round}: the model {exc}") from None
+        return stats, rewound_to
+
+    def _train_round(self, round: int, target: str | None, notes: list[str],
+                     regularizers: Sequence[Regularizer]) -> tuple[TrainStats, str | None]:
         if target is None:
             return self.train_local(round, 0, regularizers), None
         cfg = self.settings.training

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from flmesh.clock import REAL_CLOCK, Clock
 from flmesh.transports.errors import PeerError
@@ -21,6 +21,10 @@ log = logging.getLogger("flmesh.node")
 
 #: Seconds between two rounds of polling.
 POLL_INTERVAL_S = 0.25
+
+
+class HelloRefused(ValueError):
+    """This node refused a needed peer's Hello (another federation or model); one line."""
 
 
 def poll_until(pending: Iterable[str], settled: Callable[[str], bool], timeout: float,
@@ -44,13 +48,18 @@ def poll_until(pending: Iterable[str], settled: Callable[[str], bool], timeout: 
 def wait_for_peers(transport: PeerTransport, me: str, federation: str, architecture: str,
                    needed: Iterable[str], timeout: float, stop: threading.Event, *,
                    clock: Clock = REAL_CLOCK, refresh: Callable[[], None] | None = None,
-                   failures: dict[str, PeerError] | None = None) -> list[str]:
+                   failures: dict[str, PeerError] | None = None,
+                   refused: Mapping[str, str] | None = None) -> list[str]:
     """Poll Hello on every needed peer until all answer or ``timeout`` passes; the silent ones.
     ``failures`` (when given) gets each silent peer's last error, to say why it was silent.
+    ``architecture`` is what Hello sends (:attr:`ModelState.introduced`).
 
     A refusal that retrying cannot mend (another federation or model, an
-    unknown node) is raised as PeerError."""
+    unknown node) is raised as PeerError; a peer whose own Hello this node refused (``refused``:
+    the handlers' record, peer -> why) as HelloRefused, at once: it cannot run with this node."""
     def answered(peer: str) -> bool:
+        if refused is not None and peer in refused:
+            raise HelloRefused(f"this node refused {peer}'s Hello: {refused[peer]}")
         if not transport.knows(peer):
             return False
         try:

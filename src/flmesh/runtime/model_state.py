@@ -31,12 +31,13 @@ Tensors = dict[str, torch.Tensor]
 class ModelState:
     def __init__(self, factory: Callable[[], nn.Module], device: torch.device, name: str,
                  initial: nn.Module | None = None, learner: Learner = DEFAULT_LEARNER,
-                 compute: Compute = UNGATED):
+                 compute: Compute = UNGATED, built_for: str = ""):
         """``factory``: a fresh model with the initial weights M_0 (on the CPU); ``name``: the
         architecture's name, the start of its fingerprint; ``initial``: a model ``factory``
         already built, kept as the node's own (None: built here); ``learner``: what trains and
         evaluates it (stateless, shared by every caller); ``compute``: the gate its training
-        and evaluations hold (:mod:`flmesh.learning.compute`)."""
+        and evaluations hold (:mod:`flmesh.learning.compute`); ``built_for``: the data it was
+        built for, in words ("inputs [64], 3 classes"), which Hello shows a peer."""
         self.new_model = factory
         self.learner = learner
         self.compute = compute
@@ -48,6 +49,13 @@ class ModelState:
         self.spare = ModelPool(factory, device)  # copies that RPC handlers work on
         self.spec: ModelSpec = model_spec(self.module.state_dict())
         self.architecture = fingerprint(name, self.spec)  # what Hello and every message compare
+        self.built_for = built_for
+
+    @property
+    def introduced(self) -> str:
+        """What Hello sends: the fingerprint, then (after a space) the data the model was built
+        for, so a node that runs another model can say how the two differ."""
+        return f"{self.architecture} ({self.built_for})" if self.built_for else self.architecture
 
     @classmethod
     def for_federation(cls, federation: Federation, task: Task, data: ArrayData, device: torch.device,
@@ -61,7 +69,8 @@ class ModelState:
                                                    task.recipe)
         training = training or federation.training
         learner = federation_learner(federation, training, initial, data, task.learner_for(training))
-        state = cls(factory, device, label, initial, learner, compute)
+        built_for = f"inputs {list(data.input_shape)}, {data.num_classes} classes"
+        state = cls(factory, device, label, initial, learner, compute, built_for)
         state.make_optimizer = task.optimizer
         return state
 

@@ -102,6 +102,12 @@ def parse_sweep(items: Sequence[str]) -> list[tuple[str, list[str]]]:
             raise SweepError(f"--sweep {key}: given twice (list all its values in one flag)")
         if key == "federation.seed":
             raise SweepError("--sweep federation.seed: use --seeds")
+        folders = [_UNSAFE.sub("_", v) for v in values]  # what names each run's folder
+        for i, folder in enumerate(folders):
+            if folder in folders[:i]:
+                first = values[folders.index(folder)]
+                raise SweepError(f"--sweep {key}: {first} is listed twice in {text!r}" if first == values[i]
+                                 else f"--sweep {key}: {first!r} and {values[i]!r} would run in one folder")
         grid.append((key, values))
     return grid
 

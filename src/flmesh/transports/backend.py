@@ -34,6 +34,7 @@ from flmesh.transports.seam import (
     ReplayHandlers,
     ReplayTransport,
 )
+from flmesh.user_code import UserCodeError
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,13 @@ def create(name: str, settings: TransportSettings) -> Backend:
     """The backend registered as ``name`` (:data:`flmesh.registry.transports`), made for
     ``settings``. Raises :class:`~flmesh.registry.RegistryError` for an unknown name, and
     ValueError (one line) for settings the backend cannot honour."""
-    backend: Backend = registry.transports.resolve(name)(settings)
+    factory = registry.transports.resolve(name)
+    try:
+        backend: Backend = factory(settings)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # a user's backend called sys.exit: one line, not a silent exit 0
+        raise UserCodeError(f"transport {name!r}: building it raised {type(exc).__name__}: {exc}") from None
     return backend
 
 
