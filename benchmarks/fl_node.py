@@ -9,14 +9,13 @@ addresses handed out through ready and peers files, as examples/four-nodes/run.s
 alternated with the control: ``fl-sim`` on the same file. Printed per way, min and median
 over the runs: launch until every node listens, the whole run's wall time, and the seconds
 per round (a round's mean ``wall_s`` over the nodes' rows: fl-node's; fl-sim's rows:
-its peer rounds' span). ``--threads`` sets ``OMP_NUM_THREADS`` for each fl-node process
-(default 1: K processes share the machine's cores, as run.sh's do; 0: torch's default).
+its peer rounds' span). ``--threads`` is each fl-node's ``--threads`` (default 1: K processes
+share the machine's cores, as run.sh's do; 0: leave it out, torch's default of one per core).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -45,15 +44,15 @@ def fl_nodes(work: Path, fed: Path, nodes: int, threads: int) -> dict[str, float
                        capture_output=True)
     run = work / f"run-{time.monotonic_ns()}"
     run.mkdir()
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     start = time.perf_counter()
     logs = {i: open(run / f"{i}.log", "w") for i in ids}
     procs = [subprocess.Popen([str(BIN / "fl-node"), "--id", i, "--federation", str(fed), "--out",
                                str(run / i), "--listen", "127.0.0.1:0", "--tls-ca", str(pki / "ca.pem"),
                                "--tls-cert", str(pki / f"{i}.pem"), "--tls-key", str(pki / f"{i}.key"),
                                "--ready-file", str(run / f"{i}.addr"),
-                               "--peers-file", str(run / "peers.json")],
-                              env=env, stdout=subprocess.DEVNULL, stderr=logs[i])
+                               "--peers-file", str(run / "peers.json"),
+                               *(["--threads", str(threads)] if threads else [])],
+                              stdout=subprocess.DEVNULL, stderr=logs[i])
              for i in ids]
 
     def failed() -> SystemExit:
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per fl-node (0: torch's default)")
+    p.add_argument("--threads", type=int, default=1, help="fl-node --threads (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="one run of each, 3 rounds")
     add_json_flag(p, "fl_node")
     args = p.parse_args(argv)
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             got["fl-node"].append(fl_nodes(work, fed, args.nodes, args.threads))
             got["fl-sim"].append(fl_sim(work, fed))
     print(f"# {args.nodes} nodes, CWT, digits, MLP 64, {rounds} rounds, {runs} run(s); "
-          f"OMP_NUM_THREADS per fl-node: {args.threads or 'default'}")
+          f"fl-node --threads: {args.threads or 'torch default'}")
     print(f"{'way':8}  {'listening s':>16}  {'whole run s':>16}  {'per round s':>16}")
     results: dict[str, dict[str, dict[str, float]]] = {}
     for way, values in got.items():

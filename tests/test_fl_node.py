@@ -159,6 +159,7 @@ def test_an_aggregator_that_cannot_draw_its_pictures_says_so_in_one_line(tmp_pat
         (["--set", "training.lr=0"], "[training] lr: expected a number > 0, got 0"),
         (["--hello-timeout", "-5"], "--hello-timeout: expected a number of seconds > 0 and <= 86400, got -5"),
         (["--hello-timeout", "inf"], "expected a number of seconds > 0 and <= 86400, got inf"),
+        (["--threads", "0"], "--threads: expected an integer from 1 to 1024, got 0"),
         (["--ready-file", "/proc/nope/addr"], "--ready-file /proc/nope/addr: cannot write it"),
         (["--peers-file", "/dev/null"], "--peers-file /dev/null: not a regular file"),
         (["--out", "WITH_A_CHECKPOINT"], "holds a checkpoint of an earlier run: pass --resume"),
@@ -237,6 +238,23 @@ def test_silent_peers_are_named_after_the_hello_deadline(tmp_path, capsys):
     assert f"fl-node a: listening on {ready.read_text().strip()}" in out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["rounds"] == 0 and "b" in summary["error"]
+
+
+def test_threads_sets_torchs_threads_for_the_node(tmp_path, capsys):
+    """Several fl-node processes on one machine each take their share of its cores."""
+    import torch
+
+    fed = federation_file(tmp_path, ["a", "b", "c"], rounds=2)
+    before = torch.get_num_threads()
+    try:
+        assert main(["--id", "a", "--federation", str(fed), "--hello-timeout", "0.5", "--listen",
+                     "127.0.0.1:0", "--peer", "b=127.0.0.1:1", "--peer", "c=127.0.0.1:1", "--out",
+                     str(tmp_path / "out"), "--insecure", "--threads", str(before + 1)]) == 1
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
+    record = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert record["threads"] == before + 1
 
 
 @pytest.mark.parametrize(

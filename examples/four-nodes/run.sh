@@ -27,11 +27,15 @@ if [ "$insecure" -eq 0 ]; then
 fi
 
 ids=$(python3 -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["nodes"]))' "$file")
+# The nodes share this machine's cores: torch's default (a thread per core in every process)
+# would have them spin-wait against each other between operators.
+count=$(echo $ids | wc -w)
+threads=$(( $(nproc) / count )); [ "$threads" -ge 1 ] || threads=1
 pids=()
 for id in $ids; do
   tls=()
   [ "$insecure" -eq 0 ] && tls=(--tls-ca "$work/pki/ca.pem" --tls-cert "$work/pki/$id.pem" --tls-key "$work/pki/$id.key")
-  "$fl_node" --id "$id" --federation "$file" --listen 127.0.0.1:0 "${tls[@]}" \
+  "$fl_node" --id "$id" --federation "$file" --listen 127.0.0.1:0 --threads "$threads" "${tls[@]}" \
     --ready-file "$work/$id.addr" --peers-file "$work/peers.json" "$@" &
   pids+=($!)
 done

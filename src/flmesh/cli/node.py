@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flmesh.node")
 
+#: The most torch threads ``--threads`` gives a node.
+MAX_THREADS = 1024
+
 
 class UsageError(ValueError):
     """A command-line value is wrong; the message is one line."""
@@ -91,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='the label column of a .csv --data file (default: [data] label_column, "label")')
     p.add_argument("--data-source", metavar="package.module:callable",
                    help="user code returning this node's data; called with node_id= and [data.args]")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch's threads for this node's training and evaluation (default: torch's, one "
+                        "per core); give each of several fl-node processes on one machine its share of "
+                        "the cores")
     add_ops_options(p)
     add_tls_options(p)
     return p
@@ -192,6 +199,14 @@ def prepare(args: argparse.Namespace) -> NodeRun:
         check_seconds("--hello-timeout", args.hello_timeout)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.threads is not None:
+        if not 1 <= args.threads <= MAX_THREADS:
+            raise UsageError(f"--threads: expected an integer from 1 to {MAX_THREADS}, got {args.threads}")
+        import torch
+
+        # Process-wide: an fl-node process hosts one node. Several processes each running torch's
+        # thread per core on one machine spin-wait against each other between operators.
+        torch.set_num_threads(args.threads)
     federation = load_federation(args.federation, args.overrides)
     federation.node(args.id)
     federation, data, origin = own_data(args, federation)

@@ -126,6 +126,13 @@ def device_of(federation: Federation) -> str:
     return str(select_device(federation.training.device))
 
 
+def _torch_threads() -> int:
+    """torch's intra-op threads in this process (a run's speed depends on them)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
@@ -147,8 +154,8 @@ def write_record(folder: Path, federation: Federation, *, writer: str, command: 
               "command": list(command) if command is not None else None, "file": federation.source,
               "base_dir": base, "federation": FEDERATION_FILE, "federation_sha256": _digest(header + text),
               "seed": federation.seed, "transport": transport, "tls": tls, "python_code": code,
-              "device": device_of(federation), "versions": versions(), "platform": platform.platform(),
-              "started": _now(), "resumed": []}
+              "device": device_of(federation), "threads": _torch_threads(), "versions": versions(),
+              "platform": platform.platform(), "started": _now(), "resumed": []}
     write_atomic(folder / RUN_FILE, json.dumps(record, indent=2) + "\n")
 
 
