@@ -4,8 +4,8 @@
     python benchmarks/overhead.py --quick    # 1 run each, 2 rounds per job
 
 Two jobs: the FedAvg example (examples/fedavg.toml) and the quick start
-(examples/quickstart.toml). Each is run as a whole process, start-up included, three
-ways, alternated so that all three see the same phases of the machine:
+(examples/quickstart.toml). Each is run as a whole process, start-up included, four
+ways, alternated so that all of them see the same phases of the machine:
 
 - ``plain``: ``benchmarks/plain_loop.py FILE`` (the same split, model, seeds, batches and
   evaluations in one loop), with torch's default threads, as a user would run it;
@@ -17,6 +17,11 @@ ways, alternated so that all three see the same phases of the machine:
   user's import path (``factory = "flmesh.learning.models:mlp"`` and its
   ``[model.args]``): what bringing one's own model costs (it should be nothing: the same
   weights, the same numbers).
+
+A third job is training-bound: the FedAvg example with ``hidden = [1024, 1024]`` (a 4.4 MB
+model), run whole at 10 and at 30 rounds (``--rounds R``: R and 3R), so that the start-up
+cancels out: its CPU seconds per round, ``(CPU at 30 - CPU at 10) / 20``, of fl-sim against
+the one-thread loop's.
 
 Reports medians of wall seconds, CPU seconds (user + system) and peak memory (Pss summed
 over the process and its descendants, from /proc/PID/smaps_rollup every 0.25 s), and the
@@ -39,6 +44,8 @@ from typing import Any
 from _common import BIN, REPO, Measured, add_json_flag, measure, write_json
 
 JOBS = {"fedavg": REPO / "examples/fedavg.toml", "quickstart": REPO / "examples/quickstart.toml"}
+#: The training-bound job: the FedAvg example with a wide MLP, measured per round.
+LARGE = ("fedavg", "[1024, 1024]")
 WAYS = ("plain", "plain, 1 thread", "fl-sim", "fl-sim, factory")
 FACTORY = '[model]\nfactory = "flmesh.learning.models:mlp"\n\n[model.args]\nhidden = \\1\n'
 PSS_EVERY_S = 0.25  # smaps_rollup walks page tables: sampled more often, it slows what it measures
@@ -63,6 +70,25 @@ def job_file(name: str, rounds: int | None, work: Path) -> Path:
         raise SystemExit(f"{JOBS[name]}: no single 'rounds = N' line to shorten")
     (work / f"{name}.toml").write_text(text)
     return work / f"{name}.toml"
+
+
+def large_file(rounds: int, work: Path) -> Path:
+    """The training-bound job's federation file at ``rounds`` rounds (a copy in ``work``)."""
+    name, hidden = LARGE
+    text = job_file(name, rounds, work).read_text()
+    text, found = re.subn(r"(?m)^hidden = \[[\d, ]*\]$", f"hidden = {hidden}", text)
+    if found != 1:
+        raise SystemExit(f"{JOBS[name]}: no single 'hidden = [...]' line to widen")
+    (work / f"large-{rounds}.toml").write_text(text)
+    return work / f"large-{rounds}.toml"
+
+
+def per_round(short: dict[str, Any], long: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """CPU seconds per round of each way, from the medians of a run ``rounds`` rounds longer."""
+    cpu = {w: (long["ways"][w]["cpu_s"] - short["ways"][w]["cpu_s"]) / rounds for w in WAYS}
+    return {"cpu_s_per_round": cpu, "cpu_vs_plain_1_thread": cpu["fl-sim"] / cpu["plain, 1 thread"],
+            "factory_cpu_vs_plain_1_thread": cpu["fl-sim, factory"] / cpu["plain, 1 thread"],
+            "runs": {"short": short, "long": long}}
 
 
 def factory_file(file: Path, work: Path) -> Path:
@@ -104,7 +130,8 @@ def run_job(name: str, file: Path, repeats: int, work: Path) -> dict[str, Any]:
               "pss_vs_plain": sim["peak_pss_mib"] / plain["peak_pss_mib"],
               "factory_wall_vs_plain": factory["wall_s"] / plain["wall_s"],
               "factory_cpu_vs_plain_1_thread": factory["cpu_s"] / one["cpu_s"]}
-    return {"file": str(JOBS[name].relative_to(REPO)), "ways": ways, "ratios": ratios}
+    source = JOBS[name].relative_to(REPO) if name in JOBS else file.name
+    return {"file": str(source), "ways": ways, "ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (2 if args.quick else None)
     if repeats < 1 or (rounds is not None and rounds < 1):
         p.error("--repeats and --rounds must be at least 1")
+    short = rounds or 10
     with tempfile.TemporaryDirectory() as tmp:
         jobs = {name: run_job(name, job_file(name, rounds, Path(tmp)), repeats, Path(tmp)) for name in JOBS}
+        large = per_round(*(run_job(f"large-{r}", large_file(r, Path(tmp)), repeats, Path(tmp))
+                            for r in (short, 3 * short)), 2 * short)
     print(f"\nMedians of {repeats} alternated run(s) per way; whole processes, start-up included; "
           "memory: peak Pss of the process tree\n")
     print("| job | way | wall s | CPU s | peak MiB | final accuracy (%) |")
@@ -137,9 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {r['wall_vs_plain']:.2f}x | {r['cpu_vs_plain_1_thread']:.2f}x "
               f"| {r['pss_vs_plain']:.2f}x | {r['factory_wall_vs_plain']:.2f}x, "
               f"{r['factory_cpu_vs_plain_1_thread']:.2f}x |")
+    cpu = large["cpu_s_per_round"]
+    print(f"\n{LARGE[0]} with hidden = {LARGE[1]}, CPU seconds per round ({3 * short} rounds against "
+          f"{short}): plain on 1 thread {cpu['plain, 1 thread']:.3f}, fl-sim {cpu['fl-sim']:.3f} "
+          f"({large['cpu_vs_plain_1_thread']:.2f}x), factory MLP {cpu['fl-sim, factory']:.3f} "
+          f"({large['factory_cpu_vs_plain_1_thread']:.2f}x)")
     seeds = sorted({int(m) for f in JOBS.values()
                     for m in re.findall(r"(?m)^seed = (\d+)", f.read_text())})
-    write_json(args.json, "overhead", {"repeats": repeats, "rounds": rounds, "jobs": jobs}, seeds)
+    write_json(args.json, "overhead", {"repeats": repeats, "rounds": rounds, "jobs": jobs,
+                                       "large_per_round": {"job": LARGE[0], "hidden": LARGE[1],
+                                                           "rounds": [short, 3 * short], **large}}, seeds)
     return 0
 
 

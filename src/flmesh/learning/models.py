@@ -212,8 +212,10 @@ def wire_bytes(state: Mapping[str, torch.Tensor], wire_dtype: str = "native") ->
 
 def non_finite(state: Mapping[str, torch.Tensor]) -> str | None:
     """The name of the first floating tensor of ``state`` that holds NaN or infinity, if any."""
-    return next((name for name, t in state.items()
-                 if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    # NaN and infinities always reach a sum: a finite sum settles it in one read-only pass
+    # (isfinite().all() writes a whole mask first); only an overflowing sum is looked at closely.
+    return next((name for name, t in state.items() if t.is_floating_point()
+                 and not (bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all()))), None)
 
 
 def check_sendable(model: nn.Module, federation: Federation, which: str) -> None:
