@@ -47,7 +47,7 @@ epsilon = 10.0
 
 def federation_file(tmp_path: Path, ids: list[str], *, rounds: int, extra: str = "",
                     node_extra: dict[str, str] | None = None, timeout: float = 60,
-                    graph: str = "ring") -> Path:
+                    graph: str = "ring", schedule: str = "cwt") -> Path:
     nodes = "".join(f"[nodes.{i}]\n{(node_extra or {}).get(i, '')}\n" for i in ids)
     path = tmp_path / "fed.toml"
     path.write_text(f"""
@@ -59,6 +59,7 @@ round_timeout_s = {timeout}
 
 [topology]
 graph = "{graph}"
+schedule = "{schedule}"
 
 [training]
 epochs = 1

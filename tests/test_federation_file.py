@@ -119,7 +119,7 @@ MALFORMED = [
     ("channels = [8]", "channels = [8, 0]", "[model] channels: expected a non-empty list of positive"),
     ('graph = "ring"', 'graph = "path"', "[topology] schedule 'cwt': the graph has no cycle"),
     ('graph = "ring"', 'graph = "nosuch"', "[topology] unknown graph 'nosuch'"),
-    ('graph = "ring"', 'schedule = "gossip"', "[topology] schedule: expected one of 'cwt'"),
+    ('graph = "ring"', 'schedule = "rumour"', "[topology] schedule: expected one of 'cwt'"),
     ("nodes = 4", "nodes = 1", "[topology] nodes: expected an integer >= 2, got 1"),
     ("nodes = 4\n", "", "[topology] nodes: required: give the node count"),
     ("[model]", "[modle]", "[modle]: unknown section"),

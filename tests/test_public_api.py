@@ -20,7 +20,7 @@ from conftest import tiny_raw
 SURFACE = ["load_federation", "Federation", "FederationError", "Simulation", "Node", "Algorithm",
            "ClientHalf", "ServerHalf", "ClientContext", "ServerContext", "Update", "ArrayData", "NodeData",
            "Param", "register_algorithm", "Learner", "TrainContext", "EvalContext", "register_model",
-           "load_tls_identity",
+           "load_tls_identity", "Schedule", "Hop", "Neighbours", "register_schedule",
            "__version__"]
 
 SIGNATURES = {
@@ -47,8 +47,9 @@ SIGNATURES = {
 }
 
 PLUGIN_METHODS = {
-    "Algorithm": ["client", "enabled", "gossip", "is_strategy", "kind", "name", "params", "published_spec",
-                  "refiner", "server", "settings", "update_spec"],
+    "Algorithm": ["client", "enabled", "gossip", "is_peer_strategy", "is_strategy", "kind", "name",
+                  "neighbourhood", "params", "published_spec", "refiner", "refuse_neighbourhood", "server",
+                  "settings", "update_spec"],
     "ClientHalf": ["after_task_change", "after_update", "checkpoint", "extra_training_data", "objective",
                    "on_task_change", "privacy_spent", "regularizers", "restore", "update_extras"],
     "ServerHalf": ["absorb", "aggregate", "checkpoint", "published_extras", "restore"],

@@ -103,7 +103,12 @@ def test_fl_sim_writes_rounds_and_summary(tiny_file, tmp_path, capsys):
     assert all(r["schema_version"] == summary["schema_version"] == 3 for r in rows)
     assert summary["bytes_per_round"] > 0 and summary["final"]["round"] == 2
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "per_class.png").stat().st_size > 0
-    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
+    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png",
+                                                                         "exchange.png"))
+    for row in rows:  # the nodes' spread on the common test split, their models' consensus distance
+        assert row["min_accuracy"] <= row["mean_accuracy"] <= row["max_accuracy"]
+        assert row["consensus_distance"] > 0
+        assert [n["models_sent"] for n in row["nodes"].values()] == [1 if row["round"] < 2 else 0] * 3
     printed = capsys.readouterr().out
     assert "FA %" in printed and "PFA %" in printed
 
@@ -172,7 +177,8 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     assert f"tiny: round {summary['rounds']}/500: FA " in printed and str(out) in printed
     assert f"to go on: fl-sim --resume {out}" in printed
     assert 1 <= json.loads((out / "checkpoints" / "round.json").read_text())["round"] <= summary["rounds"]
-    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png"))
+    assert sorted(summary["pictures"]) == sorted(str(out / n) for n in ("accuracy.png", "per_class.png",
+                                                                         "exchange.png"))
 
 
 @pytest.mark.parametrize("baseline", ["standalone", "joint"])

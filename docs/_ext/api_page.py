@@ -31,6 +31,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Data", ["ArrayData", "NodeData"]),
     ("Writing an algorithm", ["Algorithm", "ClientHalf", "ServerHalf", "ClientContext", "ServerContext",
                               "Update", "Param", "register_algorithm"]),
+    ("Writing a schedule", ["Schedule", "Hop", "Neighbours", "register_schedule"]),
 ]
 
 HEADER = """\

@@ -26,6 +26,9 @@ versions::
   to name a model factory for federation files.
 - Data: :class:`ArrayData` (labelled tensors) and :class:`NodeData` (a node's training and
   test split).
+- Schedules: :class:`Schedule` (who exchanges with whom each round), the :class:`Hop` of a
+  walk and the :class:`Neighbours` of neighbour averaging, and :func:`register_schedule` to
+  name one for federation files (docs/custom.md).
 - :mod:`flmesh.testing`: run a small federation in a test with one call.
 - ``__version__``: the installed version ("unknown" in a source tree never installed).
 
@@ -66,6 +69,10 @@ _EXPORTS = {
     "register_model": "flmesh.learning.models",
     "ArrayData": "flmesh.learning.arrays",
     "NodeData": "flmesh.learning.arrays",
+    "Schedule": "flmesh.topology.schedules",
+    "Hop": "flmesh.topology.schedules",
+    "Neighbours": "flmesh.topology.gossip",
+    "register_schedule": "flmesh.registry",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -88,8 +95,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from flmesh.learning.learner import TrainContext as TrainContext
     from flmesh.learning.models import register_model as register_model
     from flmesh.registry import register_algorithm as register_algorithm
+    from flmesh.registry import register_schedule as register_schedule
     from flmesh.runtime.node import Node as Node
     from flmesh.sim.simulation import Simulation as Simulation
+    from flmesh.topology.gossip import Neighbours as Neighbours
+    from flmesh.topology.schedules import Hop as Hop
+    from flmesh.topology.schedules import Schedule as Schedule
     from flmesh.transports.grpc.tls import load_tls_identity as load_tls_identity
 
 

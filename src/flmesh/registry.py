@@ -166,7 +166,7 @@ def _callable(obj: Any, where: str) -> Any:
 # ---------------------------------------------------------------------- algorithms
 #: The kinds of algorithm plug-in: named by ``[aggregator] strategy``, by ``[training]
 #: objective``, or switched on by a section of their own (``[replay]``).
-ALGORITHM_KINDS = ("strategy", "objective", "data")
+ALGORITHM_KINDS = ("strategy", "peers", "objective", "data")
 
 
 def _is_algorithm_class(cls: type) -> bool:
@@ -261,6 +261,9 @@ schedules: Registry[Callable[..., Any]] = Registry("schedule", "flmesh.schedules
     "cwt": "flmesh.topology.schedules:CyclicSchedule",
     "rwt": "flmesh.topology.schedules:RandomSchedule",
     "standalone": "flmesh.topology.schedules:StandaloneSchedule",
+    "gossip": "flmesh.topology.gossip:GossipSchedule",
+    "epidemic": "flmesh.topology.gossip:EpidemicSchedule",
+    "exponential": "flmesh.topology.gossip:ExponentialSchedule",
 }, adapt=_callable)
 
 #: Transport backends (``fl-sim --transport``, ``Simulation(transport=...)``).
@@ -287,6 +290,14 @@ def register_algorithm(cls: Any) -> Any:
     return algorithms.register_plugin(cls)
 
 
+def register_schedule(name: str, factory: Callable[..., Any]) -> None:
+    """Make ``[topology] schedule = "name"`` build with ``factory(graph, seed=...)`` (a class
+    following :class:`flmesh.Schedule`; an installed package can declare an entry point of
+    ``flmesh.schedules`` instead). Not thread-safe: register at import time, before any
+    federation is built. Raises ValueError for a name already taken."""
+    schedules.register(name, factory)
+
+
 __all__ = ["ALGORITHM_KINDS", "REGISTRIES", "AlgorithmError", "AlgorithmRegistry", "Registry",
            "RegistryError", "algorithms", "as_algorithm", "datasets", "learners", "models",
-           "register_algorithm", "schedules", "transports"]
+           "register_algorithm", "register_schedule", "schedules", "transports"]

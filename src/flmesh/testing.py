@@ -16,6 +16,7 @@ Blocking; not thread-safe (drive a cluster from one thread).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node, NodeOptions, join_aggregator, parts_of
 from flmesh.runtime.parts import NodeParts
 from flmesh.runtime.reports import RoundReport, StarReport
+from flmesh.topology.gossip import averages
 from flmesh.topology.tasks import task_of
 from flmesh.transports.backend import Backend, TransportSettings, create
 from flmesh.transports.memory.network import MemoryNetwork
@@ -60,7 +62,10 @@ class Cluster:
         star = federation.aggregator is not None
         ids = (*federation.node_ids, "aggregator")
         self.backend: Backend = create(transport, TransportSettings(federation, ids, simulation=True))
-        self.clock: Clock = REAL_CLOCK if self.backend.wire else ManualClock()
+        # An averaging round waits for the neighbours' models of the same round, which only
+        # nodes running at once can send: those rounds run on threads, on the real clock.
+        self.averages = averages(federation.schedule())
+        self.clock: Clock = REAL_CLOCK if self.backend.wire or self.averages else ManualClock()
         self.aggregator: Aggregator | None = None
         address = None
         if star:
@@ -99,9 +104,14 @@ class Cluster:
                 p.continual.release(p.plugins, task_of(stream, t))
 
     def peer_round(self, t: int) -> dict[str, RoundReport]:
-        """Round ``t`` of a decentralized federation: every node in turn; their reports."""
+        """Round ``t`` of a decentralized federation: every node in turn (with an averaging
+        schedule, every node at once, on its own thread); their reports."""
         self.release(t)
-        return {nid: p.peer_round.run(t) for nid, p in self.parts.items()}
+        if not self.averages:
+            return {nid: p.peer_round.run(t) for nid, p in self.parts.items()}
+        with ThreadPoolExecutor(max_workers=len(self.parts)) as pool:
+            running = {nid: pool.submit(_average_round, p, t) for nid, p in self.parts.items()}
+            return {nid: future.result() for nid, future in running.items()}
 
     def star_round(self, t: int) -> tuple[RoundRow, dict[str, StarReport]]:
         """Round ``t`` around the aggregator: its row and every node's report."""
@@ -150,6 +160,11 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _average_round(p: NodeParts, t: int) -> RoundReport:
+    assert p.average_round is not None
+    return p.average_round.run(t)
 
 
 def run(federation: Federation, transport: str = "memory", task: Task | None = None) -> dict[str, Tensors]:

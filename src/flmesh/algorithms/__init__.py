@@ -17,8 +17,9 @@ from flmesh import registry
 from flmesh.algorithms.base import Algorithm
 from flmesh.config import Federation, TrainingConfig
 
-#: The order client halves are consulted in: objectives, strategies, then data plug-ins.
-_KIND_ORDER = {"objective": 0, "strategy": 1, "data": 2}
+#: The order client halves are consulted in: objectives, strategies (a star's or the peers'), then
+#: data plug-ins.
+_KIND_ORDER = {"objective": 0, "strategy": 1, "peers": 1, "data": 2}
 
 
 def load(name: str) -> Algorithm:
@@ -40,6 +41,8 @@ def named_by(federation: Federation) -> list[str]:
     found = dict.fromkeys(registry.algorithms.builtin_names())
     if federation.aggregator is not None:
         found[federation.aggregator.strategy] = None
+    if federation.peers is not None:
+        found[federation.peers.strategy] = None
     for node in federation.nodes:
         found[node.training.objective] = None
     found.update(dict.fromkeys(federation.algorithms))
@@ -61,4 +64,12 @@ def strategy(federation: Federation) -> Algorithm:
     return load(federation.aggregator.strategy)
 
 
-__all__ = ["Algorithm", "for_node", "load", "named_by", "strategy"]
+def peer_strategy(federation: Federation) -> Algorithm:
+    """The plug-in whose server half every node of an averaging schedule runs (``[peers] strategy``)."""
+    if federation.peers is None:
+        raise ValueError(f"{federation.source}: schedule {federation.topology.schedule!r} does not average "
+                         "neighbours' models, so no [peers] strategy")
+    return load(federation.peers.strategy)
+
+
+__all__ = ["Algorithm", "for_node", "load", "named_by", "peer_strategy", "strategy"]

@@ -93,6 +93,7 @@ class ServerContext:
     replay_host: ReplayHost | None = None  # the replay buffer, when this process hosts it
     compute: Compute = UNGATED  # the gate server-side training holds (a simulation's)
     settings: Settings = field(default_factory=lambda: NO_SETTINGS)  # the plug-in's (Algorithm.settings)
+    node_id: str | None = None  # the node it combines neighbours' models on (None: the aggregator)
 
 
 class ReplayHost(Protocol):
@@ -214,12 +215,16 @@ class RefinedServer(ServerHalf):
 
 
 class Algorithm:
-    """A registered plug-in. Subclasses set ``name``, ``kind`` ("strategy", "objective" or
-    "data"), the ``params`` they read, and override what they need."""
+    """A registered plug-in. Subclasses set ``name``, ``kind`` ("strategy": an aggregator's,
+    "peers": only a neighbourhood's, "objective" or "data"), the ``params`` they read, and
+    override what they need."""
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "strategy"
     params: ClassVar[tuple[Param, ...]] = ()
+    #: A strategy that can combine a neighbourhood's models: a node of a neighbour-averaging
+    #: schedule runs its server half on its own model and those that came (``[peers] strategy``).
+    neighbourhood: ClassVar[bool] = False
 
     def settings(self, federation: Federation) -> Settings:
         """This plug-in's parameters in ``federation``, typed as its ``params`` declare them
@@ -236,6 +241,16 @@ class Algorithm:
         """Is this plug-in ``federation``'s ``[aggregator] strategy`` (by name or import path)?"""
         agg = federation.aggregator
         return agg is not None and agg.strategy in (self.name, _path(self))
+
+    def is_peer_strategy(self, federation: Federation) -> bool:
+        """Is this plug-in ``federation``'s ``[peers] strategy`` (by name or import path)?"""
+        peers = federation.peers
+        return peers is not None and peers.strategy in (self.name, _path(self))
+
+    def refuse_neighbourhood(self, federation: Federation) -> str | None:
+        """Why this ``[peers] strategy`` cannot combine models on ``federation``'s graph and
+        schedule (None: it can); said in one line before any traffic."""
+        return None
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         """Does a node with ``training`` run this algorithm's client half in ``federation``?"""

@@ -82,6 +82,7 @@ class FedAvgServer(ServerHalf):
 class FedAvg(Algorithm):
     name = "fedavg"
     kind = "strategy"
+    neighbourhood = True
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name

@@ -19,6 +19,7 @@ class MedianServer(ServerHalf):
 class Median(Algorithm):
     name = "median"
     kind = "strategy"
+    neighbourhood = True
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         return federation.aggregator is not None and federation.aggregator.strategy == self.name

@@ -8,6 +8,7 @@ pass over the node's batches).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,15 @@ class ReplayConfig:
     min_count: int = 5
     host: str | None = None
     server_epochs: float = 1.0
+
+
+def _keywords(factory: Callable[..., Any]) -> set[str]:
+    """The keyword arguments ``factory`` takes (empty when its signature cannot be read)."""
+    try:
+        return {p.name for p in inspect.signature(factory).parameters.values()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    except (TypeError, ValueError):
+        return set()
 
 
 class FederationError(ValueError):
@@ -229,6 +239,16 @@ class TopologyConfig:
     params: Mapping[str, Any] = field(default_factory=dict)
     file: Path | None = None
     schedule: str = "cwt"
+    peers: int | None = None  # the peers each node sends to per round (the epidemic schedule's s)
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    """How a node of a neighbour-averaging schedule (gossip, epidemic, exponential) combines its
+    model with those that came (``[peers]``): ``strategy`` is a registered strategy that can
+    combine a neighbourhood, or an import path; its parameters are its ``[algorithm.NAME]``."""
+
+    strategy: str = "dpsgd"
 
 
 @dataclass(frozen=True)
@@ -277,6 +297,7 @@ class Federation:
     replay: ReplayConfig | None = None  # replay buffers of class means, with DP sharing
     # [algorithm.NAME] tables, each over its plug-in's declared defaults (name or import path)
     algorithms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    peers: PeersConfig | None = None  # how a neighbour-averaging schedule combines models
 
     @property
     def node_ids(self) -> list[str]:
@@ -326,7 +347,13 @@ class Federation:
         graph = self.graph()
         try:
             factory = registry.schedules.resolve(name)
-            schedule = factory(graph, seed=self.seed)
+            peers = self.topology.peers
+            if peers is not None and "peers" not in _keywords(factory):
+                raise FederationError(f"{self.source}: [topology] peers: the {name!r} schedule draws no "
+                                      "peers (the epidemic schedule does); remove it")
+            schedule = factory(graph, seed=self.seed, **({"peers": peers} if peers is not None else {}))
+        except FederationError:
+            raise
         except ValueError as exc:  # RegistryError, or the schedule refusing the graph
             raise FederationError(f"{self.source}: [topology] schedule "
                                   f"{self.topology.schedule!r}: {exc}") from None

@@ -9,7 +9,7 @@ Sections (all but ``[federation]`` optional)::
 
     [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline, eval_every,
                   eval_sample
-    [topology]    nodes, graph, params, file, schedule
+    [topology]    nodes, graph, params, file, schedule, peers (the epidemic schedule's s)
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
                   learner
     [data]        dataset, root, download, partition, alpha, shards_per_node,
@@ -22,6 +22,7 @@ Sections (all but ``[federation]`` optional)::
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
                   clip_norm, params (present: a star federation)
     [aggregator.params]  the strategy's parameters (docs/algorithms.md)
+    [peers]       strategy (how an averaging schedule's nodes combine models; default "dpsgd")
     [algorithm.NAME]     a plug-in's parameters, NAME registered or an import path
     [nodes.<id>]  address, partition, data (its own file), and any [training] key as a per-node override;
                   a table for every node (any ids), or, with [topology] nodes = N, for some of the
@@ -44,6 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from flmesh import registry
 from flmesh.config.checks import MAX_NODES, SectionReader, key_text, mib
 from flmesh.config.continual import read_continual
 from flmesh.config.federation import (
@@ -52,6 +54,7 @@ from flmesh.config.federation import (
     FederationError,
     ModelConfig,
     NodeConfig,
+    PeersConfig,
     RewindConfig,
     TopologyConfig,
     TrainingConfig,
@@ -220,10 +223,55 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         raw=original, base_dir=str(base),
         wire=WireConfig(**r.section(raw, "wire", SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay, algorithms=algorithms,
+        peers=_peers_config(r, raw, topology.schedule if fed.get("baseline", "none") == "none" else ""),
     )
 
-    federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
+    schedule = federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
+    _check_peers(r, federation, bool(getattr(schedule, "averages", False)), "peers" in raw)
     return federation
+
+
+def _peers_config(r: SectionReader, raw: Mapping[str, Any], schedule: str) -> PeersConfig | None:
+    """``[peers]``, or its default when the schedule (by its registered factory) averages."""
+    given = r.section(raw, "peers", SECTIONS["peers"]) if "peers" in raw else None
+    if given is not None:
+        return PeersConfig(**given)
+    try:
+        factory = registry.schedules.resolve(schedule)
+    except ValueError:
+        return None  # Federation.schedule() names the unknown schedule
+    if not getattr(factory, "averages", False):
+        return None
+    return PeersConfig(strategy=str(getattr(factory, "strategy", PeersConfig.strategy)))
+
+
+def _check_peers(r: SectionReader, federation: Federation, averages: bool, given: bool) -> None:
+    """Refuse what cannot run with the schedule's pattern: a walk's keys on an averaging schedule
+    and the reverse, a strategy that cannot combine a neighbourhood here."""
+    fed, name = federation, federation.topology.schedule
+    if not averages:
+        if given:
+            raise r.fail("[peers] strategy", f"combines models of an averaging schedule (gossip, epidemic, "
+                         f"exponential); schedule {name!r} walks one model from node to node: remove [peers]")
+        return
+    if fed.baseline != "none":
+        return  # the baseline's own schedule runs instead
+    if fed.aggregator is not None:
+        raise r.fail("[topology] schedule", f"{name!r} averages models between peers; a federation with "
+                     "[aggregator] is a star: remove one of them")
+    if fed.rewind.mode != "off":
+        raise r.fail("[rewind] mode", f"rewind belongs to a walk (cwt, rwt); schedule {name!r} averages "
+                     "models between peers: set mode = \"off\"")
+    if fed.peers is None:
+        raise r.fail("[peers] strategy", f"schedule {name!r} averages models: name how they are combined")
+    plugin = registry.algorithms.resolve(fed.peers.strategy)  # the schema checked it combines
+    why = plugin.refuse_neighbourhood(fed)
+    if why:
+        raise r.fail("[peers] strategy", why)
+    for other in fed.algorithms:  # a plug-in that sends its own updates along a walk's rounds
+        if any(registry.algorithms.resolve(other).gossip(fed, n.training) for n in fed.nodes):
+            raise r.fail(f"[algorithm.{other}]", f"{other!r} exchanges its own updates between a walk's "
+                         f"rounds; schedule {name!r} averages models: use it with cwt or rwt")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str], source: str = "--set") -> None:

@@ -27,7 +27,8 @@ _BARE = {"federation": {"name": "reference", "rounds": 50}, "topology": {"nodes"
 #: Keys stored under another name than the file's.
 _FIELD = {("rewind", "lambda"): "lam"}
 #: Defaults that no field holds.
-_OTHER = {("topology", "nodes"): "required without [nodes.<id>] tables"}
+_OTHER = {("topology", "nodes"): "required without [nodes.<id>] tables",
+          ("peers", "strategy"): "the schedule's (dpsgd for gossip and exponential, epidemic for epidemic)"}
 
 HEADER = """\
 # Federation file reference
@@ -81,7 +82,7 @@ def _defaults() -> dict[str, Any]:
     fed = parse_federation(_BARE, source="<reference>")
     return {"federation": fed, "rewind": fed.rewind, "aggregator": fed.aggregator, "wire": fed.wire,
             "topology": fed.topology, "training": fed.training, "data": fed.data, "model": fed.model,
-            "tasks": fed.tasks, "replay": fed.replay}
+            "tasks": fed.tasks, "replay": fed.replay, "peers": fed.peers}
 
 
 def _default(holders: Mapping[str, Any], section: str, key: str) -> str:

@@ -125,6 +125,25 @@ def algorithm_name(kind: str) -> Check:
     return check
 
 
+def peer_strategy_name(v: Any) -> str:
+    """The check of ``[peers] strategy``: a plug-in of kind "peers", or a strategy that can
+    combine a neighbourhood (``neighbourhood``), by name or import path (imports it)."""
+    able = sorted(n for n in algorithms.builtin_names()
+                  if getattr(algorithms.resolve(n), "neighbourhood", False))
+    if not isinstance(v, str) or not v:
+        raise Bad("a strategy that combines a neighbourhood or an import path package.module:Class")
+    if v not in algorithms.names() and ":" not in v:
+        raise Bad(f"one of {', '.join(repr(n) for n in able)}, or an import path package.module:Class")
+    try:
+        plugin = algorithms.resolve(v)
+    except AlgorithmError as exc:
+        raise Bad(f"a usable strategy: {exc}") from None
+    if plugin.kind not in ("peers", "strategy") or not getattr(plugin, "neighbourhood", False):
+        known = ", ".join(repr(n) for n in able)
+        raise Bad(f"a strategy that can combine a neighbourhood's models ({known}), not {v!r}")
+    return v
+
+
 def _import_path(v: Any) -> str:
     if not isinstance(v, str) or not is_import_path(v):
         raise Bad("an import path of the form package.module:name")
@@ -190,7 +209,9 @@ SECTIONS: dict[str, dict[str, Check]] = {
     "topology": {
         "nodes": at_most(integer(2), MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
         "graph": string(), "params": table, "file": path_string, "schedule": registered(schedules.names),
+        "peers": at_most(integer(1), MAX_NODES - 1, "a node has at most that many others"),
     },
+    "peers": {"strategy": peer_strategy_name},
     "training": TRAINING,
     "data": {
         "dataset": dataset_name(datasets.names), "root": path_string, "download": boolean,
@@ -269,8 +290,15 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "graph": "a graph generator: ring, complete, erdos_renyi, star or a listed networkx one",
         "params": "the graph generator's parameters, e.g. { p = 0.5 }",
         "file": "a GraphML or edge-list file whose node labels are the node ids, instead of graph",
-        "schedule": "who sends to whom: a fixed cycle (cwt), a fresh random cycle cover each round (rwt), "
-                    "or a schedule a package registers (entry point group flmesh.schedules)",
+        "schedule": "who sends to whom: one model walking a fixed cycle (cwt) or a fresh random cycle "
+                    "cover each round (rwt); every node averaging with every neighbour (gossip), with s "
+                    "drawn peers (epidemic) or one peer of the exponential graph (exponential); or a "
+                    "schedule a package registers (entry point group flmesh.schedules)",
+        "peers": "s: the peers each node sends its model to per round (the epidemic schedule)",
+    },
+    "peers": {
+        "strategy": "how a node of an averaging schedule combines its model with those that came: dpsgd "
+                    "(the default), push_sum, epidemic, fedavg, median, trimmed_mean, krum or a plug-in",
     },
     "training": {
         "epochs": "local epochs per round; a fraction is a share of one pass's batches",

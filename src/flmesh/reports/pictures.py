@@ -1,8 +1,9 @@
 """Pictures of a run, drawn from its rounds.jsonl rows (matplotlib, files only).
 
 ``accuracy.png`` (FA with FA ± FF, and PFA or the global model's accuracy),
-``per_class.png`` (per-class accuracy over rounds) and, for star runs,
-``local_forgetting.png`` (each node's F_k,t). Rows are the JSON objects of
+``per_class.png`` (per-class accuracy over rounds), for star runs
+``local_forgetting.png`` (each node's F_k,t) and, for fl-sim's peer runs, ``exchange.png``
+(the nodes' accuracy beside their consensus distance and the bytes they sent). Rows are the JSON objects of
 :class:`flmesh.reports.results.RoundRow`. Every picture is titled with the run's name and main
 settings (:func:`run_title`), on the image and in the PNG's ``Title`` text field; ``fl-sim
 compare`` draws its panels with :func:`plot_panels`.
@@ -121,6 +122,8 @@ def plans(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[tuple[Plot, 
         pictures.append((plot_local_forgetting, out_dir / "local_forgetting.png"))
     if any(r.get("task_accuracy") for r in rows):
         pictures.append((plot_tasks, out_dir / "tasks.png"))
+    if any(r.get("consensus_distance") is not None for r in rows):
+        pictures.append((plot_exchange, out_dir / "exchange.png"))
     return pictures
 
 
@@ -248,6 +251,30 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: 
     save(fig, path, title)
     plt.close(fig)
     return path
+
+
+def plot_exchange(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Peer runs, per evaluated round: the nodes' mean accuracy on the common test split (least
+    to most shaded), the consensus distance of their models, and the model bytes a node sent
+    on average (KiB, since the previous row)."""
+    kept = [r for r in rows if r.get("mean_accuracy") is not None]
+    rounds = [r["round"] for r in kept]
+    nodes = max(1, len(kept[0].get("nodes") or {})) if kept else 1
+    with_distance = [r for r in kept if r.get("consensus_distance") is not None]
+    panels = [
+        {"title": "node accuracy on the common test split", "unit": "accuracy (%)",
+         "curves": [{"label": "mean node (shaded: least to most)", "rounds": rounds,
+                     "values": [100 * r["mean_accuracy"] for r in kept],
+                     "low": [100 * r["min_accuracy"] for r in kept],
+                     "high": [100 * r["max_accuracy"] for r in kept]}]},
+        {"title": "consensus distance of the node models", "unit": "L2 distance",
+         "curves": [{"label": "consensus distance", "rounds": [r["round"] for r in with_distance],
+                     "values": [r["consensus_distance"] for r in with_distance]}]},
+        {"title": "model bytes sent per node", "unit": "KiB",
+         "curves": [{"label": "sent per node", "rounds": rounds,
+                     "values": [sum((r.get("bytes_by_kind") or {}).values()) / 1024 / nodes for r in kept]}]},
+    ]
+    return plot_panels(panels, path, title)
 
 
 def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:

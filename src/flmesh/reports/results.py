@@ -57,6 +57,9 @@ class NodeRound:
     local_per_class_accuracy: list[float | None] | None = None
     bytes_sent: int = 0
     bytes_received: int = 0
+    models_sent: int | None = None  # peer: models it sent this round (a walk: 0 or 1)
+    sent_to: list[str] | None = None  # neighbour averaging: the peers its model reached
+    combined: list[str] | None = None  # neighbour averaging: whose models it combined with its own
     participated: bool | None = None  # continual federations: False when it sat the round out
     privacy_spent: float | None = None  # DP replay: epsilon this node has released so far
     # a learner's metrics: its evaluate's on the node's own test split, its train's as train_<name>
@@ -92,7 +95,11 @@ class NodeRound:
             per_class_total=list(report.local.per_class_total), bytes_sent=report.bytes_sent,
             bytes_received=report.bytes_received, participated=report.participated,
             privacy_spent=report.privacy_spent, metrics=learner_metrics(report.train, report.local),
-            wall_s=round(report.wall_s, 4), notes=list(report.notes))
+            wall_s=round(report.wall_s, 4), notes=list(report.notes),
+            models_sent=len(report.sent_to) if report.sent_to or report.combined else
+            int(report.delivered_to is not None),
+            sent_to=list(report.sent_to) if report.sent_to or report.combined else None,
+            combined=list(report.combined) if report.sent_to or report.combined else None)
 
 
 def learner_metrics(train: TrainStats | None, local: EvalResult | None) -> dict[str, float] | None:
@@ -152,6 +159,13 @@ class RoundRow:
     eval_sample: int | None = None  # peer: test splits per model when sampled (own + others); None: all
     accuracy: float | None = None  # star: the global model on the union of the nodes' test splits
     per_class_accuracy: list[float | None] | None = None
+    # peer: each node's model on the common test split (every node's test split together; the
+    # drawn ones under eval_sample): the mean, least and most over the nodes
+    mean_accuracy: float | None = None
+    min_accuracy: float | None = None
+    max_accuracy: float | None = None
+    # peer: sqrt(mean_i ||x_i - x_mean||^2) over the nodes' models (every floating tensor)
+    consensus_distance: float | None = None
     global_forgetting: float | None = None  # star: Flashback's F_t
     client_forgetting: float | None = None  # star: WSM's mean F_k over this round's participants
     client_forgetting_matrix: Matrix | None = None  # star: WSM's F_ki

@@ -98,6 +98,8 @@ class NodeHandlers:
             return specs[name]
         if meta.kind == "rewind":  # the model, and the sender's optimizer state when it sends one
             return {**self.model.spec, **optimizer_spec(self._rewind_config(meta), self.model.module)}
+        if meta.kind == "trained" and self.plugins.peer_spec is not None:  # a neighbour's, to combine
+            return self.plugins.peer_spec
         return self.model.spec
 
     def _rewind_config(self, meta: ModelMeta) -> TrainingConfig:
@@ -277,17 +279,21 @@ class NodeHandlers:
 
     def _in_window(self, round: int, what: str) -> None:
         """Models are taken for rounds from the last one this node finished (its next round
-        trains on it) to ROUND_WINDOW ahead: an older one can never be used; one further ahead
-        is refused as RESOURCE_EXHAUSTED (the window is full), and a sender that is ahead waits
-        and sends it again (:meth:`~flmesh.runtime.peer_exchange.PeerExchange.deliver_onward`)."""
+        trains on it; with neighbour averaging, from the one after it) to ROUND_WINDOW ahead:
+        an older one can never be used; one further ahead is refused as RESOURCE_EXHAUSTED (the
+        window is full), and a sender that is ahead waits and sends it again
+        (:meth:`~flmesh.runtime.peer_exchange.PeerExchange.deliver_onward`)."""
         last = self.activity.last_round
-        if round < last:
+        # a walk trains in round t + 1 on a model of round t; neighbour averaging combines a
+        # neighbour's round-t model in round t itself, the last round's included
+        averages = self.plugins.peer_server is not None
+        if round < last + averages:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "
                           f"over (this node finished round {last})")
         if round > last + ROUND_WINDOW:  # the sender is ahead: it waits until this node catches up
             raise Refused("RESOURCE_EXHAUSTED", f"{self.node_id}: {what} is for round {round}, too far "
                           f"ahead (this node finished round {last}); send it again once it has caught up")
-        if round >= self.settings.rounds:
+        if round >= self.settings.rounds + averages:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, but nothing "
                           f"is sent after the last round ({self.settings.rounds})")
 

@@ -40,6 +40,7 @@ from flmesh.learning.task import Task
 from flmesh.learning.tasks import TaskSource
 from flmesh.learning.trainer import TrainingStopped
 from flmesh.runtime.activity import Activity
+from flmesh.runtime.average_round import AverageRound
 from flmesh.runtime.continual import ContinualState, node_share, wire_replay
 from flmesh.runtime.handlers import NodeHandlers
 from flmesh.runtime.inbox import Inbox
@@ -151,6 +152,9 @@ class Node:
                                  stop, log, guard, continual, exchange, training, metrics),
             star_round=(StarRound(settings, model, share, plugins, activity, star, counter, clock, stop, log,
                                   continual, training, metrics) if star is not None else None),
+            average_round=(AverageRound(settings, model, share, plugins, activity, inbox, transport, counter,
+                                        calls, clock, stop, log, continual, training, metrics)
+                           if plugins.peer_server is not None else None),
             checkpoint_dir=options.checkpoint_dir, metrics=metrics)
         self._parts.replay_host = wire_replay(self._parts, backend, aggregator, options.state_dir)
         self._backend = backend
@@ -307,7 +311,9 @@ class Node:
             if parts.stop.is_set():
                 break
             try:
-                report: Report = star.run(t) if star is not None else parts.peer_round.run(t)
+                report: Report = (star.run(t) if star is not None else
+                                  parts.average_round.run(t) if parts.average_round is not None else
+                                  parts.peer_round.run(t))
             except TrainingStopped:  # stop() came mid-training: the round is incomplete, keep it out
                 break
             reports.append(report)

@@ -48,6 +48,7 @@ from flmesh.transports.seam import AggregatorTransport, ByteCounter, PeerStatus,
 if TYPE_CHECKING:
     from flmesh.observe.metrics import Metrics
     from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.runtime.average_round import AverageRound
     from flmesh.runtime.continual import ContinualState
     from flmesh.runtime.handlers import NodeHandlers
     from flmesh.runtime.peer_round import PeerRound
@@ -147,6 +148,7 @@ class NodeParts:
     handlers: NodeHandlers  # what it answers its peers
     peer_round: PeerRound
     star_round: StarRound | None
+    average_round: AverageRound | None  # an averaging schedule's rounds (None: a walk or a star)
     checkpoint_dir: Path | None = None  # where each round's checkpoint and each kept delivery go
     metrics: Metrics | None = None  # Prometheus metrics (None: none kept)
     replay_host: ReplayBufferCore | None = None  # the replay buffer, when this node hosts it

@@ -33,6 +33,11 @@ class NodePlugins:
     objective: Objective  # the local loss after every client half had its say
     global_spec: ModelSpec  # what the aggregator's global model carries (star federations)
     update_specs: dict[str, ModelSpec]  # plug-in name -> what its peer messages carry
+    # an averaging schedule's [peers] strategy: its server half on this node, and what a
+    # neighbour's model message carries (None: the schedule walks one model)
+    peer_server: ServerHalf | None = None
+    peer_spec: ModelSpec | None = None
+    peer_name: str | None = None
 
     @classmethod
     def build(cls, federation: Federation, node_id: str, training: TrainingConfig,
@@ -59,4 +64,9 @@ class NodePlugins:
         if federation.aggregator is not None:
             global_spec.update(algorithms.strategy(federation).published_spec(params, num_classes,
                                                                                   len(federation.nodes)))
-        return cls(clients, gossip, objective, global_spec, update_specs)
+        peer_server = peer_spec = peer_name = None
+        if federation.peers is not None and federation.baseline == "none":
+            p = algorithms.peer_strategy(federation)
+            peer_server = p.server(replace(server_ctx, settings=p.settings(federation), node_id=node_id))
+            peer_spec, peer_name = {**spec, **p.update_spec(params)}, p.name
+        return cls(clients, gossip, objective, global_spec, update_specs, peer_server, peer_spec, peer_name)

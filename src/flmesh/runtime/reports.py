@@ -45,6 +45,9 @@ class RoundReport:
     # finished the round while this node was away (flmesh.runtime.peer_exchange)
     failed: tuple[str, ...] = ()
     received_eval: EvalResult | None = None  # the received model on this node's test split, whole
+    # neighbour averaging: the peers its model reached, and those whose models it combined with its own
+    sent_to: tuple[str, ...] = ()
+    combined: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

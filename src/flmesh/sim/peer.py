@@ -55,8 +55,37 @@ if TYPE_CHECKING:
 Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
 
 
+class Consensus:
+    """The consensus distance of one round's models, summed as they come:
+    ``sqrt(mean_i ||x_i||^2 - ||mean_i x_i||^2)`` in float64 over every floating tensor, so no
+    model is kept. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._sum: torch.Tensor | None = None
+        self._squares = 0.0
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def add(self, state: dict[str, torch.Tensor]) -> None:
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float64) for t in state.values()
+                          if t.is_floating_point()])
+        with self._lock:
+            self._sum = flat.clone() if self._sum is None else self._sum.add_(flat)
+            self._squares += float(flat.dot(flat))
+            self._count += 1
+
+    def distance(self) -> float | None:
+        """None before two models came."""
+        with self._lock:
+            if self._sum is None or self._count < 2:
+                return None
+            mean = self._sum / self._count
+            return math.sqrt(max(0.0, self._squares / self._count - float(mean.dot(mean))))
+
+
 def peer_row(federation: Federation, t: int, ids: list[str],
-             finished: dict[str, tuple[Report, Evals]], span_s: float | None = None) -> RoundRow:
+             finished: dict[str, tuple[Report, Evals]], span_s: float | None = None,
+             consensus: float | None = None) -> RoundRow:
     """Round ``t``'s row from each trainer's report and its model's evaluations on the test
     splits (by index in ``ids``; absent where ``eval_sample`` did not draw the split); one
     trainer for several nodes is the Joint baseline. FA/FF are estimated from the evaluated
@@ -65,7 +94,8 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     the N x N array of the metrics is O(evaluated pairs). ``wall_s`` is ``span_s``, seconds
     from the first trainer's start of the round to the last one's end, when given (the node
     threads of one process start a round one after the other, each clocking only its own
-    part); else the slowest trainer's round."""
+    part); else the slowest trainer's round. ``consensus``: the round's consensus distance
+    (:class:`Consensus`)."""
     if len(finished) == 1 and len(ids) > 1:  # Joint: every node "holds" the one model
         report, evals = next(iter(finished.values()))
         results = [evals] * len(ids)
@@ -99,6 +129,9 @@ def peer_row(federation: Federation, t: int, ids: list[str],
         entry.per_class_total = list(own.per_class_total)
         entry.cross_accuracy = {ids[j]: r.score(federation.metric) for j, r in sorted(results[i].items())}
         nodes[node_id] = entry
+    # each model on the common test split: its evaluated splits together
+    common = [sum(r.correct for _, r in pairs) / max(1, sum(r.total for _, r in pairs))
+              for pairs in evaluated]
     missing = sorted({p for r in reports.values() if isinstance(r, RoundReport) for p in r.failed})
     by_kind = {"sent": sum(r.bytes_sent for r in reports.values())}
     spent = {i: r.privacy_spent for i, r in reports.items()
@@ -122,6 +155,10 @@ def peer_row(federation: Federation, t: int, ids: list[str],
                     eval_sample=federation.eval_sample if sampled else None,
                     task=task, task_accuracy=task_acc, accuracy=seen, privacy_spent=spent or None,
                     per_class_accuracy=[float(x) for x in per_class.round(6)], missing=missing,
+                    mean_accuracy=round(float(np.mean(common)), 6) if common else None,
+                    min_accuracy=round(min(common), 6) if common else None,
+                    max_accuracy=round(max(common), 6) if common else None,
+                    consensus_distance=round(consensus, 6) if consensus is not None else None,
                     bytes_by_kind=by_kind, nodes=nodes,
                     wall_s=round(max(r.wall_s for r in reports.values()) if span_s is None else span_s, 4))
 
@@ -201,6 +238,7 @@ class PeerDriver:
         self._round_over = Lockstep(lambda: len(self.trainers))  # before the next round
         self._pending: dict[int, dict[str, tuple[Report, Evals]]] = {}
         self._spans: dict[int, tuple[float, float]] = {}  # round -> its first start, its last end
+        self._consensus: dict[int, Consensus] = {}  # evaluated round -> its models' consensus distance
         self._next = 1  # the next round whose row is due
         self._rounds_done = 0
         self._rows = RowQueue()
@@ -286,6 +324,9 @@ class PeerDriver:
                          evaluate(model.module, parts_of(self.nodes[j]).share.data.test.up_to_task(task),
                                   device=model.device, learner=model.learner,
                                   compute=self.processes.compute) for j in sorted(cols)}
+                with self._lock:
+                    consensus = self._consensus.setdefault(t, Consensus())
+                consensus.add(model.module.state_dict())
         with self._lock:
             self._pending.setdefault(t, {})[trainer.node_id] = (report, evals)
             first, last = self._spans.get(t, (math.inf, -math.inf))
@@ -303,7 +344,9 @@ class PeerDriver:
             self.checkpoints.save_node(trainer, t)  # every delivery for round t + 1 is in its inbox
 
     def _row(self, t: int, finished: dict[str, tuple[Report, Evals]], span_s: float) -> RoundRow:
-        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished, span_s)
+        consensus = self._consensus.pop(t, None)
+        return peer_row(self.federation, t, [n.node_id for n in self.nodes], finished, span_s,
+                        consensus.distance() if consensus is not None else None)
 
     def _runner(self, trainer: Node) -> Callable[[], object]:
         def on_round(report: Report) -> None:

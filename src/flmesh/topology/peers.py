@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from flmesh.config.federation import Federation
+from flmesh.topology.gossip import averages, neighbour_plan
 from flmesh.topology.sampling import previous_sampled, selected
 from flmesh.topology.schedules import Hop, rewind_target
 
@@ -19,7 +20,8 @@ SEED_STAR_RANDREWIND = 27
 
 
 def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, str]:
-    """Peer -> role ("source", "destination", "rewind") for ``node_id`` in ``round``.
+    """Peer -> role ("source", "destination", "rewind"; an averaging schedule's "in-neighbour",
+    "out-neighbour") for ``node_id`` in ``round``.
 
     In a star federation nodes only talk to the aggregator, and to the previous
     node of the fixed chain when rewind is on (FedRewind Eq. 4, Alg. 2). The
@@ -32,6 +34,13 @@ def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, s
         target = star_rewind_target(fed, node_id, round)
         if target:
             roles[target] = "rewind"
+        return roles
+    if averages(schedule):  # neighbour averaging: every round, the last included
+        exchange = neighbour_plan(fed, round)[node_id]
+        for peer in exchange.receives:
+            roles[peer] = "in-neighbour"
+        for peer in exchange.sends:
+            roles.setdefault(peer, "out-neighbour")
         return roles
     plan = schedule.plan(round)
     hop = plan[node_id]
@@ -109,9 +118,13 @@ def successors(plan: Mapping[str, Hop], sender: str, hops: int = FALLBACK_HOPS) 
 
 def may_deliver(federation: Federation, sender: str, receiver: str, round: int) -> bool:
     """May ``sender`` deliver its model of ``round`` to ``receiver``? Only along the round's
-    plan: to its destination, or past it to a live successor when that one is down."""
+    plan: to its destination, or past it to a live successor when that one is down; with an
+    averaging schedule, to the peers it sends to in that round."""
     if federation.aggregator is not None or federation.baseline != "none" or round < 1:
         return False
+    if averages(federation.schedule()):
+        exchange = neighbour_plan(federation, round).get(sender)
+        return exchange is not None and receiver in exchange.sends
     return receiver in successors(federation.schedule().plan(round), sender)
 
 

@@ -56,7 +56,19 @@ Plan = Mapping[str, Hop]  # read-only: a schedule may hand the same one to every
 
 
 class Schedule(Protocol):
-    """What the round loop needs from any schedule. Implementations are pure."""
+    """Who exchanges with whom in each round: what the round loop needs from any schedule.
+
+    A schedule is built once per federation as ``factory(graph, seed=seed)`` (plus ``peers=s``
+    when the file sets ``[topology] peers``), from the federation's networkx graph (node ids
+    as labels, in federation order) and seed. ``plan(round)`` (rounds from 1) must be a pure
+    function of those: every node computes it by itself and all must agree. A walk maps every
+    node to a :class:`Hop` (whose model it trains, where it sends it next); a schedule with
+    ``averages = True`` maps every node to a :class:`~flmesh.topology.gossip.Neighbours`
+    (whom its model goes to, whose models it combines) and may name its default ``[peers]
+    strategy`` as ``strategy``. Raise ValueError (ScheduleError) from the constructor for a
+    graph it cannot run on; the message becomes the file's one-line error. Thread-safe: a
+    plan may be asked for from any thread, any number of times.
+    """
 
     name: str
 

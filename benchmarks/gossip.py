@@ -1,0 +1,207 @@
+"""Neighbour averaging against walks, a star and training alone, on digits.
+
+    python benchmarks/gossip.py               # 16 and 64 nodes, 3 seeds, 40 rounds
+    python benchmarks/gossip.py --quick       # 8 nodes, one seed, 4 rounds, same table shape
+
+Every node holds a Dirichlet(0.25) share of digits and trains an MLP(64) one local epoch per
+round (batch 16, lr 0.05), so every way takes the same local steps; what differs is what the
+nodes do with their models between rounds:
+
+- ``local only``: nothing (the Standalone baseline): the control every exchange must beat;
+- ``D-PSGD`` on a ring, a 2-D torus, a 4-regular circulant graph (offsets 1 and 2), the
+  one-peer exponential graph and the complete graph (``schedule = "gossip"`` or
+  ``"exponential"``, ``[peers] strategy = "dpsgd"``);
+- ``Epidemic`` with s = 2 and 4 (``schedule = "epidemic"``, the plain mean of what came);
+- ``push-sum`` on a directed ring;
+- ``CWT`` (one model per node walking a ring) and ``star FedAvg`` (an aggregator, every node
+  every round).
+
+Per way, over the seeds (mean ± std): the final mean node accuracy (each node's model on the
+common test split: every node's test split together), the least node's, the consensus distance
+(the root mean squared distance of the node models from their mean), the first round whose
+mean node accuracy reaches ``--target`` and the model bytes each node had sent by then. A star
+node holds the global model after each round, so its mean is the global accuracy.
+
+A second table: one poisoning node (``node0`` hands on its trained model times -10 every round)
+on the 4-regular graph, its 16 neighbourhoods combined by ``dpsgd``, ``median``,
+``trimmed_mean`` and ``krum``: the honest nodes' mean accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import torch
+from _common import Progress, Run, add_json_flag, pm, run, stats, write_json
+from torch import nn
+
+import flmesh
+
+
+class Boost(flmesh.Learner):
+    """Train as the default learner does, then scale every weight by -10 (a poisoning node)."""
+
+    def train(self, model: nn.Module, batches: Iterable[Any],
+              context: flmesh.TrainContext) -> Mapping[str, float]:
+        metrics = super().train(model, batches, context)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(-10.0)
+        return metrics
+
+
+def graph_files(folder: Path, nodes: int) -> dict[str, Path]:
+    """The graphs no generator of the file makes: a 2-D torus and a directed ring."""
+    ids = [f"node{i}" for i in range(nodes)]
+    side = int(round(nodes ** 0.5))
+    if side * side != nodes:
+        raise SystemExit(f"--nodes {nodes}: a 2-D torus needs a square node count")
+    torus = nx.convert_node_labels_to_integers(nx.grid_2d_graph(side, side, periodic=True))
+    nx.write_edgelist(nx.relabel_nodes(torus, dict(enumerate(ids))), folder / f"torus-{nodes}.edgelist",
+                      data=False)
+    ring = nx.relabel_nodes(nx.cycle_graph(nodes, create_using=nx.DiGraph), dict(enumerate(ids)))
+    nx.write_graphml(ring, folder / f"directed-ring-{nodes}.graphml")
+    return {"torus": folder / f"torus-{nodes}.edgelist",
+            "directed ring": folder / f"directed-ring-{nodes}.graphml"}
+
+
+def ways(files: dict[str, Path]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each way's sections over the common federation."""
+    gossip = {"schedule": "gossip"}
+    return {
+        "local only": {"federation": {"baseline": "standalone"}, "topology": {"graph": "ring"}},
+        "D-PSGD, ring": {"topology": {"graph": "ring", **gossip}},
+        "D-PSGD, 2-D torus": {"topology": {"file": str(files["torus"]), **gossip}},
+        "D-PSGD, 4-regular": {"topology": {"graph": "circulant_graph", "params": {"offsets": [1, 2]},
+                                           **gossip}},
+        "D-PSGD, exponential": {"topology": {"graph": "complete", "schedule": "exponential"}},
+        "D-PSGD, complete": {"topology": {"graph": "complete", **gossip}},
+        "Epidemic, s = 2": {"topology": {"graph": "complete", "schedule": "epidemic", "peers": 2}},
+        "Epidemic, s = 4": {"topology": {"graph": "complete", "schedule": "epidemic", "peers": 4}},
+        "push-sum, directed ring": {"topology": {"file": str(files["directed ring"]), **gossip},
+                                    "peers": {"strategy": "push_sum"}},
+        "CWT, ring": {"topology": {"graph": "ring", "schedule": "cwt"}},
+        "star FedAvg": {"topology": {"graph": "complete"}, "aggregator": {"strategy": "fedavg",
+                                                                         "fraction": 1.0}},
+    }
+
+
+def federation(name: str, sections: dict[str, dict[str, Any]], nodes: int, rounds: int,
+               seed: int) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "federation": {"name": "gossip", "seed": seed, "rounds": rounds, "round_timeout_s": 60},
+        "topology": {"nodes": nodes},
+        "training": {"epochs": 1, "batch_size": 16, "lr": 0.05},
+        "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.25, "min_samples": 4},
+        "model": {"name": "mlp", "hidden": [64]},
+    }
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    if "file" in raw["topology"]:
+        raw["topology"].pop("graph", None)
+    return raw
+
+
+def mean_accuracy(row: Any) -> float:
+    """The row's mean node accuracy on the common test split (a star's: its global model's)."""
+    return row.mean_accuracy if row.kind == "peer" else row.accuracy
+
+
+def measures(done: Run, nodes: int, target: float) -> dict[str, Any]:
+    last = done.rows[-1]
+    sent, reached, bytes_then = 0, None, None
+    for row in done.rows:
+        kinds = ("sent",) if row.kind == "peer" else ("global", "update")
+        sent += sum(row.bytes_by_kind.get(k, 0) for k in kinds)
+        if reached is None and mean_accuracy(row) >= target:
+            reached, bytes_then = row.round, sent / nodes
+    return {"mean": mean_accuracy(last), "min": last.min_accuracy if last.kind == "peer" else last.accuracy,
+            "consensus": last.consensus_distance if last.kind == "peer" else 0.0,
+            "rounds_to_target": reached, "bytes_per_node_to_target": bytes_then,
+            "bytes_per_node": sent / nodes}
+
+
+def cell(values: list[float | None], scale: float = 1.0, digits: int = 1) -> str:
+    got = [v for v in values if v is not None]
+    if not got:
+        return "not reached"
+    text = pm(got, scale, digits)
+    return text if len(got) == len(values) else f"{text} ({len(got)}/{len(values)})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 rounds, one seed, 4 nodes")
+    p.add_argument("--nodes", type=int, action="append", help="federation sizes (default 16 and 64)")
+    p.add_argument("--seeds", type=int, help="how many seeds (default 3; --quick 1)")
+    p.add_argument("--rounds", type=int, help="rounds (default 40; --quick 4)")
+    p.add_argument("--target", type=float, default=0.7, help="the mean node accuracy to reach")
+    add_json_flag(p, "gossip")
+    args = p.parse_args(argv)
+    sys.modules.setdefault("gossip", sys.modules[__name__])  # the poisoning learner's import path
+    sizes = args.nodes or ([4] if args.quick else [16, 64])
+    rounds = args.rounds or (4 if args.quick else 40)
+    seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))
+    progress = Progress()
+    results: dict[str, Any] = {"sizes": {}, "poisoning": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for nodes in sizes:
+            table: dict[str, dict[str, Any]] = {}
+            for name, sections in ways(graph_files(work, nodes)).items():
+                per_seed = []
+                for seed in seeds:
+                    done = run(federation(name, sections, nodes, rounds, seed),
+                               work / f"{nodes}-{name}-{seed}".replace(" ", "_").replace(",", ""))
+                    per_seed.append(measures(done, nodes, args.target))
+                    progress(f"{nodes} nodes, {name}, seed {seed}: mean {100 * per_seed[-1]['mean']:.1f}%")
+                table[name] = {k: [m[k] for m in per_seed] for k in per_seed[0]}
+            results["sizes"][str(nodes)] = table
+        poison_nodes = 4 if args.quick else 16
+        for strategy in ("dpsgd", "median", "trimmed_mean", "krum"):
+            honest = []
+            for seed in seeds:
+                sections = {"topology": {"graph": "circulant_graph", "params": {"offsets": [1, 2]},
+                                         "schedule": "gossip"},
+                            "peers": {"strategy": strategy}, "nodes": {"node0": {"learner": "gossip:Boost"}}}
+                raw = federation("poison", sections, poison_nodes, rounds, seed)
+                if strategy == "trimmed_mean":
+                    raw["algorithm"] = {"trimmed_mean": {"trim": 0.2}}
+                done = run(raw, work / f"poison-{strategy}-{seed}")
+                last = done.rows[-1]
+                cross = [statistics.fmean(e.cross_accuracy.values()) for n, e in last.nodes.items()
+                         if n != "node0" and e.cross_accuracy]
+                honest.append(statistics.fmean(cross))
+                progress(f"poisoning, {strategy}, seed {seed}: honest {100 * honest[-1]:.1f}%")
+            results["poisoning"][strategy] = stats(honest)
+    for nodes, table in results["sizes"].items():
+        print(f"\nDigits, {nodes} nodes, Dirichlet(0.25), MLP(64), E = 1, {rounds} rounds; {len(seeds)} "
+              f"seed(s), mean ± std; target {100 * args.target:.0f} % mean node accuracy\n")
+        print("| way | mean node accuracy (%) | least node (%) | consensus distance | rounds to target "
+              "| KiB sent per node to target |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, m in table.items():
+            kib = [None if b is None else b / 1024 for b in m["bytes_per_node_to_target"]]
+            print(f"| {name} | {cell(m['mean'], 100)} | {cell(m['min'], 100)} | {cell(m['consensus'], 1, 3)} "
+                  f"| {cell(m['rounds_to_target'], 1, 1)} | {cell(kib, 1, 0)} |")
+    print(f"\nOne poisoning node (x -10) on a 4-regular graph of {4 if args.quick else 16}: honest nodes' "
+          "accuracy over the test splits (%)\n")
+    print("| [peers] strategy | honest nodes (%) |")
+    print("|---|---:|")
+    for strategy, s in results["poisoning"].items():
+        print(f"| {strategy} | {pm(s['values'])} |")
+    print(f"\nwall time: {progress.elapsed():.0f} s")
+    write_json(args.json, "gossip", {"rounds": rounds, "target": args.target, **results,
+                                     "wall_s": progress.elapsed()}, seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

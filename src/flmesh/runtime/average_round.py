@@ -1,0 +1,188 @@
+"""A round of neighbour averaging (D-PSGD, push-sum, Epidemic Learning), written once against the
+transport seam.
+
+Round t on node i: train the node's own model (E local epochs, the client halves' terms
+included), send it to the peers the schedule names (:class:`~flmesh.topology.gossip.Neighbours`),
+wait up to the round timeout for the round-t models of the peers it receives from, and combine
+its own with those that came through the ``[peers] strategy``'s server half (its own first). A
+peer whose model did not come is named in the round's ``failed`` and left out of the
+combination, whose weights are then over those that came. Blocking; called from the node's one
+round loop (:meth:`flmesh.runtime.node.Node.run`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+from flmesh.algorithms.base import Update
+from flmesh.algorithms.checks import checked_global
+from flmesh.format.codec import DecodedModel, EncodedModel, ModelMeta, encode
+from flmesh.runtime.inbox import Inbox, InboxKey
+from flmesh.runtime.parts import evaluate_own
+from flmesh.runtime.peer_round import check_addresses, privacy_spent
+from flmesh.runtime.reports import RoundReport, TrainStats
+from flmesh.topology.gossip import neighbour_plan
+from flmesh.transports.errors import PeerError
+
+#: Seconds between two looks at a silent in-peer's Status while waiting for its model.
+PROBE_S = 2.0
+
+if TYPE_CHECKING:
+    from flmesh.clock import Clock
+    from flmesh.observe.metrics import Metrics
+    from flmesh.runtime.activity import Activity
+    from flmesh.runtime.continual import ContinualState
+    from flmesh.runtime.local_training import LocalTraining
+    from flmesh.runtime.model_state import ModelState
+    from flmesh.runtime.parts import Settings, Share
+    from flmesh.runtime.peer_calls import PeerCalls
+    from flmesh.runtime.plugins import NodePlugins
+    from flmesh.transports.seam import ByteCounter, PeerTransport
+
+
+def as_update(model: DecodedModel, spec_names: set[str]) -> Update:
+    """A received model message as an :class:`Update` (the model's tensors; the rest extras)."""
+    state = {k: v for k, v in model.state_dict.items() if k in spec_names}
+    extras = {k: v for k, v in model.state_dict.items() if k not in spec_names}
+    return Update(model.meta.sender, model.meta.round, state, model.meta.num_samples,
+                  tuple(model.meta.label_counts), extras)
+
+
+class AverageRound:
+    """One node's rounds of neighbour averaging. Not thread-safe: the round loop calls :meth:`run`."""
+
+    def __init__(self, settings: Settings, model: ModelState, share: Share, plugins: NodePlugins,
+                 activity: Activity, inbox: Inbox, transport: PeerTransport, counter: ByteCounter,
+                 calls: PeerCalls, clock: Clock, stop: threading.Event, log: logging.Logger,
+                 continual: ContinualState | None, training: LocalTraining, metrics: Metrics | None = None):
+        self.settings, self.model, self.share, self.plugins = settings, model, share, plugins
+        self.activity, self.inbox, self.transport, self.counter = activity, inbox, transport, counter
+        self.calls, self.clock, self.stop, self.log = calls, clock, stop, log
+        self.continual, self.training, self.metrics = continual, training, metrics
+
+    def run(self, round: int) -> RoundReport:
+        """Round ``round`` (from 1): train, send to the round's out-peers, combine with what came
+        from its in-peers. Blocks until the combination is done (or the round timeout passed)."""
+        settings, continual, plugins = self.settings, self.continual, self.plugins
+        me = settings.node_id
+        check_addresses(settings, self.transport, round)
+        start = self.clock.now()
+        exchange = neighbour_plan(settings.federation, round)[me]
+        notes = continual.advance(plugins, self.share, round) if continual is not None else []
+        trains = continual is None or continual.participates(settings, round)
+        if trains:
+            anchor = self.model.state_dict()  # FedProx-style terms anchor on the model it starts from
+            regularizers = [r for client in plugins.clients.values() for r in client.regularizers(anchor, {})]
+            stats, _ = self.training.train_round(round, None, notes, regularizers)
+        else:
+            stats = TrainStats(0.0, 0, 0)
+            notes.append("did not take part this round (participation); sent its model untrained")
+        own = self._own_update(round)
+        meta = ModelMeta(round=round, sender=me, kind="trained", num_samples=own.num_samples,
+                         label_counts=own.label_counts, architecture=self.model.architecture)
+        message = encode({**own.state, **own.extras}, meta, settings.wire)
+        self.activity.set_state("waiting")
+        # The sends go on while the node waits for its in-peers, so a dead out-peer's retries hold
+        # up no receive; once the receives are over, a send still retrying gets PROBE_S more and
+        # is then left to finish on its own (the round goes on without it: "still sending").
+        pool = ThreadPoolExecutor(max_workers=max(1, len(exchange.sends)), thread_name_prefix="flmesh-send")
+        try:
+            sending = {peer: pool.submit(self._send, round, peer, message) for peer in exchange.sends}
+            arrived = self._receive(round, exchange.receives)
+            wait(sending.values(), timeout=PROBE_S)
+        finally:
+            pool.shutdown(wait=False)
+        sent_to = [peer for peer, done in sending.items() if done.done() and done.result()]
+        for peer in (p for p, done in sending.items() if not done.done()):
+            notes.append(f"still sending to {peer} when the round ended")
+        came = [peer for peer in exchange.receives if peer in arrived]
+        names = set(self.model.spec)
+        updates = [own, *(as_update(arrived[peer], names) for peer in came)]
+        self._combine(round, own, updates)
+        unreached = [p for p in exchange.sends if p not in sent_to]
+        silent = [p for p in exchange.receives if p not in came]
+        for peer in silent:
+            notes.append(f"no round-{round} model from {peer}; combined without it")
+        for peer in unreached:
+            if not any(n.startswith(f"still sending to {peer} ") for n in notes):
+                notes.append(f"could not send to {peer}")
+        local = evaluate_own(self.model, self.share, self.metrics)
+        self.activity.finish_round(round, local.accuracy)
+        self.inbox.prune(round + 1)
+        self.activity.set_state("idle")
+        sent, got = self.counter.take()
+        return RoundReport(
+            node=me, round=round, source=None, destination=None, received=bool(came), missing=None,
+            delivered=not unreached, train_size=len(self.share.data.train), train=stats, local=local,
+            wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
+            bytes_received=sum(got.values()), participated=trains, privacy_spent=privacy_spent(plugins),
+            task=continual.task if continual is not None else None,
+            failed=tuple(dict.fromkeys([*silent, *unreached])), sent_to=tuple(sent_to), combined=tuple(came))
+
+    def _own_update(self, round: int) -> Update:
+        """The node's trained model as the first of the round's updates, with the extras its
+        ``[peers] strategy``'s client half sends beside it (push-sum's weight share)."""
+        train = self.share.data.train
+        extras = {}
+        client = self.plugins.clients.get(self.plugins.peer_name or "")
+        if client is not None:
+            with self.model.lock:
+                extras = client.update_extras(self.model.module)
+        return Update(self.settings.node_id, round, self.model.state_dict(), len(train),
+                      tuple(train.label_counts()), extras)
+
+    def _send(self, round: int, peer: str, message: EncodedModel) -> bool:
+        """Deliver ``message`` to ``peer`` with the walk's retries (:class:`PeerCalls`); whether
+        it got there. Runs on a sending thread, one per out-peer."""
+        return self.calls.call(peer, "delivery to", round, lambda: self.transport.deliver(
+            peer, message, timeout=self.settings.round_timeout_s)) is not None
+
+    def _receive(self, round: int, peers: tuple[str, ...]) -> dict[str, DecodedModel]:
+        """The round-``round`` models of ``peers`` that come within the round timeout, by peer.
+        Every PROBE_S seconds a peer still silent is asked its ``Status``: one that does not
+        answer within PROBE_S (down) or has finished the round without sending (it will not) is
+        waited for no longer, so a dead neighbour costs a round a few seconds, not the round
+        timeout."""
+        keys = {peer: InboxKey(round, peer, "trained") for peer in peers}
+        pending, got = dict(keys), {}
+        deadline = self.clock.now() + self.settings.round_timeout_s
+        while pending and not self.stop.is_set():
+            remaining = deadline - self.clock.now()
+            if remaining <= 0:
+                break
+            arrived = self.inbox.wait_all(pending.values(), min(PROBE_S, remaining), self.stop)
+            for peer in [p for p, key in pending.items() if key in arrived]:
+                got[peer] = arrived[pending.pop(peer)]
+            for peer in list(pending):
+                if pending[peer] not in arrived and self._given_up(peer, round):
+                    del pending[peer]
+        return got
+
+    def _given_up(self, peer: str, round: int) -> bool:
+        """Is ``peer`` down, or past ``round`` without its model having come?"""
+        if self.inbox.get(InboxKey(round, peer, "trained")) is not None:
+            return False  # it came while the others were asked
+        try:
+            status = self.transport.status(peer, timeout=PROBE_S)
+        except PeerError:
+            return True
+        return status.round > round
+
+    def _combine(self, round: int, own: Update, updates: list[Update]) -> None:
+        """The node's model becomes the ``[peers] strategy``'s combination of ``updates``; its
+        client half learns what the server half published (push-sum's new weight)."""
+        plugins = self.plugins
+        server = plugins.peer_server
+        assert server is not None, "an averaging schedule's node has a [peers] strategy"
+        who = f"[peers] strategy {plugins.peer_name!r}"
+        combined = checked_global(server.aggregate(round, own.state, updates), own.state, who)
+        self.model.load_state(combined)
+        client = plugins.clients.get(plugins.peer_name or "")
+        if client is not None:
+            client.after_update(round, combined, server.published_extras(round), included=True)
+
+
+__all__ = ["AverageRound", "as_update"]
