@@ -198,6 +198,32 @@ def test_distance_guard(tmp_path):
     assert refused[("bias shift x 4", 5.0)] == 0, "under the bound: taken"
 
 
+def test_gossip(tmp_path):
+    results = run(tmp_path, "gossip.py")
+    table = results["sizes"]["4"]
+    assert "Epidemic, s = 4" not in table  # s must leave a node someone it does not send to
+    assert set(table) >= {"local only", "D-PSGD, ring", "D-PSGD, complete", "push-sum, directed ring",
+                          "CWT, ring", "star FedAvg"}
+    for way in table.values():
+        assert all(share(v) for v in way["mean"]) and all(share(v) for v in way["min"])
+        assert way["min"][0] <= way["mean"][0]
+    # averaging on the complete graph leaves one model; training alone leaves them apart
+    assert table["D-PSGD, complete"]["consensus"][0] < 1e-5 < table["local only"]["consensus"][0]
+    assert table["local only"]["bytes_per_node_per_round"] == [0.0]
+    assert set(results["poisoning"]) == {"dpsgd", "median", "trimmed_mean", "krum"}
+    assert all(one_seed(s) for s in results["poisoning"].values())
+
+
+def test_round_parts(tmp_path):
+    results = run(tmp_path, "round_parts.py")
+    assert results["rounds"] == [2, 4]
+    for way in ("plain loop", "fl-sim"):
+        parts = results["per_round"][way]
+        assert parts["whole process"] > 0 and parts["evaluations"] > 0 and parts["local training"] > 0
+    per_round = results["per_round"]
+    assert per_round["plain loop"]["moving models"] == 0 < per_round["fl-sim"]["moving models"]
+
+
 @pytest.fixture(scope="module")
 def wsm_quick(tmp_path_factory: Any) -> tuple[Any, dict[str, Any]]:
     """benchmarks/wsm.py --quick at 2 rounds of 20 nodes (C = 0.1: 2 participants): its folder
