@@ -13,7 +13,7 @@ from flmesh.algorithms.base import Update
 from flmesh.algorithms.dpsgd import metropolis_hastings
 from flmesh.algorithms.krum import krum_scores, multi_krum
 from flmesh.config import FederationError, parse_federation
-from flmesh.testing import Cluster, run
+from flmesh.testing import Cluster, run, run_resumed
 from flmesh.topology.gossip import EpidemicSchedule, ExponentialSchedule, GossipSchedule, Neighbours
 from flmesh.topology.schedules import ScheduleError
 
@@ -243,3 +243,33 @@ def test_push_sum_keeps_the_mass_on_a_directed_ring(tmp_path):
             cluster.peer_round(t)
         weights = [cluster.parts[n].plugins.clients["push_sum"].weight for n in fed.node_ids]
     assert sum(weights) == pytest.approx(3.0) and all(math.isclose(w, 1.0) for w in weights)
+
+
+@pytest.mark.parametrize("strategy", ["dpsgd", "push_sum"])
+def test_a_resumed_run_gives_the_uninterrupted_numbers(tmp_path, strategy):
+    topology = {"schedule": "gossip", **({"file": directed_ring(tmp_path)} if strategy == "push_sum"
+                                         else {"graph": "ring"})}
+    raw = tiny_raw(3, rounds=3, topology=topology, peers={"strategy": strategy})
+    if strategy == "push_sum":
+        raw["topology"].pop("graph")
+    fed = parse_federation(raw, source="g.toml")
+    whole = run(fed)
+    torch.manual_seed(0)
+    resumed = run_resumed(fed, 2, tmp_path / "checkpoints")
+    for node, state in whole.items():
+        for key, value in state.items():
+            assert torch.equal(resumed[node][key], value), (node, key)
+
+
+def test_a_model_from_a_peer_the_plan_does_not_send_from_is_refused():
+    fed = parse_federation(tiny_raw(4, rounds=2, topology={"graph": "ring", "schedule": "gossip"}),
+                           source="g.toml")
+    from flmesh.transports.errors import PeerError
+
+    with Cluster(fed) as cluster:
+        node2 = cluster.parts["node2"]  # on the ring node0 - node1 - node2 - node3 - node0
+        with pytest.raises(PeerError) as exc:
+            node2.transport.deliver("node0", node2.encode(1), timeout=5)
+        assert exc.value.code == "PERMISSION_DENIED"
+        assert "node2 does not send to node0 in round 1 (not on the schedule)" in str(exc.value)
+        assert node2.transport.deliver("node1", node2.encode(1), timeout=5).accepted  # a neighbour
