@@ -210,8 +210,10 @@ def test_gossip(tmp_path):
     # averaging on the complete graph leaves one model; training alone leaves them apart
     assert table["D-PSGD, complete"]["consensus"][0] < 1e-5 < table["local only"]["consensus"][0]
     assert table["local only"]["bytes_per_node_per_round"] == [0.0]
-    assert set(results["poisoning"]) == {"dpsgd", "median", "trimmed_mean", "krum"}
-    assert all(one_seed(s) for s in results["poisoning"].values())
+    assert set(results["poisoning"]) == {"none", "x -10", "bias shift x 4"}  # the control, two attacks
+    for attack in results["poisoning"].values():
+        assert set(attack) == {"dpsgd", "median", "trimmed_mean", "krum"}
+        assert all(one_seed(s) for s in attack.values())
 
 
 def test_round_parts(tmp_path):
