@@ -55,6 +55,8 @@ def test_cross_evaluated_folders_give_fa_ff_pfa_per_round_and_a_run_folder(tmp_p
     rows = read_rows(out / "rounds.jsonl")
     assert [r["round"] for r in rows] == [1, 2] and rows[0]["fa"] == 0.5 and rows[0]["ff"] == 0.0
     assert rows[1]["accuracy_matrix"]["values"] == [[0.8, 0.4], [0.6, 1.0]]
+    # on the common test split (both splits hold 4 samples): a's model 0.6, b's 0.8
+    assert (rows[1]["mean_accuracy"], rows[1]["min_accuracy"], rows[1]["max_accuracy"]) == (0.7, 0.6, 0.8)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["writer"] == "fl-sim" and summary["final"]["pfa"] == pytest.approx(0.9)
     assert summary["config"]["cross_eval"] is True and not summary["interrupted"]
@@ -245,6 +247,8 @@ def test_three_fl_node_processes_merge_into_what_fl_sim_prints(tmp_path, capsys)
         assert mine["fa"] is not None and 0 < mine["ff"] and len(mine["accuracy_matrix"]["values"]) == 3
         assert (mine["fa"], mine["ff"], mine["pfa"]) == (sims["fa"], sims["ff"], sims["pfa"]), mine["round"]
         assert mine["accuracy_matrix"] == sims["accuracy_matrix"]
+        for key in ("mean_accuracy", "min_accuracy", "max_accuracy"):
+            assert mine[key] == pytest.approx(sims[key], abs=1e-5), key
     # the key line and the round lines fl-sim printed are the ones merged
     sim_lines = done.stdout.splitlines()
     assert any(line.startswith("FA: mean accuracy of every model") for line in sim_lines)

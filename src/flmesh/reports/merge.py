@@ -169,13 +169,30 @@ def _row(t: int, metric: str, entries: dict[str, NodeRound]) -> tuple[RoundRow, 
     per_class = (np.divide(correct, total, out=np.zeros(len(total)), where=total > 0).round(6).tolist()
                  if np.ndim(total) == 1 else None)
     spent = {n: e.privacy_spent for n, e in entries.items() if e.privacy_spent is not None}
+    common = _common_accuracy(ids, acc, entries) if cross and metric == "accuracy" else []
     row = RoundRow(t, "peer", "fl-sim", metric=metric, fa=fa, ff=ff, pfa=pfa, accuracy_matrix=matrix,
+                   mean_accuracy=round(float(np.mean(common)), 6) if common else None,
+                   min_accuracy=round(min(common), 6) if common else None,
+                   max_accuracy=round(max(common), 6) if common else None,
                    eval_sample=max(len(e.cross_accuracy or {}) for e in entries.values()) if cross and sampled
                    else None, per_class_accuracy=per_class,
                    bytes_by_kind={"sent": sum(e.bytes_sent for e in entries.values())},
                    privacy_spent=spent or None, nodes=dict(entries),
                    wall_s=max(e.wall_s for e in entries.values()))
     return row, cross
+
+
+def _common_accuracy(ids: list[str], acc: np.ndarray, entries: dict[str, NodeRound]) -> list[float]:
+    """Each model's accuracy on the common test split: its accuracy on every split it was
+    evaluated on, weighted by that split's size (its node's own ``per_class_total``), as fl-sim
+    pools the evaluated pairs."""
+    sizes = [sum(entries[o].per_class_total or []) for o in ids]
+    out = []
+    for i in range(len(ids)):
+        pairs = [(acc[i, j], sizes[j]) for j in range(len(ids)) if not math.isnan(acc[i, j]) and sizes[j]]
+        if pairs:
+            out.append(sum(a * n for a, n in pairs) / sum(n for _, n in pairs))
+    return out
 
 
 def _summary(folders: Sequence[NodeFolder], out_dir: Path | None) -> Summary:
