@@ -273,3 +273,20 @@ def test_a_model_from_a_peer_the_plan_does_not_send_from_is_refused():
         assert exc.value.code == "PERMISSION_DENIED"
         assert "node2 does not send to node0 in round 1 (not on the schedule)" in str(exc.value)
         assert node2.transport.deliver("node1", node2.encode(1), timeout=5).accepted  # a neighbour
+
+
+def test_fedprox_anchors_on_the_model_a_gossip_round_starts_from():
+    """Every node starts round 1 from M_0; FedProx's term pulls its training towards that model,
+    so after the round's averaging the models sit closer to M_0 than without it."""
+    def moved_from_start(algorithm: dict) -> float:
+        fed = parse_federation(tiny_raw(3, rounds=1, topology={"graph": "ring", "schedule": "gossip"},
+                                        algorithm=algorithm), source="g.toml")
+        torch.manual_seed(0)
+        with Cluster(fed) as cluster:
+            start = cluster.states()
+            cluster.peer_round(1)
+            end = cluster.states()
+        return sum(float((end[n][k] - start[n][k]).norm()) for n in start for k in start[n]
+                   if start[n][k].is_floating_point())
+
+    assert moved_from_start({"fedprox": {"mu": 10.0}}) < 0.5 * moved_from_start({})
