@@ -290,3 +290,22 @@ def test_fedprox_anchors_on_the_model_a_gossip_round_starts_from():
                    if start[n][k].is_floating_point())
 
     assert moved_from_start({"fedprox": {"mu": 10.0}}) < 0.5 * moved_from_start({})
+
+
+def test_fl_sim_over_memory_and_over_grpc_gives_the_same_rows(tmp_path):
+    from flmesh.sim.simulation import Simulation
+
+    fed = parse_federation(tiny_raw(3, rounds=2, topology={"graph": "ring", "schedule": "gossip"}),
+                           source="g.toml")
+    rows = {}
+    for transport in ("memory", "grpc"):
+        torch.manual_seed(0)
+        got = []
+        with Simulation(fed, tmp_path / transport, transport=transport, insecure=transport == "grpc") as sim:
+            sim.run(on_round=got.append)
+        rows[transport] = got
+    for a, b in zip(rows["memory"], rows["grpc"], strict=True):
+        assert (a.fa, a.ff, a.pfa, a.mean_accuracy, a.consensus_distance) == \
+               (b.fa, b.ff, b.pfa, b.mean_accuracy, b.consensus_distance)
+        assert {n: e.accuracy for n, e in a.nodes.items()} == {n: e.accuracy for n, e in b.nodes.items()}
+        assert all(e.combined == ["node1", "node2"] for n, e in a.nodes.items() if n == "node0")
