@@ -309,3 +309,11 @@ def test_fl_sim_over_memory_and_over_grpc_gives_the_same_rows(tmp_path):
                (b.fa, b.ff, b.pfa, b.mean_accuracy, b.consensus_distance)
         assert {n: e.accuracy for n, e in a.nodes.items()} == {n: e.accuracy for n, e in b.nodes.items()}
         assert all(e.combined == ["node1", "node2"] for n, e in a.nodes.items() if n == "node0")
+
+
+def test_a_baseline_of_a_gossip_file_runs_without_its_peers_table():
+    raw = tiny_raw(3, rounds=1, federation={"baseline": "standalone"},
+                   topology={"graph": "ring", "schedule": "gossip"}, peers={"strategy": "median"})
+    fed = parse_federation(raw, source="g.toml")
+    states = run(fed)  # every node trains alone: nothing is combined
+    assert not torch.equal(states["node0"]["net.1.weight"], states["node1"]["net.1.weight"])

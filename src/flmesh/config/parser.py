@@ -250,7 +250,7 @@ def _check_peers(r: SectionReader, federation: Federation, averages: bool, given
     and the reverse, a strategy that cannot combine a neighbourhood here."""
     fed, name = federation, federation.topology.schedule
     if not averages:
-        if given:
+        if given and fed.baseline == "none":  # a baseline runs its own schedule: [peers] rests
             raise r.fail("[peers] strategy", f"combines models of an averaging schedule (gossip, epidemic, "
                          f"exponential); schedule {name!r} walks one model from node to node: remove [peers]")
         return
