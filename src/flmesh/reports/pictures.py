@@ -256,7 +256,7 @@ def plot_local_forgetting(rows: Sequence[Mapping[str, Any]], path: Path, title: 
 def plot_exchange(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
     """Peer runs, per evaluated round: the nodes' mean accuracy on the common test split (least
     to most shaded), the consensus distance of their models, and the model bytes a node sent
-    on average (KiB, since the previous row)."""
+    in that round, on average (KiB)."""
     kept = [r for r in rows if r.get("mean_accuracy") is not None]
     rounds = [r["round"] for r in kept]
     nodes = max(1, len(kept[0].get("nodes") or {})) if kept else 1
@@ -270,7 +270,7 @@ def plot_exchange(rows: Sequence[Mapping[str, Any]], path: Path, title: str = ""
         {"title": "consensus distance of the node models", "unit": "L2 distance",
          "curves": [{"label": "consensus distance", "rounds": [r["round"] for r in with_distance],
                      "values": [r["consensus_distance"] for r in with_distance]}]},
-        {"title": "model bytes sent per node", "unit": "KiB",
+        {"title": "model bytes a node sent in the round", "unit": "KiB",
          "curves": [{"label": "sent per node", "rounds": rounds,
                      "values": [sum((r.get("bytes_by_kind") or {}).values()) / 1024 / nodes for r in kept]}]},
     ]
