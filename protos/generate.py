@@ -41,7 +41,35 @@ def generate(out_root: Path) -> list[Path]:
     code = protoc.main(args)
     if code != 0:
         raise RuntimeError(f"protoc exited with {code} for {', '.join(PROTO_FILES)}")
-    return sorted((out_root / "flmesh" / "v1").glob("*_pb2*.py*"))
+    written = sorted((out_root / "flmesh" / "v1").glob("*_pb2*.py*"))
+    for path in written:
+        if path.name.endswith("_pb2_grpc.py"):
+            path.write_text(public_version_check(path.read_text(), path.name))
+    return written
+
+
+#: The version check protoc's gRPC plug-in writes: it imports grpc's private ``_utilities``,
+#: which a grpcio release may move without notice.
+PRIVATE_CHECK = """try:
+    from grpc._utilities import first_version_is_lower
+    _version_not_supported = first_version_is_lower(GRPC_VERSION, GRPC_GENERATED_VERSION)
+except ImportError:
+    _version_not_supported = True
+"""
+#: The same check on public names only (:func:`flmesh.v1.release_of`).
+PUBLIC_CHECK = """from flmesh.v1 import release_of  # protos/generate.py: the check on public names only
+
+_version_not_supported = release_of(GRPC_VERSION) < release_of(GRPC_GENERATED_VERSION)
+"""
+
+
+def public_version_check(text: str, name: str) -> str:
+    """``text`` (a generated ``*_pb2_grpc.py``) with its version check on public names;
+    RuntimeError when the check is not the one this replaces (a new grpcio-tools wrote
+    another: look at it before committing)."""
+    if PRIVATE_CHECK not in text:
+        raise RuntimeError(f"{name}: the gRPC plug-in's version check changed; update PRIVATE_CHECK")
+    return text.replace(PRIVATE_CHECK, PUBLIC_CHECK, 1)
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 from conftest import REPO
 
@@ -27,3 +28,14 @@ def test_generated_code_is_current(tmp_path):
     names = {p.name for p in fresh}
     extra = {p.name for p in committed_dir.glob("*_pb2*.py*")} - names
     assert not extra, f"generated files with no .proto: {sorted(extra)}"
+
+
+def test_the_generated_stubs_use_no_private_grpc_names():
+    from flmesh.v1 import release_of
+
+    generate = _generator()
+    for path in generate.PROTO_DIR.glob("*_pb2_grpc.py"):
+        private = re.findall(r"\bgrpc\._(?!_)\w+", path.read_text())  # grpc.__version__ is public
+        assert not private, f"{path.name} uses {private}"
+    assert release_of("1.85.1") == (1, 85, 1) == release_of("1.85.1rc2")
+    assert release_of("1.9.0") < release_of("1.85.1") < release_of("1.100.0")

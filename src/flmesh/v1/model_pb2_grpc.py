@@ -8,11 +8,9 @@ GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
-try:
-    from grpc._utilities import first_version_is_lower
-    _version_not_supported = first_version_is_lower(GRPC_VERSION, GRPC_GENERATED_VERSION)
-except ImportError:
-    _version_not_supported = True
+from flmesh.v1 import release_of  # protos/generate.py: the check on public names only
+
+_version_not_supported = release_of(GRPC_VERSION) < release_of(GRPC_GENERATED_VERSION)
 
 if _version_not_supported:
     raise RuntimeError(
