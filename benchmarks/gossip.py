@@ -35,33 +35,16 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
-import torch
 from _common import Progress, Run, add_json_flag, pm, run, stats, write_json
-from torch import nn
-
-import flmesh
 
 #: What node0 hands on in the poisoning table: its honest model (the control), that model times -10
 #: (far from every honest one) or the starting model with one class's output bias raised by 4 times
 #: what an honest model moved (benchmarks/distance_guard.py: under the distance guard's bound).
-ATTACKS = {"none": None, "x -10": "gossip:Boost", "bias shift x 4": "distance_guard:BiasShift"}
-
-
-class Boost(flmesh.Learner):
-    """Train as the default learner does, then scale every weight by -10 (a poisoning node)."""
-
-    def train(self, model: nn.Module, batches: Iterable[Any],
-              context: flmesh.TrainContext) -> Mapping[str, float]:
-        metrics = super().train(model, batches, context)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(-10.0)
-        return metrics
+ATTACKS = {"none": None, "x -10": "distance_guard:Boost", "bias shift x 4": "distance_guard:BiasShift"}
 
 
 def graph_files(folder: Path, nodes: int) -> dict[str, Path]:
@@ -157,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poisoning-only", action="store_true", help="only the poisoning table")
     add_json_flag(p, "gossip")
     args = p.parse_args(argv)
-    sys.modules.setdefault("gossip", sys.modules[__name__])  # the poisoning learners' import path
     sizes = args.nodes or ([4] if args.quick else [16, 64])
     rounds = args.rounds or (4 if args.quick else 40)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))

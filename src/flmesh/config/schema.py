@@ -128,19 +128,20 @@ def algorithm_name(kind: str) -> Check:
 def peer_strategy_name(v: Any) -> str:
     """The check of ``[peers] strategy``: a plug-in of kind "peers", or a strategy that can
     combine a neighbourhood (``neighbourhood``), by name or import path (imports it)."""
-    able = sorted(n for n in algorithms.builtin_names()
-                  if getattr(algorithms.resolve(n), "neighbourhood", False))
+    def able() -> str:  # named only in an error: the built-ins are imported to list them
+        return ", ".join(repr(n) for n in sorted(algorithms.builtin_names())
+                         if getattr(algorithms.resolve(n), "neighbourhood", False))
+
     if not isinstance(v, str) or not v:
         raise Bad("a strategy that combines a neighbourhood or an import path package.module:Class")
     if v not in algorithms.names() and ":" not in v:
-        raise Bad(f"one of {', '.join(repr(n) for n in able)}, or an import path package.module:Class")
+        raise Bad(f"one of {able()}, or an import path package.module:Class")
     try:
         plugin = algorithms.resolve(v)
     except AlgorithmError as exc:
         raise Bad(f"a usable strategy: {exc}") from None
     if plugin.kind not in ("peers", "strategy") or not getattr(plugin, "neighbourhood", False):
-        known = ", ".join(repr(n) for n in able)
-        raise Bad(f"a strategy that can combine a neighbourhood's models ({known}), not {v!r}")
+        raise Bad(f"a strategy that can combine a neighbourhood's models ({able()}), not {v!r}")
     return v
 
 

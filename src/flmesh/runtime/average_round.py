@@ -22,7 +22,7 @@ from flmesh.algorithms.checks import checked_global
 from flmesh.format.codec import DecodedModel, EncodedModel, ModelMeta, encode
 from flmesh.runtime.inbox import Inbox, InboxKey
 from flmesh.runtime.parts import evaluate_own
-from flmesh.runtime.peer_round import check_addresses, privacy_spent
+from flmesh.runtime.peer_round import as_update, check_addresses, privacy_spent
 from flmesh.runtime.reports import RoundReport, TrainStats
 from flmesh.topology.gossip import neighbour_plan
 from flmesh.transports.errors import PeerError
@@ -41,14 +41,6 @@ if TYPE_CHECKING:
     from flmesh.runtime.peer_calls import PeerCalls
     from flmesh.runtime.plugins import NodePlugins
     from flmesh.transports.seam import ByteCounter, PeerTransport
-
-
-def as_update(model: DecodedModel, spec_names: set[str]) -> Update:
-    """A received model message as an :class:`Update` (the model's tensors; the rest extras)."""
-    state = {k: v for k, v in model.state_dict.items() if k in spec_names}
-    extras = {k: v for k, v in model.state_dict.items() if k not in spec_names}
-    return Update(model.meta.sender, model.meta.round, state, model.meta.num_samples,
-                  tuple(model.meta.label_counts), extras)
 
 
 class AverageRound:
@@ -185,4 +177,4 @@ class AverageRound:
             client.after_update(round, combined, server.published_extras(round), included=True)
 
 
-__all__ = ["AverageRound", "as_update"]
+__all__ = ["AverageRound"]

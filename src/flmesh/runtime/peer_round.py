@@ -53,7 +53,8 @@ def privacy_spent(plugins: NodePlugins) -> float | None:
     return sum(spent) if spent else None
 
 
-def _as_update(model: DecodedModel, spec_names: set[str]) -> Update:
+def as_update(model: DecodedModel, spec_names: set[str]) -> Update:
+    """A received model message as an :class:`Update` (the model's tensors; the rest extras)."""
     state = {k: v for k, v in model.state_dict.items() if k in spec_names}
     extras = {k: v for k, v in model.state_dict.items() if k not in spec_names}
     return Update(model.meta.sender, model.meta.round, state, model.meta.num_samples,
@@ -160,7 +161,7 @@ class PeerRound:
             for peer in self.settings.neighbours:
                 message = arrived.get(InboxKey(round - 1, peer, f"extras/{name}"))
                 if message is not None:
-                    server.absorb(_as_update(message, names))
+                    server.absorb(as_update(message, names))
                 elif round > 1:
                     notes.append(f"no {name} update from {peer} for round {round - 1}; used its last one")
             regs += plugins.clients[name].regularizers(start, server.published_extras(round))
@@ -188,4 +189,4 @@ class PeerRound:
             client.after_update(round, state, extras, included=False)
 
 
-__all__ = ["PeerRound", "check_addresses", "privacy_spent"]
+__all__ = ["PeerRound", "as_update", "check_addresses", "privacy_spent"]
