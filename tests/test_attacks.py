@@ -27,7 +27,7 @@ from flmesh.transports.grpc.aggregator_client import GrpcAggregatorTransport
 from flmesh.transports.grpc.channels import make_channel
 from flmesh.transports.grpc.peer_client import GrpcPeerTransport
 from flmesh.transports.grpc.tls import Tls
-from flmesh.v1 import aggregator_pb2, peer_pb2, peer_pb2_grpc, replay_pb2
+from flmesh.v1 import PROTOCOL, aggregator_pb2, peer_pb2, peer_pb2_grpc, replay_pb2
 from flmesh.v1 import model_pb2 as pb
 
 from conftest import deployed, identities, started_nodes, tiny_raw, wait_until
@@ -341,7 +341,7 @@ OVERSIZED = [
      "1025 characters"),
     ("Peer", "Evaluate", [_header(tensors=[pb.TensorSpec(name="w", shape=[1] * 65_537)])],
      "header.tensors.shape", "65537 items"),
-    ("Peer", "Rewind", [peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(sender=LONG, epochs=1.0))],
+    ("Peer", "Train", [peer_pb2.TrainRequest(spec=peer_pb2.TrainSpec(sender=LONG, steps=1))],
      "spec.sender", "1025 characters"),
     ("Aggregator", "Join", aggregator_pb2.JoinRequest(node_id="node0", address="h" * 1_000_000), "address",
      "1000000 characters"),
@@ -359,8 +359,8 @@ OVERSIZED = [
      "1025 characters"),
 ]
 
-_STREAMS = {"Deliver", "Evaluate", "Rewind", "SubmitUpdate", "Contribute"}
-_REPLIES_STREAM = {"Rewind", "FetchGlobal", "FetchBuffer"}
+_STREAMS = {"Deliver", "Evaluate", "Train", "SubmitUpdate", "Contribute"}
+_REPLIES_STREAM = {"Train", "FetchGlobal", "FetchBuffer"}
 
 
 def _raw_call(channel: grpc.Channel, service: str, method: str, request: Any) -> tuple[grpc.StatusCode, str]:
@@ -415,7 +415,8 @@ def test_fields_at_their_bounds_reach_the_handlers(recorders):
     channel = make_channel(address)
     try:
         edge = "x" * 1024
-        code, _ = _raw_call(channel, "Peer", "Hello", peer_pb2.HelloRequest(node_id=edge, architecture=edge))
+        code, _ = _raw_call(channel, "Peer", "Hello", peer_pb2.HelloRequest(node_id=edge, architecture=edge,
+                                                                               protocol=PROTOCOL))
         metadata = {f"k{i}": pb.MetaValue(string_value=edge) for i in range(256)}
         _raw_call(channel, "Peer", "Deliver", [_header(metadata=metadata, label_counts=[1] * 100_000)])
     finally:

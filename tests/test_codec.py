@@ -279,7 +279,7 @@ def test_frames_are_byte_equal_to_serialised_chunks(chunk_bytes, field):
     if field is None:
         expected = [c.SerializeToString() for c in message.chunks(chunk_bytes)]
     else:
-        expected = [peer_pb2.RewindRequest(chunk=c).SerializeToString() for c in message.chunks(chunk_bytes)]
+        expected = [peer_pb2.TrainRequest(chunk=c).SerializeToString() for c in message.chunks(chunk_bytes)]
     assert frames == expected
     serialised = [c.SerializeToString() for c in message.chunks(chunk_bytes)]
     assert message.wire_bytes(chunk_bytes) == sum(map(len, serialised))

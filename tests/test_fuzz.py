@@ -148,16 +148,16 @@ def test_peer_model_streams(peer, caplog, method, mutate, data, garbage, use_gar
 
 
 @CASES
-@given(epochs=floats, steps=uints, round=uints, sender=st.sampled_from(["node0", "node2", "", "eve"]),
+@given(steps=uints, round=uints, sender=st.sampled_from(["node0", "node2", "", "eve"]),
        mutate=header_mutations, garbage=st.lists(junk, max_size=3), use_garbage=st.booleans())
-def test_peer_rewind(peer, caplog, epochs, steps, round, sender, mutate, garbage, use_garbage):
+def test_peer_train(peer, caplog, steps, round, sender, mutate, garbage, use_garbage):
     node, channel = peer
-    spec = peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(epochs=epochs, steps=steps, round=round,
-                                                          sender=sender)).SerializeToString()
-    chunks = [peer_pb2.RewindRequest(chunk=pb.ModelChunk.FromString(f)).SerializeToString()
-              for f in _model_stream(node, {**mutate, "kind": pb.MODEL_KIND_REWIND}, [])]
+    spec = peer_pb2.TrainRequest(spec=peer_pb2.TrainSpec(steps=steps, round=round,
+                                                        sender=sender)).SerializeToString()
+    chunks = [peer_pb2.TrainRequest(chunk=pb.ModelChunk.FromString(f)).SerializeToString()
+              for f in _model_stream(node, {**mutate, "kind": pb.MODEL_KIND_TO_TRAIN}, [])]
     frames = garbage if use_garbage else [spec, *chunks]
-    call = channel.stream_stream("/flmesh.v1.Peer/Rewind", request_serializer=None,
+    call = channel.stream_stream("/flmesh.v1.Peer/Train", request_serializer=None,
                                  response_deserializer=None)
     _call(lambda: list(call(iter(frames), timeout=5)))
     _no_crash_logged(caplog)

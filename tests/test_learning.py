@@ -19,7 +19,7 @@ from flmesh.learning.data import federation_data, load_digits
 from flmesh.learning.metrics import federation_metrics
 from flmesh.learning.optimizers import load_optimizer_state, make_optimizer, optimizer_state
 from flmesh.learning.trainer import evaluate, split_steps, steps_for, train
-from flmesh.runtime.local_training import rewind_training
+from flmesh.runtime.local_training import peer_training
 
 from conftest import tiny_raw
 
@@ -176,10 +176,10 @@ def test_optimizer_state_carried_across_calls_equals_one_run(optimizer, momentum
     ({"optimizer": "adam", "lr": 0.1, "weight_decay": -0.1}, "weight_decay = -0.1"),
     ({"optimizer": "sgd", "lr": "0.1"}, "lr = '0.1'"),
 ])
-def test_a_rewind_with_impossible_optimizer_settings_is_refused(metadata, message):
+def test_a_train_call_with_impossible_optimizer_settings_is_refused(metadata, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        rewind_training(TrainingConfig(), metadata)
-    ok = rewind_training(TrainingConfig(batch_size=7), {"optimizer": "adam", "lr": 0.2, "momentum": 0.5})
+        peer_training(TrainingConfig(), metadata)
+    ok = peer_training(TrainingConfig(batch_size=7), {"optimizer": "adam", "lr": 0.2, "momentum": 0.5})
     assert (ok.optimizer, ok.lr, ok.momentum, ok.batch_size) == ("adam", 0.2, 0.5, 7)
 
 

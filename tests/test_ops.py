@@ -344,6 +344,6 @@ def test_progress_line_names_round_phase_and_peer():
     status = SimpleNamespace(round=2, state="sending", last_accuracy=0.712)
     line = progress_line(status, 40, ("sending", "node4"))
     assert line == "round 3/40: sending to node4 (last accuracy 71.2%)"
-    assert progress_line(status, 40, ("rewinding", "node1")).startswith("round 3/40: rewinding on node1")
+    assert progress_line(status, 40, ("training", "node1")).startswith("round 3/40: training on node1")
     first = SimpleNamespace(round=0, state="idle", last_accuracy=0.0)
     assert progress_line(first, 40, ("training", None)) == "round 1/40: training"

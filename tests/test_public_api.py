@@ -18,7 +18,8 @@ from flmesh.config import parse_federation
 from conftest import tiny_raw
 
 SURFACE = ["load_federation", "Federation", "FederationError", "Simulation", "Node", "Algorithm",
-           "ClientHalf", "ServerHalf", "ClientContext", "ServerContext", "Update", "ArrayData", "NodeData",
+           "ClientHalf", "ServerHalf", "ClientContext", "ServerContext", "Update", "RemotePhase", "ArrayData",
+           "NodeData",
            "Param", "register_algorithm", "Learner", "TrainContext", "EvalContext", "register_model",
            "load_tls_identity", "Schedule", "Hop", "Neighbours", "register_schedule",
            "__version__"]
@@ -48,8 +49,8 @@ SIGNATURES = {
 
 PLUGIN_METHODS = {
     "Algorithm": ["client", "enabled", "gossip", "is_peer_strategy", "is_strategy", "kind", "name",
-                  "neighbourhood", "params", "published_spec", "refiner", "refuse_neighbourhood", "server",
-                  "settings", "update_spec"],
+                  "neighbourhood", "params", "published_spec", "refiner", "refuse_neighbourhood",
+                  "remote_allowance", "remote_peers", "remote_phase", "server", "settings", "update_spec"],
     "ClientHalf": ["after_task_change", "after_update", "checkpoint", "extra_training_data", "objective",
                    "on_task_change", "privacy_spent", "regularizers", "restore", "update_extras"],
     "ServerHalf": ["absorb", "aggregate", "checkpoint", "published_extras", "restore"],

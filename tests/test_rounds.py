@@ -86,11 +86,11 @@ def test_rewind_round_trains_on_the_source_and_leaves_its_model_alone(transport,
             training={"epochs": 1.0, **optimizer})
     with Cluster(f, transport) as c:
         round1 = c.peer_round(1)
-        assert all(r.rewound_to is None for r in round1.values()), "no rewind in round 1"
+        assert all(r.trained_on is None for r in round1.values()), "no rewind in round 1"
         source_before = c.parts["node0"].state_dict()
         node1 = c.parts["node1"]
         report = node1.peer_round.run(2)
-        assert report.source == "node0" and report.rewound_to == "node0" and report.received
+        assert report.source == "node0" and report.trained_on == "node0" and report.received
         assert states_equal(c.parts["node0"].state_dict(), source_before), "serving a rewind copies"
         n = len(node1.share.data.train)
         # a rewind round trains exactly the steps of a plain round: (1-2λ)S and λS here, λS on node0
@@ -110,8 +110,8 @@ def test_unreachable_rewind_node_trains_locally_instead(transport):
         else:
             node1.transport.connect({"node0": "127.0.0.1:1"})  # nobody listens there
         report = node1.peer_round.run(2)
-    assert report.received and report.rewound_to is None
-    assert any("rewind to node0 failed" in note for note in report.notes)
+    assert report.received and report.trained_on is None
+    assert any("training on node0 failed" in note for note in report.notes)
     n = len(node1.share.data.train)
     assert report.train.steps == steps_for(1.0, n, 16), "the rewind's steps ran locally instead"
 
@@ -138,7 +138,7 @@ def test_a_dead_destination_is_retried_then_its_successor_gets_the_model_and_wai
         assert "node2 was unreachable; delivered to node3 (its successor)" in first.notes
         assert c.clock.now() >= 30, "the destination was retried for the round timeout first"
         report = c.parts["node3"].peer_round.run(2)
-        assert report.received and report.missing is None and report.rewound_to == "node1"
+        assert report.received and report.missing is None and report.trained_on == "node1"
         assert "node2 was down; got node1's model instead (its fallback)" in report.notes
     with Cluster(fed(nodes=3, rounds=3, federation={"round_timeout_s": 30}), "memory") as c:
         c.network.take_down("node2")
@@ -329,7 +329,7 @@ def test_wire_formats_carry_every_kind_of_message(transport, wire):
     with Cluster(peer, transport) as c:
         c.peer_round(1)
         reports = c.peer_round(2)
-    assert all(r.received and r.rewound_to is not None for r in reports.values())
+    assert all(r.received and r.trained_on is not None for r in reports.values())
     star = fed(nodes=3, rounds=2, aggregator={"strategy": "fedcurv", "fraction": 1.0, "deadline_s": 30},
                wire=wire)
     with Cluster(star, transport) as c:

@@ -15,10 +15,8 @@ from flmesh.topology import (
     ScheduleError,
     StandaloneSchedule,
     hamiltonian_cycle,
-    rewind_target,
 )
-from flmesh.topology.peers import may_deliver, may_rewind, star_rewind_target, successors
-from flmesh.topology.sampling import selected
+from flmesh.topology.peers import may_deliver, successors
 
 from conftest import tiny_raw
 
@@ -206,63 +204,16 @@ def test_a_path_of_two_has_a_cover_of_one_two_cycle():
     assert RandomSchedule(g, 0).plan(1) == {"a": Hop(None, "b"), "b": Hop(None, "a")}
 
 
-def test_rewind_targets():
-    g = build_graph("complete", IDS[5])
-    cwt = CyclicSchedule(g)
-    plan1, plan2 = cwt.plan(1), cwt.plan(2)
-    assert rewind_target(plan1, "node1", "previous", round=1, seed=0, nodes=IDS[5]) is None
-    assert rewind_target(plan2, "node1", "previous", round=2, seed=0, nodes=IDS[5]) == "node0"
-    assert rewind_target(plan2, "node1", "off", round=2, seed=0, nodes=IDS[5]) is None
-    draws = [rewind_target(plan2, "node1", "random", round=t, seed=0, nodes=IDS[5]) for t in range(2, 60)]
-    assert "node1" not in draws and set(draws) == set(IDS[5]) - {"node1"}
-    assert draws == [rewind_target(plan2, "node1", "random", round=t, seed=0, nodes=IDS[5])
-                     for t in range(2, 60)]
-    assert rewind_target(plan1, "node1", "random", round=1, seed=0, nodes=IDS[5]) is None
-
-
-def _star(fraction: float, mode: str, scope: str):
-    raw = tiny_raw(nodes=10, rounds=30, aggregator={"fraction": fraction},
-                   rewind={"mode": mode, "scope": scope})
-    return parse_federation(raw, source="t")
-
-
-@pytest.mark.parametrize("mode", ["previous", "random"])
-def test_star_rewind_stays_in_the_sample_and_both_scopes_agree_at_c_1(mode):
-    sampled_scope = _star(0.3, mode, "sampled")
-    chain_scope = _star(0.3, mode, "chain")
-    left_the_sample = 0
-    for t in range(1, 31):
-        chosen = selected(sampled_scope, t)
-        for node in chosen:
-            target = star_rewind_target(sampled_scope, node, t)
-            assert target is None or (target in chosen and target != node)
-            other = star_rewind_target(chain_scope, node, t)
-            left_the_sample += other is not None and other not in chosen
-    assert left_the_sample > 0, "the chain scope reaches nodes outside the sample"
-    full, full_chain = _star(1.0, mode, "sampled"), _star(1.0, mode, "chain")
-    if mode == "previous":  # at C = 1 the previous sampled node is the chain's previous node
-        for t in range(1, 31):
-            assert all(star_rewind_target(full, n, t) == star_rewind_target(full_chain, n, t)
-                       for n in full.node_ids)
-
-
 def test_standalone_exchanges_nothing():
     plan = StandaloneSchedule(build_graph("ring", IDS[3])).plan(4)
     assert all(hop == Hop(None, None) for hop in plan.values())
 
 
-def test_only_the_schedule_may_deliver_or_rewind():
-    fed = parse_federation(tiny_raw(nodes=6, rounds=5, rewind={"mode": "previous"}), source="t")
+def test_only_the_schedule_may_deliver():
+    fed = parse_federation(tiny_raw(nodes=6, rounds=5), source="t")
     plan = fed.schedule().plan(2)  # CWT: node0 -> node1 -> ... -> node5 -> node0
     assert successors(plan, "node1") == ["node2", "node3"]  # the destination, then its successor
     assert may_deliver(fed, "node1", "node2", 2) and may_deliver(fed, "node1", "node3", 2)
     assert not may_deliver(fed, "node1", "node4", 2) and not may_deliver(fed, "node1", "node0", 2)
-    # round 3: node2 (or node3, when node2 was down) got node1's model, so may rewind to node1
-    assert may_rewind(fed, "node2", "node1", 3) and may_rewind(fed, "node3", "node1", 3)
-    assert not may_rewind(fed, "node4", "node1", 3) and not may_rewind(fed, "node2", "node1", 1)
-    off = parse_federation(tiny_raw(nodes=6, rounds=5), source="t")
-    assert not may_rewind(off, "node2", "node1", 3)
-    star = parse_federation(tiny_raw(nodes=6, rounds=5, aggregator={"fraction": 1.0},
-                                     rewind={"mode": "previous"}), source="t")
+    star = parse_federation(tiny_raw(nodes=6, rounds=5, aggregator={"fraction": 1.0}), source="t")
     assert not may_deliver(star, "node1", "node2", 2)
-    assert may_rewind(star, "node1", star_rewind_target(star, "node1", 2) or "", 2)

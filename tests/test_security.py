@@ -101,9 +101,9 @@ def test_strangers_and_impostors_are_refused_and_nothing_changes(cluster, pki):
         node0.deliver("node1", nan, timeout=5)
     with pytest.raises(PeerError, match="node1: the model is for round 6, too far ahead"):
         node0.deliver("node1", parts(cluster["node0"]).encode(round=6), timeout=5)
-    with pytest.raises(PeerError, match="node0 does not rewind to node1 in round 2"):
-        node0.rewind("node1", parts(cluster["node0"]).encode(2, kind="rewind"), 2, 2, "node0",
-                     expected=parts(node1).model.spec, max_bytes=2**30, timeout=5)
+    with pytest.raises(PeerError, match="node0 does not train on node1's data in round 2"):
+        node0.train("node1", parts(cluster["node0"]).encode(2, kind="to_train"), 2, 2, "node0",
+                    expected=parts(node1).model.spec, max_bytes=2**30, timeout=5)
     after = parts(node1).state_dict()
     assert len(parts(node1).inbox) == 0 and all(torch.equal(before[k], v) for k, v in after.items())
     assert node0.deliver("node1", good, timeout=5).accepted  # the real source still gets through

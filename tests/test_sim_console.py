@@ -122,10 +122,10 @@ def test_a_rewind_target_without_data_yet_is_a_note_in_the_row_not_a_warning(tmp
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     printed = done.stdout + done.stderr
-    assert "WARNING" not in printed and "Rewind asks" not in printed, printed
+    assert "WARNING" not in printed and "Train asks" not in printed, printed
     rows = read_rows(out / "rounds.jsonl")
     node0 = rows[1]["nodes"]["node0"]
-    assert node0["notes"] == ["rewind: node3 holds no training data yet; trained its 4 steps locally"]
+    assert node0["notes"] == ["node3 holds no training data yet; trained its 4 steps locally"]
     assert node0["rewound_to"] is None
 
 

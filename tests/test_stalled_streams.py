@@ -32,26 +32,26 @@ HEADER = pb.ModelChunk(header=pb.ModelHeader(total_bytes=8, sha256=b"\0" * 32, k
 
 
 class Slow:
-    """A Peer service that reads whatever it is sent, and rewinds into a large model."""
+    """A Peer service that reads whatever it is sent, and trains into a large model."""
 
     node_id = "slow"
 
     def __init__(self, reply_floats: int = 0) -> None:
         self.reply_floats = reply_floats
         self.chunks = 0
-        self.rewinding = threading.Event()
+        self.training = threading.Event()
 
     def deliver(self, caller: str | None, chunks: Iterator[Any]) -> DeliverResult:
         for _ in chunks:
             self.chunks += 1
         return DeliverResult(accepted=True, duplicate=False, bytes_received=0)
 
-    def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
-               chunks: Iterator[Any], *, cancelled: Any = None) -> codec.EncodedModel:
-        self.rewinding.set()
+    def train(self, caller: str | None, steps: int, round: int, sender: str,
+              chunks: Iterator[Any], *, cancelled: Any = None) -> codec.EncodedModel:
+        self.training.set()
         for _ in chunks:
             pass
-        return codec.encode({"w": torch.zeros(self.reply_floats)}, ModelMeta(sender="slow", kind="rewind"))
+        return codec.encode({"w": torch.zeros(self.reply_floats)}, ModelMeta(sender="slow", kind="to_train"))
 
 
 class Stalls:
@@ -161,9 +161,9 @@ def test_a_caller_that_does_not_read_its_replies_is_cut_at_the_idle_limit():
     server, _, address = serve_peer(handlers, "127.0.0.1:0", limits=limits)  # type: ignore[arg-type]
     channel = make_channel(address)
     try:
-        spec = peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(steps=1, round=1, sender="node0"))
-        replies = peer_pb2_grpc.PeerStub(channel).Rewind(iter([spec]), timeout=120)
-        wait_until(handlers.rewinding.is_set, timeout=30)  # admitted: it holds the one slot ...
+        spec = peer_pb2.TrainRequest(spec=peer_pb2.TrainSpec(steps=1, round=1, sender="node0"))
+        replies = peer_pb2_grpc.PeerStub(channel).Train(iter([spec]), timeout=120)
+        wait_until(handlers.training.is_set, timeout=30)  # admitted: it holds the one slot ...
         wait_until(lambda: _admits(address), timeout=30)  # ... until the idle limit cuts it
         with pytest.raises(grpc.RpcError) as cut:
             for _ in replies:  # what had gone out before the cut, then the cut

@@ -97,7 +97,7 @@ def test_a_registered_backend_runs_a_simulation_with_the_same_numbers(tmp_path, 
     assert finals["counting"] == finals["memory"]
     assert counting["serve_node"] == 3 and counting["serve_aggregator"] == (1 if star else 0)
     moved = "deliver" if not star else "submit"
-    assert counting[moved] > 0 and (star or counting["rewind"] > 0), dict(counting)
+    assert counting[moved] > 0 and (star or counting["train"] > 0), dict(counting)
 
 
 def test_a_registered_backend_runs_a_testing_cluster_bit_for_bit(counting):

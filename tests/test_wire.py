@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -21,8 +22,9 @@ from flmesh.runtime.membership import HelloRefused, wait_for_peers
 from flmesh.runtime.node import Node
 from flmesh.transports.errors import PeerError
 from flmesh.transports.grpc.channels import make_channel
+from flmesh.transports.grpc.peer_client import GrpcPeerTransport
+from flmesh.v1 import PROTOCOL, peer_pb2, peer_pb2_grpc
 from flmesh.v1 import model_pb2 as pb
-from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
 from conftest import tiny_raw
 from harness import parts
@@ -138,6 +140,41 @@ def test_evaluate_status_hello_version_and_health(nodes, federation):
         channel.close()
 
 
+def test_nodes_of_another_wire_protocol_refuse_each_other_at_hello(nodes, federation):
+    """A release from before Hello named its protocol sends none (0): refused in one line, both
+    ways, before any RPC the other side lacks is called."""
+    channel, stub = _stub(nodes[2].address)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Hello(peer_pb2.HelloRequest(node_id="node0", federation=federation.name), timeout=10)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.details() == (f"node2 speaks wire protocol {PROTOCOL}, the caller 'node0' an older "
+                                       "wire protocol (its Hello names none): run the same flmesh release "
+                                       "on every node")
+        ok = stub.Hello(peer_pb2.HelloRequest(node_id="node0", federation=federation.name, protocol=PROTOCOL),
+                        timeout=10)
+        assert ok.protocol == PROTOCOL and ok.node_id == "node2"
+    finally:
+        channel.close()
+
+    class OlderNode(peer_pb2_grpc.PeerServicer):
+        def Hello(self, request, context):
+            return peer_pb2.HelloReply(node_id="node1", federation=federation.name)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    peer_pb2_grpc.add_PeerServicer_to_server(OlderNode(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    transport = GrpcPeerTransport({"node1": f"127.0.0.1:{port}"})
+    try:
+        with pytest.raises(PeerError, match=f"FAILED_PRECONDITION: node1 speaks an older wire protocol "
+                                            f".*, this node speaks wire protocol {PROTOCOL}: run the same"):
+            transport.hello("node1", "node0", federation.name, "", timeout=10)
+    finally:
+        transport.close()
+        server.stop(grace=0)
+
+
 def test_hello_refuses_a_node_with_another_model():
     base = tiny_raw(nodes=2, rounds=1)
     mine = parse_federation(base, source="a.toml")
@@ -185,51 +222,47 @@ def test_nodes_whose_data_differ_in_shape_both_say_how_at_hello():
         b.stop(grace=0)
 
 
-def _rewind_raw(address, requests):
+def _train_raw(address, requests):
     channel, stub = _stub(address)
     try:
-        return list(stub.Rewind(iter(requests), timeout=10))
+        return list(stub.Train(iter(requests), timeout=10))
     finally:
         channel.close()
 
 
-def test_rewind_trains_a_copy_and_each_bad_rewind_is_refused(nodes):
+def test_train_trains_a_copy_for_a_rewind_and_each_bad_call_is_refused(nodes):
     caller, peer = nodes[2], nodes[1]  # node1 sent node2 its round-1 model: node2 rewinds to node1
     sent, peer_before = parts(caller).state_dict(), parts(peer).state_dict()
-    back = parts(caller).transport.rewind("node1", parts(caller).encode(2, kind="rewind"), 5, 2, "node2",
-                                   expected=parts(caller).model.spec, max_bytes=2**30, timeout=10)
-    assert back.meta.kind == "rewind" and back.meta.sender == "node1" and back.meta.metadata["steps"] == 5
+    back = parts(caller).transport.train("node1", parts(caller).encode(2, kind="to_train"), 5, 2, "node2",
+                                         expected=parts(caller).model.spec, max_bytes=2**30, timeout=10)
+    assert back.meta.kind == "to_train" and back.meta.sender == "node1" and back.meta.metadata["steps"] == 5
     assert not states_equal(back.state_dict, sent)
     assert states_equal(parts(peer).state_dict(), peer_before)
-    model = [peer_pb2.RewindRequest(chunk=c) for c in parts(caller).encode(2, kind="rewind").chunks()]
-    trained = [peer_pb2.RewindRequest(chunk=c) for c in parts(caller).encode(2).chunks()]
+    model = [peer_pb2.TrainRequest(chunk=c) for c in parts(caller).encode(2, kind="to_train").chunks()]
+    trained = [peer_pb2.TrainRequest(chunk=c) for c in parts(caller).encode(2).chunks()]
 
     def spec(**kw):
-        fields = {"epochs": 0.05, "round": 2, "sender": "node2", **kw}
-        return peer_pb2.RewindRequest(spec=peer_pb2.RewindSpec(**fields))
+        fields = {"steps": 3, "round": 2, "sender": "node2", **kw}
+        return peer_pb2.TrainRequest(spec=peer_pb2.TrainSpec(**fields))
 
     cases = [
-        ([], grpc.StatusCode.INVALID_ARGUMENT, "must start with a RewindSpec"),
-        (model, grpc.StatusCode.INVALID_ARGUMENT, "must start with a RewindSpec"),
-        ([spec(epochs=0), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0 or epochs > 0"),
-        ([spec(epochs=-1), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0 or epochs > 0"),
-        ([spec(epochs=float("nan")), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0"),
-        ([spec(epochs=float("inf")), *model], grpc.StatusCode.INVALID_ARGUMENT, "needs steps > 0"),
-        ([spec(epochs=1e6), *model], grpc.StatusCode.INVALID_ARGUMENT, "more than this federation's rewind"),
-        ([spec(epochs=0, steps=2**32 - 1), *model], grpc.StatusCode.INVALID_ARGUMENT,
-         "more than this federation's rewind"),
+        ([], grpc.StatusCode.INVALID_ARGUMENT, "must start with a TrainSpec"),
+        (model, grpc.StatusCode.INVALID_ARGUMENT, "must start with a TrainSpec"),
+        ([spec(steps=0), *model], grpc.StatusCode.INVALID_ARGUMENT, "Train needs steps > 0, got 0"),
+        ([spec(steps=2**32 - 1), *model], grpc.StatusCode.INVALID_ARGUMENT,
+         "Train asks for 4294967295 steps, more than this federation's plug-ins allow node2 here"),
         ([spec(sender="eve"), *model], grpc.StatusCode.PERMISSION_DENIED, "unknown peer 'eve'"),
         ([spec(sender=""), *model], grpc.StatusCode.INVALID_ARGUMENT, "names no sender"),
         ([spec(round=1), *model], grpc.StatusCode.PERMISSION_DENIED,
-         "node2 does not rewind to node1 in round 1"),
+         "node2 does not train on node1's data in round 1 (no plug-in's plan sends it here)"),
         ([spec(round=9), *model], grpc.StatusCode.FAILED_PRECONDITION,
          "round 9 is outside this node's window"),
         ([spec()], grpc.StatusCode.DATA_LOSS, "start with a model header"),
-        ([spec(), *trained], grpc.StatusCode.INVALID_ARGUMENT, "kind 'rewind', not 'trained'"),
+        ([spec(), *trained], grpc.StatusCode.INVALID_ARGUMENT, "kind 'to_train', not 'trained'"),
     ]
     for requests, code, message in cases:
         with pytest.raises(grpc.RpcError) as err:
-            _rewind_raw(peer.address, requests)
+            _train_raw(peer.address, requests)
         assert err.value.code() == code, message
         assert message in err.value.details(), err.value.details()
     assert states_equal(parts(peer).state_dict(), peer_before) and len(parts(peer).inbox) == 0

@@ -30,7 +30,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
     ("Training", ["Learner", "TrainContext", "EvalContext", "register_model"]),
     ("Data", ["ArrayData", "NodeData"]),
     ("Writing an algorithm", ["Algorithm", "ClientHalf", "ServerHalf", "ClientContext", "ServerContext",
-                              "Update", "Param", "register_algorithm"]),
+                              "Update", "RemotePhase", "Param", "register_algorithm"]),
     ("Writing a schedule", ["Schedule", "Hop", "Neighbours", "register_schedule"]),
 ]
 

@@ -18,7 +18,8 @@ versions::
   :func:`load_tls_identity` (a node's mTLS identity from the files ``fl-certs`` makes).
 - Writing an algorithm: :class:`Algorithm` with its :class:`ClientHalf` and
   :class:`ServerHalf`, the contexts they are built with (:class:`ClientContext`,
-  :class:`ServerContext`) and the :class:`Update` a server half aggregates; the
+  :class:`ServerContext`), the :class:`Update` a server half aggregates and the
+  :class:`RemotePhase` a plug-in has a peer train on its data; the
   :class:`Param` declarations of its parameters, and :func:`register_algorithm` to name it
   at run time (docs/algorithms.md).
 - Training: :class:`Learner` (the loop, loss and metrics; subclass it for your own), the
@@ -60,6 +61,7 @@ _EXPORTS = {
     "ClientContext": "flmesh.algorithms.base",
     "ServerContext": "flmesh.algorithms.base",
     "Update": "flmesh.algorithms.base",
+    "RemotePhase": "flmesh.algorithms.base",
     "Param": "flmesh.config.params",
     "register_algorithm": "flmesh.registry",
     "load_tls_identity": "flmesh.transports.grpc.tls",
@@ -81,6 +83,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from flmesh.algorithms.base import Algorithm as Algorithm
     from flmesh.algorithms.base import ClientContext as ClientContext
     from flmesh.algorithms.base import ClientHalf as ClientHalf
+    from flmesh.algorithms.base import RemotePhase as RemotePhase
     from flmesh.algorithms.base import ServerContext as ServerContext
     from flmesh.algorithms.base import ServerHalf as ServerHalf
     from flmesh.algorithms.base import Update as Update

@@ -164,9 +164,10 @@ def _callable(obj: Any, where: str) -> Any:
 
 
 # ---------------------------------------------------------------------- algorithms
-#: The kinds of algorithm plug-in: named by ``[aggregator] strategy``, by ``[training]
-#: objective``, or switched on by a section of their own (``[replay]``).
-ALGORITHM_KINDS = ("strategy", "peers", "objective", "data")
+#: The kinds of algorithm plug-in: named by ``[aggregator] strategy`` or ``[peers] strategy``, by
+#: ``[training] objective``, or switched on by a section of their own (``[replay]`` for a data
+#: plug-in, ``[rewind]`` for a training plug-in that has peers train part of a round).
+ALGORITHM_KINDS = ("strategy", "peers", "objective", "data", "training")
 
 
 def _is_algorithm_class(cls: type) -> bool:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from flmesh import registry
 from flmesh.algorithms.base import Algorithm
 from flmesh.config import Federation, TrainingConfig
+from flmesh.topology import peers as _exchange
 
 #: The order client halves are consulted in: objectives, strategies (a star's or the peers'), then
 #: data plug-ins.
-_KIND_ORDER = {"objective": 0, "strategy": 1, "peers": 1, "data": 2}
+_KIND_ORDER = {"objective": 0, "strategy": 1, "peers": 1, "data": 2, "training": 3}
 
 
 def load(name: str) -> Algorithm:
@@ -72,4 +73,36 @@ def peer_strategy(federation: Federation) -> Algorithm:
     return load(federation.peers.strategy)
 
 
-__all__ = ["Algorithm", "for_node", "load", "named_by", "peer_strategy", "strategy"]
+def _training_of(federation: Federation, node_id: str) -> TrainingConfig:
+    return next((n.training for n in federation.nodes if n.id == node_id), federation.training)
+
+
+def _round_peers(federation: Federation, node_id: str, round: int,
+                 plugins: list[Algorithm]) -> dict[str, str]:
+    roles = _exchange.round_peers(federation, node_id, round)
+    for plugin in plugins:
+        for peer, role in plugin.remote_peers(federation, node_id, round).items():
+            roles.setdefault(peer, role)
+    return roles
+
+
+def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, str]:
+    """Peer -> role for ``node_id`` in ``round``: the exchange schedule's
+    (:func:`flmesh.topology.peers.round_peers`), then the peers its plug-ins have train part
+    of the round (:meth:`~flmesh.algorithms.base.Algorithm.remote_peers`, e.g. "rewind")."""
+    return _round_peers(federation, node_id, round, for_node(federation, _training_of(federation, node_id)))
+
+
+def scheduled_peers(federation: Federation, node_id: str, rounds: int | None = None) -> dict[str, str]:
+    """Every peer :func:`round_peers` names for ``node_id`` in rounds 1..``rounds`` (default:
+    all), with the first round and role that needs it ("destination in round 1")."""
+    plugins = for_node(federation, _training_of(federation, node_id))
+    needed: dict[str, str] = {}
+    for t in range(1, (rounds or federation.rounds) + 1):
+        for peer, role in _round_peers(federation, node_id, t, plugins).items():
+            needed.setdefault(peer, f"{role} in round {t}")
+    return needed
+
+
+__all__ = ["Algorithm", "for_node", "load", "named_by", "peer_strategy", "round_peers", "scheduled_peers",
+           "strategy"]

@@ -63,6 +63,18 @@ class Update:
 
 
 @dataclass(frozen=True)
+class RemotePhase:
+    """A round's optimizer steps, cut in three: ``before`` local steps, ``steps`` trained by
+    ``peer`` on its data (continuing this node's optimizer, whose state travels with the model),
+    ``after`` local steps. One run: one optimizer carries its state through the three."""
+
+    peer: str
+    before: int
+    steps: int
+    after: int
+
+
+@dataclass(frozen=True)
 class ClientContext:
     """What a node's client half may use. ``training`` has the node's own overrides applied."""
 
@@ -216,8 +228,8 @@ class RefinedServer(ServerHalf):
 
 class Algorithm:
     """A registered plug-in. Subclasses set ``name``, ``kind`` ("strategy": an aggregator's,
-    "peers": only a neighbourhood's, "objective" or "data"), the ``params`` they read, and
-    override what they need."""
+    "peers": only a neighbourhood's, "objective", "data" or "training": a remote phase), the
+    ``params`` they read, and override what they need."""
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "strategy"
@@ -255,6 +267,25 @@ class Algorithm:
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:
         """Does a node with ``training`` run this algorithm's client half in ``federation``?"""
         return False
+
+    def remote_phase(self, federation: Federation, node_id: str, round: int, steps: int,
+                     received_from: str | None) -> RemotePhase | None:
+        """Part of ``round``'s ``steps`` optimizer steps that ``node_id`` has a peer train on the
+        peer's data (None: all local). ``received_from``: the node the round's model came from
+        (a walk; None otherwise, or when none came). Pure: called on the training node."""
+        return None
+
+    def remote_peers(self, federation: Federation, node_id: str, round: int) -> dict[str, str]:
+        """Every peer :meth:`remote_phase` may name for ``node_id`` in ``round``, with its role in
+        a sentence ("rewind"), so a node checks it has their addresses before training."""
+        return {}
+
+    def remote_allowance(self, federation: Federation, caller: str, node_id: str, round: int,
+                         largest_share: int) -> int:
+        """The most optimizer steps ``caller`` may have ``node_id`` train for it in ``round``
+        (0: it may not), on the serving node. ``largest_share``: the largest node's training
+        samples. Bounds what a peer can make this node do."""
+        return 0
 
     def gossip(self, federation: Federation, training: TrainingConfig) -> bool:
         """Between peers: send updates to graph neighbours and run the server half on the node."""

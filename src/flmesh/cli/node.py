@@ -190,10 +190,10 @@ def read_peers_file(path: Path, federation: Federation, me: str) -> dict[str, st
 
 def prepare(args: argparse.Namespace) -> NodeRun:
     """Everything that can fail on bad input, before serving; raises one-line errors."""
+    from flmesh.algorithms import scheduled_peers
     from flmesh.cli.node_run import NodeRun
     from flmesh.config import load_federation
     from flmesh.runtime.checkpoint import CHECKPOINT
-    from flmesh.topology.peers import scheduled_peers
 
     try:
         check_seconds("--hello-timeout", args.hello_timeout)

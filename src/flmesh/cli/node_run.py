@@ -333,15 +333,15 @@ def _log_round(report: Report, rounds: int, metric: str = "accuracy") -> None:
         if report.selected and report.start and report.local:
             log.info("round %d/%d: %s global %s -> local %s%s, submitted, %.1fs", t, rounds, metric,
                      _score(report.start, metric), _score(report.local, metric),
-                     f", rewound to {report.rewound_to}" if report.rewound_to else "", report.wall_s,
-                     extra={"round": t, "peer": report.rewound_to})
+                     f", partly trained on {report.trained_on}" if report.trained_on else "", report.wall_s,
+                     extra={"round": t, "peer": report.trained_on})
         else:
             log.info("round %d/%d: not sampled", t, rounds, extra={"round": t, "peer": None})
     else:
         got = (f", received from {report.source} at {_score(report.received_eval, metric)}"
                if report.received_eval is not None else "")
         log.info("round %d/%d: %s %s%s%s%s, %.1fs", t, rounds, metric, _score(report.local, metric), got,
-                 f", rewound to {report.rewound_to}" if report.rewound_to else "",
+                 f", partly trained on {report.trained_on}" if report.trained_on else "",
                  f", sent to {report.delivered_to}" if report.delivered_to else "", report.wall_s,
                  extra={"round": t, "peer": report.delivered_to})
     for note in report.notes:

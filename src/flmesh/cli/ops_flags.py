@@ -139,7 +139,7 @@ def show_progress(ops: Ops, status: Any, rounds: int, enabled: bool, activity: A
 def progress_line(s: Any, rounds: int, activity: tuple[str, str | None] | None) -> str:
     """``round 3/40: sending to node4 (last accuracy 71.2%)``: the text of the live line."""
     phase, peer = activity if activity is not None else (s.state, None)
-    words = {"sending": "to", "waiting": "for", "rewinding": "on"}
+    words = {"sending": "to", "waiting": "for", "training": "on"}  # training on a peer's data
     with_peer = f" {words.get(phase, 'with')} {peer}" if peer else ""
     return (f"round {min(s.round + 1, rounds)}/{rounds}: {phase}{with_peer}"
             + (f" (last accuracy {100 * s.last_accuracy:.1f}%)" if s.round else ""))

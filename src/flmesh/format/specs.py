@@ -32,7 +32,7 @@ FROM_WIRE = {v: k for k, v in TO_WIRE.items()}
 
 #: Why a model is sent (part of the idempotency key). "extras" is an algorithm
 #: plug-in's message; its metadata "algorithm" names the plug-in.
-KINDS = {"trained": pb.MODEL_KIND_TRAINED, "rewind": pb.MODEL_KIND_REWIND,
+KINDS = {"trained": pb.MODEL_KIND_TRAINED, "to_train": pb.MODEL_KIND_TO_TRAIN,
          "global": pb.MODEL_KIND_GLOBAL, "update": pb.MODEL_KIND_UPDATE, "eval": pb.MODEL_KIND_EVAL,
          "extras": pb.MODEL_KIND_EXTRAS, "contribution": pb.MODEL_KIND_CONTRIBUTION,
          "buffer": pb.MODEL_KIND_BUFFER, "checkpoint": pb.MODEL_KIND_CHECKPOINT}

@@ -61,7 +61,7 @@ class NodeData:
     """One node's data: the split it trains on and the split its models are evaluated on.
 
     ``largest_share`` is the sample count of the federation's largest partition (0:
-    unknown); it bounds the work a peer's rewind request may ask of this node. Immutable.
+    unknown); it bounds the work a peer's Train request may ask of this node. Immutable.
     """
 
     train: ArrayData

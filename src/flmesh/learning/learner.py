@@ -16,7 +16,7 @@ learner = "package.module:callable"`` (the callable, a class for instance, is ca
 with no arguments); Python passes an object (``Simulation(fed, learner=...)``).
 
 Thread-safety: one learner object serves every model of a process (a node's own, the
-copies a rewind or an evaluation request trains or evaluates); keep no per-call state on
+copies a peer's Train or Evaluate request trains or evaluates); keep no per-call state on
 ``self``. Blocking: both methods run on the calling thread.
 """
 
@@ -96,7 +96,7 @@ class Learner:
     Python passes an object (``Simulation(fed, learner=...)``).
 
     Thread-safety: one learner object serves every model of a process (a node's own, the
-    copies a rewind or an evaluation request trains or evaluates), from several threads;
+    copies a peer's Train or Evaluate request trains or evaluates), from several threads;
     keep no per-call state on ``self``. Blocking: both methods run on the calling thread.
     """
 

@@ -68,7 +68,7 @@ class AverageRound:
         if trains:
             anchor = self.model.state_dict()  # FedProx-style terms anchor on the model it starts from
             regularizers = [r for client in plugins.clients.values() for r in client.regularizers(anchor, {})]
-            stats, _ = self.training.train_round(round, None, notes, regularizers)
+            stats, _ = self.training.train_round(round, notes, regularizers)
         else:
             stats = TrainStats(0.0, 0, 0)
             notes.append("did not take part this round (participation); sent its model untrained")

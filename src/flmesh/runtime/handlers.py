@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import math
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,12 +27,12 @@ from flmesh.config import TrainingConfig
 from flmesh.format import codec
 from flmesh.format.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.learning.optimizers import load_optimizer_state, optimizer_spec, optimizer_state
-from flmesh.learning.trainer import TrainingStopped, evaluate, steps_for, train
+from flmesh.learning.trainer import TrainingStopped, evaluate, train
 from flmesh.runtime.inbox import ROUND_WINDOW, Inbox, InboxKey
-from flmesh.runtime.local_training import NO_DATA_YET, rewind_training
+from flmesh.runtime.local_training import NO_DATA_YET, peer_training
 from flmesh.runtime.parts import status_of
 from flmesh.runtime.reports import EvalResult
-from flmesh.topology.peers import may_deliver, may_rewind
+from flmesh.topology.peers import may_deliver
 from flmesh.transports.errors import Refused
 from flmesh.transports.limits import EVALS_PER_CALLER, CallerSlots
 from flmesh.transports.seam import Chunks, DeliverResult, HelloInfo, PeerStatus
@@ -74,7 +73,7 @@ class NodeHandlers:
 
     # ------------------------------------------------------------------ checks
     def _member(self, peer_id: str, what: str) -> None:
-        """Only members of the federation may deliver, rewind, evaluate or say hello."""
+        """Only members of the federation may deliver, train, evaluate or say hello."""
         if not peer_id:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: {what} names no sender")
         if peer_id != self.node_id and peer_id not in self.settings.members:
@@ -96,17 +95,17 @@ class NodeHandlers:
                 raise CodecError("invalid", f"extras for algorithm {name!r}, which this node does not "
                                  f"run between peers (it runs {', '.join(specs) or 'none'})")
             return specs[name]
-        if meta.kind == "rewind":  # the model, and the sender's optimizer state when it sends one
-            return {**self.model.spec, **optimizer_spec(self._rewind_config(meta), self.model.module)}
+        if meta.kind == "to_train":  # the model, and the sender's optimizer state when it sends one
+            return {**self.model.spec, **optimizer_spec(self._peer_config(meta), self.model.module)}
         if meta.kind == "trained" and self.plugins.peer_spec is not None:  # a neighbour's, to combine
             return self.plugins.peer_spec
         return self.model.spec
 
-    def _rewind_config(self, meta: ModelMeta) -> TrainingConfig:
+    def _peer_config(self, meta: ModelMeta) -> TrainingConfig:
         try:
-            return rewind_training(self.settings.training, meta.metadata)
+            return peer_training(self.settings.training, meta.metadata)
         except ValueError as exc:
-            raise CodecError("invalid", f"Rewind: {exc}") from None
+            raise CodecError("invalid", f"Train: {exc}") from None
 
     def evaluate_state(self, state: Mapping[str, torch.Tensor], max_task: int | None = None) -> EvalResult:
         """Any model state on this node's test split (a pooled copy is evaluated); in a continual
@@ -116,12 +115,12 @@ class NodeHandlers:
             return evaluate(model, test, device=self.model.device, learner=self.model.learner,
                             compute=self.model.compute)
 
-    def rewind_state(self, state: Mapping[str, torch.Tensor], epochs: float, steps: int, round: int,
-                     cfg: TrainingConfig | None = None,
-                     stop: Callable[[], bool] | None = None) -> tuple[Tensors, int]:
-        """Train a copy of the model in ``state`` ``steps`` steps (or ``epochs``) on this node's data
-        (FedRewind's rewind step), continuing the optimizer state ``state`` carries with the
-        sender's settings ``cfg``; returns the model and optimizer state, and the steps trained.
+    def train_state(self, state: Mapping[str, torch.Tensor], steps: int, round: int,
+                    cfg: TrainingConfig | None = None,
+                    stop: Callable[[], bool] | None = None) -> tuple[Tensors, int]:
+        """Train a copy of the model in ``state`` ``steps`` steps on this node's data (a peer's
+        ``train`` call), continuing the optimizer state ``state`` carries with the sender's
+        settings ``cfg``; returns the model and optimizer state, and the steps trained.
         ``stop()`` True ends it early (TrainingStopped). Thread-safe; the node's own model is
         not touched."""
         cfg = cfg or self.settings.training
@@ -130,7 +129,7 @@ class NodeHandlers:
         with self.model.spare.loaded(model_part) as model:
             optimizer = self.model.make_optimizer(model, cfg)
             load_optimizer_state(optimizer, model, optim_part)
-            stats = train(model, self.share.data.train, cfg, epochs=epochs, steps=steps or None,
+            stats = train(model, self.share.data.train, cfg, steps=steps,
                           seed=self.settings.train_seed(round, salt=1), device=self.model.device,
                           objective=self.plugins.objective, optimizer=optimizer, stop=stop,
                           learner=self.model.learner, compute=self.model.compute)
@@ -247,35 +246,52 @@ class NodeHandlers:
         finally:
             self._evaluations.give(asker)
 
-    def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
-               chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:
-        self._member(sender, "Rewind")
-        self._same(caller, sender, "Rewind")
-        if not may_rewind(self.settings.federation, sender, self.node_id, round):
-            raise Refused("PERMISSION_DENIED", f"{self.node_id}: {sender} does not rewind to "
-                          f"{self.node_id} in round {round} (not on the schedule)")
+    def train(self, caller: str | None, steps: int, round: int, sender: str, chunks: Chunks, *,
+              cancelled: Callable[[], bool] | None = None) -> EncodedModel:
+        self._member(sender, "Train")
+        self._same(caller, sender, "Train")
+        allowed = self._allowance(sender, round)
+        if allowed <= 0:
+            raise Refused("PERMISSION_DENIED", f"{self.node_id}: {sender} does not train on {self.node_id}'s "
+                          f"data in round {round} (no plug-in's plan sends it here)")
         if abs(round - (self.activity.last_round + 1)) > ROUND_WINDOW:
-            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: a rewind for round {round} is outside "
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: a Train call for round {round} is outside "
                           f"this node's window (it is in round {self.activity.last_round + 1})")
-        self._check_rewind_work(epochs, steps)
+        if steps <= 0:
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Train needs steps > 0, got {steps}")
+        if steps > allowed and not len(self.share.data.train):
+            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {NO_DATA_YET}")  # not joined yet
+        if steps > allowed:
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Train asks for {steps} steps, more than "
+                          f"this federation's plug-ins allow {sender} here ({allowed})")
         model = self._decode(chunks)
-        if model.meta.kind != "rewind":
-            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind takes a model of kind 'rewind', "
+        if model.meta.kind != "to_train":
+            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Train takes a model of kind 'to_train', "
                           f"not {model.meta.kind!r}")
-        cfg = rewind_training(self.settings.training, model.meta.metadata)
+        cfg = peer_training(self.settings.training, model.meta.metadata)
         stop = self.stop
 
         def gone() -> bool:
             return stop.is_set() or (cancelled is not None and cancelled())
 
         try:
-            state, done = self.rewind_state(model.state_dict, epochs, steps, round, cfg, stop=gone)
+            state, done = self.train_state(model.state_dict, steps, round, cfg, stop=gone)
         except TrainingStopped as exc:
-            raise Refused("CANCELLED", f"{self.node_id}: rewind for {sender} stopped: {exc}") from None
-        meta = ModelMeta(round=round, sender=self.node_id, kind="rewind",
+            raise Refused("CANCELLED", f"{self.node_id}: training for {sender} stopped: {exc}") from None
+        meta = ModelMeta(round=round, sender=self.node_id, kind="to_train",
                          num_samples=len(self.share.data.train), architecture=self.model.architecture,
                          metadata={"steps": done})
         return codec.encode(state, meta, self.settings.wire)
+
+    def _allowance(self, sender: str, round: int) -> int:
+        """The most steps ``sender`` may have this node train in ``round``: what the federation's
+        plug-ins allow (:meth:`~flmesh.algorithms.base.Algorithm.remote_allowance`), 0 for none.
+        A peer must not make this node train without end."""
+        fed = self.settings.federation
+        largest = self.share.data.largest_share or len(self.share.data.train) * len(fed.nodes)
+        allowed = [p.remote_allowance(fed, sender, self.node_id, round, largest)
+                   for p in self.plugins.enabled]
+        return max(allowed, default=0)
 
     def _in_window(self, round: int, what: str) -> None:
         """Models are taken for rounds from the last one this node finished (its next round
@@ -296,25 +312,6 @@ class NodeHandlers:
         if round >= self.settings.rounds + averages:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, but nothing "
                           f"is sent after the last round ({self.settings.rounds})")
-
-    def _check_rewind_work(self, epochs: float, steps: int) -> None:
-        """Refuse a rewind with no work, or more than the federation's own settings allow: the
-        λ share of E epochs (the largest of any node) over the largest data share at the
-        smallest batch size. A peer must not make this node train without end."""
-        fed = self.settings.federation
-        if not math.isfinite(epochs) or epochs < 0 or steps < 0 or not (steps > 0 or epochs > 0):
-            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind needs steps > 0 or epochs > 0, "
-                          f"got steps {steps}, epochs {epochs}")
-        max_epochs = fed.rewind.lam * max(n.training.epochs for n in fed.nodes)
-        largest = self.share.data.largest_share or len(self.share.data.train) * len(fed.nodes)
-        batch = min(n.training.batch_size for n in fed.nodes)
-        max_steps = math.ceil(fed.rewind.lam * steps_for(max_epochs / fed.rewind.lam, largest, batch)) + 1
-        if (epochs > max_epochs + 1e-9 or steps > max_steps) and not len(self.share.data.train):
-            raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {NO_DATA_YET}")  # not joined yet
-        if epochs > max_epochs + 1e-9 or steps > max_steps:
-            raise Refused("INVALID_ARGUMENT", f"{self.node_id}: Rewind asks for more than this federation's "
-                          f"rewind phase ({max_steps} steps, {max_epochs:g} epochs): got steps {steps}, "
-                          f"epochs {epochs:g}")
 
     def status(self, caller: str | None) -> PeerStatus:
         if caller is not None and caller not in self.settings.evaluators:

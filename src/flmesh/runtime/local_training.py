@@ -1,18 +1,19 @@
-"""One round's local training, with FedRewind's rewind phase (Eq. 2 / Eq. 4).
+"""One round's local training, with a plug-in's remote phase.
 
-Without rewind a round is E local epochs. With a rewind target the round's
-optimizer steps S (those of E epochs on this node's data) are split into
-(1-2λ)S local, λS on the target's data through the ``Rewind`` call, and λS
-local (:func:`~flmesh.learning.trainer.split_steps`): exactly S steps, as
-many as a round without rewind. The three phases are one local run (Eq. 2
-trains one model): one optimizer carries its state (momentum, Adam's moments)
-from phase to phase, and travels to the target with the model, whose phase
-uses the sender's optimizer settings and sends the state back. An unreachable
-target's λS steps are trained locally and noted, as are those of a target that
-holds no training data yet (a continual client before it joins), which refuses.
+A round is E local epochs: S optimizer steps on this node's data. A plug-in may
+have a peer train part of them on the peer's data
+(:meth:`~flmesh.algorithms.base.Algorithm.remote_phase`; FedRewind's rewind
+phase is one): the S steps are then cut into ``before`` local steps, ``steps``
+trained by the peer through the transport's ``train`` call, and ``after``
+local steps. The three phases are one local run: one optimizer carries its
+state (momentum, Adam's moments) from phase to phase and travels to the peer
+with the model; the peer trains with the sender's optimizer settings and sends
+the state back. An unreachable peer's steps are trained locally and noted, as
+are those of a peer that holds no training data yet (a continual client before
+it joins), which refuses.
 
 :class:`LocalTraining` holds what a round's training uses: the node's settings, model, data
-share and plug-ins, its activity, the retried calls and the transport of the rewind phase,
+share and plug-ins, its activity, the retried calls and the transport of the remote phase,
 the stop signal. Blocking; called from the node's round loop only (not thread-safe for one
 node).
 """
@@ -32,11 +33,12 @@ from flmesh.config import TrainingConfig
 from flmesh.format.codec import MetaValue, ModelMeta, encode
 from flmesh.learning.models import ModelError, check_sendable
 from flmesh.learning.optimizers import BUILT_IN, load_optimizer_state, optimizer_spec, optimizer_state
-from flmesh.learning.trainer import split_steps, steps_for, train
+from flmesh.learning.trainer import steps_for, train
 from flmesh.runtime.reports import TrainStats
 from flmesh.transports.errors import PeerError
 
 if TYPE_CHECKING:
+    from flmesh.algorithms.base import RemotePhase
     from flmesh.learning.objectives import Regularizer
     from flmesh.observe.metrics import Metrics
     from flmesh.runtime.activity import Activity
@@ -48,13 +50,14 @@ if TYPE_CHECKING:
 
 
 def optimizer_metadata(cfg: TrainingConfig) -> dict[str, MetaValue]:
-    """The settings a rewind node needs to continue this node's optimizer."""
+    """The settings a peer needs to continue this node's optimizer (the ``train`` call)."""
     return {"optimizer": cfg.optimizer, "lr": float(cfg.lr), "momentum": float(cfg.momentum),
             "weight_decay": float(cfg.weight_decay)}
 
 
-def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> TrainingConfig:
-    """The rewind node's training: its own batch size and objective, the sender's optimizer.
+def peer_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> TrainingConfig:
+    """How a node trains a peer's model (the ``train`` call): its own batch size and objective,
+    the sender's optimizer.
 
     Raises ValueError (one line) for settings no sender of this federation could have."""
     if "optimizer" not in metadata:
@@ -71,18 +74,18 @@ def rewind_training(own: TrainingConfig, metadata: Mapping[str, MetaValue]) -> T
     return replace(own, optimizer=str(optimizer), lr=lr, momentum=momentum, weight_decay=decay)
 
 
-#: How a rewind target without training data (a continual client before it joins) refuses; the
-#: sender notes it in the round's row rather than warning: nothing is wrong.
+#: How a peer without training data (a continual client before it joins) refuses a ``train``
+#: call; the sender notes it in the round's row rather than warning: nothing is wrong.
 NO_DATA_YET = "holds no training data yet"
 
 
 def holds_no_data(exc: PeerError) -> bool:
-    """Whether a failed Rewind is the refusal of a target that holds no training data yet."""
+    """Whether a failed ``train`` call is the refusal of a peer that holds no training data yet."""
     return exc.code == "FAILED_PRECONDITION" and exc.details.endswith(NO_DATA_YET)
 
 
 class LocalTraining:
-    """A node's local training in a round, with FedRewind's rewind phase. Not thread-safe: the
+    """A node's local training in a round, with a plug-in's remote phase. Not thread-safe: the
     round loop calls it."""
 
     def __init__(self, settings: Settings, model: ModelState, share: Share, plugins: NodePlugins,
@@ -113,22 +116,23 @@ class LocalTraining:
             if self.metrics is not None:
                 self.metrics.phase("train", time.monotonic() - started)
 
-    def rewind_on(self, target: str, round: int, steps: int, optimizer: torch.optim.Optimizer) -> int | None:
-        """FedRewind's rewind step: ``target`` trains the node's model ``steps`` steps on its data,
-        continuing ``optimizer``, and sends both back; they replace the node's. The steps it
-        trained, or None (logged) when it cannot be reached. Raises PeerError when the target
-        holds no training data yet (:func:`holds_no_data`)."""
-        self.activity.set_state("rewinding", target)
+    def train_on_peer(self, peer: str, round: int, steps: int,
+                      optimizer: torch.optim.Optimizer) -> int | None:
+        """``peer`` trains the node's model ``steps`` steps on its data, continuing ``optimizer``,
+        and sends both back; they replace the node's. The steps it trained, or None (logged)
+        when it cannot be reached. Raises PeerError when the peer holds no training data yet
+        (:func:`holds_no_data`)."""
+        self.activity.set_state("training", peer)
         model, settings = self.model, self.settings
         with model.lock:
             state = {**model.state_dict(), **optimizer_state(optimizer, model.module)}
             spec = {**model.spec, **optimizer_spec(settings.training, model.module)}
-        meta = ModelMeta(round=round, sender=settings.node_id, kind="rewind",
+        meta = ModelMeta(round=round, sender=settings.node_id, kind="to_train",
                          num_samples=len(self.share.data.train), architecture=model.architecture,
                          metadata=optimizer_metadata(settings.training))
         message = encode(state, meta, settings.wire)
-        back = self.calls.call(target, "rewind to", round, lambda: self.transport.rewind(
-            target, message, steps, round, settings.node_id, expected=spec,
+        back = self.calls.call(peer, "training on", round, lambda: self.transport.train(
+            peer, message, steps, round, settings.node_id, expected=spec,
             max_bytes=settings.max_model_bytes, timeout=settings.round_timeout_s),
             expected=holds_no_data)
         if back is None:
@@ -141,45 +145,56 @@ class LocalTraining:
         done = back.meta.metadata.get("steps", steps)
         return done if isinstance(done, int) else steps
 
-    def train_round(self, round: int, target: str | None, notes: list[str],
-                    regularizers: Sequence[Regularizer] = ()) -> tuple[TrainStats, str | None]:
-        """E local epochs, or with a rewind ``target`` Eq. 2 (Eq. 4 with a server) in steps. Returns
-        the training stats (steps include the rewind node's) and where the rewind ran (None: no
-        rewind, or it failed). Raises ModelError (one line) when the trained model is one every
-        peer refuses (NaN or infinity in its weights: training diverged): it is not sent."""
-        stats, rewound_to = self._train_round(round, target, notes, regularizers)
+    def remote_phase(self, round: int, received_from: str | None) -> RemotePhase | None:
+        """The first remote phase a plug-in the node runs asks for in ``round`` (None: none)."""
+        settings = self.settings
+        cfg, fed = settings.training, settings.federation
+        total = steps_for(cfg.epochs, len(self.share.data.train), cfg.batch_size)
+        for plugin in self.plugins.enabled:
+            phase = plugin.remote_phase(fed, settings.node_id, round, total, received_from)
+            if phase is not None:
+                return phase
+        return None
+
+    def train_round(self, round: int, notes: list[str], regularizers: Sequence[Regularizer] = (), *,
+                    received_from: str | None = None) -> tuple[TrainStats, str | None]:
+        """E local epochs, or a plug-in's remote phase in steps (:meth:`remote_phase`;
+        ``received_from``: the node the round's model came from). Returns the training stats
+        (steps include the peer's) and the peer that trained part of the round (None: none, or
+        it failed). Raises ModelError (one line) when the trained model is one every peer
+        refuses (NaN or infinity in its weights: training diverged): it is not sent."""
+        stats, trained_on = self._train_round(round, self.remote_phase(round, received_from), notes,
+                                              regularizers)
         with self.model.lock:
             try:
                 check_sendable(self.model.module, self.settings.federation, "trained")
             except ModelError as exc:
                 raise ModelError(f"{self.settings.node_id}: round {round}: the model {exc}") from None
-        return stats, rewound_to
+        return stats, trained_on
 
-    def _train_round(self, round: int, target: str | None, notes: list[str],
+    def _train_round(self, round: int, phase: RemotePhase | None, notes: list[str],
                      regularizers: Sequence[Regularizer]) -> tuple[TrainStats, str | None]:
-        if target is None:
+        if phase is None:
             return self.train_local(round, 0, regularizers), None
-        cfg = self.settings.training
-        total = steps_for(cfg.epochs, len(self.share.data.train), cfg.batch_size)
-        first, middle, last = split_steps(total, self.settings.federation.rewind.lam)
         with self.model.lock:
-            optimizer = self.model.make_optimizer(self.model.module, cfg)
-        phases = [self.train_local(round, 0, regularizers, steps=first, optimizer=optimizer)]
-        failed = f"rewind to {target} failed"
+            optimizer = self.model.make_optimizer(self.model.module, self.settings.training)
+        phases = [self.train_local(round, 0, regularizers, steps=phase.before, optimizer=optimizer)]
+        peer, middle = phase.peer, phase.steps
+        failed = f"training on {peer} failed"
         try:
-            remote = self.rewind_on(target, round, middle, optimizer) if middle > 0 else 0
-        except PeerError:  # the target holds no data yet (holds_no_data)
-            remote, failed = None, f"rewind: {target} {NO_DATA_YET}"
-        rewound_to = target if remote is not None else None
+            remote = self.train_on_peer(peer, round, middle, optimizer) if middle > 0 else 0
+        except PeerError:  # the peer holds no data yet (holds_no_data)
+            remote, failed = None, f"{peer} {NO_DATA_YET}"
+        trained_on = peer if remote is not None else None
         if remote is None:
             notes.append(f"{failed}; trained its {middle} steps locally")
             phases.append(self.train_local(round, 1, regularizers, steps=middle, optimizer=optimizer))
-        phases.append(self.train_local(round, 2, regularizers, steps=last, optimizer=optimizer))
+        phases.append(self.train_local(round, 2, regularizers, steps=phase.after, optimizer=optimizer))
         seen = sum(p.samples for p in phases)
         stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
                            sum(p.steps for p in phases) + (remote or 0), seen, remote or 0,
                            metrics=next((p.metrics for p in reversed(phases) if p.metrics), {}))
-        return stats, rewound_to
+        return stats, trained_on
 
 
-__all__ = ["NO_DATA_YET", "LocalTraining", "holds_no_data", "optimizer_metadata", "rewind_training"]
+__all__ = ["NO_DATA_YET", "LocalTraining", "holds_no_data", "optimizer_metadata", "peer_training"]

@@ -94,7 +94,7 @@ def linger(transport: PeerTransport, peers: Iterable[str], timeout: float, stop:
 
 def wait_aggregator_done(aggregator: AggregatorTransport, timeout: float, stop: threading.Event, *,
                          clock: Clock = REAL_CLOCK) -> bool:
-    """Keep serving (Evaluate, Rewind) until the aggregator says it is done or is gone.
+    """Keep serving (Evaluate, Train) until the aggregator says it is done or is gone.
 
     True when it finished (or went away) within ``timeout`` seconds."""
     def done(_: str) -> bool:

@@ -219,8 +219,8 @@ class Node:
         return self._server.address if self._server is not None else None
 
     def state(self) -> str:
-        """What the node is doing now: "starting", "idle", "waiting", "training", "rewinding",
-        "sending", "done" or "stopped". Thread-safe."""
+        """What the node is doing now: "starting", "idle", "waiting", "training" (on its own
+        data, or on a peer's), "sending", "done" or "stopped". Thread-safe."""
         return self._parts.activity.current()[0]
 
     def status(self) -> PeerStatus:

@@ -1,6 +1,7 @@
-"""A decentralized round (CWT, RWT; FedRewind Alg. 1), written once against the transport seam.
+"""A decentralized round of a model walk (CWT, RWT), written once against the transport seam.
 
-Receive the model the source trained in round t-1, train it (with rewind: Eq. 2), share
+Receive the model the source trained in round t-1, train it (with a plug-in's remote phase,
+such as FedRewind's rewind), share
 plug-in updates with graph neighbours (FedCurv without an aggregator), deliver to the
 destination. :class:`PeerRound` holds the parts of the node the round uses; the model walk's
 waits and retries are :class:`~flmesh.runtime.peer_exchange.PeerExchange`'s, the training
@@ -14,13 +15,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from flmesh.algorithms import round_peers
 from flmesh.algorithms.base import Update
 from flmesh.format.codec import DecodedModel, ModelMeta, encode
 from flmesh.runtime.inbox import Inbox, InboxKey
 from flmesh.runtime.parts import evaluate_own
 from flmesh.runtime.reports import RoundReport, TrainStats
-from flmesh.topology.peers import round_peers
-from flmesh.topology.schedules import rewind_target
 from flmesh.transports.errors import PeerError, UnknownPeerError
 
 if TYPE_CHECKING:
@@ -77,13 +77,12 @@ class PeerRound:
     def run(self, round: int) -> RoundReport:
         """Round ``round`` (from 1): receive from the source, train, deliver onward.
 
-        Training is E local epochs, or with rewind (FedRewind Eq. 2, Alg. 1):
-        (1-2λ)S local steps, λS on the rewind node's data through ``Rewind``, λS
-        local. There is no rewind in round 1 (no model has been received, so there
-        is no previous node); "previous" rewinds to the node the model came from.
-        The model comes from the source or, when it is down, from its fallback
+        Training is E local epochs, or a plug-in's remote phase (local steps, steps on a
+        peer's data, local steps: :class:`~flmesh.runtime.local_training.LocalTraining`),
+        told which node the model came from. The model comes from the source or, when it is
+        down, from its fallback
         (:meth:`~flmesh.runtime.peer_exchange.PeerExchange.wait_for_source`, progress-based); when
-        none arrives the node trains the model it has; when the rewind node cannot
+        none arrives the node trains the model it has; when the remote phase's peer cannot
         be reached it spends those steps locally; a dead destination's successor
         gets the model instead. The report says so in each case. Blocks until the
         model has been delivered (or delivery failed).
@@ -117,14 +116,11 @@ class PeerRound:
         arrived = self.inbox.wait_all(gossip_keys, settings.round_timeout_s, self.stop) if gossip_keys else {}
         if trains:
             regularizers = self._gossip_regularizers(round, arrived, notes)
-            target = rewind_target(plan, me, fed.rewind.mode, round=round, seed=fed.seed, nodes=fed.node_ids)
-            if target is not None and fed.rewind.mode == "previous" and sender is not None:
-                target = sender  # rewind to the node the model came from (a fallback sender included)
-            stats, rewound_to = self.training.train_round(round, target, notes, regularizers)
+            stats, trained_on = self.training.train_round(round, notes, regularizers, received_from=sender)
             if round < settings.rounds:
                 self._share_gossip(round)
         else:  # a continual federation's client that sits this round out: it passes the model on
-            stats, rewound_to = TrainStats(0.0, 0, 0), None
+            stats, trained_on = TrainStats(0.0, 0, 0), None
             notes.append("did not take part this round (participation); passed the model on untrained")
         local = evaluate_own(self.model, self.share, self.metrics)
         self.activity.finish_round(round, local.accuracy)
@@ -140,7 +136,7 @@ class PeerRound:
             missing=missing, delivered=delivered, train_size=len(self.share.data.train), train=stats,
             local=local, wall_s=self.clock.now() - start, notes=tuple(notes),
             received_accuracy=received_eval.accuracy if received_eval is not None else None,
-            received_eval=received_eval, rewound_to=rewound_to, delivered_to=delivered_to,
+            received_eval=received_eval, trained_on=trained_on, delivered_to=delivered_to,
             bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), participated=trains,
             privacy_spent=privacy_spent(self.plugins),
             task=continual.task if continual is not None else None, received_from=sender,

@@ -18,7 +18,14 @@ import torch
 from torch import nn
 
 from flmesh import algorithms
-from flmesh.algorithms.base import ClientContext, ClientHalf, ServerContext, ServerHalf, trainable_spec
+from flmesh.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientHalf,
+    ServerContext,
+    ServerHalf,
+    trainable_spec,
+)
 from flmesh.config import Federation, TrainingConfig
 from flmesh.format.specs import ModelSpec
 from flmesh.learning.arrays import ArrayData
@@ -38,6 +45,7 @@ class NodePlugins:
     peer_server: ServerHalf | None = None
     peer_spec: ModelSpec | None = None
     peer_name: str | None = None
+    enabled: tuple[Algorithm, ...] = ()  # every plug-in the node runs (remote phases ask them)
 
     @classmethod
     def build(cls, federation: Federation, node_id: str, training: TrainingConfig,
@@ -69,4 +77,5 @@ class NodePlugins:
             p = algorithms.peer_strategy(federation)
             peer_server = p.server(replace(server_ctx, settings=p.settings(federation), node_id=node_id))
             peer_spec, peer_name = {**spec, **p.update_spec(params)}, p.name
-        return cls(clients, gossip, objective, global_spec, update_specs, peer_server, peer_spec, peer_name)
+        return cls(clients, gossip, objective, global_spec, update_specs, peer_server, peer_spec, peer_name,
+                   tuple(plugins))

@@ -32,7 +32,7 @@ class RoundReport:
     wall_s: float
     notes: tuple[str, ...] = ()
     received_accuracy: float | None = None  # the received model on this node's test split
-    rewound_to: str | None = None  # where the rewind phase ran (None: no rewind this round)
+    trained_on: str | None = None  # the peer that trained part of the round on its data (None: none)
     delivered_to: str | None = None  # where the model went (the destination, or None)
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -68,7 +68,7 @@ class StarReport:
     train: TrainStats | None = None
     start: EvalResult | None = None
     local: EvalResult | None = None
-    rewound_to: str | None = None
+    trained_on: str | None = None
     wall_s: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
     bytes_sent: int = 0

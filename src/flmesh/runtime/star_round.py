@@ -1,4 +1,4 @@
-"""A round with an aggregator (FedRewind Alg. 2 when rewind is on), against the transport seam.
+"""A round with an aggregator, against the transport seam.
 
 Poll; only when sampled fetch the global model, train it with the strategy's client half, and
 submit the update with its extras. :class:`StarRound` holds the parts of the node the round
@@ -17,7 +17,6 @@ from flmesh.format.codec import ModelMeta, encode
 from flmesh.runtime.parts import evaluate_own
 from flmesh.runtime.peer_round import privacy_spent
 from flmesh.runtime.reports import StarReport
-from flmesh.topology.peers import star_rewind_target
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import PollInfo, with_retry
 
@@ -56,13 +55,13 @@ class StarRound:
         self.continual, self.training, self.metrics = continual, training, metrics
 
     def run(self, round: int) -> StarReport:
-        """One round with an aggregator (FedRewind Alg. 2 when rewind is on).
+        """One round with an aggregator.
 
         Poll until the aggregator opens ``round``; a node not sampled downloads
         nothing. A sampled node fetches the global model (with the strategy's
         published extras), trains it E epochs with its client halves' objective
-        and regularizers (with rewind: (1-2λ)E local, λE on the previous node in
-        the chain, λE local, Eq. 4), and submits the update with its extras.
+        and regularizers (with a plug-in's remote phase: part of the steps on a peer's data,
+        FedRewind's Eq. 4 for one), and submits the update with its extras.
         """
         settings, model, plugins, continual = self.settings, self.model, self.plugins, self.continual
         me, agg = settings.node_id, self.aggregator
@@ -93,8 +92,7 @@ class StarRound:
         start_eval = evaluate_own(model, self.share, self.metrics)
         regularizers = [r for client in plugins.clients.values()
                         for r in client.regularizers(start_state, published)]
-        target = star_rewind_target(settings.federation, me, round)
-        stats, rewound_to = self.training.train_round(round, target, notes, regularizers)
+        stats, trained_on = self.training.train_round(round, notes, regularizers)
         local = evaluate_own(model, self.share, self.metrics)
         state = model.state_dict()
         extras: Tensors = {}
@@ -122,7 +120,7 @@ class StarRound:
         self.activity.set_state("idle")
         sent, got = self.counter.take()
         return StarReport(node=me, round=round, selected=True, submitted=submitted,
-                          late=late, train=stats, start=start_eval, local=local, rewound_to=rewound_to,
+                          late=late, train=stats, start=start_eval, local=local, trained_on=trained_on,
                           wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
                           bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task)
 

@@ -19,7 +19,6 @@ from flmesh.topology.schedules import (
     StandaloneSchedule,
     hamiltonian_cycle,
     random_cycle_cover,
-    rewind_target,
 )
 
 __all__ = [
@@ -32,5 +31,4 @@ __all__ = [
     "StandaloneSchedule",
     "hamiltonian_cycle",
     "random_cycle_cover",
-    "rewind_target",
 ]

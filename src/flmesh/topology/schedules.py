@@ -27,8 +27,6 @@ from typing import Protocol
 import networkx as nx
 import numpy as np
 
-from flmesh.config.federation import REWIND_MODES
-
 #: Expansions the Hamiltonian-cycle search may make before it gives up. Enough
 #: for the few-hundred-node ring, complete, regular and Erdos-Renyi graphs
 #: federations use; a graph that needs more should list its cycle explicitly.
@@ -158,7 +156,6 @@ class CyclicSchedule:
 
 #: Stream id that keeps RWT's draws apart from every other use of the federation seed.
 _SEED_RWT = 101
-_SEED_RANDREWIND = 102
 
 
 def random_cycle_cover(graph: nx.Graph, rng: np.random.Generator) -> dict[str, str]:
@@ -226,29 +223,3 @@ class StandaloneSchedule:
         if round < 1:
             raise ValueError(f"rounds are numbered from 1, got {round}")
         return {v: Hop(None, None) for v in self.nodes}
-
-
-
-
-def rewind_target(plan: Plan, node: str, mode: str, *, round: int, seed: int,
-                  nodes: Sequence[str], first_round: int = 2) -> str | None:
-    """Where ``node`` rewinds in ``round`` (FedRewind Eq. 2 and Table 4), or None.
-
-    ``previous``: the node its model came from (``plan[node].source``).
-    ``random`` (RandRewind): a node drawn uniformly from the other federation
-    nodes, from (seed, round, node) alone: any node, not only a graph neighbour, as
-    FedRewind's "random node of the federation" (docs/algorithms.md). Either way there is
-    no rewind in round 1, where no model has been received yet: the node trains all E
-    epochs locally, so every variant has the same budget and the same first round.
-    ``first_round=1`` is for rewind with a server (Eq. 4, Alg. 2), where the chain
-    is fixed and a previous node exists from round 1 (pass the chain's plan).
-    """
-    if mode == "off" or round < first_round:
-        return None
-    if mode == "previous":
-        return plan[node].source
-    if mode == "random":
-        others = [v for v in nodes if v != node]
-        rng = np.random.default_rng([seed, _SEED_RANDREWIND, round, list(nodes).index(node)])
-        return others[int(rng.integers(len(others)))]
-    raise ScheduleError(f"unknown rewind mode {mode!r} (expected one of {', '.join(REWIND_MODES)})")

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 #: Streams one caller may hold on a server at once: a member has at most a Deliver (or its
-#: extras), an Evaluate and a Rewind in flight to one peer, and a busy refusal is retried.
+#: extras), an Evaluate and a Train in flight to one peer, and a busy refusal is retried.
 PER_CALLER = 4
 
 #: Evaluations one caller may have running on a node at once. Each is a pass over the node's

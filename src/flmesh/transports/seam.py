@@ -145,7 +145,7 @@ class PeerTransport(Protocol):
     """Calls from one node (or the aggregator) to a peer, named by node id.
 
     ``counter`` adds up the model-stream bytes the transport moves; ``wire`` is how models
-    that come back (a rewound model) travel: the federation's ``[wire]`` format."""
+    that come back (from :meth:`train`) travel: the federation's ``[wire]`` format."""
 
     counter: ByteCounter
     wire: WireFormat
@@ -163,9 +163,10 @@ class PeerTransport(Protocol):
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult: ...
 
-    def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
-               expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
-        """Ask ``peer`` to train ``model`` ``steps`` optimizer steps on its data; what it sends back."""
+    def train(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
+              expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
+        """Ask ``peer`` to train ``model`` (of kind "to_train") ``steps`` optimizer steps on its
+        data for ``sender``'s ``round``; what it sends back. Blocks until it comes back."""
         ...
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult: ...
@@ -215,10 +216,11 @@ class PeerHandlers(Protocol):
 
     def evaluate(self, caller: str | None, chunks: Chunks) -> EvalResult: ...
 
-    def rewind(self, caller: str | None, epochs: float, steps: int, round: int, sender: str,
-               chunks: Chunks, *, cancelled: Callable[[], bool] | None = None) -> EncodedModel:
-        """Train the sender's model on this node's data; ``cancelled()`` turning True (the
-        caller went away) stops the training at the next step."""
+    def train(self, caller: str | None, steps: int, round: int, sender: str, chunks: Chunks, *,
+              cancelled: Callable[[], bool] | None = None) -> EncodedModel:
+        """Train the sender's model ``steps`` optimizer steps on this node's data, where a plug-in
+        of the federation allows it; ``cancelled()`` turning True (the caller went away) stops
+        the training at the next step."""
         ...
 
     def status(self, caller: str | None) -> PeerStatus: ...

@@ -25,7 +25,7 @@ class ModelKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MODEL_KIND_UNSPECIFIED: _ClassVar[ModelKind]
     MODEL_KIND_TRAINED: _ClassVar[ModelKind]
-    MODEL_KIND_REWIND: _ClassVar[ModelKind]
+    MODEL_KIND_TO_TRAIN: _ClassVar[ModelKind]
     MODEL_KIND_GLOBAL: _ClassVar[ModelKind]
     MODEL_KIND_UPDATE: _ClassVar[ModelKind]
     MODEL_KIND_EVAL: _ClassVar[ModelKind]
@@ -51,7 +51,7 @@ DTYPE_UINT8: DType
 DTYPE_BOOL: DType
 MODEL_KIND_UNSPECIFIED: ModelKind
 MODEL_KIND_TRAINED: ModelKind
-MODEL_KIND_REWIND: ModelKind
+MODEL_KIND_TO_TRAIN: ModelKind
 MODEL_KIND_GLOBAL: ModelKind
 MODEL_KIND_UPDATE: ModelKind
 MODEL_KIND_EVAL: ModelKind

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from flmesh.v1 import model_pb2 as flmesh_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66lmesh/v1/peer.proto\x12\tflmesh.v1\x1a\x15\x66lmesh/v1/model.proto\"I\n\x0cHelloRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nfederation\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\"x\n\nHelloReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nfederation\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\rJ\x04\x08\x06\x10\x07R\tdata_port\"K\n\x0c\x44\x65liverReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\"J\n\nRewindSpec\x12\x0e\n\x06\x65pochs\x18\x01 \x01(\x01\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\r\"i\n\rRewindRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x15.flmesh.v1.RewindSpecH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.flmesh.v1.ModelChunkH\x00\x42\t\n\x07payload\";\n\nClassCount\x12\r\n\x05label\x18\x01 \x01(\x05\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"9\n\tTaskCount\x12\x0c\n\x04task\x18\x01 \x01(\x05\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"\x9a\x02\n\rEvaluateReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12(\n\tper_class\x18\x06 \x03(\x0b\x32\x15.flmesh.v1.ClassCount\x12&\n\x08per_task\x18\x07 \x03(\x0b\x32\x14.flmesh.v1.TaskCount\x12\x36\n\x07metrics\x18\x08 \x03(\x0b\x32%.flmesh.v1.EvaluateReply.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x0f\n\rStatusRequest\"\xaa\x01\n\x0bStatusReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\r\x12\x14\n\x0crounds_total\x18\x04 \x01(\r\x12\x12\n\ninbox_size\x18\x05 \x01(\r\x12\x15\n\rtrain_samples\x18\x06 \x01(\x04\x12\x14\n\x0ctest_samples\x18\x07 \x01(\x04\x12\x15\n\rlast_accuracy\x18\x08 \x01(\x01\x32\xb6\x02\n\x04Peer\x12\x37\n\x05Hello\x12\x17.flmesh.v1.HelloRequest\x1a\x15.flmesh.v1.HelloReply\x12;\n\x07\x44\x65liver\x12\x15.flmesh.v1.ModelChunk\x1a\x17.flmesh.v1.DeliverReply(\x01\x12=\n\x06Rewind\x12\x18.flmesh.v1.RewindRequest\x1a\x15.flmesh.v1.ModelChunk(\x01\x30\x01\x12=\n\x08\x45valuate\x12\x15.flmesh.v1.ModelChunk\x1a\x18.flmesh.v1.EvaluateReply(\x01\x12:\n\x06Status\x12\x18.flmesh.v1.StatusRequest\x1a\x16.flmesh.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66lmesh/v1/peer.proto\x12\tflmesh.v1\x1a\x15\x66lmesh/v1/model.proto\"[\n\x0cHelloRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nfederation\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x10\n\x08protocol\x18\x04 \x01(\r\"\x8a\x01\n\nHelloReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nfederation\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\r\x12\x10\n\x08protocol\x18\x07 \x01(\rJ\x04\x08\x06\x10\x07R\tdata_port\"K\n\x0c\x44\x65liverReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\"G\n\tTrainSpec\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0e\n\x06sender\x18\x03 \x01(\t\x12\r\n\x05steps\x18\x04 \x01(\rJ\x04\x08\x01\x10\x02R\x06\x65pochs\"g\n\x0cTrainRequest\x12$\n\x04spec\x18\x01 \x01(\x0b\x32\x14.flmesh.v1.TrainSpecH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.flmesh.v1.ModelChunkH\x00\x42\t\n\x07payload\";\n\nClassCount\x12\r\n\x05label\x18\x01 \x01(\x05\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"9\n\tTaskCount\x12\x0c\n\x04task\x18\x01 \x01(\x05\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x04\x12\r\n\x05total\x18\x03 \x01(\x04\"\x9a\x02\n\rEvaluateReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63uracy\x18\x02 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x03 \x01(\x04\x12\r\n\x05total\x18\x04 \x01(\x04\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12(\n\tper_class\x18\x06 \x03(\x0b\x32\x15.flmesh.v1.ClassCount\x12&\n\x08per_task\x18\x07 \x03(\x0b\x32\x14.flmesh.v1.TaskCount\x12\x36\n\x07metrics\x18\x08 \x03(\x0b\x32%.flmesh.v1.EvaluateReply.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x0f\n\rStatusRequest\"\xaa\x01\n\x0bStatusReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\r\x12\x14\n\x0crounds_total\x18\x04 \x01(\r\x12\x12\n\ninbox_size\x18\x05 \x01(\r\x12\x15\n\rtrain_samples\x18\x06 \x01(\x04\x12\x14\n\x0ctest_samples\x18\x07 \x01(\x04\x12\x15\n\rlast_accuracy\x18\x08 \x01(\x01\x32\xb4\x02\n\x04Peer\x12\x37\n\x05Hello\x12\x17.flmesh.v1.HelloRequest\x1a\x15.flmesh.v1.HelloReply\x12;\n\x07\x44\x65liver\x12\x15.flmesh.v1.ModelChunk\x1a\x17.flmesh.v1.DeliverReply(\x01\x12;\n\x05Train\x12\x17.flmesh.v1.TrainRequest\x1a\x15.flmesh.v1.ModelChunk(\x01\x30\x01\x12=\n\x08\x45valuate\x12\x15.flmesh.v1.ModelChunk\x1a\x18.flmesh.v1.EvaluateReply(\x01\x12:\n\x06Status\x12\x18.flmesh.v1.StatusRequest\x1a\x16.flmesh.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,27 +35,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVALUATEREPLY_METRICSENTRY']._loaded_options = None
   _globals['_EVALUATEREPLY_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_HELLOREQUEST']._serialized_start=58
-  _globals['_HELLOREQUEST']._serialized_end=131
-  _globals['_HELLOREPLY']._serialized_start=133
-  _globals['_HELLOREPLY']._serialized_end=253
-  _globals['_DELIVERREPLY']._serialized_start=255
-  _globals['_DELIVERREPLY']._serialized_end=330
-  _globals['_REWINDSPEC']._serialized_start=332
-  _globals['_REWINDSPEC']._serialized_end=406
-  _globals['_REWINDREQUEST']._serialized_start=408
-  _globals['_REWINDREQUEST']._serialized_end=513
-  _globals['_CLASSCOUNT']._serialized_start=515
-  _globals['_CLASSCOUNT']._serialized_end=574
-  _globals['_TASKCOUNT']._serialized_start=576
-  _globals['_TASKCOUNT']._serialized_end=633
-  _globals['_EVALUATEREPLY']._serialized_start=636
-  _globals['_EVALUATEREPLY']._serialized_end=918
-  _globals['_EVALUATEREPLY_METRICSENTRY']._serialized_start=872
-  _globals['_EVALUATEREPLY_METRICSENTRY']._serialized_end=918
-  _globals['_STATUSREQUEST']._serialized_start=920
-  _globals['_STATUSREQUEST']._serialized_end=935
-  _globals['_STATUSREPLY']._serialized_start=938
-  _globals['_STATUSREPLY']._serialized_end=1108
-  _globals['_PEER']._serialized_start=1111
-  _globals['_PEER']._serialized_end=1421
+  _globals['_HELLOREQUEST']._serialized_end=149
+  _globals['_HELLOREPLY']._serialized_start=152
+  _globals['_HELLOREPLY']._serialized_end=290
+  _globals['_DELIVERREPLY']._serialized_start=292
+  _globals['_DELIVERREPLY']._serialized_end=367
+  _globals['_TRAINSPEC']._serialized_start=369
+  _globals['_TRAINSPEC']._serialized_end=440
+  _globals['_TRAINREQUEST']._serialized_start=442
+  _globals['_TRAINREQUEST']._serialized_end=545
+  _globals['_CLASSCOUNT']._serialized_start=547
+  _globals['_CLASSCOUNT']._serialized_end=606
+  _globals['_TASKCOUNT']._serialized_start=608
+  _globals['_TASKCOUNT']._serialized_end=665
+  _globals['_EVALUATEREPLY']._serialized_start=668
+  _globals['_EVALUATEREPLY']._serialized_end=950
+  _globals['_EVALUATEREPLY_METRICSENTRY']._serialized_start=904
+  _globals['_EVALUATEREPLY_METRICSENTRY']._serialized_end=950
+  _globals['_STATUSREQUEST']._serialized_start=952
+  _globals['_STATUSREQUEST']._serialized_end=967
+  _globals['_STATUSREPLY']._serialized_start=970
+  _globals['_STATUSREPLY']._serialized_end=1140
+  _globals['_PEER']._serialized_start=1143
+  _globals['_PEER']._serialized_end=1451
 # @@protoc_insertion_point(module_scope)

@@ -8,28 +8,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HelloRequest(_message.Message):
-    __slots__ = ("node_id", "federation", "architecture")
+    __slots__ = ("node_id", "federation", "architecture", "protocol")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     federation: str
     architecture: str
-    def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ...) -> None: ...
+    protocol: int
+    def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("node_id", "federation", "architecture", "version", "round")
+    __slots__ = ("node_id", "federation", "architecture", "version", "round", "protocol")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     FEDERATION_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     federation: str
     architecture: str
     version: str
     round: int
-    def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ..., version: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
+    protocol: int
+    def __init__(self, node_id: _Optional[str] = ..., federation: _Optional[str] = ..., architecture: _Optional[str] = ..., version: _Optional[str] = ..., round: _Optional[int] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class DeliverReply(_message.Message):
     __slots__ = ("accepted", "duplicate", "bytes_received")
@@ -41,25 +45,23 @@ class DeliverReply(_message.Message):
     bytes_received: int
     def __init__(self, accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., bytes_received: _Optional[int] = ...) -> None: ...
 
-class RewindSpec(_message.Message):
-    __slots__ = ("epochs", "round", "sender", "steps")
-    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+class TrainSpec(_message.Message):
+    __slots__ = ("round", "sender", "steps")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
-    epochs: float
     round: int
     sender: str
     steps: int
-    def __init__(self, epochs: _Optional[float] = ..., round: _Optional[int] = ..., sender: _Optional[str] = ..., steps: _Optional[int] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., sender: _Optional[str] = ..., steps: _Optional[int] = ...) -> None: ...
 
-class RewindRequest(_message.Message):
+class TrainRequest(_message.Message):
     __slots__ = ("spec", "chunk")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
-    spec: RewindSpec
+    spec: TrainSpec
     chunk: _model_pb2.ModelChunk
-    def __init__(self, spec: _Optional[_Union[RewindSpec, _Mapping]] = ..., chunk: _Optional[_Union[_model_pb2.ModelChunk, _Mapping]] = ...) -> None: ...
+    def __init__(self, spec: _Optional[_Union[TrainSpec, _Mapping]] = ..., chunk: _Optional[_Union[_model_pb2.ModelChunk, _Mapping]] = ...) -> None: ...
 
 class ClassCount(_message.Message):
     __slots__ = ("label", "correct", "total")

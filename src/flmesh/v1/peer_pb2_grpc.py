@@ -43,9 +43,9 @@ class PeerStub:
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
                 _registered_method=True)
-        self.Rewind = channel.stream_stream(
-                '/flmesh.v1.Peer/Rewind',
-                request_serializer=flmesh_dot_v1_dot_peer__pb2.RewindRequest.SerializeToString,
+        self.Train = channel.stream_stream(
+                '/flmesh.v1.Peer/Train',
+                request_serializer=flmesh_dot_v1_dot_peer__pb2.TrainRequest.SerializeToString,
                 response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
                 _registered_method=True)
         self.Evaluate = channel.stream_unary(
@@ -79,9 +79,10 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Rewind(self, request_iterator, context):
-        """FedRewind: train the streamed model for `epochs` on this node's data and
-        stream it back. First request message is the spec, then the model chunks.
+    def Train(self, request_iterator, context):
+        """Train the streamed model for `steps` optimizer steps on this node's data
+        and stream it back (a plug-in's remote phase: FedRewind's rewind, for one).
+        First request message is the spec, then the model chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,9 +115,9 @@ def add_PeerServicer_to_server(servicer, server):
                     request_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
                     response_serializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.SerializeToString,
             ),
-            'Rewind': grpc.stream_stream_rpc_method_handler(
-                    servicer.Rewind,
-                    request_deserializer=flmesh_dot_v1_dot_peer__pb2.RewindRequest.FromString,
+            'Train': grpc.stream_stream_rpc_method_handler(
+                    servicer.Train,
+                    request_deserializer=flmesh_dot_v1_dot_peer__pb2.TrainRequest.FromString,
                     response_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
             ),
             'Evaluate': grpc.stream_unary_rpc_method_handler(
@@ -195,7 +196,7 @@ class Peer:
             _registered_method=True)
 
     @staticmethod
-    def Rewind(request_iterator,
+    def Train(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -208,8 +209,8 @@ class Peer:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/flmesh.v1.Peer/Rewind',
-            flmesh_dot_v1_dot_peer__pb2.RewindRequest.SerializeToString,
+            '/flmesh.v1.Peer/Train',
+            flmesh_dot_v1_dot_peer__pb2.TrainRequest.SerializeToString,
             flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
             options,
             channel_credentials,

@@ -15,7 +15,7 @@ bounded per caller where it waits (:data:`~flmesh.transports.limits.POLLS_PER_CA
 An admitted stream is ended when it waits on its caller longer than
 ``idle_s``: no request message arrives (DEADLINE_EXCEEDED naming the idle
 limit), or a reply message is not taken (cancelled: such a caller reads
-nothing). Time the server spends on its own work (training a rewind,
+nothing). Time the server spends on its own work (a Train call's training,
 waiting for releases) is not idle. The limit is per message (gRPC shows no
 single bytes): a sender slower than one chunk per ``idle_s`` is cut. A
 stream that outlives ``deadline_s`` is cancelled whatever it does.

@@ -29,14 +29,14 @@ from flmesh.transports.grpc import serde
 from flmesh.transports.grpc.channels import make_channel
 from flmesh.transports.grpc.tls import Tls
 from flmesh.transports.seam import ByteCounter, DeliverResult, HelloInfo, PeerStatus
-from flmesh.v1 import peer_pb2, peer_pb2_grpc
+from flmesh.v1 import PROTOCOL, peer_pb2, peer_pb2_grpc, protocol_name
 
 if TYPE_CHECKING:
     from flmesh.observe.metrics import Metrics
 
 T = TypeVar("T")
 
-_REWIND_CHUNK_FIELD = peer_pb2.RewindRequest.DESCRIPTOR.fields_by_name["chunk"].number
+_TRAIN_CHUNK_FIELD = peer_pb2.TrainRequest.DESCRIPTOR.fields_by_name["chunk"].number
 
 
 #: Longest pause between two tries of a stream the peer's guard turned away as busy.
@@ -113,7 +113,7 @@ class _Link:
     stub: peer_pb2_grpc.PeerStub
     deliver: Any
     evaluate: Any
-    rewind: Any
+    train: Any
 
 
 class GrpcPeerTransport:
@@ -123,7 +123,7 @@ class GrpcPeerTransport:
         server is the peer it is named for."""
         self.tls = tls
         self.metrics: Metrics | None = None  # Prometheus counters of the calls (--metrics-port)
-        self.wire = RAW  # how rewound models come back (Node sets the federation's [wire])
+        self.wire = RAW  # how models trained by a peer come back (Node sets the federation's [wire])
         self.chunk_bytes = chunk_bytes
         self.counter = counter or ByteCounter()
         self._addresses: dict[str, str] = dict(peers or {})
@@ -164,7 +164,7 @@ class GrpcPeerTransport:
                 address, channel, peer_pb2_grpc.PeerStub(channel),
                 _bytes_out(channel, "stream_unary", "Deliver", deliver),
                 _bytes_out(channel, "stream_unary", "Evaluate", evaluate),
-                _bytes_out(channel, "stream_stream", "Rewind", parse_chunk),
+                _bytes_out(channel, "stream_stream", "Train", parse_chunk),
             )
             self._links[peer] = link
             return link
@@ -182,9 +182,13 @@ class GrpcPeerTransport:
 
     def hello(self, peer: str, me: str, federation: str, architecture: str, *,
               timeout: float) -> HelloInfo:
-        request = peer_pb2.HelloRequest(node_id=me, federation=federation, architecture=architecture)
-
+        request = peer_pb2.HelloRequest(node_id=me, federation=federation, architecture=architecture,
+                                        protocol=PROTOCOL)
         reply = self._call(peer, lambda link: link.stub.Hello(request, timeout=timeout), method="Hello")
+        if reply.protocol != PROTOCOL:
+            raise PeerError(peer, self.address(peer), "FAILED_PRECONDITION",
+                            f"{peer} speaks {protocol_name(reply.protocol)}, this node speaks "
+                            f"{protocol_name(PROTOCOL)}: run the same flmesh release on every node")
         return serde.from_proto(HelloInfo, reply)
 
     def deliver(self, peer: str, model: EncodedModel, *, timeout: float) -> DeliverResult:
@@ -194,23 +198,23 @@ class GrpcPeerTransport:
         self.counter.add_sent(codec.kind_of(model.header), size)
         return serde.from_proto(DeliverResult, reply)
 
-    def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
-               expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
+    def train(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
+              expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
         def requests() -> Iterator[bytes]:
-            spec = peer_pb2.RewindSpec(steps=steps, round=round, sender=sender)
-            yield peer_pb2.RewindRequest(spec=spec).SerializeToString()
-            yield from model.frames(self.chunk_bytes, field=_REWIND_CHUNK_FIELD)
+            spec = peer_pb2.TrainSpec(steps=steps, round=round, sender=sender)
+            yield peer_pb2.TrainRequest(spec=spec).SerializeToString()
+            yield from model.frames(self.chunk_bytes, field=_TRAIN_CHUNK_FIELD)
 
         def call(link: _Link) -> DecodedModel:
             try:
-                return codec.decode(link.rewind(requests(), timeout=timeout), expected, max_bytes,
+                return codec.decode(link.train(requests(), timeout=timeout), expected, max_bytes,
                                     wire=self.wire)
             except codec.CodecError as exc:  # the peer sent back something we will not use
-                raise PeerError(peer, link.address, exc.code, f"its rewound model: {exc}") from None
+                raise PeerError(peer, link.address, exc.code, f"the model it trained: {exc}") from None
 
-        result = self._call(peer, call, timeout, "Rewind", model.wire_bytes(self.chunk_bytes))
-        self.counter.add_sent("rewind", model.wire_bytes(self.chunk_bytes))
-        self.counter.add_received("rewind", result.wire_bytes)
+        result = self._call(peer, call, timeout, "Train", model.wire_bytes(self.chunk_bytes))
+        self.counter.add_sent("to_train", model.wire_bytes(self.chunk_bytes))
+        self.counter.add_received("to_train", result.wire_bytes)
         return result
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult:

@@ -17,9 +17,9 @@ import grpc
 from flmesh.transports.errors import Refused
 from flmesh.transports.grpc import serde
 from flmesh.transports.grpc.tls import caller_of
-from flmesh.transports.seam import PeerHandlers
+from flmesh.transports.seam import HelloInfo, PeerHandlers
+from flmesh.v1 import PROTOCOL, peer_pb2, peer_pb2_grpc, protocol_name
 from flmesh.v1 import model_pb2 as pb
-from flmesh.v1 import peer_pb2, peer_pb2_grpc
 
 T = TypeVar("T")
 
@@ -43,9 +43,16 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.handlers = handlers
 
     def Hello(self, request: peer_pb2.HelloRequest, context: grpc.ServicerContext) -> peer_pb2.HelloReply:
-        info = handle(context, lambda caller: self.handlers.hello(caller, request.node_id,
-                                                           request.federation, request.architecture))
-        return serde.to_proto(peer_pb2.HelloReply, info)
+        def hello(caller: str | None) -> HelloInfo:
+            if request.protocol != PROTOCOL:  # an RPC it calls may not exist here, or mean another thing
+                raise Refused("FAILED_PRECONDITION", f"{self.handlers.node_id} speaks "
+                              f"{protocol_name(PROTOCOL)}, the caller {request.node_id!r} "
+                              f"{protocol_name(request.protocol)}: run the same flmesh release on every node")
+            return self.handlers.hello(caller, request.node_id, request.federation, request.architecture)
+
+        reply = serde.to_proto(peer_pb2.HelloReply, handle(context, hello))
+        reply.protocol = PROTOCOL
+        return reply
 
     def Deliver(self, request_iterator: Iterator[pb.ModelChunk],
                 context: grpc.ServicerContext) -> peer_pb2.DeliverReply:
@@ -57,17 +64,16 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         result = handle(context, lambda caller: self.handlers.evaluate(caller, request_iterator))
         return serde.evaluate_reply(self.handlers.node_id, result)
 
-    def Rewind(self, request_iterator: Iterator[peer_pb2.RewindRequest],
-               context: grpc.ServicerContext) -> Iterator[pb.ModelChunk]:
+    def Train(self, request_iterator: Iterator[peer_pb2.TrainRequest],
+              context: grpc.ServicerContext) -> Iterator[pb.ModelChunk]:
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("payload") != "spec":
             abort(context, Refused("INVALID_ARGUMENT",
-                                   f"{self.handlers.node_id}: Rewind must start with a RewindSpec"))
+                                   f"{self.handlers.node_id}: Train must start with a TrainSpec"))
         spec = first.spec
         chunks = (r.chunk for r in request_iterator)
-        encoded = handle(context, lambda caller: self.handlers.rewind(
-            caller, spec.epochs, spec.steps, spec.round, spec.sender, chunks,
-            cancelled=lambda: not context.is_active()))
+        encoded = handle(context, lambda caller: self.handlers.train(
+            caller, spec.steps, spec.round, spec.sender, chunks, cancelled=lambda: not context.is_active()))
         yield from encoded.chunks()
 
     def Status(self, request: peer_pb2.StatusRequest, context: grpc.ServicerContext) -> peer_pb2.StatusReply:

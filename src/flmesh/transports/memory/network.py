@@ -160,17 +160,17 @@ class MemoryPeerTransport:
         self.counter.add_sent(codec.kind_of(model.header), model.wire_bytes(self.network.chunk_bytes))
         return result
 
-    def rewind(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
-               expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
+    def train(self, peer: str, model: EncodedModel, steps: int, round: int, sender: str, *,
+              expected: ModelSpec, max_bytes: int, timeout: float) -> DecodedModel:
         def call() -> DecodedModel:
-            back = self.network.peer(self.me, peer).rewind(
-                self.me, 0.0, steps, round, sender, _as_received(model, self.network.chunk_bytes))
+            back = self.network.peer(self.me, peer).train(
+                self.me, steps, round, sender, _as_received(model, self.network.chunk_bytes))
             return codec.decode(_as_received(back, self.network.chunk_bytes), expected, max_bytes,
                                 wire=self.wire)
 
         result = _call(peer, call)
-        self.counter.add_sent("rewind", model.wire_bytes(self.network.chunk_bytes))
-        self.counter.add_received("rewind", result.wire_bytes)
+        self.counter.add_sent("to_train", model.wire_bytes(self.network.chunk_bytes))
+        self.counter.add_received("to_train", result.wire_bytes)
         return result
 
     def evaluate(self, peer: str, model: EncodedModel, *, timeout: float) -> EvalResult:
