@@ -35,7 +35,7 @@ def heavy(mods: set[str], *prefixes: str) -> list[str]:
 
 #: Every room of src/flmesh (a folder per role), and the top-level modules beside them.
 ROOMS = ["config", "topology", "learning", "algorithms", "format", "transports", "runtime", "replay",
-         "aggregator", "sim", "reports", "deploy", "pki", "observe", "cli", "v1"]
+         "aggregator", "sim", "reports", "deploy", "pki", "observe", "cli", "v1", "timing"]
 
 
 def flmesh_of(mods: set[str]) -> set[str]:
@@ -65,6 +65,14 @@ def test_topology_loads_neither_torch_nor_grpc():
     assert not heavy(mods, "torch", "grpc")
     assert flmesh_of(mods) <= {"flmesh", "flmesh.config", "flmesh.registry", "flmesh.user_code",
                                "flmesh.topology"}
+
+
+def test_simulated_time_loads_neither_torch_nor_grpc():
+    mods = loaded("flmesh.timing", walk=True)
+    assert "flmesh.timing.timeline" in mods
+    assert not heavy(mods, "torch", "grpc")
+    assert flmesh_of(mods) <= {"flmesh", "flmesh.config", "flmesh.registry", "flmesh.user_code",
+                               "flmesh.timing"}
 
 
 def test_partitions_is_pure_numpy():

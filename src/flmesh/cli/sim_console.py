@@ -120,6 +120,13 @@ def final_table(fed: Federation, summary: Summary) -> Table | None:
     if spent is not None:  # a DP replay run: the most any client released (the key's eps)
         names.insert(-1, "max eps")
         values.insert(-1, f"{spent:.2f}")
+    if summary.sim_time_s is not None:  # a device model: simulated seconds beside the wall's
+        names.insert(-1, "simulated s")
+        values.insert(-1, f"{summary.sim_time_s:.1f}")
+    if summary.target_accuracy is not None:
+        names.insert(-1, f"to {pct(summary.target_accuracy).strip()} %")
+        values.insert(-1, "not reached" if summary.time_to_target_s is None else
+                      f"{summary.time_to_target_s:.1f} s (r{summary.rounds_to_target})")
     for col in names:
         table.add_column(col, justify="right")
     table.add_row(*values)
@@ -137,4 +144,11 @@ def final_line(summary: Summary, metric: str = "accuracy") -> str:
     over = "" if metric == "accuracy" else f" {metric}"
     values += [(f"FA{over}", final.fa), (f"FF{over}", final.ff), (f"PFA{over}", final.pfa)]
     metrics = ", ".join(f"{name} {pct(value).strip()} %" for name, value in values if value is not None)
-    return f"{done}: {metrics or 'not evaluated'}; results in {summary.out_dir}"
+    timed = ""
+    if summary.sim_time_s is not None:
+        timed = f"; {summary.sim_time_s:.1f} simulated s"
+        if summary.target_accuracy is not None:
+            target = pct(summary.target_accuracy).strip()
+            timed += (f", {target} % not reached" if summary.time_to_target_s is None else
+                      f", {target} % at {summary.time_to_target_s:.1f} s (round {summary.rounds_to_target})")
+    return f"{done}: {metrics or 'not evaluated'}{timed}; results in {summary.out_dir}"

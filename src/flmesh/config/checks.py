@@ -43,7 +43,7 @@ class Bad(Exception):
 Check = Callable[[Any], Any]
 
 
-def _finite(v: Any) -> bool:
+def finite(v: Any) -> bool:
     """A real number a float can hold: TOML integers have no size limit, and an integer past
     1.8e308 raises OverflowError on the way to float (a traceback instead of a message)."""
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -106,7 +106,7 @@ def number(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
         desc += f" {'>' if lo_open else '>='} {lo}"
 
     def check(v: Any) -> float:
-        if not _finite(v):
+        if not finite(v):
             raise Bad(desc)
         if lo is not None and (v < lo or (lo_open and v == lo)):
             raise Bad(desc)

@@ -249,6 +249,67 @@ class PeersConfig:
     combine a neighbourhood, or an import path; its parameters are its ``[algorithm.NAME]``."""
 
     strategy: str = "dpsgd"
+    # barrier-free rounds: combine once ``wait`` of the round's in-peers' models have come (None:
+    # all of them) or ``deadline_s`` seconds after the node's own training ended (None: no
+    # deadline), with each in-peer's freshest model of the last ``max_staleness`` rounds, a late
+    # one weighted by (1 + staleness) ** -staleness_exponent (FedAsync's polynomial rule)
+    wait: int | None = None
+    deadline_s: float | None = None
+    staleness_exponent: float = 0.5
+    max_staleness: int = 4
+
+    @property
+    def barrier_free(self) -> bool:
+        """Whether a round may combine without waiting for every in-peer's model of the round."""
+        return self.wait is not None or self.deadline_s is not None
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """How fast the nodes compute, in simulated time (``[devices]``).
+
+    ``step_s``: seconds one optimizer step takes on the reference device (None: fl-sim
+    measures it on this machine and records it in the run folder); ``speed``: every node's
+    speed relative to the reference (0.2: five times slower); ``spread``: sigma of a seeded
+    log-normal spread of the nodes' speeds around ``speed`` (0: none); ``stragglers``: the
+    share of nodes, drawn from the seed, that are ``slowdown`` times slower (low, high: a
+    factor per straggler drawn uniformly between them); ``trace``: a CSV or JSON file of events
+    (node, time_s, event, value) that change a node's speed, step time, bandwidth or
+    availability over time (absolute path)."""
+
+    step_s: float | None = None
+    speed: float = 1.0
+    spread: float = 0.0
+    stragglers: float = 0.0
+    slowdown: tuple[float, float] = (5.0, 5.0)
+    trace: str | None = None
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The nodes' links, in simulated time (``[network]``): ``bandwidth_mbps`` each node's
+    uplink in megabits per second (None: unlimited; the aggregator's too), ``latency_ms`` the
+    one-way delay of every message a node sends, ``thin_links`` the share of node pairs, drawn
+    from the seed, whose link carries ``thin_factor`` times less."""
+
+    bandwidth_mbps: float | None = None
+    latency_ms: float = 0.0
+    thin_links: float = 0.0
+    thin_factor: float = 10.0
+
+
+@dataclass(frozen=True)
+class NodeDevice:
+    """One node's own device and link (``[nodes.ID]``), over ``[devices]`` and ``[network]``:
+    ``speed`` or ``step_s`` (seconds per step: this node's, whatever the reference),
+    ``bandwidth_mbps``, ``latency_ms``, and ``offline``: (from_s, to_s) spells of simulated
+    time when it neither trains nor sends, in order."""
+
+    speed: float | None = None
+    step_s: float | None = None
+    bandwidth_mbps: float | None = None
+    latency_ms: float | None = None
+    offline: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -262,6 +323,7 @@ class NodeConfig:
     address: str | None = None
     partition: int | None = None
     data: str | None = None
+    device: NodeDevice | None = None  # its own device and link in simulated time (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -298,6 +360,18 @@ class Federation:
     # [algorithm.NAME] tables, each over its plug-in's declared defaults (name or import path)
     algorithms: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     peers: PeersConfig | None = None  # how a neighbour-averaging schedule combines models
+    # the device and network model of simulated time (None, None and no node's device: none)
+    devices: DevicesConfig | None = None
+    network: NetworkConfig | None = None
+    target_accuracy: float | None = None  # a fraction: runs report the simulated time to reach it
+
+    @property
+    def timed(self) -> bool:
+        """Whether the file describes devices or links, or has barrier-free rounds (which decide
+        what arrived in time on simulated time): fl-sim then reports simulated time."""
+        barrier_free = self.peers is not None and self.peers.barrier_free and self.baseline == "none"
+        return (self.devices is not None or self.network is not None or any(n.device for n in self.nodes)
+                or barrier_free)
 
     @property
     def node_ids(self) -> list[str]:

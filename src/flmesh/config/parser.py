@@ -8,7 +8,7 @@ the section and key, and what was expected.
 Sections (all but ``[federation]`` optional)::
 
     [federation]  name, seed, rounds, round_timeout_s, max_model_mib, baseline, eval_every,
-                  eval_sample
+                  eval_sample, target_accuracy
     [topology]    nodes, graph, params, file, schedule, peers (the epidemic schedule's s)
     [training]    epochs, batch_size, lr, optimizer, momentum, weight_decay, objective, device,
                   learner
@@ -24,7 +24,10 @@ Sections (all but ``[federation]`` optional)::
     [aggregator.params]  the strategy's parameters (docs/algorithms.md)
     [peers]       strategy (how an averaging schedule's nodes combine models; default "dpsgd")
     [algorithm.NAME]     a plug-in's parameters, NAME registered or an import path
-    [nodes.<id>]  address, partition, data (its own file), and any [training] key as a per-node override;
+    [devices]     step_s, speed, spread, stragglers, slowdown, trace (simulated time: how fast nodes compute)
+    [network]     bandwidth_mbps, latency_ms, thin_links, thin_factor (simulated time: the links)
+    [nodes.<id>]  address, partition, data (its own file), speed, step_s, bandwidth_mbps, latency_ms,
+                  offline, and any [training] key as a per-node override;
                   a table for every node (any ids), or, with [topology] nodes = N, for some of the
                   generated node0 .. node<N-1>
 
@@ -50,10 +53,13 @@ from flmesh.config.checks import MAX_NODES, SectionReader, key_text, mib
 from flmesh.config.continual import read_continual
 from flmesh.config.federation import (
     DataConfig,
+    DevicesConfig,
     Federation,
     FederationError,
     ModelConfig,
+    NetworkConfig,
     NodeConfig,
+    NodeDevice,
     PeersConfig,
     RewindConfig,
     TopologyConfig,
@@ -62,7 +68,16 @@ from flmesh.config.federation import (
 )
 from flmesh.config.graphs import shown
 from flmesh.config.plugin_tables import MOVED_TRAINING, read_plugin_tables
-from flmesh.config.schema import ID_RULE, NODE_ID, NODE_KEYS, OPTIMIZERS, REQUIRED, SECTIONS, TRAINING
+from flmesh.config.schema import (
+    ID_RULE,
+    NODE_DEVICE,
+    NODE_ID,
+    NODE_KEYS,
+    OPTIMIZERS,
+    REQUIRED,
+    SECTIONS,
+    TRAINING,
+)
 
 DEFAULT_MAX_MODEL_MIB = 512.0
 GENERATED_ID = re.compile(r"^node\d+$")  # the form of the ids ``[topology] nodes = N`` makes
@@ -191,9 +206,11 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
             partitions_seen[part] = node_id
         address = entry.pop("address", None)
         own = entry.pop("data", None)
+        device = {k: entry.pop(k) for k in list(entry) if k in NODE_DEVICE}
         nodes.append(NodeConfig(id=node_id, index=index, training=replace(training, **entry),
                                 address=address, partition=part,
-                                data=str((base / own).resolve()) if own is not None else None))
+                                data=str((base / own).resolve()) if own is not None else None,
+                                device=NodeDevice(**device) if device else None))
 
     if rewind.mode != "off":
         for label, cfg in [("[training]", training), *((f"[nodes.{n.id}]", n.training) for n in nodes)]:
@@ -212,6 +229,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         file=(base / graph_file).resolve() if graph_file else None,
     )
     tasks, replay = read_continual(r, raw, ids, fed["rounds"], aggregator)
+    devices, network = _time_model(r, raw, base)
     federation = Federation(
         name=fed["name"], seed=fed.get("seed", 0), rounds=fed["rounds"],
         round_timeout_s=fed.get("round_timeout_s", 120.0),
@@ -224,11 +242,26 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         wire=WireConfig(**r.section(raw, "wire", SECTIONS["wire"])),
         aggregator=aggregator, source=source, tasks=tasks, replay=replay, algorithms=algorithms,
         peers=_peers_config(r, raw, topology.schedule if fed.get("baseline", "none") == "none" else ""),
+        devices=devices, network=network, target_accuracy=fed.get("target_accuracy"),
     )
 
     schedule = federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     _check_peers(r, federation, bool(getattr(schedule, "averages", False)), "peers" in raw)
     return federation
+
+
+def _time_model(r: SectionReader, raw: Mapping[str, Any],
+                base: Path) -> tuple[DevicesConfig | None, NetworkConfig | None]:
+    """``[devices]`` and ``[network]`` (each None when absent); the trace path made absolute."""
+    devices = network = None
+    if "devices" in raw:
+        given = r.section(raw, "devices", SECTIONS["devices"])
+        if "trace" in given:
+            given["trace"] = str((base / given["trace"]).resolve())
+        devices = DevicesConfig(**given)
+    if "network" in raw:
+        network = NetworkConfig(**r.section(raw, "network", SECTIONS["network"]))
+    return devices, network
 
 
 def _peers_config(r: SectionReader, raw: Mapping[str, Any], schedule: str) -> PeersConfig | None:
@@ -265,6 +298,10 @@ def _check_peers(r: SectionReader, federation: Federation, averages: bool, given
     if fed.peers is None:
         raise r.fail("[peers] strategy", f"schedule {name!r} averages models: name how they are combined")
     plugin = registry.algorithms.resolve(fed.peers.strategy)  # the schema checked it combines
+    if fed.peers.barrier_free and fed.peers.strategy == "push_sum":
+        raise r.fail("[peers] wait", "push-sum needs every in-peer's weight share each round (a share "
+                     "left out is mass lost): use dpsgd, epidemic or fedavg for barrier-free rounds, or "
+                     "wait = \"all\"")
     why = plugin.refuse_neighbourhood(fed)
     if why:
         raise r.fail("[peers] strategy", why)

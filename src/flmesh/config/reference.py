@@ -18,6 +18,7 @@ from typing import Any
 
 from flmesh.config.checks import Bad, Check
 from flmesh.config.continual import REPLAY_KEYS, TASK_KEYS
+from flmesh.config.federation import DevicesConfig, NetworkConfig
 from flmesh.config.parser import parse_federation
 from flmesh.config.schema import DESCRIPTIONS, NODE_KEYS, REQUIRED, SECTIONS, TRAINING
 
@@ -82,7 +83,8 @@ def _defaults() -> dict[str, Any]:
     fed = parse_federation(_BARE, source="<reference>")
     return {"federation": fed, "rewind": fed.rewind, "aggregator": fed.aggregator, "wire": fed.wire,
             "topology": fed.topology, "training": fed.training, "data": fed.data, "model": fed.model,
-            "tasks": fed.tasks, "replay": fed.replay, "peers": fed.peers}
+            "tasks": fed.tasks, "replay": fed.replay, "peers": fed.peers,
+            "devices": DevicesConfig(), "network": NetworkConfig()}
 
 
 def _default(holders: Mapping[str, Any], section: str, key: str) -> str:
@@ -91,7 +93,11 @@ def _default(holders: Mapping[str, Any], section: str, key: str) -> str:
     if (section, key) in _OTHER:
         return _OTHER[(section, key)]
     if section == "nodes.<id>":
-        return "[training]'s" if key in TRAINING else "the node's position" if key == "partition" else "unset"
+        if key in TRAINING:
+            return "[training]'s"
+        if key in ("speed", "bandwidth_mbps", "latency_ms"):
+            return "[devices]'s" if key == "speed" else "[network]'s"
+        return "the node's position" if key == "partition" else "unset"
     name = _FIELD.get((section, key), key)
     holder = holders[section]
     if not hasattr(holder, name):  # a deprecated key, read into another table

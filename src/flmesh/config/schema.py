@@ -34,6 +34,7 @@ from flmesh.config.checks import (
     boolean,
     dataset_name,
     device,
+    finite,
     int_list,
     integer,
     number,
@@ -164,6 +165,56 @@ def _metric(v: Any) -> str:
     return v
 
 
+#: Simulated seconds a device model may name (a trace's or an offline spell's time): ~31 years.
+MAX_SIM_S = 1e9
+#: Relative speeds and slow-downs: a million times apart is past any device a federation holds.
+MAX_FACTOR = 1e6
+
+
+def _slowdown(v: Any) -> tuple[float, float]:
+    """``[devices] slowdown``: one factor, or [low, high] drawn uniformly per straggler."""
+    if finite(v) and 1 <= v <= MAX_FACTOR:
+        return (float(v), float(v))
+    if (isinstance(v, list) and len(v) == 2 and all(finite(x) and 1 <= x <= MAX_FACTOR for x in v)
+            and v[0] <= v[1]):
+        return (float(v[0]), float(v[1]))
+    raise Bad(f"a factor in [1, {MAX_FACTOR:g}], or [low, high] with 1 <= low <= high (one drawn per "
+              "straggler)")
+
+
+def _offline(v: Any) -> tuple[tuple[float, float], ...]:
+    """``[nodes.ID] offline``: [from_s, to_s] spells of simulated seconds, in order, apart."""
+    expected = ("a list of [from_s, to_s] spells of simulated seconds, 0 <= from_s < to_s <= 1e9, in "
+                "order and apart (a node must come back: rounds that wait for it would never end)")
+    if not isinstance(v, list):
+        raise Bad(expected)
+    spells: list[tuple[float, float]] = []
+    for item in v:
+        if not (isinstance(item, list) and len(item) == 2 and all(finite(x) for x in item)
+                and 0 <= item[0] < item[1] <= MAX_SIM_S and (not spells or item[0] > spells[-1][1])):
+            raise Bad(expected)
+        spells.append((float(item[0]), float(item[1])))
+    return tuple(spells)
+
+
+def _wait(v: Any) -> int | None:
+    """``[peers] wait``: "all" (None) or how many of a round's in-peers' models to wait for."""
+    if v == "all":
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_NODES:
+        return v
+    raise Bad(f'"all", or how many of the round\'s in-peers\' models to wait for (an integer in '
+              f'[0, {MAX_NODES}])')
+
+
+_SPEED = at_most(number(0, lo_open=True), MAX_FACTOR)
+_STEP_S = at_most(number(0, lo_open=True), 86_400, "seconds: one day a step")
+_MBPS = at_most(number(0, lo_open=True), 1e9, "a petabit per second")
+_LATENCY_MS = at_most(number(0), 3_600_000, "milliseconds: an hour")
+#: [nodes.ID] keys of a node's own device and link (config.NodeDevice)
+NODE_DEVICE: dict[str, Check] = {"speed": _SPEED, "step_s": _STEP_S, "bandwidth_mbps": _MBPS,
+                                 "latency_ms": _LATENCY_MS, "offline": _offline}
+
 MAX_CLASSES = 1_000_000
 _TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
 _SERVER_EPOCHS = at_most(number(0), MAX_EPOCHS)
@@ -191,7 +242,12 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "metric": _metric,
         "distance_guard": at_most(number(0), 1e6),
         "eval_sample": at_most(sample_size, MAX_NODES, f"a federation file holds at most {MAX_NODES} nodes"),
+        "target_accuracy": number(0, 1, lo_open=True),
     },
+    "devices": {"step_s": _STEP_S, "speed": _SPEED, "spread": at_most(number(0), 10),
+                "stragglers": number(0, 1), "slowdown": _slowdown, "trace": path_string},
+    "network": {"bandwidth_mbps": _MBPS, "latency_ms": _LATENCY_MS, "thin_links": number(0, 1),
+                "thin_factor": at_most(number(1), MAX_FACTOR)},
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
                "scope": string(("sampled", "chain"))},
     "aggregator": {
@@ -212,7 +268,8 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "graph": string(), "params": table, "file": path_string, "schedule": registered(schedules.names),
         "peers": at_most(integer(1), MAX_NODES - 1, "a node has at most that many others"),
     },
-    "peers": {"strategy": peer_strategy_name},
+    "peers": {"strategy": peer_strategy_name, "wait": _wait, "deadline_s": _TIMEOUT,
+              "staleness_exponent": at_most(number(0), 10), "max_staleness": at_most(integer(0), 1000)},
     "training": TRAINING,
     "data": {
         "dataset": dataset_name(datasets.names), "root": path_string, "download": boolean,
@@ -238,7 +295,8 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "weights": path_string, "small_input": boolean, "factory": _factory, "args": table,
     },
 }
-NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), "data": path_string, **TRAINING}
+NODE_KEYS: dict[str, Check] = {"address": address, "partition": integer(0), "data": path_string, **TRAINING,
+                               **NODE_DEVICE}
 REQUIRED = {"federation": ("name", "rounds")}
 
 #: section -> key -> its meaning, units included.
@@ -257,6 +315,25 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
                           "times its own distance from the initial model (0: off)",
         "eval_sample": "K >= 2: each model on its own test split and K-1 others (FA/FF estimated); "
                        "0: every split",
+        "target_accuracy": "a fraction: fl-sim reports the simulated seconds and rounds to reach it (FA "
+                           "between peers, the global model's accuracy with an aggregator)",
+    },
+    "devices": {
+        "step_s": "simulated seconds one optimizer step takes at speed 1 (unset: measured on this machine "
+                  "when fl-sim starts, and recorded in the run folder)",
+        "speed": "every node's compute speed relative to step_s (0.2: five times slower)",
+        "spread": "sigma of a seeded log-normal spread of node speeds around speed (0: none)",
+        "stragglers": "share of nodes, drawn from the seed, that are slowdown times slower",
+        "slowdown": "how much slower a straggler is: a factor, or [low, high] drawn per straggler",
+        "trace": "a CSV or JSON file of events node,time_s,event,value (speed, step_s, bandwidth_mbps, "
+                 "offline, online) that change a node over simulated time (relative to the file)",
+    },
+    "network": {
+        "bandwidth_mbps": "megabits per second of each node's uplink, and the aggregator's (unset: "
+                          "unlimited)",
+        "latency_ms": "milliseconds of one-way delay on every message a node sends",
+        "thin_links": "share of node pairs, drawn from the seed, whose link carries thin_factor times less",
+        "thin_factor": "how many times less a thin link carries",
     },
     "rewind": {
         "mode": "FedRewind's rewind phase: off, to the previous node, or to a random node (RandRewind)",
@@ -300,6 +377,12 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "peers": {
         "strategy": "how a node of an averaging schedule combines its model with those that came: dpsgd "
                     "(the default), push_sum, epidemic, fedavg, median, trimmed_mean, krum or a plug-in",
+        "wait": "\"all\" (every in-peer's model of the round), or combine once this many have come: "
+                "barrier-free rounds, with the others' freshest earlier models",
+        "deadline_s": "barrier-free rounds: seconds after its own training a node combines what has come",
+        "staleness_exponent": "a: a model s rounds old counts (1 + s)^-a as much (FedAsync's polynomial "
+                              "rule)",
+        "max_staleness": "rounds: an older neighbour model is not combined",
     },
     "training": {
         "epochs": "local epochs per round; a fraction is a share of one pass's batches",
@@ -370,6 +453,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "partition": "which partition of the data set the node trains on (default: its position)",
         "data": "the node's own data file (.npz, .csv, ...), instead of a partition",
         **{key: f"this node's [training] {key}" for key in TRAINING},
+        "speed": "this node's [devices] speed",
+        "step_s": "simulated seconds one optimizer step takes on this node (over speed and step_s)",
+        "bandwidth_mbps": "this node's [network] bandwidth_mbps",
+        "latency_ms": "this node's [network] latency_ms",
+        "offline": "[[from_s, to_s], ...]: simulated seconds when the node neither trains nor sends",
         "fedcurv_lambda": "refused: [algorithm.fedcurv] lambda is one value for the federation",
     },
 }

@@ -15,13 +15,15 @@ class TrainStats:
     """What local training did: mean loss over its steps, optimizer steps, samples seen.
 
     ``steps`` counts every step of the round's model, including the ``remote_steps``
-    that a rewind node trained on its data (loss and samples are this node's only)."""
+    that a peer trained on its data in a remote phase (loss and samples are this node's only);
+    ``steps_before_remote`` of them ran here before the remote phase."""
 
     loss: float
     steps: int
     samples: int
     remote_steps: int = 0
     metrics: Mapping[str, float] = field(default_factory=dict)  # a learner's, beyond the loss
+    steps_before_remote: int = 0
 
 
 @dataclass(frozen=True)

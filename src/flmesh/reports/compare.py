@@ -15,6 +15,9 @@ settings but different seeds make one curve, their mean per round (over the roun
 of them has), with a band: ± the sample standard deviation, or min-max with ``--band minmax``;
 ``--band none`` draws every run its own curve. Runs named one by one are drawn one curve each.
 
+With ``--x time`` the horizontal axis is simulated seconds instead of rounds (runs of a
+federation file with a device model, :mod:`flmesh.timing`).
+
 The output folder (default ``runs/compare-<hash of the runs' paths>``; an ``--out`` ending in
 ``.png`` is refused) gets ``compare.png`` and ``compare.json``: the panels with their curves,
 and per run its label, its differing settings and its final values. A folder that is neither
@@ -55,6 +58,7 @@ class Curve:
     settings: dict[str, str]
     label: str = ""
     points: dict[str, dict[int, list[float]]] = field(default_factory=dict)  # panel -> round -> values
+    times: dict[int, list[float]] = field(default_factory=dict)  # round -> its runs' simulated seconds
 
 
 def panel_heading(panel: str) -> tuple[str, str, str]:
@@ -103,14 +107,20 @@ def curves(runs: Sequence[Run], band: str = "std") -> list[Curve]:
             for panel, values in points(run.rows).items():
                 for at, value in values.items():
                     curve.points.setdefault(panel, {}).setdefault(at, []).append(value)
+            for row in run.rows:
+                if row.get("sim_time_s") is not None:
+                    curve.times.setdefault(int(row["round"]), []).append(float(row["sim_time_s"]))
     return out
 
 
-def _line(curve: Curve, panel: str, band: str) -> dict[str, Any]:
+def _line(curve: Curve, panel: str, band: str, x: str = "round") -> dict[str, Any]:
     """One curve of a panel: its rounds and values (a band's: the mean over the runs that have
-    the panel, at the rounds each of them has, with ``low`` and ``high``)."""
+    the panel, at the rounds each of them has, with ``low`` and ``high``); with ``x`` "time",
+    ``rounds`` holds the runs' mean simulated seconds at those rounds instead."""
     having = max(len(v) for v in curve.points[panel].values())
     rounds = sorted(at for at, v in curve.points[panel].items() if len(v) == having)
+    if x == "time":  # the rounds every run of the curve has a simulated time for
+        rounds = [at for at in rounds if len(curve.times.get(at, [])) == len(curve.runs)]
     values = [curve.points[panel][at] for at in rounds]
     means = [statistics.fmean(v) for v in values]
     line: dict[str, Any] = {"label": curve.label, "runs": [str(r.folder) for r in curve.runs],
@@ -124,26 +134,41 @@ def _line(curve: Curve, panel: str, band: str) -> dict[str, Any]:
             high = [m + s for m, s in zip(means, spread, strict=True)]
         line.update(band=BANDS[band], low=[round(x, 6) for x in low], high=[round(x, 6) for x in high])
     line["final"] = line["values"][-1] if rounds else None
+    if x == "time":
+        line["round_numbers"], line["rounds"] = rounds, [round(statistics.fmean(curve.times[at]), 6)
+                                                         for at in rounds]
     return line
 
 
-def build(runs: Sequence[Run], band: str = "std") -> dict[str, Any]:
+#: What ``fl-sim compare --x`` puts on the horizontal axis -> its label.
+X_AXES = {"round": "round", "time": "simulated time (s)"}
+
+
+def build(runs: Sequence[Run], band: str = "std", x: str = "round") -> dict[str, Any]:
     """compare.json's content for ``runs``: title, panels (each with its curves) and runs (each
-    with its label, differing settings and final values: the last round's, per panel)."""
+    with its label, differing settings and final values: the last round's, per panel). ``x``:
+    "round", or "time" (every run's simulated seconds: runs of a federation file with a device
+    model; a band's curve at its runs' mean time per round). Raises RunError (one line) for a
+    run without simulated time on a time axis."""
+    if x == "time":
+        for run in runs:
+            if not any(r.get("sim_time_s") is not None for r in run.rows):
+                raise RunError(f"{run.folder}: no simulated time in its rows (its federation file has no "
+                               "[devices] or [network]); compare it by round, without --x time")
     drawn = curves(runs, band)
     ids = sorted({p for c in drawn for p in c.points}, key=_order)
     if not ids:
         raise RunError(f"{runs[0].folder}: nothing to draw (no run has a round with a metric)"
                        if len(runs) == 1 else "nothing to draw: none of the runs has a round with a metric")
     panels = [{"id": p, "title": panel_heading(p)[0], "unit": panel_heading(p)[1],
-               "curves": [_line(c, p, band) for c in drawn if p in c.points]} for p in ids]
+               "curves": [_line(c, p, band, x) for c in drawn if p in c.points]} for p in ids]
     run_labels = labels([(r.settings, r.folder) for r in runs])
     differ = differing([r.settings for r in runs])
     names = list(dict.fromkeys(str(r.summary.get("federation") or r.folder.name) for r in runs))
     title = (f"{' vs '.join(names)} — {len(runs)} runs"
              + (f", {len(drawn)} curve{'' if len(drawn) == 1 else 's'}" if len(drawn) != len(runs) else "")
              + (f"; differing: {', '.join(k.removeprefix('federation.') for k in differ)}" if differ else ""))
-    return {"title": title, "band": BANDS[band], "panels": panels,
+    return {"title": title, "band": BANDS[band], "x": X_AXES[x], "panels": panels,
             "runs": [{"folder": str(r.folder), "label": label,
                       "kind": r.rows[0].get("kind") if r.rows else None,
                       "settings": {k: r.settings[k] for k in differ if k in r.settings},
@@ -161,7 +186,7 @@ def write(content: Mapping[str, Any], folder: Path, stem: str = "compare") -> tu
     picture, index = folder / f"{stem}.png", folder / f"{stem}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        plot_panels(content["panels"], picture, content["title"])
+        plot_panels(content["panels"], picture, content["title"], x_label=content.get("x", "round"))
         index.write_text(json.dumps({**content, "picture": picture.name}, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise RunError(f"--out {folder}: cannot write it: {exc.strerror or exc}") from None

@@ -2,7 +2,8 @@
 
 ``accuracy.png`` (FA with FA ± FF, and PFA or the global model's accuracy),
 ``per_class.png`` (per-class accuracy over rounds), for star runs
-``local_forgetting.png`` (each node's F_k,t) and, for fl-sim's peer runs, ``exchange.png``
+``local_forgetting.png`` (each node's F_k,t), with a device model ``time.png`` (accuracy
+against simulated seconds) and, for fl-sim's peer runs, ``exchange.png``
 (the nodes' accuracy beside their consensus distance and the bytes they sent). Rows are the JSON objects of
 :class:`flmesh.reports.results.RoundRow`. Every picture is titled with the run's name and main
 settings (:func:`run_title`), on the image and in the PNG's ``Title`` text field; ``fl-sim
@@ -124,6 +125,8 @@ def plans(rows: Sequence[Mapping[str, Any]], out_dir: Path) -> list[tuple[Plot, 
         pictures.append((plot_tasks, out_dir / "tasks.png"))
     if any(r.get("consensus_distance") is not None for r in rows):
         pictures.append((plot_exchange, out_dir / "exchange.png"))
+    if any(r.get("sim_time_s") is not None for r in rows):
+        pictures.append((plot_time, out_dir / "time.png"))
     return pictures
 
 
@@ -277,6 +280,49 @@ def plot_exchange(rows: Sequence[Mapping[str, Any]], path: Path, title: str = ""
     return plot_panels(panels, path, title)
 
 
+def plot_time(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
+    """Runs with a device model: accuracy against simulated seconds (FA between peers, the global
+    model's with an aggregator, as on accuracy.png), and the simulated seconds each round took."""
+    plt = pyplot()
+    kept = [r for r in rows if r.get("sim_time_s") is not None]
+    labels = accuracy_labels(rows)
+    star = bool(rows) and rows[0].get("kind") == "star"
+    key = "accuracy" if star else "fa"
+    scored = [r for r in kept if r.get(key) is not None]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6.4), dpi=100)
+    if star:
+        top.plot([r["sim_time_s"] for r in scored], [100 * r[key] for r in scored], marker="o",
+                 label=labels["accuracy"])
+    else:  # each node at its own round: FA over every node's latest model at each moment
+        from flmesh.reports.time_curve import fa_over_time
+
+        curve = fa_over_time(kept)
+        top.step([t for t, _ in curve], [100 * fa for _, fa in curve], where="post",
+                 label=labels["fa"] + ", each node's latest model")
+        top.plot([r["sim_time_s"] for r in scored], [100 * r[key] for r in scored], "o",
+                 label="row FA, when its round's last node ended")
+    top.set_xlabel("simulated time (s)")
+    top.set_ylabel(labels["y"])
+    top.set_ylim(0, 100)
+    top.grid(alpha=0.3)
+    top.legend(loc="lower right", fontsize="small")
+    ends = [r["sim_time_s"] for r in kept]
+    # a row every eval_every rounds: the seconds since the previous row, per round between them
+    took = [(b - a) / max(1, r["round"] - p["round"])
+            for p, r, a, b in zip([{"round": 0}, *kept], kept, [0.0, *ends], ends, strict=False)]
+    bottom.plot([r["round"] for r in kept], took, marker="o", label="simulated seconds per round")
+    bottom.set_xlabel("round")
+    bottom.set_ylabel("simulated time per round (s)")
+    bottom.set_ylim(bottom=0)
+    bottom.grid(alpha=0.3)
+    whole_rounds(bottom)
+    heading(fig, top, title, fixed=False)
+    fig.tight_layout()
+    save(fig, path, title)
+    plt.close(fig)
+    return path
+
+
 def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> Path:
     """Accuracy on each task's test data over rounds (percent), with the task changes marked:
     forgetting shows as a task's line falling after the stream moved on."""
@@ -305,11 +351,12 @@ def plot_tasks(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -
     return path
 
 
-def plot_panels(panels: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
+def plot_panels(panels: Sequence[Mapping[str, Any]], path: Path, title: str, x_label: str = "round") -> Path:
     """One axis per panel (``{"title", "unit", "curves": [{"label", "rounds", "values", "low",
     "high"}]}``, as in compare.json), up to three a row; a curve with ``low`` and ``high`` is
     drawn with that band shaded. A curve keeps its colour in every panel, and one legend below
-    the panels names each curve once; the figure grows to hold every label whole. Blocks."""
+    the panels names each curve once; the figure grows to hold every label whole. ``x_label``:
+    what ``rounds`` hold ("round": whole ticks). Blocks."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -329,8 +376,9 @@ def plot_panels(panels: Sequence[Mapping[str, Any]], path: Path, title: str) -> 
             if c.get("low") is not None and c.get("high") is not None:
                 ax.fill_between(c["rounds"], c["low"], c["high"], color=colour, alpha=0.2, linewidth=0)
         ax.set_title(textwrap.fill(panel["title"], 50), fontsize=9)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(x_label)
+        if x_label == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(panel["unit"])
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:

@@ -60,11 +60,13 @@ class NodeRound:
     models_sent: int | None = None  # peer: models it sent this round (a walk: 0 or 1)
     sent_to: list[str] | None = None  # neighbour averaging: the peers its model reached
     combined: list[str] | None = None  # neighbour averaging: whose models it combined with its own
+    staleness: list[int] | None = None  # barrier-free rounds: how many rounds old each combined one was
     participated: bool | None = None  # continual federations: False when it sat the round out
     privacy_spent: float | None = None  # DP replay: epsilon this node has released so far
     # a learner's metrics: its evaluate's on the node's own test split, its train's as train_<name>
     metrics: dict[str, float] | None = None
     wall_s: float = 0.0
+    sim_time_s: float | None = None  # simulated time when its round ended (a device model's runs)
     notes: list[str] = field(default_factory=list)
 
     @classmethod
@@ -99,7 +101,8 @@ class NodeRound:
             models_sent=len(report.sent_to) if report.sent_to or report.combined else
             int(report.delivered_to is not None),
             sent_to=list(report.sent_to) if report.sent_to or report.combined else None,
-            combined=list(report.combined) if report.sent_to or report.combined else None)
+            combined=list(report.combined) if report.sent_to or report.combined else None,
+            staleness=list(report.staleness) if any(report.staleness) else None)
 
 
 def learner_metrics(train: TrainStats | None, local: EvalResult | None) -> dict[str, float] | None:
@@ -179,6 +182,9 @@ class RoundRow:
     privacy_spent: dict[str, float] | None = None  # DP replay: epsilon each client has released
     nodes: dict[str, NodeRound] = field(default_factory=dict)
     wall_s: float = 0.0
+    # with a device model: simulated seconds from the start when the round ended for every node
+    # (star: when the aggregator closed it)
+    sim_time_s: float | None = None
     notes: list[str] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
@@ -223,6 +229,15 @@ class Summary:
     resumed_after: list[int] = field(default_factory=list)  # rounds after which a run was resumed
     bytes_per_round: float | None = None  # mean model-stream bytes per round
     wall_s: float = 0.0
+    # with a device model: the simulated seconds of the rounds run, the seconds per optimizer step
+    # at speed 1 ("measured": fl-sim measured it on this machine), and the first round whose
+    # FA (star: global accuracy) reached [federation] target_accuracy, and when
+    sim_time_s: float | None = None
+    step_s: float | None = None
+    step_s_measured: bool | None = None
+    target_accuracy: float | None = None
+    rounds_to_target: int | None = None
+    time_to_target_s: float | None = None
     out_dir: str = ""
     pictures: list[str] = field(default_factory=list)
     host: dict[str, Any] = field(default_factory=dict)

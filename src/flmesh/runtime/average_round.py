@@ -6,20 +6,30 @@ included), send it to the peers the schedule names (:class:`~flmesh.topology.gos
 wait up to the round timeout for the round-t models of the peers it receives from, and combine
 its own with those that came through the ``[peers] strategy``'s server half (its own first). A
 peer whose model did not come is named in the round's ``failed`` and left out of the
-combination, whose weights are then over those that came. Blocking; called from the node's one
-round loop (:meth:`flmesh.runtime.node.Node.run`).
+combination, whose weights are then over those that came.
+
+Barrier-free rounds (``[peers] wait = k`` or ``deadline_s``) wait only for k of the round's
+models, or until the deadline after the node's own training, and combine each in-peer's
+freshest model of the last ``max_staleness`` rounds, a late one pulled towards the node's own
+by its staleness weight (:mod:`flmesh.algorithms.staleness`). What "has come" means is real
+time on fl-node; in fl-sim an :class:`ArrivalPlan` decides it on simulated time, so the same
+file combines the same models on any machine. Blocking; called from the node's one round loop
+(:meth:`flmesh.runtime.node.Node.run`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
 
 from flmesh.algorithms.base import Update
 from flmesh.algorithms.checks import checked_global
-from flmesh.format.codec import DecodedModel, EncodedModel, ModelMeta, encode
+from flmesh.algorithms.staleness import pulled_towards, staleness_weight
+from flmesh.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelMeta, encode
 from flmesh.runtime.inbox import Inbox, InboxKey
 from flmesh.runtime.parts import evaluate_own
 from flmesh.runtime.peer_round import as_update, check_addresses, privacy_spent
@@ -43,17 +53,34 @@ if TYPE_CHECKING:
     from flmesh.transports.seam import ByteCounter, PeerTransport
 
 
+class ArrivalPlan(Protocol):
+    """Decides, on simulated time, which model of each in-peer a node combines in a barrier-free
+    round (fl-sim with a device model: :class:`flmesh.sim.arrivals.SimulatedArrivals`)."""
+
+    def pick(self, node: str, round: int, receives: Sequence[str], sends: Sequence[str], steps: int,
+             message_bytes: int, stop: threading.Event) -> dict[str, int]:
+        """In-peer -> the round of its model ``node`` combines in ``round`` (an in-peer left out:
+        none in time). ``node`` trained ``steps`` steps and sends ``message_bytes`` to each of
+        ``sends``. Blocks until it can decide (the in-peers' training of the round is known).
+        Thread-safe."""
+        ...
+
+
 class AverageRound:
     """One node's rounds of neighbour averaging. Not thread-safe: the round loop calls :meth:`run`."""
 
     def __init__(self, settings: Settings, model: ModelState, share: Share, plugins: NodePlugins,
                  activity: Activity, inbox: Inbox, transport: PeerTransport, counter: ByteCounter,
                  calls: PeerCalls, clock: Clock, stop: threading.Event, log: logging.Logger,
-                 continual: ContinualState | None, training: LocalTraining, metrics: Metrics | None = None):
+                 continual: ContinualState | None, training: LocalTraining, metrics: Metrics | None = None,
+                 plan: ArrivalPlan | None = None):
+        """``plan``: what decides a barrier-free round's arrivals on simulated time (None: real time)."""
         self.settings, self.model, self.share, self.plugins = settings, model, share, plugins
         self.activity, self.inbox, self.transport, self.counter = activity, inbox, transport, counter
         self.calls, self.clock, self.stop, self.log = calls, clock, stop, log
-        self.continual, self.training, self.metrics = continual, training, metrics
+        self.continual, self.training, self.metrics, self.plan = continual, training, metrics, plan
+        peers = settings.federation.peers
+        self.barrier_free = peers is not None and peers.barrier_free
 
     def run(self, round: int) -> RoundReport:
         """Round ``round`` (from 1): train, send to the round's out-peers, combine with what came
@@ -76,6 +103,7 @@ class AverageRound:
         meta = ModelMeta(round=round, sender=me, kind="trained", num_samples=own.num_samples,
                          label_counts=own.label_counts, architecture=self.model.architecture)
         message = encode({**own.state, **own.extras}, meta, settings.wire)
+        trained_at = self.clock.now()
         self.activity.set_state("waiting")
         # The sends go on while the node waits for its in-peers, so a dead out-peer's retries hold
         # up no receive; once the receives are over, a send still retrying gets PROBE_S more and
@@ -83,7 +111,14 @@ class AverageRound:
         pool = ThreadPoolExecutor(max_workers=max(1, len(exchange.sends)), thread_name_prefix="flmesh-send")
         try:
             sending = {peer: pool.submit(self._send, round, peer, message) for peer in exchange.sends}
-            arrived = self._receive(round, exchange.receives)
+            if not self.barrier_free:
+                arrived = self._receive(round, {p: InboxKey(round, p, "trained") for p in exchange.receives})
+            elif self.plan is not None:
+                picks = self.plan.pick(me, round, exchange.receives, exchange.sends, stats.steps,
+                                       message.wire_bytes(DEFAULT_CHUNK_BYTES), self.stop)
+                arrived = self._receive(round, {p: InboxKey(r, p, "trained") for p, r in picks.items()})
+            else:
+                arrived = self._receive_some(round, exchange.receives, trained_at)
             wait(sending.values(), timeout=PROBE_S)
         finally:
             pool.shutdown(wait=False)
@@ -92,18 +127,22 @@ class AverageRound:
             notes.append(f"still sending to {peer} when the round ended")
         came = [peer for peer in exchange.receives if peer in arrived]
         names = set(self.model.spec)
-        updates = [own, *(as_update(arrived[peer], names) for peer in came)]
+        late = [round - arrived[peer].meta.round for peer in came]
+        updates = [own, *(self._late(as_update(arrived[peer], names), own, lag)
+                          for peer, lag in zip(came, late, strict=True))]
         self._combine(round, own, updates)
         unreached = [p for p in exchange.sends if p not in sent_to]
         silent = [p for p in exchange.receives if p not in came]
         for peer in silent:
-            notes.append(f"no round-{round} model from {peer}; combined without it")
+            notes.append(f"no round-{round} model from {peer}; combined without it" if not self.barrier_free
+                         else f"no model from {peer} in time (none of the last "
+                              f"{self._max_staleness + 1} rounds); combined without it")
         for peer in unreached:
             if not any(n.startswith(f"still sending to {peer} ") for n in notes):
                 notes.append(f"could not send to {peer}")
         local = evaluate_own(self.model, self.share, self.metrics)
         self.activity.finish_round(round, local.accuracy)
-        self.inbox.prune(round + 1)
+        self.inbox.prune(round + 1 - (self._max_staleness if self.barrier_free else 0))
         self.activity.set_state("idle")
         sent, got = self.counter.take()
         return RoundReport(
@@ -112,7 +151,43 @@ class AverageRound:
             wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
             bytes_received=sum(got.values()), participated=trains, privacy_spent=privacy_spent(plugins),
             task=continual.task if continual is not None else None,
-            failed=tuple(dict.fromkeys([*silent, *unreached])), sent_to=tuple(sent_to), combined=tuple(came))
+            failed=tuple(dict.fromkeys([*silent, *unreached])), sent_to=tuple(sent_to), combined=tuple(came),
+            sent_by_kind=sent, received_by_kind=got, staleness=tuple(late))
+
+    @property
+    def _max_staleness(self) -> int:
+        peers = self.settings.federation.peers
+        return peers.max_staleness if peers is not None else 0
+
+    def _late(self, update: Update, own: Update, lag: int) -> Update:
+        """A model ``lag`` rounds old, pulled towards the node's own by its staleness weight."""
+        if lag == 0:
+            return update
+        peers = self.settings.federation.peers
+        assert peers is not None
+        weight = staleness_weight(lag, peers.staleness_exponent)
+        return replace(update, state=pulled_towards(own.state, update.state, weight))
+
+    def _receive_some(self, round: int, peers: Sequence[str], since: float) -> dict[str, DecodedModel]:
+        """A barrier-free round on real time: wait until ``[peers] wait`` of the round's models
+        have come, or ``deadline_s`` after ``since`` (the end of the node's training; without a
+        deadline, the round timeout); then each in-peer's freshest model of the last
+        ``max_staleness`` rounds that is here."""
+        cfg = self.settings.federation.peers
+        assert cfg is not None
+        keys = [InboxKey(round, p, "trained") for p in peers]
+        count = len(keys) if cfg.wait is None else min(cfg.wait, len(keys))
+        limit = cfg.deadline_s if cfg.deadline_s is not None else self.settings.round_timeout_s
+        remaining = since + limit - self.clock.now()
+        if count and remaining > 0:
+            self.inbox.wait_some(keys, count, remaining, self.stop)
+        out: dict[str, DecodedModel] = {}
+        for peer in peers:
+            for r in range(round, max(0, round - cfg.max_staleness - 1), -1):
+                if (found := self.inbox.get(InboxKey(r, peer, "trained"))) is not None:
+                    out[peer] = found
+                    break
+        return out
 
     def _own_update(self, round: int) -> Update:
         """The node's trained model as the first of the round's updates, with the extras its
@@ -132,14 +207,14 @@ class AverageRound:
         return self.calls.call(peer, "delivery to", round, lambda: self.transport.deliver(
             peer, message, timeout=self.settings.round_timeout_s)) is not None
 
-    def _receive(self, round: int, peers: tuple[str, ...]) -> dict[str, DecodedModel]:
-        """The round-``round`` models of ``peers`` that come within the round timeout, by peer.
-        Every PROBE_S seconds a peer still silent is asked its ``Status``: one that does not
-        answer within PROBE_S (down) or has finished the round without sending (it will not) is
-        waited for no longer, so a dead neighbour costs a round a few seconds, not the round
-        timeout."""
-        keys = {peer: InboxKey(round, peer, "trained") for peer in peers}
-        pending, got = dict(keys), {}
+    def _receive(self, round: int, keys: dict[str, InboxKey]) -> dict[str, DecodedModel]:
+        """The models ``keys`` name (in-peer -> its model of a round) that come within the round
+        timeout, by peer. Every PROBE_S seconds a peer still silent is asked its ``Status``: one
+        that does not answer within PROBE_S (down) or has finished the round without sending (it
+        will not) is waited for no longer, so a dead neighbour costs a round a few seconds, not
+        the round timeout."""
+        pending: dict[str, InboxKey] = dict(keys)
+        got: dict[str, DecodedModel] = {}
         deadline = self.clock.now() + self.settings.round_timeout_s
         while pending and not self.stop.is_set():
             remaining = deadline - self.clock.now()
@@ -149,13 +224,14 @@ class AverageRound:
             for peer in [p for p, key in pending.items() if key in arrived]:
                 got[peer] = arrived[pending.pop(peer)]
             for peer in list(pending):
-                if pending[peer] not in arrived and self._given_up(peer, round):
+                if pending[peer] not in arrived and self._given_up(peer, pending[peer]):
                     del pending[peer]
         return got
 
-    def _given_up(self, peer: str, round: int) -> bool:
-        """Is ``peer`` down, or past ``round`` without its model having come?"""
-        if self.inbox.get(InboxKey(round, peer, "trained")) is not None:
+    def _given_up(self, peer: str, key: InboxKey) -> bool:
+        """Is ``peer`` down, or past ``key``'s round without that model having come?"""
+        round = key.round
+        if self.inbox.get(key) is not None:
             return False  # it came while the others were asked
         try:
             status = self.transport.status(peer, timeout=PROBE_S)
@@ -177,4 +253,4 @@ class AverageRound:
             client.after_update(round, combined, server.published_extras(round), included=True)
 
 
-__all__ = ["AverageRound"]
+__all__ = ["ArrivalPlan", "AverageRound"]

@@ -301,9 +301,12 @@ class NodeHandlers:
         (:meth:`~flmesh.runtime.peer_exchange.PeerExchange.deliver_onward`)."""
         last = self.activity.last_round
         # a walk trains in round t + 1 on a model of round t; neighbour averaging combines a
-        # neighbour's round-t model in round t itself, the last round's included
+        # neighbour's round-t model in round t itself, the last round's included, and a
+        # barrier-free round one up to max_staleness rounds old
         averages = self.plugins.peer_server is not None
-        if round < last + averages:
+        peers = self.settings.federation.peers
+        oldest = last + averages - (peers.max_staleness if averages and peers and peers.barrier_free else 0)
+        if round < oldest:
             raise Refused("FAILED_PRECONDITION", f"{self.node_id}: {what} is for round {round}, which is "
                           f"over (this node finished round {last})")
         if round > last + ROUND_WINDOW:  # the sender is ahead: it waits until this node catches up

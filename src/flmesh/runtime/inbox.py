@@ -85,6 +85,12 @@ class Inbox:
         is set; what arrived of ``keys`` (empty on timeout or stop)."""
         return self._wait(list(keys), timeout, stop, bool)
 
+    def wait_some(self, keys: Iterable[InboxKey], count: int, timeout: float | None,
+                  stop: threading.Event | None = None) -> dict[InboxKey, Any]:
+        """Block until ``count`` of ``keys`` have arrived, ``timeout`` seconds pass or ``stop`` is
+        set; what arrived of ``keys``."""
+        return self._wait(list(keys), timeout, stop, lambda found: len(found) >= count)
+
     def _wait(self, wanted: list[InboxKey], timeout: float | None, stop: threading.Event | None,
               enough: Callable[[dict[InboxKey, Any]], bool]) -> dict[InboxKey, Any]:
         deadline = None if timeout is None else self._clock.now() + timeout

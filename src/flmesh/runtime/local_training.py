@@ -193,7 +193,8 @@ class LocalTraining:
         seen = sum(p.samples for p in phases)
         stats = TrainStats(sum(p.loss * p.samples for p in phases) / max(1, seen),
                            sum(p.steps for p in phases) + (remote or 0), seen, remote or 0,
-                           metrics=next((p.metrics for p in reversed(phases) if p.metrics), {}))
+                           metrics=next((p.metrics for p in reversed(phases) if p.metrics), {}),
+                           steps_before_remote=phases[0].steps)
         return stats, trained_on
 
 

@@ -40,7 +40,7 @@ from flmesh.learning.task import Task
 from flmesh.learning.tasks import TaskSource
 from flmesh.learning.trainer import TrainingStopped
 from flmesh.runtime.activity import Activity
-from flmesh.runtime.average_round import AverageRound
+from flmesh.runtime.average_round import ArrivalPlan, AverageRound
 from flmesh.runtime.continual import ContinualState, node_share, wire_replay
 from flmesh.runtime.handlers import NodeHandlers
 from flmesh.runtime.inbox import Inbox
@@ -76,6 +76,8 @@ class NodeOptions:
     ``listen``: where :meth:`Node.start` serves (HOST:PORT; port 0 picks one). ``checkpoint_dir``:
     where each round's checkpoint and each accepted delivery go (None: nowhere).
     ``state_dir``: where a node that hosts the replay buffer keeps its privacy ledger.
+    ``arrivals``: what decides a barrier-free round's arrivals on simulated time (fl-sim's; None:
+    real time).
     ``members``: who may call the node (default: the federation's nodes; the Joint baseline's
     node is not in the federation it serves). ``metrics``: Prometheus metrics of its rounds,
     calls and retries (None: none kept). How calls are secured (mTLS identities, plaintext,
@@ -86,6 +88,7 @@ class NodeOptions:
     state_dir: Path | None = None
     members: tuple[str, ...] | None = None
     metrics: Metrics | None = None
+    arrivals: ArrivalPlan | None = None
 
 
 class Node:
@@ -153,7 +156,8 @@ class Node:
             star_round=(StarRound(settings, model, share, plugins, activity, star, counter, clock, stop, log,
                                   continual, training, metrics) if star is not None else None),
             average_round=(AverageRound(settings, model, share, plugins, activity, inbox, transport, counter,
-                                        calls, clock, stop, log, continual, training, metrics)
+                                        calls, clock, stop, log, continual, training, metrics,
+                                        plan=options.arrivals)
                            if plugins.peer_server is not None else None),
             checkpoint_dir=options.checkpoint_dir, metrics=metrics)
         self._parts.replay_host = wire_replay(self._parts, backend, aggregator, options.state_dir)

@@ -140,7 +140,8 @@ class PeerRound:
             bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), participated=trains,
             privacy_spent=privacy_spent(self.plugins),
             task=continual.task if continual is not None else None, received_from=sender,
-            failed=tuple(p for p in (missing_source, missing_destination) if p))
+            failed=tuple(p for p in (missing_source, missing_destination) if p),
+            sent_by_kind=sent, received_by_kind=got)
 
     def _gossip_regularizers(self, round: int, arrived: dict[InboxKey, DecodedModel],
                              notes: list[str]) -> list[Regularizer]:

@@ -10,6 +10,7 @@ model-stream bytes (headers and chunk framing included).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flmesh.learning.stats import EvalResult, TrainStats
@@ -48,6 +49,11 @@ class RoundReport:
     # neighbour averaging: the peers its model reached, and those whose models it combined with its own
     sent_to: tuple[str, ...] = ()
     combined: tuple[str, ...] = ()
+    # bytes_sent and bytes_received by model kind ("trained", "to_train", "extras", ...)
+    sent_by_kind: Mapping[str, int] = field(default_factory=dict)
+    received_by_kind: Mapping[str, int] = field(default_factory=dict)
+    # barrier-free neighbour averaging: how many rounds old each combined model was (as combined)
+    staleness: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,9 @@ class StarReport:
     bytes_received: int = 0
     privacy_spent: float | None = None  # epsilon released so far (DP replay)
     task: int | None = None  # continual federations: the task the round belongs to
+    # bytes_sent and bytes_received by model kind ("update", "global", "to_train", ...)
+    sent_by_kind: Mapping[str, int] = field(default_factory=dict)
+    received_by_kind: Mapping[str, int] = field(default_factory=dict)
 
 
 __all__ = ["EvalResult", "RoundReport", "StarReport", "TrainStats"]

@@ -80,7 +80,7 @@ class StarRound:
             return StarReport(node=me, round=round, selected=False, wall_s=self.clock.now() - start,
                               notes=tuple(notes), bytes_sent=sum(sent.values()),
                               bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
-                              task=task)
+                              task=task, sent_by_kind=sent, received_by_kind=got)
         fetched = with_retry(lambda: agg.fetch(me, round, expected=plugins.global_spec,
                                                max_bytes=settings.max_model_bytes,
                                                timeout=settings.round_timeout_s),
@@ -122,7 +122,8 @@ class StarRound:
         return StarReport(node=me, round=round, selected=True, submitted=submitted,
                           late=late, train=stats, start=start_eval, local=local, trained_on=trained_on,
                           wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
-                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task)
+                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task,
+                          sent_by_kind=sent, received_by_kind=got)
 
     def _lost_aggregator(self, round: int, doing: str) -> Callable[[PeerError], None]:
         """A with_retry callback that says once, as the Poll loop does, that the aggregator went away."""

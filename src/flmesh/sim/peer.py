@@ -49,7 +49,9 @@ from flmesh.topology.tasks import present
 
 if TYPE_CHECKING:
     from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.sim.arrivals import SimulatedArrivals
     from flmesh.sim.resume import SimCheckpoints
+    from flmesh.sim.simulated_time import SimulatedTime
 
 
 Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
@@ -222,14 +224,16 @@ def reported_own(report: Report, same_split: bool) -> EvalResult | None:
 
 class PeerDriver:
     def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False, *,
-                 task: Task | None = None, compute: Compute = UNGATED):
+                 task: Task | None = None, compute: Compute = UNGATED,
+                 arrivals: SimulatedArrivals | None = None):
         """``transport``: the registered backend the processes reach each other through
         (``insecure``: plaintext, for a backend with a wire); ``task``: the code every process
         runs (default: the file's); ``compute``: the simulation's gate. Rows are written every
         ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
         self.eval_every = federation.eval_every
-        self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute)
+        self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute,
+                                      arrivals=arrivals)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()
@@ -245,6 +249,7 @@ class PeerDriver:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self.checkpoints: SimCheckpoints | None = None  # each trainer saves after an evaluated round
+        self.simulated: SimulatedTime | None = None  # with a device model: every round replayed on it
 
     def resume_after(self, round: int) -> None:
         """Run from round ``round`` + 1 (the trainers restored from that round's checkpoint)."""
@@ -336,8 +341,14 @@ class PeerDriver:
                 finished = self._pending.pop(self._next)
                 first, last = self._spans.pop(self._next)
                 del self._done[self._next]
+                simulated = self.simulated
+                ends = simulated.peer_round(self._next, {n: r for n, (r, _) in finished.items()}) \
+                    if simulated else {}
                 if self._evaluated(self._next):
-                    self._rows.put(self._row(self._next, finished, last - first))
+                    row = self._row(self._next, finished, last - first)
+                    if simulated is not None:
+                        simulated.stamp(row, ends)
+                    self._rows.put(row)
                 self._rounds_done = self._next
                 self._next += 1
         if self._round_over.meet(t) and self.checkpoints is not None and self._evaluated(t):

@@ -47,7 +47,10 @@ if TYPE_CHECKING:
     from flmesh.learning.models import ModelFactory
     from flmesh.replay.buffer import ReplayBufferCore
     from flmesh.replay.ledger import PrivacyLedger
+    from flmesh.runtime.node import Node
+    from flmesh.sim.arrivals import SimulatedArrivals
     from flmesh.sim.resume import SimCheckpoints
+    from flmesh.sim.simulated_time import SimulatedTime
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,9 @@ class LedgerError(PicturesError):
 
 
 class Driver(Protocol):
+    nodes: list[Node]
+    simulated: SimulatedTime | None
+
     def start(self) -> None: ...
 
     def rows(self) -> Iterator[RoundRow]:
@@ -147,6 +153,11 @@ class Simulation:
         self.resumed_after = 0  # the committed round a resumed run went on from
         self.command: list[str] | None = None  # the command line the run record names (fl-sim's)
         self.last_summary: Summary | None = None  # what run() wrote last (also when interrupted)
+        #: with a device model ([devices], [network], a node's own device keys): the simulated clock
+        #: every round is replayed on (made in start())
+        self.simulated: SimulatedTime | None = None
+        #: barrier-free rounds' planner on simulated time (None without barrier-free rounds)
+        self.arrivals: SimulatedArrivals | None = None
         self.driver: Driver
         if self.kind == "star":
             from flmesh.sim.star import StarDriver
@@ -155,7 +166,13 @@ class Simulation:
         else:
             from flmesh.sim.peer import PeerDriver
 
-            self.driver = PeerDriver(federation, transport, insecure, task=self.task, compute=self.compute)
+            peers = federation.peers
+            if peers is not None and peers.barrier_free and federation.baseline == "none":
+                from flmesh.sim.arrivals import SimulatedArrivals
+
+                self.arrivals = SimulatedArrivals(federation)
+            self.driver = PeerDriver(federation, transport, insecure, task=self.task, compute=self.compute,
+                                     arrivals=self.arrivals)
 
     def start(self) -> None:
         """Split the data, build every process and start its server; torch's thread count is this
@@ -169,6 +186,8 @@ class Simulation:
             every = max(1, self.checkpoint_every)
             self.checkpoints = attach(self.driver, self.out_dir, self.resume, every)
             self.resumed_after = self.checkpoints.resumed_after
+        if self.federation.timed and self.federation.baseline != "joint":
+            self._start_clock()
         if self.resume:
             note_resume(self.out_dir, self.resumed_after, self.command)
         else:
@@ -176,6 +195,23 @@ class Simulation:
             tls = bool(self.driver.config()["tls"])
             write_record(self.out_dir, self.federation, writer="fl-sim" if self.command else "simulation",
                          command=self.command, transport=self.transport, tls=tls, code=self._python_code)
+
+    def _start_clock(self) -> None:
+        """The simulated clock: the file's seconds per step, or this machine's, measured now on the
+        first node's model and data and written into the federation the run record states."""
+        from flmesh.sim.simulated_time import SimulatedTime, measure_step_s, with_step_s
+
+        fed = self.federation
+        declared = fed.devices.step_s if fed.devices is not None else None
+        step_s = declared if declared is not None else measure_step_s(self.driver.nodes[0], self.compute)
+        if declared is None:
+            self.federation = fed = with_step_s(fed, step_s)
+            log.info("measured %.6f s per optimizer step at speed 1 on this machine ([devices] step_s in "
+                     "the run record)", step_s)
+        self.simulated = SimulatedTime(fed, step_s, measured=declared is None, arrivals=self.arrivals)
+        self.driver.simulated = self.simulated
+        if self.checkpoints is not None and self.checkpoints.resumed_row is not None:
+            self.simulated.resume(self.checkpoints.resumed_row)
 
     def stop(self) -> None:
         """End the run after the round in progress. Thread-safe."""
@@ -327,4 +363,22 @@ class Simulation:
             task_accuracy=last.get("task_accuracy") if last is not None else None,
             privacy_spent=last.get("privacy_spent") if last is not None else None,
             missing_peers=missing, bytes_per_round=mean_bytes(rows), wall_s=round(wall_s, 3),
-            out_dir=str(self.out_dir), host=host(fed))
+            out_dir=str(self.out_dir), host=host(fed), **self._time_summary(rows))
+
+    def _time_summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The summary's simulated-time fields (none without a device model)."""
+        if self.simulated is None:
+            return {}
+        fed, timed = self.federation, [r for r in rows if r.get("sim_time_s") is not None]
+        out: dict[str, Any] = {"sim_time_s": timed[-1]["sim_time_s"] if timed else None,
+                               "step_s": self.simulated.step_s, "step_s_measured": self.simulated.measured,
+                               "target_accuracy": fed.target_accuracy}
+        if fed.target_accuracy is not None:
+            from flmesh.reports.time_curve import time_to
+
+            score = "accuracy" if self.kind == "star" else "fa"
+            reached = next((r for r in timed if (r.get(score) or 0.0) >= fed.target_accuracy), None)
+            if reached is not None:
+                out["rounds_to_target"] = reached["round"]
+            out["time_to_target_s"] = time_to(timed, fed.target_accuracy)
+        return out

@@ -35,6 +35,7 @@ from flmesh.transports.errors import PeerError
 if TYPE_CHECKING:
     from flmesh.replay.buffer import ReplayBufferCore
     from flmesh.sim.resume import SimCheckpoints
+    from flmesh.sim.simulated_time import SimulatedTime
 
 
 class StarDriver:
@@ -48,6 +49,7 @@ class StarDriver:
         self.federation = federation
         self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute)
         self.nodes: list[Node] = []
+        self.simulated: SimulatedTime | None = None  # with a device model: every round replayed on it
         self.aggregator: Aggregator | None = None
         self._lock = threading.Lock()
         self._agg_rows: dict[int, RoundRow] = {}
@@ -125,8 +127,11 @@ class StarDriver:
         while (self._next in self._agg_rows
                and len(self._reports.get(self._next, {})) == len(self.federation.nodes)):
             row = self._agg_rows.pop(self._next)
-            for node_id, report in self._reports.pop(self._next).items():
+            reports = self._reports.pop(self._next)
+            for node_id, report in reports.items():
                 row.nodes[node_id] = merge(row.nodes.get(node_id), report)
+            if self.simulated is not None:
+                self.simulated.stamp(row, self.simulated.star_round(reports))
             row.writer = "fl-sim"
             if not self._stopped.is_set():
                 self._rows.put(row)

@@ -1,0 +1,105 @@
+"""fl-sim's barrier-free rounds on simulated time: which in-peer models a node combines.
+
+Each node, once it has trained round t, tells :class:`SimulatedArrivals` how many steps it
+trained, how large its model message is and whom it sends it to. The planner knows when the
+node's round began in simulated time (when its previous round ended), so it knows when its
+training ended on its device and when its model reaches each out-peer (:mod:`flmesh.timing`).
+A node combines, from each of the round's in-peers, the freshest model of rounds t -
+``max_staleness`` .. t that the in-peer sent it and that has arrived by its *combine time*:
+once ``[peers] wait`` of the round's models have arrived (all, by default), but no later than
+``deadline_s`` after its own training ended, and never before that. Its round ends at the
+combine time, or when its own sends have arrived if that is later.
+
+The decisions depend on the federation file alone (steps, message sizes, devices, seed), not on
+how fast this machine runs the nodes: a node waits, really, until every in-peer has trained the
+round, which in simulated time it need not. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from flmesh.config import Federation
+from flmesh.timing import DeviceModel
+
+#: Real seconds between two looks at a stop while waiting for in-peers' training.
+WAKE_S = 0.2
+
+
+@dataclass(frozen=True)
+class _Trained:
+    done: float  # simulated seconds when the node's training of the round ended
+    message_bytes: int
+    sends: tuple[str, ...]
+
+
+class SimulatedArrivals:
+    """Every node's barrier-free rounds on one device model (:meth:`configure` before round 1)."""
+
+    def __init__(self, federation: Federation):
+        if federation.peers is None:
+            raise ValueError(f"{federation.source}: no [peers]: nothing averages, so nothing arrives")
+        self.federation, self.peers = federation, federation.peers
+        self.model: DeviceModel | None = None
+        self._cond = threading.Condition()
+        self._trained: dict[tuple[str, int], _Trained] = {}
+        self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
+
+    def configure(self, model: DeviceModel) -> None:
+        """The devices and links the rounds run on."""
+        with self._cond:
+            self.model = model
+            self._cond.notify_all()
+
+    def resume(self, round: int, ends: Mapping[str, float]) -> None:
+        """Go on after ``round``, whose nodes' rounds ended at ``ends`` (a resumed run's last row)."""
+        with self._cond:
+            self.ends.update({(node, round): when for node, when in ends.items()})
+
+    def _arrival(self, model: DeviceModel, peer: str, round: int, node: str) -> float | None:
+        """When ``peer``'s round-``round`` model reaches ``node`` (None: it was not sent there)."""
+        sent = self._trained.get((peer, round))
+        if sent is None or node not in sent.sends:
+            return None
+        return model.transfer_until(peer, node, sent.done, sent.message_bytes, len(sent.sends))
+
+    def pick(self, node: str, round: int, receives: Sequence[str], sends: Sequence[str], steps: int,
+             message_bytes: int, stop: threading.Event) -> dict[str, int]:
+        cfg = self.peers
+        with self._cond:
+            while self.model is None and not stop.is_set():
+                self._cond.wait(WAKE_S)
+            model = self.model
+            if model is None:
+                return {}
+            done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
+            self._trained[(node, round)] = _Trained(done, message_bytes, tuple(sends))
+            self._cond.notify_all()
+            while not stop.is_set() and not all((p, round) in self._trained for p in receives):
+                self._cond.wait(WAKE_S)
+            fresh = sorted(a for p in receives if (a := self._arrival(model, p, round, node)) is not None)
+            want = len(receives) if cfg.wait is None else min(cfg.wait, len(receives))
+            at = fresh[min(want, len(fresh)) - 1] if want and fresh else done
+            if cfg.deadline_s is not None:
+                at = min(at, done + cfg.deadline_s)
+            at = max(at, done)
+            picks: dict[str, int] = {}
+            for peer in receives:
+                for r in range(round, max(0, round - cfg.max_staleness - 1), -1):
+                    arrival = self._arrival(model, peer, r, node)
+                    if arrival is not None and arrival <= at:
+                        picks[peer] = r
+                        break
+            sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends]
+            self.ends[(node, round)] = max([at, *sent])
+            return picks
+
+    def round_ends(self, round: int, nodes: Sequence[str]) -> dict[str, float]:
+        """When each of ``nodes`` ended ``round`` (those that have)."""
+        with self._cond:
+            return {n: self.ends[(n, round)] for n in nodes if (n, round) in self.ends}
+
+
+__all__ = ["SimulatedArrivals"]

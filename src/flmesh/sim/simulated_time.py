@@ -1,0 +1,134 @@
+"""fl-sim's simulated time: each round's reports replayed on the federation's device model.
+
+With ``[devices]``, ``[network]`` or a node's own device keys, fl-sim runs the federation as
+always (the numbers do not change) and replays every round on the device model
+(:mod:`flmesh.timing`): rows carry ``sim_time_s``, the summary the simulated time to the
+target accuracy. The seconds per optimizer step at speed 1 are the file's ``[devices] step_s``
+or, when it gives none, measured here on the federation's own model and data before round 1
+(:func:`measure_step_s`); the run record then states the measured value, so ``fl-sim rerun``
+gives the same simulated times on any machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from flmesh.config import DevicesConfig, Federation
+from flmesh.learning.compute import Compute
+from flmesh.learning.trainer import train
+from flmesh.reports.results import RoundRow
+from flmesh.runtime.node import Node, Report, parts_of
+from flmesh.runtime.reports import RoundReport, StarReport
+from flmesh.timing import NodeWork, Timeline, device_model
+
+if TYPE_CHECKING:
+    from flmesh.learning.arrays import ArrayData
+    from flmesh.sim.arrivals import SimulatedArrivals
+
+#: Steps timed to measure the reference step time, after WARMUP_STEPS untimed ones.
+MEASURED_STEPS = 30
+WARMUP_STEPS = 5
+
+
+def measure_step_s(node: Node, compute: Compute | None = None) -> float:
+    """Seconds one optimizer step of ``node``'s model on its own training data takes on this
+    machine: a copy trains WARMUP_STEPS steps, then MEASURED_STEPS timed ones. Blocking; the
+    node's own model is not touched."""
+    parts = parts_of(node)
+    model, data = parts.model, parts.share.data.train
+    if len(data) == 0:
+        raise ValueError(f"{node.node_id} holds no training data to time a step on: set [devices] step_s")
+    with model.lock:
+        module = copy.deepcopy(model.module)
+    cfg = parts.settings.training
+
+    def steps(n: int, into: ArrayData) -> float:
+        started = time.perf_counter()
+        train(module, into, cfg, steps=n, seed=0, device=model.device, learner=model.learner,
+              compute=compute or model.compute)
+        return time.perf_counter() - started
+
+    steps(WARMUP_STEPS, data)
+    return steps(MEASURED_STEPS, data) / MEASURED_STEPS
+
+
+def with_step_s(federation: Federation, step_s: float) -> Federation:
+    """``federation`` with ``[devices] step_s`` set (its raw table too, so the run record states it)."""
+    raw: dict[str, Any] = copy.deepcopy(dict(federation.raw or {}))
+    raw.setdefault("devices", {})["step_s"] = step_s
+    devices = replace(federation.devices or DevicesConfig(), step_s=step_s)
+    return replace(federation, devices=devices, raw=raw)
+
+
+def _work(report: Report) -> NodeWork:
+    sent, got = report.sent_by_kind, report.received_by_kind
+    stats = report.train
+    common: dict[str, Any] = {
+        "node": report.node, "steps": stats.steps if stats else 0, "remote_peer": report.trained_on,
+        "remote_steps": stats.remote_steps if stats else 0,
+        "steps_before": stats.steps_before_remote if stats else 0,
+        "to_train_bytes": sent.get("to_train", 0), "trained_back_bytes": got.get("to_train", 0)}
+    if isinstance(report, StarReport):
+        return NodeWork(**common, selected=report.selected, global_bytes=got.get("global", 0),
+                        model_bytes=sent.get("update", 0), used=report.submitted and not report.late)
+    sent_to = list(report.sent_to) or ([report.delivered_to] if report.delivered_to else [])
+    return NodeWork(**common, received_from=report.received_from, waited_out=report.missing is not None,
+                    sent_to=sent_to, model_bytes=sent.get("trained", 0) // max(1, len(sent_to)),
+                    combined=list(report.combined))
+
+
+class SimulatedTime:
+    """A run's simulated clock: fed every round's reports in round order (one driver thread)."""
+
+    def __init__(self, federation: Federation, step_s: float, measured: bool,
+                 arrivals: SimulatedArrivals | None = None):
+        """``arrivals``: the planner of barrier-free rounds, which this clock configures and whose
+        round ends it reports."""
+        self.federation = federation
+        self.step_s, self.measured = step_s, measured
+        self.timeline = Timeline(device_model(federation, step_s), federation.node_ids,
+                                 federation.round_timeout_s)
+        self.averages = federation.peers is not None and federation.baseline == "none"
+        self.arrivals = arrivals
+        if arrivals is not None:
+            arrivals.configure(self.timeline.model)
+
+    def resume(self, row: Mapping[str, Any]) -> None:
+        """Go on from a resumed run's last row (as rounds.jsonl holds it)."""
+        ends: dict[str, float] = {}
+        for node, entry in row.get("nodes", {}).items():
+            when = entry.get("sim_time_s")
+            if when is not None and node in self.timeline.end:
+                self.timeline.end[node] = self.timeline.trained[node] = ends[node] = float(when)
+        if self.arrivals is not None:
+            self.arrivals.resume(int(row["round"]), ends)
+        if row.get("sim_time_s") is not None and row.get("kind") == "star":
+            self.timeline.closed = float(row["sim_time_s"])
+
+    def peer_round(self, round: int, reports: Mapping[str, Report]) -> dict[str, float]:
+        """One decentralized round's end per node (the Joint baseline's one trainer: none)."""
+        if not set(reports) <= set(self.timeline.end):
+            return {}
+        if self.arrivals is not None:  # barrier-free: the planner decided and timed the round
+            return self.arrivals.round_ends(round, list(reports))
+        work = {node: _work(r) for node, r in reports.items() if isinstance(r, RoundReport)}
+        return self.timeline.average_round(work) if self.averages else self.timeline.walk_round(work)
+
+    def star_round(self, reports: Mapping[str, Report]) -> dict[str, float]:
+        """One round with an aggregator: each sampled node's end; :meth:`now` its close."""
+        return self.timeline.star_round({node: _work(r) for node, r in reports.items()})
+
+    def stamp(self, row: RoundRow, ends: Mapping[str, float]) -> None:
+        """Put the simulated times on ``row`` and its nodes' entries."""
+        for node, when in ends.items():
+            if node in row.nodes:
+                row.nodes[node].sim_time_s = round(when, 6)
+        at = self.timeline.closed if row.kind == "star" else max(ends.values(), default=self.timeline.now())
+        row.sim_time_s = round(at, 6)
+
+
+__all__ = ["MEASURED_STEPS", "SimulatedTime", "measure_step_s", "with_step_s"]

@@ -1,0 +1,251 @@
+"""The devices and links of a federation in simulated time: steps and transfers in seconds.
+
+:func:`device_model` builds a :class:`DeviceModel` from the federation file's ``[devices]``,
+``[network]`` and ``[nodes.ID]`` keys and its trace file: per node, a compute profile (optimizer
+steps per second) and an uplink profile (bytes per second), both 0 while the node is offline,
+and the one-way latency of what it sends. Where the file asks for a spread, the draws come
+from the federation seed, so every run of the file gets the same devices:
+
+- ``[devices] spread``: speeds log-normal around ``speed`` (median ``speed``, sigma ``spread``);
+- ``[devices] stragglers``: that share of the nodes is ``slowdown`` times slower (a factor per
+  straggler, uniform in ``[low, high]``);
+- ``[network] thin_links``: that share of node pairs carries ``thin_factor`` times less.
+
+A transfer of ``b`` bytes from node i to node j started at ``t`` arrives at
+``t + latency_i + b / bandwidth`` where the bandwidth is i's uplink (divided by ``thin_factor``
+on a thin pair), integrated over i's profile (nothing moves while i is offline), and not
+before j is online. A node's ``k`` concurrent sends share its uplink: each moves at 1/k of it.
+Pure; thread-safe once built.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flmesh.config import Federation
+from flmesh.timing.profiles import INF, Profile
+
+#: Stream ids that keep these draws apart from every other use of the federation seed.
+_SEED_SPREAD, _SEED_STRAGGLERS, _SEED_THIN = 301, 302, 303
+#: The id the aggregator of a star federation has in the model (never a node id: ids are
+#: lowercase letters, digits, "-" and "_", and the aggregator's is reserved).
+AGGREGATOR = "aggregator"
+TRACE_EVENTS = ("speed", "step_s", "bandwidth_mbps", "offline", "online")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message names the file, the line and the fix."""
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    node: str
+    time_s: float
+    event: str  # one of TRACE_EVENTS
+    value: float | None  # speed, step_s or bandwidth_mbps; None for offline and online
+
+
+def read_trace(path: str | Path, nodes: Iterable[str]) -> list[TraceEvent]:
+    """A trace file's events, checked: CSV with a header ``node,time_s,event,value`` or JSON (a
+    list of objects with those keys). Raises TraceError naming the file and the line or entry."""
+    path = Path(path)
+    known = set(nodes)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the trace file: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise TraceError(f"{path}: not JSON ({exc})") from None
+        if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
+            raise TraceError(f"{path}: expected a JSON list of objects with node, time_s, event, value")
+        rows = [(f"{path}: entry {i}", e) for i, e in enumerate(raw)]
+    else:
+        reader = csv.DictReader(text.splitlines())
+        if reader.fieldnames is None or not {"node", "time_s", "event"} <= set(reader.fieldnames):
+            raise TraceError(f"{path}: line 1: expected the header node,time_s,event,value")
+        rows = [(f"{path}:{i + 2}", e) for i, e in enumerate(reader)]
+    events = [_event(where, e, known) for where, e in rows]
+    events.sort(key=lambda e: (e.time_s, e.node))
+    _check_returns(path, events)
+    return events
+
+
+def _event(where: str, raw: Mapping[str, object], known: set[str]) -> TraceEvent:
+    node, event = str(raw.get("node", "")).strip(), str(raw.get("event", "")).strip()
+    if node not in known:
+        raise TraceError(f"{where}: unknown node {node!r} (the federation has {len(known)} nodes)")
+    if event not in TRACE_EVENTS:
+        raise TraceError(f"{where}: unknown event {event!r} (expected one of {', '.join(TRACE_EVENTS)})")
+    try:
+        time_s = float(raw.get("time_s"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: time_s {raw.get('time_s')!r} is not a number of seconds") from None
+    if not math.isfinite(time_s) or time_s < 0:
+        raise TraceError(f"{where}: time_s must be a finite number of seconds >= 0, got {time_s:g}")
+    value: float | None = None
+    if event in ("speed", "step_s", "bandwidth_mbps"):
+        try:
+            value = float(raw.get("value"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise TraceError(f"{where}: {event} needs a value, got {raw.get('value')!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise TraceError(f"{where}: {event} must be a finite number > 0, got {value:g}")
+    return TraceEvent(node, time_s, event, value)
+
+
+def _check_returns(path: Path, events: list[TraceEvent]) -> None:
+    """A node that goes offline must come back: rounds that wait for it would never end."""
+    last: dict[str, TraceEvent] = {}
+    for e in events:
+        if e.event in ("offline", "online"):
+            last[e.node] = e
+    for node, e in sorted(last.items()):
+        if e.event == "offline":
+            raise TraceError(f"{path}: node {node!r} goes offline at {e.time_s:g} s and never comes back "
+                             "online; add an 'online' event (synchronous rounds would wait for it for ever)")
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """Per node (and ``"aggregator"``): steps per second, uplink bytes per second, latency."""
+
+    compute: Mapping[str, Profile]
+    uplink: Mapping[str, Profile]
+    latency_s: Mapping[str, float]
+    online: Mapping[str, Profile]  # 1 while the node is online, 0 while it is not
+    step_s: Mapping[str, float]  # each node's step time at time 0 (what the run record states)
+    thin_share: float = 0.0
+    thin_factor: float = 1.0
+    seed: int = 0
+    index: Mapping[str, int] | None = None
+
+    def train_until(self, node: str, start: float, steps: float) -> float:
+        """When ``node`` has trained ``steps`` optimizer steps begun at ``start``."""
+        return self.compute[node].finish(self.online[node].next_up(start), steps)
+
+    def thin(self, a: str, b: str) -> bool:
+        """Whether the link between ``a`` and ``b`` is a thin one (seeded; symmetric)."""
+        if self.thin_share <= 0 or self.index is None or a not in self.index or b not in self.index:
+            return False
+        i, j = sorted((self.index[a], self.index[b]))
+        return bool(np.random.default_rng([self.seed, _SEED_THIN, i, j]).random() < self.thin_share)
+
+    def transfer_until(self, src: str, dst: str, start: float, nbytes: float, share: int = 1) -> float:
+        """When ``nbytes`` sent from ``src`` to ``dst`` at ``start`` have arrived, ``src``'s
+        uplink shared among ``share`` sends at once."""
+        work = nbytes * max(1, share) * (self.thin_factor if self.thin(src, dst) else 1.0)
+        sent = self.uplink[src].finish(self.online[src].next_up(start), work)
+        return self.online[dst].next_up(sent + self.latency_s[src])
+
+
+def _profile(changes: list[tuple[float, float]]) -> Profile:
+    """A profile from (time, rate) changes in time order (the last change at a time wins)."""
+    times: list[float] = []
+    rates: list[float] = []
+    for t, r in changes:
+        if times and times[-1] == t:
+            rates[-1] = r
+        elif not rates or rates[-1] != r:
+            times.append(t)
+            rates.append(r)
+    return Profile(times, rates)
+
+
+def _speeds(federation: Federation) -> dict[str, float]:
+    """Each node's speed relative to the reference device: its own, or the default with the
+    file's seeded spread and stragglers."""
+    devices = federation.devices
+    ids = federation.node_ids
+    base = {n: devices.speed if devices is not None else 1.0 for n in ids}
+    if devices is not None and devices.spread > 0:
+        rng = np.random.default_rng([federation.seed, _SEED_SPREAD])
+        draws = rng.lognormal(0.0, devices.spread, len(ids))
+        base = {n: base[n] * float(d) for n, d in zip(ids, draws, strict=True)}
+    if devices is not None and devices.stragglers > 0:
+        rng = np.random.default_rng([federation.seed, _SEED_STRAGGLERS])
+        count = round(devices.stragglers * len(ids))
+        chosen = rng.permutation(len(ids))[:count]
+        low, high = devices.slowdown
+        for i in sorted(int(c) for c in chosen):
+            base[ids[i]] /= float(rng.uniform(low, high)) if high > low else low
+    for node in federation.nodes:
+        if node.device is not None and node.device.speed is not None:
+            base[node.id] = node.device.speed
+    return base
+
+
+def device_model(federation: Federation, reference_step_s: float) -> DeviceModel:
+    """The devices and links ``federation``'s file describes, with ``reference_step_s`` seconds
+    per optimizer step at speed 1 (``[devices] step_s``, or what fl-sim measured). Raises
+    TraceError for a trace file that cannot be read."""
+    fed = federation
+    network = fed.network
+    speeds = _speeds(fed)
+    trace = read_trace(fed.devices.trace, fed.node_ids) if fed.devices and fed.devices.trace else []
+    step: dict[str, float] = {}
+    bandwidth: dict[str, float] = {}
+    latency: dict[str, float] = {}
+    offline: dict[str, tuple[tuple[float, float], ...]] = {}
+    default_bw = network.bandwidth_mbps if network is not None else None
+    default_latency = network.latency_ms if network is not None else 0.0
+    for cfg in fed.nodes:
+        own = cfg.device
+        step[cfg.id] = own.step_s if own is not None and own.step_s is not None else \
+            reference_step_s / speeds[cfg.id]
+        bw = own.bandwidth_mbps if own is not None and own.bandwidth_mbps is not None else default_bw
+        bandwidth[cfg.id] = bw * 1e6 / 8 if bw is not None else INF
+        lat = own.latency_ms if own is not None and own.latency_ms is not None else default_latency
+        latency[cfg.id] = lat / 1000
+        offline[cfg.id] = own.offline if own is not None else ()
+    by_node: dict[str, list[TraceEvent]] = {}
+    for e in trace:
+        by_node.setdefault(e.node, []).append(e)
+    compute, uplink, online = {}, {}, {}
+    for node in fed.node_ids:
+        changes: list[tuple[float, str, float | None]] = [
+            (0.0, "step_s", step[node]), (0.0, "bandwidth", bandwidth[node]), (0.0, "up", 1.0)]
+        for a, b in offline[node]:
+            changes += [(a, "up", 0.0), (b, "up", 1.0)]
+        for e in by_node.get(node, []):
+            if e.event == "speed":
+                assert e.value is not None
+                changes.append((e.time_s, "step_s", reference_step_s / e.value))
+            elif e.event == "step_s":
+                changes.append((e.time_s, "step_s", e.value))
+            elif e.event == "bandwidth_mbps":
+                assert e.value is not None
+                changes.append((e.time_s, "bandwidth", e.value * 1e6 / 8))
+            else:
+                changes.append((e.time_s, "up", 1.0 if e.event == "online" else 0.0))
+        changes.sort(key=lambda c: c[0])
+        state = {"step_s": step[node], "bandwidth": bandwidth[node], "up": 1.0}
+        steps_per_s, bytes_per_s, up = [], [], []
+        for t, key, value in changes:
+            assert value is not None
+            state[key] = value
+            steps_per_s.append((t, state["up"] / state["step_s"]))
+            bytes_per_s.append((t, state["up"] * state["bandwidth"] if state["up"] else 0.0))
+            up.append((t, state["up"]))
+        compute[node], uplink[node], online[node] = _profile(steps_per_s), _profile(bytes_per_s), _profile(up)
+    agg_bw = default_bw * 1e6 / 8 if default_bw is not None else INF
+    uplink[AGGREGATOR], online[AGGREGATOR] = Profile.constant(agg_bw), Profile.constant(1.0)
+    compute[AGGREGATOR] = Profile.constant(INF)
+    latency[AGGREGATOR] = default_latency / 1000
+    return DeviceModel(compute, uplink, latency, online, step,
+                       thin_share=network.thin_links if network is not None else 0.0,
+                       thin_factor=network.thin_factor if network is not None else 1.0,
+                       seed=fed.seed, index={n: i for i, n in enumerate(fed.node_ids)})
+
+
+__all__ = ["AGGREGATOR", "TRACE_EVENTS", "DeviceModel", "TraceError", "TraceEvent", "device_model",
+           "read_trace"]
