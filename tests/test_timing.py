@@ -10,9 +10,10 @@ import math
 import pytest
 
 from flmesh.config import FederationError, parse_federation
+from flmesh.config.trace import read_trace
+from flmesh.reports.time_curve import fa_over_time
 from flmesh.sim.simulation import Simulation
 from flmesh.timing import NodeWork, Profile, Timeline, TraceError, device_model
-from flmesh.timing.devices import read_trace
 
 from conftest import tiny_raw
 
@@ -189,7 +190,11 @@ def test_simulated_time_leaves_the_numbers_alone_and_is_the_same_on_every_transp
     assert times == [r["sim_time_s"] for r in c] and times == sorted(times) and times[0] > 0
     assert summary.sim_time_s == times[-1] and summary.step_s == 0.002 and summary.step_s_measured is False
     reached = next(r for r in b if r["fa"] >= 0.12)
-    assert (summary.rounds_to_target, summary.time_to_target_s) == (reached["round"], reached["sim_time_s"])
+    assert summary.rounds_to_target == reached["round"]
+    # FA over each node's latest model: reached no later than the row that reached it
+    curve = fa_over_time(b)
+    assert summary.time_to_target_s == next(t for t, fa in curve if fa >= 0.12) <= reached["sim_time_s"]
+    assert curve[-1] == (times[-1], pytest.approx(b[-1]["fa"]))  # every node at the last round
 
 
 def test_a_measured_step_time_is_recorded_and_a_rerun_reuses_it(tmp_path):
@@ -236,3 +241,15 @@ def test_the_console_says_the_simulated_time_and_the_time_to_target(tmp_path):
     line = final_line(summary)
     assert f"; {summary.sim_time_s:.1f} simulated s, 99.00 % not reached; results in" in line
 
+
+
+def test_a_bad_trace_stops_the_file_before_anything_runs(tmp_path):
+    away = "node,time_s,event,value\nnode1,3,offline,\nnode1,9,online,\n"
+    (tmp_path / "trace.csv").write_text(away + "node4,1,speed,2\n")
+    raw = tiny_raw(devices={"trace": "trace.csv"})
+    with pytest.raises(FederationError, match=r"^t.toml: \[devices\] trace: .*trace.csv:4: unknown node"):
+        parse_federation(raw, source="t.toml", base_dir=tmp_path)
+    (tmp_path / "trace.csv").write_text(away)
+    fed = parse_federation(raw, source="t.toml", base_dir=tmp_path)
+    model = device_model(fed, 0.1)
+    assert model.train_until("node1", 2.0, 20) == pytest.approx(10.0)  # 1 s of work before 3, 1 s after 9

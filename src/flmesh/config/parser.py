@@ -78,6 +78,7 @@ from flmesh.config.schema import (
     SECTIONS,
     TRAINING,
 )
+from flmesh.config.trace import TraceError, read_trace
 
 DEFAULT_MAX_MODEL_MIB = 512.0
 GENERATED_ID = re.compile(r"^node\d+$")  # the form of the ids ``[topology] nodes = N`` makes
@@ -229,7 +230,7 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         file=(base / graph_file).resolve() if graph_file else None,
     )
     tasks, replay = read_continual(r, raw, ids, fed["rounds"], aggregator)
-    devices, network = _time_model(r, raw, base)
+    devices, network = _time_model(r, raw, base, ids)
     federation = Federation(
         name=fed["name"], seed=fed.get("seed", 0), rounds=fed["rounds"],
         round_timeout_s=fed.get("round_timeout_s", 120.0),
@@ -250,14 +251,18 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     return federation
 
 
-def _time_model(r: SectionReader, raw: Mapping[str, Any],
-                base: Path) -> tuple[DevicesConfig | None, NetworkConfig | None]:
+def _time_model(r: SectionReader, raw: Mapping[str, Any], base: Path,
+                ids: list[str]) -> tuple[DevicesConfig | None, NetworkConfig | None]:
     """``[devices]`` and ``[network]`` (each None when absent); the trace path made absolute."""
     devices = network = None
     if "devices" in raw:
         given = r.section(raw, "devices", SECTIONS["devices"])
         if "trace" in given:
             given["trace"] = str((base / given["trace"]).resolve())
+            try:
+                read_trace(given["trace"], ids)
+            except TraceError as exc:
+                raise r.fail("[devices] trace", str(exc)) from None
         devices = DevicesConfig(**given)
     if "network" in raw:
         network = NetworkConfig(**r.section(raw, "network", SECTIONS["network"]))

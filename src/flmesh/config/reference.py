@@ -18,7 +18,7 @@ from typing import Any
 
 from flmesh.config.checks import Bad, Check
 from flmesh.config.continual import REPLAY_KEYS, TASK_KEYS
-from flmesh.config.federation import DevicesConfig, NetworkConfig
+from flmesh.config.federation import DevicesConfig, NetworkConfig, PeersConfig
 from flmesh.config.parser import parse_federation
 from flmesh.config.schema import DESCRIPTIONS, NODE_KEYS, REQUIRED, SECTIONS, TRAINING
 
@@ -83,7 +83,7 @@ def _defaults() -> dict[str, Any]:
     fed = parse_federation(_BARE, source="<reference>")
     return {"federation": fed, "rewind": fed.rewind, "aggregator": fed.aggregator, "wire": fed.wire,
             "topology": fed.topology, "training": fed.training, "data": fed.data, "model": fed.model,
-            "tasks": fed.tasks, "replay": fed.replay, "peers": fed.peers,
+            "tasks": fed.tasks, "replay": fed.replay, "peers": fed.peers or PeersConfig(),
             "devices": DevicesConfig(), "network": NetworkConfig()}
 
 
@@ -98,6 +98,8 @@ def _default(holders: Mapping[str, Any], section: str, key: str) -> str:
         if key in ("speed", "bandwidth_mbps", "latency_ms"):
             return "[devices]'s" if key == "speed" else "[network]'s"
         return "the node's position" if key == "partition" else "unset"
+    if (section, key) == ("peers", "wait"):
+        return '"all"'
     name = _FIELD.get((section, key), key)
     holder = holders[section]
     if not hasattr(holder, name):  # a deprecated key, read into another table

@@ -9,7 +9,8 @@ Pure: no torch, no grpc, no clock; the same rounds give the same simulated secon
 May import: :mod:`flmesh.config`, numpy.
 """
 
-from flmesh.timing.devices import DeviceModel, TraceError, device_model
+from flmesh.config.trace import TraceError
+from flmesh.timing.devices import DeviceModel, device_model
 from flmesh.timing.profiles import Profile
 from flmesh.timing.timeline import NodeWork, Timeline
 
