@@ -115,11 +115,12 @@ def test_fl_sim_decides_barrier_free_rounds_on_simulated_time_the_same_on_every_
     assert a.sim_time_s == rows[-1]["sim_time_s"]
 
 
-def test_real_time_barrier_free_rounds_run_on_threads():
+@pytest.mark.parametrize("transport", ["memory", "grpc"])
+def test_real_time_barrier_free_rounds_run_on_threads(transport):
     from flmesh.testing import Cluster
 
     fed = _gossip(nodes=4, rounds=3, wait=1, deadline_s=5)
-    with Cluster(fed) as cluster:
+    with Cluster(fed, transport=transport) as cluster:
         for t in (1, 2, 3):
             for node, report in cluster.peer_round(t).items():
                 assert report.round == t and set(report.combined) <= set(fed.node_ids) - {node}
