@@ -253,3 +253,22 @@ def test_a_bad_trace_stops_the_file_before_anything_runs(tmp_path):
     fed = parse_federation(raw, source="t.toml", base_dir=tmp_path)
     model = device_model(fed, 0.1)
     assert model.train_until("node1", 2.0, 20) == pytest.approx(10.0)  # 1 s of work before 3, 1 s after 9
+
+
+def test_churn_takes_a_seeded_share_of_the_nodes_offline_now_and_then():
+    from flmesh.timing.devices import CHURN_HORIZON_S
+
+    fed = _fed(nodes=10, devices={"churn": 0.3, "online_s": 100, "offline_s": 20})
+    model = device_model(fed, 0.01)
+    away = {n for n in fed.node_ids if model.online[n].times != (0.0,)}
+    assert len(away) == 3 and device_model(fed, 0.01).online[next(iter(away))].times == \
+        model.online[next(iter(away))].times
+    node = sorted(away)[0]
+    times, rates = model.online[node].times, model.online[node].rates
+    assert rates[:2] == (1.0, 0.0) and all(t < CHURN_HORIZON_S + 1e5 for t in times)
+    down = sum(b - a for a, b, r in zip(times, times[1:], rates, strict=False) if r == 0)
+    assert 0.1 < down / times[-1] < 0.25  # offline about 20 / (100 + 20) of the time
+    raw = fed.raw
+    raw["nodes"] = {n: ({"offline": [[0.0, 5e6]]} if n == node else {}) for n in fed.node_ids}
+    own = device_model(parse_federation(raw, source="t.toml"), 0.01)
+    assert own.online[node].times == (0.0, 5e6)  # its own spell covers every drawn one

@@ -273,15 +273,20 @@ class DevicesConfig:
     speed relative to the reference (0.2: five times slower); ``spread``: sigma of a seeded
     log-normal spread of the nodes' speeds around ``speed`` (0: none); ``stragglers``: the
     share of nodes, drawn from the seed, that are ``slowdown`` times slower (low, high: a
-    factor per straggler drawn uniformly between them); ``trace``: a CSV or JSON file of events
-    (node, time_s, event, value) that change a node's speed, step time, bandwidth or
-    availability over time (absolute path)."""
+    factor per straggler drawn uniformly between them); ``churn``: the share of nodes, drawn
+    from the seed, that go offline now and then: online spells of ``online_s`` seconds on
+    average and offline ones of ``offline_s`` (exponential, seeded); ``trace``: a CSV or JSON
+    file of events (node, time_s, event, value) that change a node's speed, step time,
+    bandwidth or availability over time (absolute path)."""
 
     step_s: float | None = None
     speed: float = 1.0
     spread: float = 0.0
     stragglers: float = 0.0
     slowdown: tuple[float, float] = (5.0, 5.0)
+    churn: float = 0.0
+    online_s: float = 600.0
+    offline_s: float = 60.0
     trace: str | None = None
 
 

@@ -245,7 +245,9 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "target_accuracy": number(0, 1, lo_open=True),
     },
     "devices": {"step_s": _STEP_S, "speed": _SPEED, "spread": at_most(number(0), 10),
-                "stragglers": number(0, 1), "slowdown": _slowdown, "trace": path_string},
+                "stragglers": number(0, 1), "slowdown": _slowdown, "churn": number(0, 1),
+                "online_s": at_most(number(0, lo_open=True), MAX_SIM_S),
+                "offline_s": at_most(number(0, lo_open=True), MAX_SIM_S), "trace": path_string},
     "network": {"bandwidth_mbps": _MBPS, "latency_ms": _LATENCY_MS, "thin_links": number(0, 1),
                 "thin_factor": at_most(number(1), MAX_FACTOR)},
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
@@ -325,6 +327,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "spread": "sigma of a seeded log-normal spread of node speeds around speed (0: none)",
         "stragglers": "share of nodes, drawn from the seed, that are slowdown times slower",
         "slowdown": "how much slower a straggler is: a factor, or [low, high] drawn per straggler",
+        "churn": "share of nodes, drawn from the seed, that go offline now and then (spells drawn for the "
+                 "first 1e6 simulated seconds)",
+        "online_s": "churn: mean seconds of an online spell (exponential, seeded)",
+        "offline_s": "churn: mean seconds of an offline spell (exponential, seeded)",
         "trace": "a CSV or JSON file of events node,time_s,event,value (speed, step_s, bandwidth_mbps, "
                  "offline, online) that change a node over simulated time (relative to the file)",
     },

@@ -9,7 +9,10 @@ from the federation seed, so every run of the file gets the same devices:
 - ``[devices] spread``: speeds log-normal around ``speed`` (median ``speed``, sigma ``spread``);
 - ``[devices] stragglers``: that share of the nodes is ``slowdown`` times slower (a factor per
   straggler, uniform in ``[low, high]``);
-- ``[network] thin_links``: that share of node pairs carries ``thin_factor`` times less.
+- ``[network] thin_links``: that share of node pairs carries ``thin_factor`` times less;
+- ``[devices] churn``: that share of the nodes goes offline now and then: online and offline
+  spells drawn from exponentials of means ``online_s`` and ``offline_s``, for the first
+  CHURN_HORIZON_S simulated seconds.
 
 A transfer of ``b`` bytes from node i to node j started at ``t`` arrives at
 ``t + latency_i + b / bandwidth`` where the bandwidth is i's uplink (divided by ``thin_factor``
@@ -26,11 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from flmesh.config import Federation
-from flmesh.config.trace import TRACE_EVENTS, TraceError, TraceEvent, read_trace
+from flmesh.config.trace import TraceEvent, read_trace
 from flmesh.timing.profiles import INF, Profile
 
 #: Stream ids that keep these draws apart from every other use of the federation seed.
-_SEED_SPREAD, _SEED_STRAGGLERS, _SEED_THIN = 301, 302, 303
+_SEED_SPREAD, _SEED_STRAGGLERS, _SEED_THIN, _SEED_CHURN = 301, 302, 303, 304
+#: Simulated seconds churn spells are drawn for (about 11.5 days); beyond, churning nodes stay online.
+CHURN_HORIZON_S = 1e6
 #: The id the aggregator of a star federation has in the model (never a node id: ids are
 #: lowercase letters, digits, "-" and "_", and the aggregator's is reserved).
 AGGREGATOR = "aggregator"
@@ -105,6 +110,39 @@ def _speeds(federation: Federation) -> dict[str, float]:
     return base
 
 
+def _churn(federation: Federation) -> dict[str, list[tuple[float, float]]]:
+    """The offline spells of the nodes ``[devices] churn`` draws (seeded), by node."""
+    devices = federation.devices
+    if devices is None or devices.churn <= 0:
+        return {}
+    ids = federation.node_ids
+    rng = np.random.default_rng([federation.seed, _SEED_CHURN])
+    chosen = sorted(int(i) for i in rng.permutation(len(ids))[:round(devices.churn * len(ids))])
+    spells: dict[str, list[tuple[float, float]]] = {}
+    for i in chosen:
+        node_rng = np.random.default_rng([federation.seed, _SEED_CHURN, i])
+        t, out = 0.0, []
+        while t < CHURN_HORIZON_S:
+            t += float(node_rng.exponential(devices.online_s))
+            away = float(node_rng.exponential(devices.offline_s))
+            if t < CHURN_HORIZON_S and away > 0:
+                out.append((t, t + away))
+            t += away
+        spells[ids[i]] = out
+    return spells
+
+
+def _union(spells: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or touching spells merged, in order."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spells):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 def device_model(federation: Federation, reference_step_s: float) -> DeviceModel:
     """The devices and links ``federation``'s file describes, with ``reference_step_s`` seconds
     per optimizer step at speed 1 (``[devices] step_s``, or what fl-sim measured). Raises
@@ -128,6 +166,8 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
         lat = own.latency_ms if own is not None and own.latency_ms is not None else default_latency
         latency[cfg.id] = lat / 1000
         offline[cfg.id] = own.offline if own is not None else ()
+    for node, drawn in _churn(fed).items():
+        offline[node] = tuple(_union([*offline[node], *drawn]))
     by_node: dict[str, list[TraceEvent]] = {}
     for e in trace:
         by_node.setdefault(e.node, []).append(e)
@@ -168,5 +208,4 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
                        seed=fed.seed, index={n: i for i, n in enumerate(fed.node_ids)})
 
 
-__all__ = ["AGGREGATOR", "TRACE_EVENTS", "DeviceModel", "TraceError", "TraceEvent", "device_model",
-           "read_trace"]
+__all__ = ["AGGREGATOR", "CHURN_HORIZON_S", "DeviceModel", "device_model"]
