@@ -2,6 +2,7 @@
 
     python benchmarks/heterogeneity.py            # 32 nodes, 3 seeds, 60 rounds
     python benchmarks/heterogeneity.py --quick    # 8 nodes, one seed, 6 rounds, same table shape
+    python benchmarks/heterogeneity.py --waits    # barrier-free D-PSGD by what it waits for
 
 Every node holds a Dirichlet(0.25) share of digits and trains an MLP(64) one local epoch per
 round (batch 16, lr 0.05). The device model (docs/time.md) is declared, so every number here is
@@ -20,11 +21,19 @@ node's). Per way and federation, over the seeds (mean ± std): the simulated sec
 ``--target`` (FA between peers over each node's latest model at each moment; the global
 model's accuracy with the aggregator), the final FA or global accuracy, the model bytes moved
 in all, and the time to target over the all-fast federation's time of the same way.
+
+``--waits`` (16 nodes, 40 rounds, heterogeneous devices): synchronous D-PSGD against barrier-free
+D-PSGD waiting for 1, 2 or 3 of the 4 neighbours' models, and for 2 with late models at full
+weight (``staleness_exponent = 0``, ``max_staleness = 10``): the time to ``--target``, FA at
+50, 100 and 200 simulated seconds, the final FA, how many models a node combined per round
+and how many rounds old they were.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -72,6 +81,49 @@ def cell(values: list[float | None], scale: float = 1.0, digits: int = 1) -> str
     return text if len(got) == len(values) else f"{text} ({len(got)}/{len(values)} seeds)"
 
 
+WAITS = {"sync (all 4)": None,
+         "wait 3": {"wait": 3}, "wait 2": {"wait": 2}, "wait 1": {"wait": 1},
+         "wait 2, late at full weight": {"wait": 2, "staleness_exponent": 0.0, "max_staleness": 10}}
+
+
+def waits(seeds: list[int], target: float, progress: Progress, rounds: int = 40, nodes: int = 16) -> int:
+    """The --waits table (every evaluated round: FA over time needs each node's)."""
+    from flmesh.reports.time_curve import fa_over_time
+
+    results: dict[str, dict[str, list[Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, peers in WAITS.items():
+            got: dict[str, list[Any]] = {"time": [], "at": [], "final": [], "combined": [], "staleness": []}
+            for seed in seeds:
+                raw = federation("sync D-PSGD", "heterogeneous", nodes, rounds, seed, target)
+                if peers is not None:
+                    raw["peers"] = {"strategy": "dpsgd", **peers}
+                out = Path(tmp) / f"{name}-{seed}".replace(" ", "_").replace(",", "")
+                done = run(raw, out, eval_every=1)
+                rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+                curve = fa_over_time(rows)
+                entries = [e for r in rows for e in r["nodes"].values()]
+                late = [s for e in entries for s in e.get("staleness") or []]
+                got["time"].append(done.summary.time_to_target_s)
+                got["at"].append([next((fa for t, fa in reversed(curve) if t <= at), None)
+                                  for at in (50, 100, 200)])
+                got["final"].append(done.rows[-1].fa)
+                got["combined"].append(statistics.fmean(len(e["combined"]) for e in entries))
+                got["staleness"].append(statistics.fmean(late) if late else 0.0)
+                progress(f"waits: {name}, seed {seed}: target at {got['time'][-1]}")
+            results[name] = got
+    print(f"\nDigits, {nodes} nodes, 4-regular, heterogeneous devices, {rounds} rounds, {len(seeds)} "
+          f"seed(s); target {100 * target:.0f} % FA\n")
+    print("| D-PSGD | simulated s to target | FA at 50 s (%) | at 100 s | at 200 s | final FA (%) "
+          "| models combined a round | rounds old (mean) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, m in results.items():
+        at = [cell([a[k] for a in m["at"]], 100) for k in range(3)]
+        print(f"| {name} | {cell(m['time'])} | {' | '.join(at)} | {cell(m['final'], 100)} "
+              f"| {cell(m['combined'], 1, 2)} | {cell(m['staleness'], 1, 2)} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="8 nodes, one seed, 6 rounds")
@@ -81,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=0.6, help="the accuracy to reach (a fraction)")
     p.add_argument("--eval-every", type=int, default=1,
                    help="evaluate every N rounds and after the last (FA over time needs every node's rounds)")
+    p.add_argument("--waits", action="store_true", help="only the table of what barrier-free rounds wait for")
     add_json_flag(p, "heterogeneity")
     args = p.parse_args(argv)
+    if args.waits:
+        return waits(list(range(1, 1 + (args.seeds or 3))), args.target, Progress())
     nodes = args.nodes or (8 if args.quick else 32)
     rounds = args.rounds or (6 if args.quick else 60)
     seeds = list(range(1, 1 + (args.seeds or (1 if args.quick else 3))))

@@ -318,3 +318,16 @@ def test_dp_replay_protocol_rejects_an_unknown_row(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dp_replay_protocol.py"), "--only", "9"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2 and "--only takes row numbers 1..8" in proc.stderr
+
+
+def test_heterogeneity(tmp_path):
+    results = run(tmp_path, "heterogeneity.py")
+    assert results["nodes"] == 8 and results["rounds"] == 6
+    table = results["results"]
+    assert set(table) == {"sync D-PSGD", "barrier-free D-PSGD", "CWT", "sync FedAvg"}
+    for way in table.values():
+        assert set(way) == {"all fast", "heterogeneous"}
+        fast, slow = way["all fast"], way["heterogeneous"]
+        assert all(number(v, 0) for v in fast["final"] + slow["final"] + fast["bytes"])
+        # the same rounds on slower devices and thinner links take longer in simulated time
+        assert all(s > f > 0 for f, s in zip(fast["sim_time_s"], slow["sim_time_s"], strict=True))
