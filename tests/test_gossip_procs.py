@@ -58,3 +58,25 @@ def test_a_node_killed_mid_run_is_named_and_the_others_finish(tmp_path):
         node_rows, summary = read_results(tmp_path / "runs" / f"procs-{i}")
         assert summary["missing_peers"] == ["n3"]
         assert "n3" not in node_rows[-1]["nodes"][i]["combined"]
+
+
+@pytest.mark.slow
+def test_barrier_free_gossip_over_mtls_runs_on_real_time(tmp_path):
+    """fl-node processes of a barrier-free ring: each waits for one neighbour's model at most
+    2 s after its own training, combines its neighbours' freshest models (late ones weighted by
+    staleness) and finishes; nothing here depends on which arrived first."""
+    ids = ["alpha", "bravo", "charlie", "delta"]
+    peers = '[peers]\nstrategy = "dpsgd"\nwait = 1\ndeadline_s = 2\nmax_staleness = 2\n'
+    fed = federation_file(tmp_path, ids, rounds=4, schedule="gossip", extra=peers)
+    proc = subprocess.run(["bash", str(REPO / "examples/four-nodes/run.sh"), str(fed)], cwd=tmp_path,
+                          env={**os.environ, "FL_NODE": FL_NODE}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ring = {"alpha": {"bravo", "delta"}, "bravo": {"alpha", "charlie"}, "charlie": {"bravo", "delta"},
+            "delta": {"alpha", "charlie"}}
+    for node_id in ids:
+        rows, summary = read_results(tmp_path / "runs" / f"procs-{node_id}")
+        assert summary["rounds"] == 4 and [r["round"] for r in rows] == [1, 2, 3, 4]
+        for row in rows:
+            entry = row["nodes"][node_id]
+            assert set(entry["combined"]) <= ring[node_id] and set(entry["sent_to"]) == ring[node_id]
+            assert all(0 <= s <= 2 for s in entry["staleness"] or [])

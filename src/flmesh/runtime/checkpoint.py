@@ -49,7 +49,7 @@ class CheckpointError(ValueError):
 # What shapes a run's numbers; the rest of a federation file (name, rounds, timeouts, addresses,
 # evaluation and wire settings) may change between a run and its resume.
 _SHAPES = ("seed", "topology", "training", "data", "model", "rewind", "baseline", "aggregator", "tasks",
-           "replay", "algorithms")
+           "replay", "algorithms", "peers", "devices", "network")
 _NOT_SHAPING = {"address", "deadline_s"}
 
 

@@ -3,7 +3,7 @@
 A node of a real federation waits, before round 1, until the peers its
 schedule names answer ``Hello`` (and refuses to start with one that runs
 another federation or model); after its last round it keeps serving until its
-peers are done, so none of them loses a rewind or a delivery. Both poll with
+peers are done, so none of them loses a Train call or a delivery. Both poll with
 a deadline on the node's clock; nothing here sleeps to wait for a result.
 """
 

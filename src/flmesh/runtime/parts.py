@@ -70,7 +70,7 @@ class Settings:
     max_model_bytes: int  # the largest model stream the node reads
     wire: WireFormat  # how models travel
     neighbours: list[str]  # graph neighbours (plug-ins that gossip send to them)
-    members: list[str]  # who may deliver, rewind and say hello
+    members: list[str]  # who may deliver, ask for training and say hello
     evaluators: frozenset[str]  # who may evaluate on the node's test split and read its status
 
     @classmethod
