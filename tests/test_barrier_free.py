@@ -157,3 +157,20 @@ def test_a_node_takes_late_models_only_within_max_staleness(barrier_free):
                 sender.transport.deliver("node0", late, timeout=5)
         with pytest.raises(PeerError, match="is for round 2, which is over"):
             sender.transport.deliver("node0", sender.encode(round=2), timeout=5)
+
+
+def test_a_barrier_free_run_is_not_checkpointed_and_resume_says_why(tmp_path, capsys):
+    from flmesh.cli.fl_sim import main
+    from flmesh.reports.record import toml_text
+
+    fed = tmp_path / "bf.toml"
+    raw = tiny_raw(nodes=3, rounds=2, topology={"graph": "complete", "schedule": "gossip"},
+                   peers={"strategy": "dpsgd", "wait": 1}, devices={"step_s": 0.01})
+    fed.write_text(toml_text(raw))
+    out = tmp_path / "run"
+    assert main([str(fed), "--out", str(out), "--quiet", "--no-pictures", "--checkpoint-every", "1"]) == 0
+    assert not (out / "checkpoints").exists()
+    capsys.readouterr()
+    assert main(["--resume", str(out)]) == 2
+    assert "a federation with barrier-free rounds ([peers] wait or deadline_s) cannot be resumed" in \
+        capsys.readouterr().err

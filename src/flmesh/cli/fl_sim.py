@@ -179,8 +179,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             overrides.append(f"federation.{key}={value}")
 
     def plan(federation: Federation, out: Path, label: str) -> RunPlan:
-        # a replay buffer's means live in its host's memory only: such a run cannot be resumed
-        every = 0 if federation.replay is not None else args.checkpoint_every
+        # a replay buffer's means, and which late models reached a barrier-free round in time, live
+        # in memory only: such a run cannot be resumed
+        peers = federation.peers
+        unresumable = federation.replay is not None or (peers is not None and peers.barrier_free)
+        every = 0 if unresumable else args.checkpoint_every
         return RunPlan(federation, out, label, argv, transport=args.transport,
                        tls=has_wire(args.transport) and not args.insecure,
                        checkpoint_every=every, pictures=not args.no_pictures,
@@ -265,6 +268,11 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
         if record.federation.replay is not None:
             raise FederationError(f"{folder}: a federation with [replay] cannot be resumed (its replay "
                                   "buffer is held in memory only); run it again")
+        peers = record.federation.peers
+        if peers is not None and peers.barrier_free:
+            raise FederationError(f"{folder}: a federation with barrier-free rounds ([peers] wait or "
+                                  "deadline_s) cannot be resumed (which late models arrived in time is "
+                                  "held in memory only); run it again")
     except FederationError as exc:
         return _error(f"--resume {exc}" if str(exc).startswith(f"{folder}:") else str(exc))
     try:

@@ -125,8 +125,9 @@ def final_table(fed: Federation, summary: Summary) -> Table | None:
         values.insert(-1, f"{summary.sim_time_s:.1f}")
     if summary.target_accuracy is not None:
         names.insert(-1, f"to {pct(summary.target_accuracy).strip()} %")
+        reached = "" if summary.rounds_to_target is None else f" (r{summary.rounds_to_target})"
         values.insert(-1, "not reached" if summary.time_to_target_s is None else
-                      f"{summary.time_to_target_s:.1f} s (r{summary.rounds_to_target})")
+                      f"{summary.time_to_target_s:.1f} s{reached}")
     for col in names:
         table.add_column(col, justify="right")
     table.add_row(*values)
@@ -149,6 +150,7 @@ def final_line(summary: Summary, metric: str = "accuracy") -> str:
         timed = f"; {summary.sim_time_s:.1f} simulated s"
         if summary.target_accuracy is not None:
             target = pct(summary.target_accuracy).strip()
+            round_ = "" if summary.rounds_to_target is None else f" (round {summary.rounds_to_target})"
             timed += (f", {target} % not reached" if summary.time_to_target_s is None else
-                      f", {target} % at {summary.time_to_target_s:.1f} s (round {summary.rounds_to_target})")
+                      f", {target} % at {summary.time_to_target_s:.1f} s{round_}")
     return f"{done}: {metrics or 'not evaluated'}{timed}; results in {summary.out_dir}"

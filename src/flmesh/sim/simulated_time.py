@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,14 +34,16 @@ MEASURED_STEPS = 30
 WARMUP_STEPS = 5
 
 
-def measure_step_s(node: Node, compute: Compute | None = None) -> float:
-    """Seconds one optimizer step of ``node``'s model on its own training data takes on this
-    machine: a copy trains WARMUP_STEPS steps, then MEASURED_STEPS timed ones. Blocking; the
-    node's own model is not touched."""
-    parts = parts_of(node)
+def measure_step_s(nodes: Sequence[Node], compute: Compute | None = None) -> float:
+    """Seconds one optimizer step of the first of ``nodes`` that holds training data takes on its
+    data on this machine: a copy of its model trains WARMUP_STEPS steps, then MEASURED_STEPS
+    timed ones. Blocking; the node's own model is not touched. ValueError when no node holds
+    data yet (a continual federation's late joiners only)."""
+    holding = [n for n in nodes if len(parts_of(n).share.data.train)]
+    if not holding:
+        raise ValueError("no node holds training data to time a step on: set [devices] step_s")
+    parts = parts_of(holding[0])
     model, data = parts.model, parts.share.data.train
-    if len(data) == 0:
-        raise ValueError(f"{node.node_id} holds no training data to time a step on: set [devices] step_s")
     with model.lock:
         module = copy.deepcopy(model.module)
     cfg = parts.settings.training

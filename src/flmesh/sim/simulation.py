@@ -203,7 +203,7 @@ class Simulation:
 
         fed = self.federation
         declared = fed.devices.step_s if fed.devices is not None else None
-        step_s = declared if declared is not None else measure_step_s(self.driver.nodes[0], self.compute)
+        step_s = declared if declared is not None else measure_step_s(self.driver.nodes, self.compute)
         if declared is None:
             self.federation = fed = with_step_s(fed, step_s)
             log.info("measured %.6f s per optimizer step at speed 1 on this machine ([devices] step_s in "
