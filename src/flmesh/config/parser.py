@@ -22,9 +22,11 @@ Sections (all but ``[federation]`` optional)::
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
                   clip_norm, params (present: a star federation)
     [aggregator.params]  the strategy's parameters (docs/algorithms.md)
-    [peers]       strategy (how an averaging schedule's nodes combine models; default "dpsgd")
+    [peers]       strategy (how an averaging schedule's nodes combine models; default "dpsgd"), and
+                  for barrier-free rounds wait, deadline_s, max_staleness, staleness_exponent
     [algorithm.NAME]     a plug-in's parameters, NAME registered or an import path
-    [devices]     step_s, speed, spread, stragglers, slowdown, trace (simulated time: how fast nodes compute)
+    [devices]     step_s, speed, spread, stragglers, slowdown, churn, online_s, offline_s, trace
+                  (simulated time: how fast nodes compute, and when they are away)
     [network]     bandwidth_mbps, latency_ms, thin_links, thin_factor (simulated time: the links)
     [nodes.<id>]  address, partition, data (its own file), speed, step_s, bandwidth_mbps, latency_ms,
                   offline, and any [training] key as a per-node override;
