@@ -42,34 +42,35 @@ def _picks(fed, steps, rounds, nbytes=1_000_000):
     """Every node's picks, round by round, each node on its own thread (pick waits for the others)."""
     plan = SimulatedArrivals(fed)
     plan.configure(device_model(fed, 0.01))
-    ids, stop, out = fed.node_ids, threading.Event(), {}
+    ids, stop, out, ends = fed.node_ids, threading.Event(), {}, {}
 
     def node(me):
         others = [n for n in ids if n != me]
         for t in range(1, rounds + 1):
             out[(me, t)] = plan.pick(me, t, others, others, steps[me], nbytes, stop)
+            ends[(me, t)] = plan.ends[(me, t)]  # kept until every node has moved on
 
     threads = [threading.Thread(target=node, args=(n,)) for n in ids]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    return plan, out
+    return ends, out
 
 
 def test_the_planner_combines_what_has_arrived_by_the_kth_model_on_simulated_time():
     fed = parse_federation({**_gossip(wait=1, max_staleness=2).raw,
                             "network": {"bandwidth_mbps": 8}}, source="t.toml")  # 1e6 bytes/s
     # node0 and node1 train 1 s a round, node2 10 s; a model takes 2 s (two sends share the uplink)
-    plan, picks = _picks(fed, {"node0": 100, "node1": 100, "node2": 1000}, rounds=3)
+    ends, picks = _picks(fed, {"node0": 100, "node1": 100, "node2": 1000}, rounds=3)
     # round 1: node0 trains till 1, node1's model is there at 3 (the first of its two): node2's
     # (at 12) is not; node0 ends at 3, its own sends arrived
-    assert picks[("node0", 1)] == {"node1": 1} and plan.ends[("node0", 1)] == pytest.approx(3.0)
+    assert picks[("node0", 1)] == {"node1": 1} and ends[("node0", 1)] == pytest.approx(3.0)
     # node2 trains till 10: both fast models of round 1 are there long before
-    assert picks[("node2", 1)] == {"node0": 1, "node1": 1} and plan.ends[("node2", 1)] == pytest.approx(12.0)
+    assert picks[("node2", 1)] == {"node0": 1, "node1": 1} and ends[("node2", 1)] == pytest.approx(12.0)
     # round 2: node0 trains 3 .. 4, node1's round-2 model comes at 6; node2's round-1 model (12) is
     # not there yet either
-    assert picks[("node0", 2)] == {"node1": 2} and plan.ends[("node0", 2)] == pytest.approx(6.0)
+    assert picks[("node0", 2)] == {"node1": 2} and ends[("node0", 2)] == pytest.approx(6.0)
     # round 3: node0 trains 6 .. 7, combines at 9 (node1's): still nothing from node2
     assert picks[("node0", 3)] == {"node1": 3}
     # node2's round 2: trains 12 .. 22; node0's and node1's round-2 models came at 6, their
@@ -80,9 +81,9 @@ def test_the_planner_combines_what_has_arrived_by_the_kth_model_on_simulated_tim
 def test_a_deadline_cuts_the_wait_and_old_models_are_dropped():
     fed = parse_federation({**_gossip(deadline_s=0.5, max_staleness=0).raw,
                             "network": {"bandwidth_mbps": 8}}, source="t.toml")
-    plan, picks = _picks(fed, {"node0": 100, "node1": 300, "node2": 100}, rounds=2)
+    ends, picks = _picks(fed, {"node0": 100, "node1": 300, "node2": 100}, rounds=2)
     # node0 trains till 1 and waits at most till 1.5: no model (the first arrives at 3)
-    assert picks[("node0", 1)] == {} and plan.ends[("node0", 1)] == pytest.approx(3.0)  # its own sends
+    assert picks[("node0", 1)] == {} and ends[("node0", 1)] == pytest.approx(3.0)  # its own sends
     # round 2 (3 .. 4, combine by 4.5): round-1 models are a round old, past max_staleness 0
     assert picks[("node0", 2)] == {}
 
@@ -113,6 +114,20 @@ def test_fl_sim_decides_barrier_free_rounds_on_simulated_time_the_same_on_every_
     assert any(s > 0 for e in entries for s in e["staleness"] or []), "someone combined a late model"
     assert all(0 <= s <= 4 for e in entries for s in e["staleness"] or [])
     assert a.sim_time_s == rows[-1]["sim_time_s"]
+
+
+def test_the_planner_forgets_what_no_decision_needs(tmp_path):
+    raw = tiny_raw(nodes=4, rounds=8, topology={"graph": "complete", "schedule": "gossip"},
+                   peers={"strategy": "dpsgd", "wait": 1, "max_staleness": 1}, devices={"step_s": 0.01})
+    fed = parse_federation(raw, source="t.toml")
+    with Simulation(fed, tmp_path / "run") as sim:
+        sim.draw_pictures = False
+        sim.run()
+        assert sim.arrivals is not None
+        # 4 nodes x (max_staleness + 2 rounds of trainings, 2 of ends), not 4 x 8 x 2
+        assert 0 < sim.arrivals.held() <= 4 * (1 + 2 + 2)
+    assert [r["round"] for r in _rows(tmp_path / "run")] == list(range(1, 9))
+    assert all(r["sim_time_s"] is not None for r in _rows(tmp_path / "run"))
 
 
 @pytest.mark.parametrize("transport", ["memory", "grpc"])

@@ -46,6 +46,7 @@ class SimulatedArrivals:
         self._cond = threading.Condition()
         self._trained: dict[tuple[str, int], _Trained] = {}
         self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
+        self._latest: dict[str, int] = {}  # node -> the last round it trained
 
     def configure(self, model: DeviceModel) -> None:
         """The devices and links the rounds run on."""
@@ -94,7 +95,26 @@ class SimulatedArrivals:
                         break
             sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends]
             self.ends[(node, round)] = max([at, *sent])
+            self._latest[node] = round
+            self._forget()
             return picks
+
+    def _forget(self) -> None:
+        """Drop what no decision and no row can need any more (lock held): once every node has
+        trained round r, no one looks before r - max_staleness, and rows up to r - 2 are out
+        (the last node to end a round writes its row before it trains the next)."""
+        if len(self._latest) < len(self.federation.nodes):
+            return
+        low = min(self._latest.values())
+        for key in [k for k in self._trained if k[1] < low - self.peers.max_staleness - 1]:
+            del self._trained[key]
+        for key in [k for k in self.ends if k[1] < low - 1]:
+            del self.ends[key]
+
+    def held(self) -> int:
+        """How many rounds' records it holds, over every node (bounded whatever the rounds)."""
+        with self._cond:
+            return len(self._trained) + len(self.ends)
 
     def round_ends(self, round: int, nodes: Sequence[str]) -> dict[str, float]:
         """When each of ``nodes`` ended ``round`` (those that have)."""
