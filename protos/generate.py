@@ -8,6 +8,7 @@ test compares a fresh generation with what is committed. It needs grpcio-tools
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def generate(out_root: Path) -> list[Path]:
     written = sorted((out_root / "flmesh" / "v1").glob("*_pb2*.py*"))
     for path in written:
         if path.name.endswith("_pb2_grpc.py"):
-            path.write_text(public_version_check(path.read_text(), path.name))
+            path.write_text(public_names_only(public_version_check(path.read_text(), path.name), path.name))
     return written
 
 
@@ -70,6 +71,26 @@ def public_version_check(text: str, name: str) -> str:
     if PRIVATE_CHECK not in text:
         raise RuntimeError(f"{name}: the gRPC plug-in's version check changed; update PRIVATE_CHECK")
     return text.replace(PRIVATE_CHECK, PUBLIC_CHECK, 1)
+
+
+#: Where the plug-in's static helper class starts, which calls ``grpc.experimental`` (no flmesh code
+#: uses it): it runs to the end of the file.
+EXPERIMENTAL_CLASS = "\n\n # This class is part of an EXPERIMENTAL API.\n"
+#: The plug-in's private keyword on every client method (an optimisation, off by default).
+REGISTERED = re.compile(r",\s*_registered_method=True\)")
+
+
+def public_names_only(text: str, name: str) -> str:
+    """``text`` without grpc's private ``_registered_method`` keyword on the stub's methods and
+    without the static helper class on ``grpc.experimental``; RuntimeError when either is not
+    where the plug-in writes it (a new grpcio-tools: look before committing). A file of no
+    service has neither."""
+    at = text.find(EXPERIMENTAL_CLASS)
+    if at < 0 and not REGISTERED.search(text):
+        return text
+    if at < 0 or not REGISTERED.search(text):
+        raise RuntimeError(f"{name}: the gRPC plug-in's output changed; update public_names_only")
+    return REGISTERED.sub(")", text[:at]).rstrip("\n") + "\n"
 
 
 def main() -> int:

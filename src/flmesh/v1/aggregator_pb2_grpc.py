@@ -36,28 +36,23 @@ class AggregatorStub:
         self.Join = channel.unary_unary(
                 '/flmesh.v1.Aggregator/Join',
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.JoinRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.JoinReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.JoinReply.FromString)
         self.Poll = channel.unary_unary(
                 '/flmesh.v1.Aggregator/Poll',
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.PollRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.PollReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.PollReply.FromString)
         self.FetchGlobal = channel.unary_stream(
                 '/flmesh.v1.Aggregator/FetchGlobal',
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.FetchRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString)
         self.SubmitUpdate = channel.stream_unary(
                 '/flmesh.v1.Aggregator/SubmitUpdate',
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString)
         self.AggregatorStatus = channel.unary_unary(
                 '/flmesh.v1.Aggregator/AggregatorStatus',
                 request_serializer=flmesh_dot_v1_dot_aggregator__pb2.AggregatorStatusRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.AggregatorStatusReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_aggregator__pb2.AggregatorStatusReply.FromString)
 
 
 class AggregatorServicer:
@@ -140,143 +135,3 @@ def add_AggregatorServicer_to_server(servicer, server):
             'flmesh.v1.Aggregator', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
     server.add_registered_method_handlers('flmesh.v1.Aggregator', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class Aggregator:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Join(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Aggregator/Join',
-            flmesh_dot_v1_dot_aggregator__pb2.JoinRequest.SerializeToString,
-            flmesh_dot_v1_dot_aggregator__pb2.JoinReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Poll(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Aggregator/Poll',
-            flmesh_dot_v1_dot_aggregator__pb2.PollRequest.SerializeToString,
-            flmesh_dot_v1_dot_aggregator__pb2.PollReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def FetchGlobal(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/flmesh.v1.Aggregator/FetchGlobal',
-            flmesh_dot_v1_dot_aggregator__pb2.FetchRequest.SerializeToString,
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SubmitUpdate(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/flmesh.v1.Aggregator/SubmitUpdate',
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-            flmesh_dot_v1_dot_aggregator__pb2.SubmitReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def AggregatorStatus(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Aggregator/AggregatorStatus',
-            flmesh_dot_v1_dot_aggregator__pb2.AggregatorStatusRequest.SerializeToString,
-            flmesh_dot_v1_dot_aggregator__pb2.AggregatorStatusReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)

@@ -36,28 +36,23 @@ class PeerStub:
         self.Hello = channel.unary_unary(
                 '/flmesh.v1.Peer/Hello',
                 request_serializer=flmesh_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.HelloReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.HelloReply.FromString)
         self.Deliver = channel.stream_unary(
                 '/flmesh.v1.Peer/Deliver',
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString)
         self.Train = channel.stream_stream(
                 '/flmesh.v1.Peer/Train',
                 request_serializer=flmesh_dot_v1_dot_peer__pb2.TrainRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString)
         self.Evaluate = channel.stream_unary(
                 '/flmesh.v1.Peer/Evaluate',
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString)
         self.Status = channel.unary_unary(
                 '/flmesh.v1.Peer/Status',
                 request_serializer=flmesh_dot_v1_dot_peer__pb2.StatusRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_peer__pb2.StatusReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_peer__pb2.StatusReply.FromString)
 
 
 class PeerServicer:
@@ -135,143 +130,3 @@ def add_PeerServicer_to_server(servicer, server):
             'flmesh.v1.Peer', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
     server.add_registered_method_handlers('flmesh.v1.Peer', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class Peer:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Hello(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Peer/Hello',
-            flmesh_dot_v1_dot_peer__pb2.HelloRequest.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.HelloReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Deliver(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/flmesh.v1.Peer/Deliver',
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.DeliverReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Train(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/flmesh.v1.Peer/Train',
-            flmesh_dot_v1_dot_peer__pb2.TrainRequest.SerializeToString,
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Evaluate(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/flmesh.v1.Peer/Evaluate',
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.EvaluateReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Status(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.Peer/Status',
-            flmesh_dot_v1_dot_peer__pb2.StatusRequest.SerializeToString,
-            flmesh_dot_v1_dot_peer__pb2.StatusReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)

@@ -36,18 +36,15 @@ class ReplayBufferStub:
         self.Contribute = channel.stream_unary(
                 '/flmesh.v1.ReplayBuffer/Contribute',
                 request_serializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_replay__pb2.ContributeReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_replay__pb2.ContributeReply.FromString)
         self.FetchBuffer = channel.unary_stream(
                 '/flmesh.v1.ReplayBuffer/FetchBuffer',
                 request_serializer=flmesh_dot_v1_dot_replay__pb2.FetchBufferRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString)
         self.BufferStatus = channel.unary_unary(
                 '/flmesh.v1.ReplayBuffer/BufferStatus',
                 request_serializer=flmesh_dot_v1_dot_replay__pb2.BufferStatusRequest.SerializeToString,
-                response_deserializer=flmesh_dot_v1_dot_replay__pb2.BufferStatusReply.FromString,
-                _registered_method=True)
+                response_deserializer=flmesh_dot_v1_dot_replay__pb2.BufferStatusReply.FromString)
 
 
 class ReplayBufferServicer:
@@ -112,89 +109,3 @@ def add_ReplayBufferServicer_to_server(servicer, server):
             'flmesh.v1.ReplayBuffer', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
     server.add_registered_method_handlers('flmesh.v1.ReplayBuffer', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class ReplayBuffer:
-    """Missing associated documentation comment in .proto file."""
-
-    @staticmethod
-    def Contribute(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/flmesh.v1.ReplayBuffer/Contribute',
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.SerializeToString,
-            flmesh_dot_v1_dot_replay__pb2.ContributeReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def FetchBuffer(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/flmesh.v1.ReplayBuffer/FetchBuffer',
-            flmesh_dot_v1_dot_replay__pb2.FetchBufferRequest.SerializeToString,
-            flmesh_dot_v1_dot_model__pb2.ModelChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def BufferStatus(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/flmesh.v1.ReplayBuffer/BufferStatus',
-            flmesh_dot_v1_dot_replay__pb2.BufferStatusRequest.SerializeToString,
-            flmesh_dot_v1_dot_replay__pb2.BufferStatusReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
