@@ -225,6 +225,16 @@ def pm(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {scale * statistics.stdev(values):.{digits}f}"
 
 
+def pm_reached(values: Sequence[float | None], scale: float = 1.0, digits: int = 1) -> str:
+    """:func:`pm` of the values a run reached (None: a seed that did not), "(k/n)" after it when
+    some did not, "not reached" when none did."""
+    got = [v for v in values if v is not None]
+    if not got:
+        return "not reached"
+    text = pm(got, scale, digits)
+    return text if len(got) == len(values) else f"{text} ({len(got)}/{len(values)})"
+
+
 def table(title: str, first: str, columns: Sequence[str], rows: Mapping[str, Sequence[str]]) -> str:
     """A markdown table under a bold ``title``: column ``first`` holds the row names."""
     lines = [f"**{title}**", "", f"| {first} | " + " | ".join(columns) + " |",

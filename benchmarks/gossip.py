@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
-from _common import Progress, Run, add_json_flag, pm, run, stats, write_json
+from _common import Progress, Run, add_json_flag, pm, pm_reached, run, stats, write_json
 
 #: What node0 hands on in the poisoning table: its honest model (the control), that model times -10
 #: (far from every honest one) or the starting model with one class's output bias raised by 4 times
@@ -120,14 +120,6 @@ def measures(done: Run, nodes: int, target: float) -> dict[str, Any]:
             "bytes_per_node_per_round": per_round}
 
 
-def cell(values: list[float | None], scale: float = 1.0, digits: int = 1) -> str:
-    got = [v for v in values if v is not None]
-    if not got:
-        return "not reached"
-    text = pm(got, scale, digits)
-    return text if len(got) == len(values) else f"{text} ({len(got)}/{len(values)})"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="4 rounds, one seed, 4 nodes")
@@ -192,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---:|---:|---:|---:|---:|")
         for name, m in table.items():
             kib = [None if b is None else b / 1024 for b in m["bytes_per_node_to_target"]]
-            print(f"| {name} | {cell(m['mean'], 100)} | {cell(m['min'], 100)} | {cell(m['consensus'], 1, 3)} "
-                  f"| {cell(m['rounds_to_target'], 1, 1)} | {cell(kib, 1, 0)} |")
+            print(f"| {name} | {pm_reached(m['mean'], 100)} | {pm_reached(m['min'], 100)} "
+                  f"| {pm_reached(m['consensus'], 1, 3)} | {pm_reached(m['rounds_to_target'], 1, 1)} "
+                  f"| {pm_reached(kib, 1, 0)} |")
     print(f"\nnode0 of a 4-regular graph of {poison_nodes} nodes hands on a poisoned model every round: "
           "the other nodes' accuracy over the test splits (%)\n")
     print("| [peers] strategy | " + " | ".join(ATTACKS) + " |")

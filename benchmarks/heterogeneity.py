@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import Progress, add_json_flag, pm, run, write_json
+from _common import Progress, add_json_flag, pm_reached, run, write_json
 
 DEVICES = {
     "all fast": ({"step_s": 0.05}, {"bandwidth_mbps": 2, "latency_ms": 20}),
@@ -78,14 +78,6 @@ def federation(way: str, devices: str, nodes: int, rounds: int, seed: int, targe
     for section, values in WAYS[way].items():
         raw.setdefault(section, {}).update(values)
     return raw
-
-
-def cell(values: list[float | None], scale: float = 1.0, digits: int = 1) -> str:
-    got = [v for v in values if v is not None]
-    if not got:
-        return "not reached"
-    text = pm(got, scale, digits)
-    return text if len(got) == len(values) else f"{text} ({len(got)}/{len(values)} seeds)"
 
 
 #: The --waits rows: [peers] settings (None: synchronous), and rounds when not the table's.
@@ -128,9 +120,9 @@ def waits(seeds: list[int], target: float, progress: Progress, rounds: int = 40,
           "| models combined a round | rounds old (mean) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, m in results.items():
-        at = [cell([a[k] for a in m["at"]], 100) for k in range(3)]
-        print(f"| {name} | {cell(m['time'])} | {' | '.join(at)} | {cell(m['final'], 100)} "
-              f"| {cell(m['combined'], 1, 2)} | {cell(m['staleness'], 1, 2)} |")
+        at = [pm_reached([a[k] for a in m["at"]], 100) for k in range(3)]
+        print(f"| {name} | {pm_reached(m['time'])} | {' | '.join(at)} | {pm_reached(m['final'], 100)} "
+              f"| {pm_reached(m['combined'], 1, 2)} | {pm_reached(m['staleness'], 1, 2)} |")
     return 0
 
 
@@ -185,15 +177,15 @@ def main(argv: list[str] | None = None) -> int:
             ratio = [None if a is None or b is None else a / b
                      for a, b in zip(m["time_to_target_s"], fast, strict=True)]
             print(f"| {way} | {rounds * ROUNDS_TIMES.get(way, 1)} | {devices} "
-                  f"| {cell(m['time_to_target_s'])} | {cell(ratio, 1, 2)} "
-                  f"| {cell(m['final'], 100)} | {cell([b / 2**20 for b in m['bytes']], 1, 2)} "
-                  f"| {cell(m['sim_time_s'])} |")
+                  f"| {pm_reached(m['time_to_target_s'])} | {pm_reached(ratio, 1, 2)} "
+                  f"| {pm_reached(m['final'], 100)} | {pm_reached([b / 2**20 for b in m['bytes']], 1, 2)} "
+                  f"| {pm_reached(m['sim_time_s'])} |")
     if "sync D-PSGD" in results:
         base = results["sync D-PSGD"]["all fast"]["time_to_target_s"]
         for way in [w for w in ("sync D-PSGD", "barrier-free D-PSGD") if w in results]:
             mine = results[way]["heterogeneous"]["time_to_target_s"]
             ratio = [None if a is None or b is None else a / b for a, b in zip(mine, base, strict=True)]
-            print(f"\n{way}, heterogeneous, over sync D-PSGD all fast: {cell(ratio, 1, 2)}")
+            print(f"\n{way}, heterogeneous, over sync D-PSGD all fast: {pm_reached(ratio, 1, 2)}")
     print(f"\nwall time: {progress.elapsed():.0f} s")
     write_json(args.json, "heterogeneity", {"nodes": nodes, "rounds": rounds, "target": target,
                                              "results": results, "wall_s": progress.elapsed()}, seeds)

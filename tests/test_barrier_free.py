@@ -4,7 +4,6 @@ threads, and the file's checks."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -12,11 +11,13 @@ import torch
 
 from flmesh.algorithms.staleness import pulled_towards, staleness_weight
 from flmesh.config import FederationError, parse_federation
+from flmesh.reports.run_files import read_rows
 from flmesh.sim.arrivals import SimulatedArrivals
 from flmesh.sim.simulation import Simulation
 from flmesh.timing import device_model
 
 from conftest import tiny_raw
+from harness import simulate
 
 
 def test_a_late_model_is_pulled_towards_the_nodes_own_by_its_staleness():
@@ -88,24 +89,13 @@ def test_a_deadline_cuts_the_wait_and_old_models_are_dropped():
     assert picks[("node0", 2)] == {}
 
 
-def _rows(folder):
-    return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
-
-
-def _run(fed, folder, transport="memory"):
-    with Simulation(fed, folder, transport=transport) as sim:
-        sim.draw_pictures = False
-        return sim.run()
-
-
 def test_fl_sim_decides_barrier_free_rounds_on_simulated_time_the_same_on_every_transport(tmp_path):
     raw = tiny_raw(nodes=5, rounds=4, topology={"graph": "complete", "schedule": "gossip"},
                    peers={"strategy": "dpsgd", "wait": 2},
                    devices={"step_s": 0.01, "stragglers": 0.4, "slowdown": 8}, network={"bandwidth_mbps": 4})
     fed = parse_federation(raw, source="t.toml")
-    a = _run(fed, tmp_path / "memory")
-    _run(fed, tmp_path / "grpc", transport="grpc")
-    rows, again = _rows(tmp_path / "memory"), _rows(tmp_path / "grpc")
+    a, rows = simulate(fed, tmp_path / "memory")
+    _, again = simulate(fed, tmp_path / "grpc", transport="grpc")
     assert [r["fa"] for r in rows] == [r["fa"] for r in again]
     assert [r["sim_time_s"] for r in rows] == [r["sim_time_s"] for r in again]
     entries = [e for r in rows for e in r["nodes"].values()]
@@ -126,8 +116,9 @@ def test_the_planner_forgets_what_no_decision_needs(tmp_path):
         assert sim.arrivals is not None
         # 4 nodes x (max_staleness + 2 rounds of trainings, 2 of ends), not 4 x 8 x 2
         assert 0 < sim.arrivals.held() <= 4 * (1 + 2 + 2)
-    assert [r["round"] for r in _rows(tmp_path / "run")] == list(range(1, 9))
-    assert all(r["sim_time_s"] is not None for r in _rows(tmp_path / "run"))
+    rows = read_rows(tmp_path / "run" / "rounds.jsonl")
+    assert [r["round"] for r in rows] == list(range(1, 9))
+    assert all(r["sim_time_s"] is not None for r in rows)
 
 
 @pytest.mark.parametrize("transport", ["memory", "grpc"])

@@ -4,8 +4,6 @@ flmesh running through the same engine."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from flmesh import registry
@@ -14,11 +12,11 @@ from flmesh.algorithms.base import Algorithm, RemotePhase
 from flmesh.algorithms.fedrewind import FedRewind, may_rewind, rewind_target, star_rewind_target
 from flmesh.config import build_graph, parse_federation
 from flmesh.learning.trainer import split_steps
-from flmesh.sim.simulation import Simulation
 from flmesh.topology import CyclicSchedule
 from flmesh.topology.sampling import selected
 
 from conftest import tiny_raw
+from harness import simulate
 
 IDS = [f"node{i}" for i in range(5)]
 
@@ -135,10 +133,7 @@ def test_a_remote_phase_from_outside_flmesh_runs_through_the_engine(tmp_path, ha
     raw = tiny_raw(nodes=3, rounds=3, training={"epochs": 1, "batch_size": 8}, **extra)
     raw["algorithm"] = {"half_on_the_next": {}}
     fed = parse_federation(raw, source="t.toml")
-    with Simulation(fed, tmp_path / "run", transport="memory") as sim:
-        sim.draw_pictures = False
-        sim.run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    _, rows = simulate(fed, tmp_path / "run")
     ids = fed.node_ids
     assert [row["round"] for row in rows] == [1, 2, 3]
     for row in rows:

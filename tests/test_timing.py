@@ -12,10 +12,10 @@ import pytest
 from flmesh.config import FederationError, parse_federation
 from flmesh.config.trace import read_trace
 from flmesh.reports.time_curve import fa_over_time
-from flmesh.sim.simulation import Simulation
 from flmesh.timing import NodeWork, Profile, Timeline, TraceError, device_model
 
 from conftest import tiny_raw
+from harness import simulate
 
 
 def _fed(nodes: int = 3, **sections):
@@ -164,26 +164,15 @@ def test_a_node_must_come_back():
         parse_federation(raw, source="t.toml")
 
 
-def _rows(folder):
-    return [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
-
-
-def _run(fed, folder, transport="memory"):
-    with Simulation(fed, folder, transport=transport) as sim:
-        sim.draw_pictures = False
-        return sim.run()
-
-
 def test_simulated_time_leaves_the_numbers_alone_and_is_the_same_on_every_transport(tmp_path):
     plain = _fed(nodes=4, rounds=3, rewind={"mode": "previous", "lambda": 0.2})
     timed = _fed(nodes=4, rounds=3, rewind={"mode": "previous", "lambda": 0.2},
                  devices={"step_s": 0.002, "stragglers": 0.25},
                  network={"bandwidth_mbps": 20, "latency_ms": 5},
                  federation={"target_accuracy": 0.12})
-    _run(plain, tmp_path / "plain")
-    summary = _run(timed, tmp_path / "memory")
-    _run(timed, tmp_path / "grpc", transport="grpc")
-    a, b, c = _rows(tmp_path / "plain"), _rows(tmp_path / "memory"), _rows(tmp_path / "grpc")
+    _, a = simulate(plain, tmp_path / "plain")
+    summary, b = simulate(timed, tmp_path / "memory")
+    _, c = simulate(timed, tmp_path / "grpc", transport="grpc")
     assert [r["fa"] for r in a] == [r["fa"] for r in b] == [r["fa"] for r in c]
     assert all(r["sim_time_s"] is None for r in a) and not (tmp_path / "plain" / "time.png").exists()
     times = [r["sim_time_s"] for r in b]
@@ -199,30 +188,29 @@ def test_simulated_time_leaves_the_numbers_alone_and_is_the_same_on_every_transp
 
 def test_a_measured_step_time_is_recorded_and_a_rerun_reuses_it(tmp_path):
     fed = _fed(nodes=3, rounds=2, network={"bandwidth_mbps": 100})
-    first = _run(fed, tmp_path / "first")
+    first, first_rows = simulate(fed, tmp_path / "first")
     assert first.step_s_measured is True and first.step_s > 0
     recorded = (tmp_path / "first" / "federation.toml").read_text()
     assert f"step_s = {first.step_s!r}" in recorded
     from flmesh.config import load_federation
 
-    again = _run(load_federation(tmp_path / "first" / "federation.toml"), tmp_path / "again")
+    again, again_rows = simulate(load_federation(tmp_path / "first" / "federation.toml"), tmp_path / "again")
     assert again.step_s_measured is False and again.step_s == first.step_s
-    assert [r["sim_time_s"] for r in _rows(tmp_path / "first")] == \
-        [r["sim_time_s"] for r in _rows(tmp_path / "again")]
+    assert [r["sim_time_s"] for r in first_rows] == [r["sim_time_s"] for r in again_rows]
 
 
 def test_compare_puts_runs_on_a_simulated_time_axis(tmp_path, capsys):
     from flmesh.cli.compare import main
 
     timed = _fed(nodes=3, rounds=3, devices={"step_s": 0.01}, network={"bandwidth_mbps": 10})
-    _run(timed, tmp_path / "a")
-    _run(replace_seed(timed, 5), tmp_path / "b")
+    _, rows = simulate(timed, tmp_path / "a")
+    simulate(replace_seed(timed, 5), tmp_path / "b")
     assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--x", "time", "--out", str(tmp_path / "c")]) == 0
     content = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert content["x"] == "simulated time (s)"
     fa = next(p for p in content["panels"] if p["id"] == "fa")
-    assert fa["curves"][0]["rounds"] == [r["sim_time_s"] for r in _rows(tmp_path / "a")]
-    _run(_fed(nodes=3, rounds=2), tmp_path / "plain")
+    assert fa["curves"][0]["rounds"] == [r["sim_time_s"] for r in rows]
+    simulate(_fed(nodes=3, rounds=2), tmp_path / "plain")
     runs = [str(tmp_path / "a"), str(tmp_path / "plain")]
     assert main([*runs, "--x", "time", "--out", str(tmp_path / "d")]) == 2
     assert "no simulated time in its rows" in capsys.readouterr().err
@@ -237,7 +225,7 @@ def test_the_console_says_the_simulated_time_and_the_time_to_target(tmp_path):
     from flmesh.cli.sim_console import final_line
 
     fed = _fed(nodes=3, rounds=2, devices={"step_s": 0.01}, federation={"target_accuracy": 0.99})
-    summary = _run(fed, tmp_path / "run")
+    summary, _ = simulate(fed, tmp_path / "run")
     line = final_line(summary)
     assert f"; {summary.sim_time_s:.1f} simulated s, 99.00 % not reached; results in" in line
 
