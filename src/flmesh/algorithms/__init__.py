@@ -13,6 +13,8 @@ May import: :mod:`flmesh.config`, :mod:`flmesh.topology`, :mod:`flmesh.learning`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from flmesh import registry
 from flmesh.algorithms.base import Algorithm
 from flmesh.config import Federation, TrainingConfig
@@ -78,7 +80,7 @@ def _training_of(federation: Federation, node_id: str) -> TrainingConfig:
 
 
 def _round_peers(federation: Federation, node_id: str, round: int,
-                 plugins: list[Algorithm]) -> dict[str, str]:
+                 plugins: Sequence[Algorithm]) -> dict[str, str]:
     roles = _exchange.round_peers(federation, node_id, round)
     for plugin in plugins:
         for peer, role in plugin.remote_peers(federation, node_id, round).items():
@@ -86,11 +88,15 @@ def _round_peers(federation: Federation, node_id: str, round: int,
     return roles
 
 
-def round_peers(federation: Federation, node_id: str, round: int) -> dict[str, str]:
+def round_peers(federation: Federation, node_id: str, round: int,
+                plugins: Sequence[Algorithm] | None = None) -> dict[str, str]:
     """Peer -> role for ``node_id`` in ``round``: the exchange schedule's
     (:func:`flmesh.topology.peers.round_peers`), then the peers its plug-ins have train part
-    of the round (:meth:`~flmesh.algorithms.base.Algorithm.remote_peers`, e.g. "rewind")."""
-    return _round_peers(federation, node_id, round, for_node(federation, _training_of(federation, node_id)))
+    of the round (:meth:`~flmesh.algorithms.base.Algorithm.remote_peers`, e.g. "rewind").
+    ``plugins``: the node's (:func:`for_node`, which takes milliseconds: pass them every round)."""
+    if plugins is None:
+        plugins = for_node(federation, _training_of(federation, node_id))
+    return _round_peers(federation, node_id, round, plugins)
 
 
 def scheduled_peers(federation: Federation, node_id: str, rounds: int | None = None) -> dict[str, str]:

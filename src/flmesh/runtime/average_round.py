@@ -87,7 +87,7 @@ class AverageRound:
         from its in-peers. Blocks until the combination is done (or the round timeout passed)."""
         settings, continual, plugins = self.settings, self.continual, self.plugins
         me = settings.node_id
-        check_addresses(settings, self.transport, round)
+        check_addresses(settings, self.transport, round, plugins)
         start = self.clock.now()
         exchange = neighbour_plan(settings.federation, round)[me]
         notes = continual.advance(plugins, self.share, round) if continual is not None else []

@@ -307,7 +307,7 @@ class Node:
         star = parts.star_round
         if star is None:
             for t in range(first, last + 1):
-                check_addresses(parts.settings, parts.transport, t)
+                check_addresses(parts.settings, parts.transport, t, parts.plugins)
         elif not self._joined:
             self._join()
         reports: list[Report] = []

@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     from flmesh.transports.seam import ByteCounter, PeerTransport
 
 
-def check_addresses(settings: Settings, transport: PeerTransport, round: int) -> None:
+def check_addresses(settings: Settings, transport: PeerTransport, round: int, plugins: NodePlugins) -> None:
     """Refuse a round whose plan names a peer this node has no address for, before training."""
-    for peer, role in round_peers(settings.federation, settings.node_id, round).items():
+    for peer, role in round_peers(settings.federation, settings.node_id, round, plugins.enabled).items():
         if not transport.knows(peer):
             raise UnknownPeerError(f"{settings.node_id}: no address for peer {peer!r} "
                                    f"({role} in round {round}); pass --peer {peer}=HOST:PORT, "
@@ -89,7 +89,7 @@ class PeerRound:
         """
         settings, continual = self.settings, self.continual
         me, fed = settings.node_id, settings.federation
-        check_addresses(settings, self.transport, round)
+        check_addresses(settings, self.transport, round, self.plugins)
         start = self.clock.now()
         plan = fed.schedule().plan(round)
         hop = plan[me]
