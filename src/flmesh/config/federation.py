@@ -18,6 +18,7 @@ import networkx as nx
 
 from flmesh import registry
 from flmesh.config.graphs import GraphError, build_graph
+from flmesh.config.trace import TraceEvent
 
 if TYPE_CHECKING:
     from flmesh.topology.schedules import Schedule
@@ -288,6 +289,8 @@ class DevicesConfig:
     online_s: float = 600.0
     offline_s: float = 60.0
     trace: str | None = None
+    # the trace's events as the file was read when the federation was parsed, in time order
+    trace_events: tuple[TraceEvent, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -262,7 +262,7 @@ def _time_model(r: SectionReader, raw: Mapping[str, Any], base: Path,
         if "trace" in given:
             given["trace"] = str((base / given["trace"]).resolve())
             try:
-                read_trace(given["trace"], ids)
+                given["trace_events"] = tuple(read_trace(given["trace"], ids))
             except TraceError as exc:
                 raise r.fail("[devices] trace", str(exc)) from None
         devices = DevicesConfig(**given)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flmesh.config import Federation
-from flmesh.config.trace import TraceEvent, read_trace
+from flmesh.config.trace import TraceEvent
 from flmesh.timing.profiles import INF, Profile
 
 #: Stream ids that keep these draws apart from every other use of the federation seed.
@@ -145,12 +145,12 @@ def _union(spells: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def device_model(federation: Federation, reference_step_s: float) -> DeviceModel:
     """The devices and links ``federation``'s file describes, with ``reference_step_s`` seconds
-    per optimizer step at speed 1 (``[devices] step_s``, or what fl-sim measured). Raises
-    TraceError for a trace file that cannot be read (the parser read it once already)."""
+    per optimizer step at speed 1 (``[devices] step_s``, or what fl-sim measured); the trace's
+    events are those the parser read."""
     fed = federation
     network = fed.network
     speeds = _speeds(fed)
-    trace = read_trace(fed.devices.trace, fed.node_ids) if fed.devices and fed.devices.trace else []
+    trace = fed.devices.trace_events if fed.devices is not None else ()
     step: dict[str, float] = {}
     bandwidth: dict[str, float] = {}
     latency: dict[str, float] = {}
