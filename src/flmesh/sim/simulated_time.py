@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from flmesh.config import DevicesConfig, Federation
+from flmesh.learning.arrays import DataError
 from flmesh.learning.compute import Compute
 from flmesh.learning.trainer import train
 from flmesh.reports.results import RoundRow
@@ -37,11 +38,11 @@ WARMUP_STEPS = 5
 def measure_step_s(nodes: Sequence[Node], compute: Compute | None = None) -> float:
     """Seconds one optimizer step of the first of ``nodes`` that holds training data takes on its
     data on this machine: a copy of its model trains WARMUP_STEPS steps, then MEASURED_STEPS
-    timed ones. Blocking; the node's own model is not touched. ValueError when no node holds
-    data yet (a continual federation's late joiners only)."""
+    timed ones. Blocking; the node's own model is not touched. DataError (one line) when no
+    node holds data yet (a continual federation's late joiners only)."""
     holding = [n for n in nodes if len(parts_of(n).share.data.train)]
     if not holding:
-        raise ValueError("no node holds training data to time a step on: set [devices] step_s")
+        raise DataError("no node holds training data to time a step on before round 1: set [devices] step_s")
     parts = parts_of(holding[0])
     model, data = parts.model, parts.share.data.train
     with model.lock:
