@@ -62,10 +62,12 @@ class Cluster:
         star = federation.aggregator is not None
         ids = (*federation.node_ids, "aggregator")
         self.backend: Backend = create(transport, TransportSettings(federation, ids, simulation=True))
-        # An averaging round waits for the neighbours' models of the same round, which only
-        # nodes running at once can send: those rounds run on threads, on the real clock.
+        # An averaging round waits for the neighbours' models of the same round, and an
+        # asynchronous aggregator for updates from nodes training at once: those rounds run on
+        # threads, on the real clock.
         self.averages = averages(federation.schedule())
-        self.clock: Clock = REAL_CLOCK if self.backend.wire or self.averages else ManualClock()
+        buffered = federation.aggregator is not None and federation.aggregator.buffered
+        self.clock: Clock = REAL_CLOCK if self.backend.wire or self.averages or buffered else ManualClock()
         self.aggregator: Aggregator | None = None
         address = None
         if star:

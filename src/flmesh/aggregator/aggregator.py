@@ -248,7 +248,10 @@ class Aggregator:
 
         With :attr:`overlap_evaluation` (and no checkpoints), a round's evaluation and row
         come after the next round has opened, while its nodes fetch and train: the row is
-        the same (it evaluates the round's own snapshot), the nodes do not wait for it."""
+        the same (it evaluates the round's own snapshot), the nodes do not wait for it.
+
+        Asynchronous (FedBuff), it then waits (up to the round timeout) until every member has
+        heard the run is over."""
         fed = self.federation
         log.info("serving %s; waiting for %d nodes to join", self.core.strategy, len(fed.nodes))
         absent = self.core.wait_for_joins(join_timeout)
@@ -267,6 +270,8 @@ class Aggregator:
             pending = collected if overlap and t < fed.rounds else None
             if pending is None and not self._hand_on(self.report_round(collected), rows, on_round):
                 break
+        if self.core.buffer is not None:  # nodes still training hear that it is over
+            self.core.wait_for_leaves(fed.round_timeout_s)
         return rows
 
     def _hand_on(self, row: RoundRow, rows: list[RoundRow],

@@ -10,7 +10,9 @@ nodes that were polling find it again (:mod:`flmesh.runtime.star_round`). Every 
 the aggregator accepts is kept as its own file as it arrives (its node will
 not send it again), until its round's checkpoint: a resume takes back those of
 the round it opens, so a node is not named missing for an update it saw
-acknowledged.
+acknowledged. An asynchronous aggregator (FedBuff) also keeps the recent global models
+its waiting updates measure their change against, and every waiting update's file until a
+round takes it.
 """
 
 from __future__ import annotations
@@ -46,19 +48,23 @@ def save(aggregator: Aggregator, round: int, folder: Path) -> Path:
     tensors = {f"global/{k}": v for k, v in core.global_state.items()}
     server_tensors, server_values = core.server.checkpoint()
     tensors.update({f"server/{k}": v for k, v in server_tensors.items()})
+    past = core.buffer.past() if core.buffer is not None else {}
+    for r, state in past.items():
+        tensors.update({f"past/{r}/{k}": v for k, v in state.items()})
     prev = aggregator.previous_global_accuracy()
     if prev is not None:
         tensors["prev_global"] = torch.from_numpy(np.nan_to_num(prev, nan=-1.0))
     values = {"format": FORMAT, "federation": aggregator.federation.name, "node": "aggregator",
               "strategy": core.strategy, "round": round, "joined": core.addresses_all(),
               "declared": core.members.declared(),
-              "last_accuracy": core.last_accuracy, "server": server_values}
+              "last_accuracy": core.last_accuracy, "server": server_values, "past": sorted(past)}
     shape = run_shape(aggregator.federation)
     values.update(shape=shape, digest=shape_digest(shape))
     path = folder / CHECKPOINT
     write_state(path, tensors, values)
+    waiting = {_file_name(u.round, u.node) for u in core.pending()}
     for old in (folder / UPDATES).glob("*.flmesh"):  # updates of rounds the checkpoint holds
-        if _update_round(old) <= round:
+        if _update_round(old) <= round and old.name not in waiting:
             old.unlink(missing_ok=True)
     return path
 
@@ -70,7 +76,11 @@ def keep_update(folder: Path, update: Update) -> None:
                **{f"extras/{k}": v for k, v in update.extras.items()}}
     values = {"node": update.node, "round": update.round, "num_samples": update.num_samples,
               "label_counts": list(update.label_counts)}
-    write_state(folder / UPDATES / f"{update.round:08d}-{update.node}.flmesh", tensors, values)
+    write_state(folder / UPDATES / _file_name(update.round, update.node), tensors, values)
+
+
+def _file_name(round: int, node: str) -> str:
+    return f"{round:08d}-{node}.flmesh"
 
 
 def _update_round(path: Path) -> int:
@@ -78,12 +88,12 @@ def _update_round(path: Path) -> int:
     return int(head) if head.isdigit() else -1
 
 
-def kept_updates(folder: Path, round: int, spec: ModelSpec) -> list[Update]:
-    """The updates kept for ``round``; StateFileError (one line naming the file) when damaged,
+def kept_updates(folder: Path, round: int | None, spec: ModelSpec) -> list[Update]:
+    """The updates kept for ``round`` (None: every one kept); StateFileError (one line naming the file) when damaged,
     CheckpointError when its tensors do not fit ``spec`` (the aggregator's update spec)."""
     out = []
     for path in sorted((folder / UPDATES).glob("*.flmesh")):
-        if _update_round(path) != round:
+        if round is not None and _update_round(path) != round:
             continue
         tensors, values = read_state(path)
         shapes = {k.split("/", 1)[1]: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
@@ -104,7 +114,7 @@ def restore(aggregator: Aggregator, folder: Path) -> int:
     path = folder / CHECKPOINT
     if not path.exists():
         core = aggregator.core  # it crashed in its first round: take back what it had acknowledged
-        core.take_back(kept_updates(folder, 1, core.update_spec))
+        core.take_back(kept_updates(folder, 1 if core.buffer is None else None, core.update_spec))
         return 0
     tensors, values = read_state(path)
     core = aggregator.core
@@ -125,7 +135,15 @@ def restore(aggregator: Aggregator, folder: Path) -> int:
         raise StateFileError(f"{path}: damaged checkpoint: missing or bad {exc}") from None
     check_rounds(path, round, aggregator.federation.rounds)
     core.resume(glob, joined, declared, round, last_accuracy)
-    core.take_back(kept_updates(folder, round + 1, core.update_spec))
+    if core.buffer is not None:
+        try:
+            past = {int(r): split(tensors, f"past/{int(r)}/") for r in values.get("past", [])}
+        except (TypeError, ValueError) as exc:
+            raise StateFileError(f"{path}: damaged checkpoint: bad past rounds ({exc})") from None
+        core.buffer.restore(past, [])
+        core.take_back(kept_updates(folder, None, core.update_spec))  # the next round admits them
+    else:
+        core.take_back(kept_updates(folder, round + 1, core.update_spec))
     core.server.restore(split(tensors, "server/"), values.get("server", {}))
     if "prev_global" in tensors:
         prev = tensors["prev_global"].numpy().astype(float)

@@ -10,7 +10,14 @@ and named), aggregates with the strategy's server half when at least
 (:mod:`~flmesh.aggregator.decision`).
 
 Nodes learn whether they are sampled from :meth:`AggregatorCore.poll` (a small
-reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model. With
+reply); only sampled nodes :meth:`~AggregatorCore.fetch` the model.
+
+With ``mode = "async"`` (FedBuff) every member is sampled in every round and trains
+continuously: :meth:`~AggregatorCore.fetch` serves the newest global model, an update joins
+the :class:`~flmesh.aggregator.buffer.UpdateBuffer` whatever the round it started from (up to
+``max_staleness`` rounds before), and a round closes once ``buffer`` updates wait there (or at
+the deadline). A :class:`BufferPlan` (fl-sim's simulated time) may name each round's updates
+instead of their arrival order. With
 ``keep`` set, each update is stored before it is accepted, for a restarted
 aggregator to take back (:meth:`AggregatorCore.take_back`). Who may act and
 who joined is :class:`~flmesh.aggregator.members.Members`.
@@ -26,8 +33,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
 
+from flmesh.aggregator.buffer import UpdateBuffer
 from flmesh.aggregator.decision import RoundOutcome, decide_round
 from flmesh.aggregator.members import Members
 from flmesh.algorithms.base import ServerHalf, Tensors, Update
@@ -50,6 +59,15 @@ log = logging.getLogger("flmesh.aggregator")
 #: caller cannot hold a worker thread longer than this. How many Polls one caller may
 #: have waiting at once is :data:`~flmesh.transports.limits.POLLS_PER_CALLER`.
 MAX_POLL_WAIT_S = 5.0
+
+
+class BufferPlan(Protocol):
+    """What decides an asynchronous round's updates other than their arrival order (fl-sim's
+    simulated time: :class:`flmesh.sim.buffer_plan.SimulatedBuffer`)."""
+
+    def members(self, round: int, stop: threading.Event) -> list[tuple[str, int]] | None:
+        """The (node, round it started from) of every update ``round`` takes; blocks until
+        known; None once ``stop`` is set."""
 
 
 class AggregatorCore:
@@ -84,12 +102,16 @@ class AggregatorCore:
         # stores an update before it is accepted (StateWriteError when it cannot); None: nowhere
         self.keep: Callable[[Update], None] | None = None
         self._taken_back: list[Update] = []  # kept updates of the round a resume opens next
+        self._planned: list[tuple[str, int]] = []  # asynchronous with a plan: the open round's updates
         self._state = "waiting"
         self._done = False
         self._selected: dict[int, tuple[str, ...]] = {}  # round -> its sample (see selected)
         self.stop_event = threading.Event()
         self.members = Members(federation, self._cond, clock, self.stop_event)
         self._waiting_polls = CallerSlots(POLLS_PER_CALLER)  # a flood from one member holds one worker
+        self.buffer = UpdateBuffer(agg) if agg.buffered else None  # FedBuff's (mode = "async")
+        self.plan: BufferPlan | None = None  # names each asynchronous round's updates (fl-sim)
+        self._told_done: set[str] = set()  # asynchronous: members that learnt the run is over
 
     # ------------------------------------------------------------------ sampling
     def selected(self, round: int) -> list[str]:
@@ -128,20 +150,25 @@ class AggregatorCore:
                     if remaining <= 0:
                         break
                     self.clock.wait(self._cond, remaining)
-                return PollInfo(self._open, node_id in self.selected(self._open) if self._open else False,
-                                self._done, self.federation.rounds)
+                if self._done:
+                    self._told_done.add(node_id)
+                    self._cond.notify_all()
+                chosen = self.buffer is not None or node_id in self.selected(self._open)
+                return PollInfo(self._open, chosen if self._open else False, self._done, self.federation.rounds)
         finally:
             if wait > 0:
                 self._waiting_polls.give(node_id)
 
     def fetch(self, caller: str | None, node_id: str, round: int) -> EncodedModel:
-        """The open round's global model for a sampled node."""
+        """The open round's global model for a sampled node (asynchronous: the newest global
+        model for any member asking for ``round`` or a later one; its header names its round)."""
         self.members.check(node_id, caller)
         with self._cond:
-            if round != self._open or self._message is None:
+            newer = self.buffer is not None and 0 < round <= self._open
+            if (round != self._open and not newer) or self._message is None:
                 raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
                               f"is in round {self._open})")
-            if node_id not in self.selected(round):
+            if self.buffer is None and node_id not in self.selected(round):
                 raise Refused("FAILED_PRECONDITION",
                               f"aggregator: {node_id} was not sampled for round {round}")
             message = self._message
@@ -196,6 +223,11 @@ class AggregatorCore:
                 late = self._check_open(update.node, update.round)  # the round may have closed meanwhile
                 if late is not None:
                     return late
+                if self.buffer is not None:
+                    self.buffer.add(update)
+                    self._cond.notify_all()  # the round that takes it: the open one, or the next
+                    taker = self._open + 1 if self._closed == self._open else self._open
+                    return SubmitResult(accepted=True, duplicate=False, late=False, round=taker)
                 self._updates[update.node] = update
                 self._cond.notify_all()
         return SubmitResult(accepted=True, duplicate=False, late=False, round=update.round)
@@ -203,6 +235,8 @@ class AggregatorCore:
     def _check_open(self, node: str, round: int) -> SubmitResult | None:
         """None when ``node`` may submit for ``round`` now; the late or duplicate answer, or a
         refusal for a round that is not open or a node that was not sampled."""
+        if self.buffer is not None:
+            return self._check_buffered(node, round)
         with self._cond:
             if round <= self._closed:
                 return SubmitResult(accepted=False, duplicate=False, late=True, round=round)
@@ -213,6 +247,21 @@ class AggregatorCore:
                 raise Refused("FAILED_PRECONDITION", f"aggregator: {node} was not sampled for round {round}")
             if node in self._updates:
                 return SubmitResult(accepted=False, duplicate=True, late=False, round=round)
+        return None
+
+    def _check_buffered(self, node: str, round: int) -> SubmitResult | None:
+        """:meth:`_check_open` of an asynchronous aggregator: an update of a round up to the open
+        one joins the buffer unless it is too old or there already. A late answer's round is the
+        open one (its node may start from it at once)."""
+        assert self.buffer is not None
+        with self._cond:
+            if round > self._open:
+                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the "
+                              f"aggregator is in round {self._open})")
+            why = "late" if self._done else self.buffer.admits(node, round, self._open)
+            if why is not None:
+                return SubmitResult(accepted=False, duplicate=why == "duplicate", late=why == "late",
+                                    round=self._open - 1 if why == "late" else round)
         return None
 
     def status(self, caller: str | None) -> AggregatorStatus:
@@ -262,7 +311,14 @@ class AggregatorCore:
                                                 metadata={"strategy": self.strategy}), self.wire)
         with self._cond:
             self._message = message
-            self._updates = {u.node: u for u in self._taken_back if u.round == round and u.node in selected}
+            if self.buffer is not None:
+                self.buffer.opened(round, self.global_state)
+                for update in self._taken_back:
+                    if self.buffer.admits(update.node, update.round, round) is None:
+                        self.buffer.add(update)
+            else:
+                self._updates = {u.node: u for u in self._taken_back
+                                 if u.round == round and u.node in selected}
             self._taken_back = []
             self._open = round
             self._state = "waiting"
@@ -270,7 +326,12 @@ class AggregatorCore:
         return selected
 
     def wait_for_updates(self, round: int, deadline: float) -> None:
-        """Block until every sampled node's update is in, the clock reaches ``deadline``, or stop."""
+        """Block until every sampled node's update is in, the clock reaches ``deadline``, or stop.
+        Asynchronous: until ``buffer`` updates wait (with a plan: until the updates it names for
+        ``round`` are in, however long that takes on this machine's clock)."""
+        if self.buffer is not None:
+            self._wait_for_buffer(round, deadline)
+            return
         wanted = len(self.selected(round))
         with self._cond:
             while len(self._updates) < wanted and not self.stop_event.is_set():
@@ -279,8 +340,27 @@ class AggregatorCore:
                     break
                 self.clock.wait(self._cond, remaining)
 
+    def _wait_for_buffer(self, round: int, deadline: float) -> None:
+        assert self.buffer is not None
+        buffer, plan, stop = self.buffer, self.plan, self.stop_event
+        if plan is not None:
+            members = plan.members(round, stop)
+            with self._cond:
+                self._planned = members or []
+                while not stop.is_set() and not buffer.has(self._planned):
+                    self.clock.wait(self._cond, MAX_POLL_WAIT_S)
+            return
+        with self._cond:
+            while buffer.ready(round) < buffer.size and not stop.is_set():
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
+
     def close_round(self, round: int) -> RoundOutcome:
         """Stop taking updates for ``round``; aggregate when at least ``min_updates`` arrived."""
+        if self.buffer is not None:
+            return self._close_buffered(round)
         selected = self.selected(round)
         with self._cond:
             self._closed = round
@@ -290,6 +370,44 @@ class AggregatorCore:
                                stopped=self.stop_event.is_set())
         self.global_state = outcome.new_global
         return outcome
+
+    def _close_buffered(self, round: int) -> RoundOutcome:
+        """An asynchronous round: step the global model with the buffer's updates, each moved by
+        its staleness (:meth:`~flmesh.aggregator.buffer.UpdateBuffer.moved`)."""
+        buffer = self.buffer
+        assert buffer is not None
+        with self._cond:
+            self._closed = round
+            self._state = "aggregating"
+            taken = buffer.take(round, self._planned if self.plan is not None else None)
+            self._planned = []
+        start = self.global_state
+        moved = [buffer.moved(u, round, start) for u in taken]
+        outcome = decide_round(self.server, self.config, round, [u.node for u in taken], taken, start,
+                               stopped=self.stop_event.is_set(), aggregated=moved)
+        staleness = {u.node: buffer.staleness(u, round) for u in taken}
+        if len(taken) < buffer.size and not self.stop_event.is_set():
+            outcome.notes.insert(0, f"round {round} closed at the {self.config.deadline_s:g}s deadline "
+                                 f"with {len(taken)} of {buffer.size} updates")
+        self.global_state = outcome.new_global
+        return replace(outcome, staleness=staleness)
+
+    def pending(self) -> list[Update]:
+        """Asynchronous: the updates waiting for a later round (a checkpoint keeps them)."""
+        with self._cond:
+            return self.buffer.waiting() if self.buffer is not None else []
+
+    def wait_for_leaves(self, timeout: float) -> None:
+        """Asynchronous: block until every member that joined has learnt the run is over (its
+        Poll said so), ``timeout`` passes or stop: nodes still training submit to a live
+        aggregator and hear that it is done instead of losing it."""
+        deadline = self.clock.now() + timeout
+        with self._cond:
+            while (not self._told_done >= set(self.members.joined()) and not self.stop_event.is_set()):
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    break
+                self.clock.wait(self._cond, remaining)
 
     def finish_round(self, round: int, accuracy: float) -> None:
         """The round is evaluated: nodes may go on (and after the last round, leave)."""

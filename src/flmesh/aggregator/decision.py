@@ -31,12 +31,16 @@ class RoundOutcome:
     start_global: Tensors  # the global model the round started from
     new_global: Tensors
     notes: list[str] = field(default_factory=list)
+    staleness: dict[str, int] = field(default_factory=dict)  # asynchronous: node -> rounds old
 
 
 def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selected: Sequence[str],
-                 updates: list[Update], start: Tensors, *, stopped: bool = False) -> RoundOutcome:
+                 updates: list[Update], start: Tensors, *, stopped: bool = False,
+                 aggregated: list[Update] | None = None) -> RoundOutcome:
     """Close ``round`` over ``updates`` (the sampled nodes' accepted ones, in ``selected`` order)
-    from the global model ``start``; ``stopped``: the run is stopping (the notes say so).
+    from the global model ``start``; ``stopped``: the run is stopping (the notes say so);
+    ``aggregated``: the updates as the strategy takes them, when not ``updates`` themselves
+    (asynchronous rounds: moved by their staleness).
     The new global model is on the CPU; it is ``start`` itself when the round did not aggregate.
     Blocks for the server half's aggregation. Raises
     :class:`~flmesh.algorithms.checks.StrategyError` when the strategy raises or returns what
@@ -48,11 +52,11 @@ def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selec
         why = "on stop" if stopped else f"at the {config.deadline_s:g}s deadline"
         notes.append(f"round {round} closed {why} with {len(updates)} of {len(selected)} updates; "
                      f"missing: {', '.join(missing)}")
-    for update in updates:  # every accepted update counts, as the node that sent it assumes
+    to_aggregate = updates if aggregated is None else aggregated  # the row still shows what each sent
+    for update in to_aggregate:  # every accepted update counts, as the node that sent it assumes
         server.absorb(update)
-    to_aggregate = updates  # the row still shows what each node sent
     if config.clip_norm > 0 and updates:
-        to_aggregate, clipped = clip_updates(start, updates, config.clip_norm)
+        to_aggregate, clipped = clip_updates(start, to_aggregate, config.clip_norm)
         if clipped:
             notes.append(f"round {round}: clipped the updates of {', '.join(clipped)} to norm "
                          f"{config.clip_norm:g}")

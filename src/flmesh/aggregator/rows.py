@@ -91,6 +91,8 @@ def star_row(outcome: RoundOutcome, node_ids: list[str], num_classes: int, *, gl
             own = local_evals[node].get(node)
             entry.accuracy = own.accuracy if own is not None else None
             entry.metrics = dict(own.metrics) if own is not None and own.metrics else None
+        if node in outcome.staleness:
+            entry.staleness = [outcome.staleness[node]]
         if wsm is not None and node in wsm_nodes:
             entry.client_forgetting = float(wsm.per_client[wsm_nodes.index(node)])
         nodes[node] = entry

@@ -237,6 +237,11 @@ class Algorithm:
     #: A strategy that can combine a neighbourhood's models: a node of a neighbour-averaging
     #: schedule runs its server half on its own model and those that came (``[peers] strategy``).
     neighbourhood: ClassVar[bool] = False
+    #: A strategy whose server half may take an update trained from an older global model
+    #: (``[aggregator] mode = "async"``, FedBuff): it is given each such update moved to the
+    #: current global model plus its staleness-weighted change, and must not rely on every
+    #: update of a round starting from the same model (SCAFFOLD's control variates do).
+    stale_updates: ClassVar[bool] = False
 
     def settings(self, federation: Federation) -> Settings:
         """This plug-in's parameters in ``federation``, typed as its ``params`` declare them

@@ -47,6 +47,7 @@ class FedAdamServer(ServerOptimizer):
 class FedAdam(Algorithm):
     name = "fedadam"
     kind = "strategy"
+    stale_updates = True
     params = ADAPTIVE
     #: the server half built from Algorithm 2's parameters (FedYogi names its own)
     server_class: type[FedAdamServer] = FedAdamServer

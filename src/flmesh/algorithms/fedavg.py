@@ -82,6 +82,7 @@ class FedAvgServer(ServerHalf):
 class FedAvg(Algorithm):
     name = "fedavg"
     kind = "strategy"
+    stale_updates = True
     neighbourhood = True
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:

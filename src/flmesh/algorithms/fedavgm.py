@@ -33,6 +33,7 @@ class FedAvgMServer(ServerOptimizer):
 class FedAvgM(Algorithm):
     name = "fedavgm"
     kind = "strategy"
+    stale_updates = True
     params = (Param("momentum", float, 0.9, "beta, the server momentum", lo=0, hi=1, hi_open=True),
               Param("server_lr", float, 1.0, "eta, the server learning rate", lo=0, hi=10, lo_open=True))
 

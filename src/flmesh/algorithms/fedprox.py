@@ -69,6 +69,7 @@ class FedProxServer(ServerHalf):
 class FedProx(Algorithm):
     name = "fedprox"
     kind = "strategy"
+    stale_updates = True
     params = (Param("mu", float, 0.01, "mu of the proximal term mu/2 ||w - w_t||^2 (Eq. 2)", lo=0, hi=1e6),)
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:

@@ -57,6 +57,7 @@ class KrumServer(ServerHalf):
 class Krum(Algorithm):
     name = "krum"
     kind = "strategy"
+    stale_updates = True
     neighbourhood = True
     params = (Param("f", int, 1, "the most Byzantine updates among a round's (or a neighbourhood's)",
                     lo=0, hi=1024),

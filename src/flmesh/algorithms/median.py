@@ -19,6 +19,7 @@ class MedianServer(ServerHalf):
 class Median(Algorithm):
     name = "median"
     kind = "strategy"
+    stale_updates = True
     neighbourhood = True
 
     def enabled(self, federation: Federation, training: TrainingConfig) -> bool:

@@ -23,6 +23,7 @@ class TrimmedMeanServer(ServerHalf):
 class TrimmedMean(Algorithm):
     name = "trimmed_mean"
     kind = "strategy"
+    stale_updates = True
     neighbourhood = True
     params = (Param("trim", float, 0.1, "share of the largest and of the smallest values dropped per "
                     "coordinate", lo=0, hi=0.5, hi_open=True, old="trim"),)

@@ -179,11 +179,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             overrides.append(f"federation.{key}={value}")
 
     def plan(federation: Federation, out: Path, label: str) -> RunPlan:
-        # a replay buffer's means, and which late models reached a barrier-free round in time, live
-        # in memory only: such a run cannot be resumed
-        peers = federation.peers
-        unresumable = federation.replay is not None or (peers is not None and peers.barrier_free)
-        every = 0 if unresumable else args.checkpoint_every
+        from flmesh.sim.resume import unresumable
+
+        every = 0 if unresumable(federation) else args.checkpoint_every
         return RunPlan(federation, out, label, argv, transport=args.transport,
                        tls=has_wire(args.transport) and not args.insecure,
                        checkpoint_every=every, pictures=not args.no_pictures,
@@ -265,14 +263,12 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
                                                          record.federation):
             raise FederationError(f"{args.file}: differs from the federation file of the run in {folder} "
                                   "(resume with the run's own: fl-sim --resume RUN_DIR)")
-        if record.federation.replay is not None:
-            raise FederationError(f"{folder}: a federation with [replay] cannot be resumed (its replay "
-                                  "buffer is held in memory only); run it again")
-        peers = record.federation.peers
-        if peers is not None and peers.barrier_free:
-            raise FederationError(f"{folder}: a federation with barrier-free rounds ([peers] wait or "
-                                  "deadline_s) cannot be resumed (which late models arrived in time is "
-                                  "held in memory only); run it again")
+        from flmesh.sim.resume import unresumable
+
+        why = unresumable(record.federation)
+        if why is not None:
+            raise FederationError(f"{folder}: a federation with {why[0]} cannot be resumed ({why[1]}); "
+                                  "run it again")
     except FederationError as exc:
         return _error(f"--resume {exc}" if str(exc).startswith(f"{folder}:") else str(exc))
     try:

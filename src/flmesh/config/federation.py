@@ -207,6 +207,13 @@ class AggregatorConfig:
     ``strategy`` is a registered name or an import path ``package.module:Class``;
     ``params`` its parameters (``[aggregator.params]`` over the strategy's declared
     defaults; docs/algorithms.md lists the built-ins').
+
+    ``mode`` "async" is FedBuff (Nguyen et al. 2022, Alg. 1): every node trains continuously
+    from the newest global model, and a "round" is one step of the global model, taken once
+    ``buffer`` updates (K) have arrived (or at ``deadline_s`` with at least ``min_updates``);
+    an update trained from the global model of ``s`` rounds before counts
+    ``(1 + s) ** -staleness_exponent`` as much (FedBuff's 1/sqrt(1 + s) at 0.5), and one older
+    than ``max_staleness`` rounds is refused.
     """
 
     strategy: str = "fedavg"
@@ -218,6 +225,15 @@ class AggregatorConfig:
     clip_norm: float = 0.0
     max_samples: int = 0
     params: Mapping[str, Any] = field(default_factory=dict)
+    mode: str = "sync"
+    buffer: int = 10
+    max_staleness: int = 10
+    staleness_exponent: float = 0.5
+
+    @property
+    def buffered(self) -> bool:
+        """FedBuff's asynchronous rounds (``mode = "async"``)."""
+        return self.mode == "async"
 
 
 @dataclass(frozen=True)
@@ -375,11 +391,13 @@ class Federation:
 
     @property
     def timed(self) -> bool:
-        """Whether the file describes devices or links, or has barrier-free rounds (which decide
-        what arrived in time on simulated time): fl-sim then reports simulated time."""
+        """Whether the file describes devices or links, or has barrier-free rounds or an
+        asynchronous aggregator (which decide what arrived in time on simulated time): fl-sim
+        then reports simulated time."""
         barrier_free = self.peers is not None and self.peers.barrier_free and self.baseline == "none"
+        buffered = self.aggregator is not None and self.aggregator.buffered
         return (self.devices is not None or self.network is not None or any(n.device for n in self.nodes)
-                or barrier_free)
+                or barrier_free or buffered)
 
     @property
     def node_ids(self) -> list[str]:

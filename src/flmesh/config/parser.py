@@ -20,7 +20,8 @@ Sections (all but ``[federation]`` optional)::
     [wire]        dtype ("native", "float16", "bfloat16"), compression ("none", "zstd"), zstd_level,
                   digest ("xxh3_128", "blake3", "sha256")
     [aggregator]  strategy, address, fraction, min_updates, deadline_s, public_fraction,
-                  clip_norm, params (present: a star federation)
+                  clip_norm, params (present: a star federation); mode ("sync", "async": FedBuff),
+                  buffer, max_staleness, staleness_exponent
     [aggregator.params]  the strategy's parameters (docs/algorithms.md)
     [peers]       strategy (how an averaging schedule's nodes combine models; default "dpsgd"), and
                   for barrier-free rounds wait, deadline_s, max_staleness, staleness_exponent
@@ -54,6 +55,7 @@ from flmesh import registry
 from flmesh.config.checks import MAX_NODES, SectionReader, key_text, mib
 from flmesh.config.continual import read_continual
 from flmesh.config.federation import (
+    AggregatorConfig,
     DataConfig,
     DevicesConfig,
     Federation,
@@ -190,6 +192,8 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     if aggregator is not None and aggregator.min_updates > len(ids):
         raise r.fail("[aggregator] min_updates", f"expected at most the federation's {len(ids)} nodes, "
                      f"got {aggregator.min_updates} (the global model would never change)")
+    if aggregator is not None:
+        _check_buffered(r, aggregator, len(ids))
     _check_model_size(r, model, fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB))
 
     nodes = []
@@ -232,6 +236,10 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
         file=(base / graph_file).resolve() if graph_file else None,
     )
     tasks, replay = read_continual(r, raw, ids, fed["rounds"], aggregator)
+    if aggregator is not None and aggregator.buffered and (tasks is not None or rewind.mode != "off"):
+        what = "[tasks]" if tasks is not None else "[rewind] mode"
+        raise r.fail("[aggregator] mode", f"asynchronous rounds take no {what}: a node's task and rewind "
+                     "peer follow lock-step rounds; use mode = \"sync\"")
     devices, network = _time_model(r, raw, base, ids)
     federation = Federation(
         name=fed["name"], seed=fed.get("seed", 0), rounds=fed["rounds"],
@@ -251,6 +259,29 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     schedule = federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     _check_peers(r, federation, bool(getattr(schedule, "averages", False)), "peers" in raw)
     return federation
+
+
+def _check_buffered(r: SectionReader, agg: AggregatorConfig, nodes: int) -> None:
+    """Refuse what FedBuff's asynchronous rounds cannot run: a sampled fraction (every node trains
+    continuously), a buffer larger than the federation, a strategy that cannot take stale updates."""
+    if not agg.buffered:
+        return
+    if agg.fraction < 1:
+        raise r.fail("[aggregator] fraction", f"asynchronous rounds train every node continuously; got "
+                     f"{agg.fraction:g}: remove it or use mode = \"sync\"")
+    if agg.buffer > nodes:
+        raise r.fail("[aggregator] buffer", f"expected at most the federation's {nodes} nodes, got "
+                     f"{agg.buffer} (each node adds at most one update to a buffer)")
+    if agg.min_updates > agg.buffer:
+        raise r.fail("[aggregator] min_updates", f"expected at most buffer = {agg.buffer}, got "
+                     f"{agg.min_updates}")
+    plugin = registry.algorithms.resolve(agg.strategy)
+    if not getattr(plugin, "stale_updates", False):
+        able = ", ".join(n for n in registry.algorithms.builtin_names()
+                         if getattr(registry.algorithms.resolve(n), "stale_updates", False))
+        raise r.fail("[aggregator] strategy", f"{agg.strategy!r} cannot take updates trained from an older "
+                     f"global model (asynchronous rounds): use {able}, or a plug-in with stale_updates = "
+                     "True, or mode = \"sync\"")
 
 
 def _time_model(r: SectionReader, raw: Mapping[str, Any], base: Path,

@@ -257,6 +257,8 @@ SECTIONS: dict[str, dict[str, Check]] = {
         "min_updates": at_most(integer(1), MAX_NODES), "deadline_s": _TIMEOUT,
         "public_fraction": number(0, 1, hi_open=True), "clip_norm": at_most(number(0), 1e6),
         "max_samples": at_most(integer(0), 2**53, "2^53"),
+        "mode": string(("sync", "async")), "buffer": at_most(integer(1), MAX_NODES),
+        "max_staleness": at_most(integer(0), 1000), "staleness_exponent": at_most(number(0), 10),
         "params": table,  # the strategy's parameters, checked against what it declares
         # Deprecated: the built-in strategies' parameters before they moved to [aggregator.params].
         "server_epochs": _SERVER_EPOCHS, "gamma": number(0, 1, lo_open=True), "fedcurv_lambda": _PENALTY,
@@ -355,6 +357,12 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "public_fraction": "share of the data set carved out as the aggregator's labelled public split",
         "clip_norm": "scale each update's change from the global model down to this L2 norm (0: off)",
         "max_samples": "most samples a node may claim at Join and in an update (0: its first Join's count)",
+        "mode": "sync: rounds of sampled nodes; async: FedBuff, every node trains continuously and the "
+                "global model steps once buffer updates have come",
+        "buffer": "async: K, the updates that make one step of the global model",
+        "max_staleness": "async: rounds; an update trained from an older global model is refused",
+        "staleness_exponent": "async: a: an update s rounds old counts (1 + s)^-a as much (FedBuff's "
+                              "1/sqrt(1 + s) at 0.5)",
         "params": "the strategy's parameters ([aggregator.params], docs/algorithms.md)",
         "server_epochs": "deprecated: [aggregator.params] server_epochs",
         "gamma": "deprecated: [aggregator.params] gamma",

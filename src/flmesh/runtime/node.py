@@ -54,7 +54,7 @@ from flmesh.runtime.peer_round import PeerRound, check_addresses
 from flmesh.runtime.plugins import NodePlugins
 from flmesh.runtime.replay_link import ReplayLink
 from flmesh.runtime.reports import RoundReport, StarReport
-from flmesh.runtime.star_round import StarRound
+from flmesh.runtime.star_round import SessionPlan, StarRound
 from flmesh.transports.backend import Backend, Server, TransportSettings, create
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import ByteCounter, PeerStatus, with_retry
@@ -77,7 +77,8 @@ class NodeOptions:
     where each round's checkpoint and each accepted delivery go (None: nowhere).
     ``state_dir``: where a node that hosts the replay buffer keeps its privacy ledger.
     ``arrivals``: what decides a barrier-free round's arrivals on simulated time (fl-sim's; None:
-    real time).
+    real time); ``sessions``: what decides an asynchronous aggregator's sessions on simulated
+    time (fl-sim's; None: real time).
     ``members``: who may call the node (default: the federation's nodes; the Joint baseline's
     node is not in the federation it serves). ``metrics``: Prometheus metrics of its rounds,
     calls and retries (None: none kept). How calls are secured (mTLS identities, plaintext,
@@ -89,6 +90,7 @@ class NodeOptions:
     members: tuple[str, ...] | None = None
     metrics: Metrics | None = None
     arrivals: ArrivalPlan | None = None
+    sessions: SessionPlan | None = None
 
 
 class Node:
@@ -160,6 +162,8 @@ class Node:
                                         plan=options.arrivals)
                            if plugins.peer_server is not None else None),
             checkpoint_dir=options.checkpoint_dir, metrics=metrics)
+        if self._parts.star_round is not None:
+            self._parts.star_round.plan = options.sessions
         self._parts.replay_host = wire_replay(self._parts, backend, aggregator, options.state_dir)
         self._backend = backend
         self._owns_backend = False  # from_federation made it: stop() closes it
@@ -311,6 +315,9 @@ class Node:
         elif not self._joined:
             self._join()
         reports: list[Report] = []
+        agg = parts.settings.federation.aggregator
+        if star is not None and agg is not None and agg.buffered:
+            return self._run_buffered(star, first, on_round, reports)
         for t in range(first, last + 1):
             if parts.stop.is_set():
                 break
@@ -330,6 +337,32 @@ class Node:
             if parts.metrics is not None:
                 parts.metrics.phase("round", report.wall_s)
                 parts.metrics.round_done(t, len(parts.inbox), report.privacy_spent)
+        return reports
+
+
+    def _run_buffered(self, star: StarRound, first: int, on_round: Callable[[Report], None] | None,
+                      reports: list[Report]) -> list[Report]:
+        """Sessions with an asynchronous aggregator until it is done: each report (its round is
+        the one the session started from) as :meth:`run`'s."""
+        parts = self._parts
+        star.next_round = first
+        while not parts.stop.is_set():
+            try:
+                report = star.run_buffered(star.next_round)
+            except TrainingStopped:
+                break
+            if report is None:
+                break
+            reports.append(report)
+            if on_round is not None:
+                on_round(report)
+            if parts.checkpoint_dir is not None:
+                from flmesh.runtime.checkpoint import save
+
+                save(parts, report.round, parts.checkpoint_dir)
+            if parts.metrics is not None:
+                parts.metrics.phase("round", report.wall_s)
+                parts.metrics.round_done(report.round, len(parts.inbox), report.privacy_spent)
         return reports
 
 

@@ -3,6 +3,11 @@
 Poll; only when sampled fetch the global model, train it with the strategy's client half, and
 submit the update with its extras. :class:`StarRound` holds the parts of the node the round
 uses. Blocking; called from the node's one round loop (:meth:`flmesh.runtime.node.Node.run`).
+
+With an asynchronous aggregator (FedBuff) a node trains continuously instead
+(:meth:`StarRound.run_buffered`): it starts from the newest global model, submits, and starts
+again once the round that took its update has closed; a :class:`SessionPlan` (fl-sim's
+simulated time) may say which global model each session starts from.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from flmesh.algorithms.base import Tensors
 from flmesh.format.codec import ModelMeta, encode
@@ -35,6 +40,25 @@ if TYPE_CHECKING:
 POLL_WAIT_S = 5.0
 
 
+class SessionPlan(Protocol):
+    """What decides a node's asynchronous sessions other than real time (fl-sim's simulated
+    time: :class:`flmesh.sim.buffer_plan.SimulatedBuffer`). Each call blocks until it knows."""
+
+    def begin(self, node: str, after: int, stop: threading.Event) -> int | None:
+        """The round whose global model ``node``'s next session starts from (at least
+        ``after``); None: the run is over for it."""
+
+    def trained(self, node: str, round: int, steps: int, global_bytes: int, update_bytes: int) -> None:
+        """``node``'s session from ``round`` trained ``steps`` steps; the sizes of the global
+        model it fetched and of the update it sends, in bytes."""
+
+    def idle(self, node: str) -> None:
+        """``node`` holds no training data: it sends nothing."""
+
+    def verdict(self, node: str, round: int, stop: threading.Event) -> int | None:
+        """The round that takes ``node``'s update from ``round`` (None: refused as too old)."""
+
+
 def reconnect_window(settings: Settings) -> float:
     """How long a star node keeps trying an aggregator that went away (a restarted one resumes
     from its checkpoint): a round timeout plus the aggregator's collection deadline."""
@@ -53,6 +77,8 @@ class StarRound:
         self.activity, self.aggregator, self.counter = activity, aggregator, counter
         self.clock, self.stop, self.log = clock, stop, log
         self.continual, self.training, self.metrics = continual, training, metrics
+        self.plan: SessionPlan | None = None  # asynchronous sessions decided on simulated time
+        self.next_round = 1  # asynchronous: the round the next session starts from, at the earliest
 
     def run(self, round: int) -> StarReport:
         """One round with an aggregator.
@@ -125,6 +151,81 @@ class StarRound:
                           bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task,
                           sent_by_kind=sent, received_by_kind=got)
 
+    def run_buffered(self, after: int) -> StarReport | None:
+        """One session with an asynchronous aggregator (FedBuff): poll until round ``after`` or a
+        later one is open, fetch the newest global model, train, submit the update tagged with
+        the round it started from. The report's round is that round; :attr:`next_round` becomes
+        the round after the one that took the update (a refused one: the newest). None once the
+        aggregator is done (the node has heard it, so the aggregator may go)."""
+        settings, model, plugins = self.settings, self.model, self.plugins
+        me, agg, plan = settings.node_id, self.aggregator, self.plan
+        start = self.clock.now()
+        if plan is not None:
+            planned = plan.begin(me, after, self.stop)
+            after = planned if planned is not None else settings.rounds + 1
+        self.activity.set_state("waiting", "aggregator")
+        info = self._poll_until_open(after)
+        if info.done or self.stop.is_set() or after > settings.rounds:
+            self.activity.set_state("idle")
+            return None
+        fetched = with_retry(lambda: agg.fetch(me, info.round, expected=plugins.global_spec,
+                                               max_bytes=settings.max_model_bytes,
+                                               timeout=settings.round_timeout_s),
+                             reconnect_window(settings), clock=self.clock, stop=self.stop,
+                             on_retry=self._lost_aggregator(info.round, "fetching the global model"))
+        round = fetched.meta.round  # the newest global model may be newer than the poll said
+        notes: list[str] = []
+        start_state: Tensors = {k: fetched.state_dict[k] for k in model.spec}
+        published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in model.spec}
+        model.load_state(start_state)
+        start_eval = evaluate_own(model, self.share, self.metrics)
+        regularizers = [r for client in plugins.clients.values()
+                        for r in client.regularizers(start_state, published)]
+        train = self.share.data.train
+        if len(train) == 0:  # an update is weighed by its samples: one of none would weigh nothing
+            if plan is not None:
+                plan.idle(me)
+            self.log.warning("holds no training samples: sends no update; waiting for the run to end",
+                             extra={"node": me, "round": round})
+            self._poll_until_open(settings.rounds + 1)
+            return None
+        stats, trained_on = self.training.train_round(round, notes, regularizers)
+        local = evaluate_own(model, self.share, self.metrics)
+        state = model.state_dict()
+        extras: Tensors = {}
+        with model.lock:
+            for client in plugins.clients.values():
+                extras.update(client.update_extras(model.module))
+        meta = ModelMeta(round=round, sender=me, kind="update", num_samples=len(train),
+                         label_counts=tuple(train.label_counts()), architecture=model.architecture)
+        self.activity.set_state("sending", "aggregator")
+        update = encode({**state, **extras}, meta, settings.wire)
+        if plan is not None:
+            plan.trained(me, round, stats.steps, fetched.wire_bytes, update.wire_bytes())
+        reply = with_retry(lambda: agg.submit(update, timeout=settings.round_timeout_s),
+                           reconnect_window(settings), clock=self.clock, stop=self.stop,
+                           on_retry=self._lost_aggregator(round, "submitting its update"))
+        if plan is not None:
+            taker = plan.verdict(me, round, self.stop)
+            late = taker is None
+            self.next_round = round + 1 if taker is None else taker + 1
+        else:
+            late = reply.late
+            self.next_round = reply.round + 1
+        submitted = (reply.accepted or reply.duplicate) and not late
+        if late:
+            notes.append(f"update from round {round} refused: over [aggregator] max_staleness rounds old")
+        for client in plugins.clients.values():
+            client.after_update(round, state, extras, included=submitted)
+        self.activity.finish_round(round, local.accuracy)
+        self.activity.set_state("idle")
+        sent, got = self.counter.take()
+        return StarReport(node=me, round=round, selected=True, submitted=submitted,
+                          late=late, train=stats, start=start_eval, local=local, trained_on=trained_on,
+                          wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
+                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
+                          sent_by_kind=sent, received_by_kind=got)
+
     def _lost_aggregator(self, round: int, doing: str) -> Callable[[PeerError], None]:
         """A with_retry callback that says once, as the Poll loop does, that the aggregator went away."""
         said: list[bool] = []
@@ -171,4 +272,4 @@ class StarRound:
                                 f"(the aggregator is in round {info.round})")
 
 
-__all__ = ["POLL_WAIT_S", "StarRound", "reconnect_window"]
+__all__ = ["POLL_WAIT_S", "SessionPlan", "StarRound", "reconnect_window"]

@@ -18,6 +18,7 @@ from flmesh.learning.task import Task
 from flmesh.runtime.average_round import ArrivalPlan
 from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node, NodeOptions
+from flmesh.runtime.star_round import SessionPlan
 from flmesh.transports.backend import Backend, TransportSettings, create
 
 #: The Joint baseline's node: one node holding every node's training data (fl-sim's peer driver).
@@ -29,12 +30,13 @@ class SimProcesses:
     (``insecure``: plaintext, for a backend with a wire). :meth:`close` releases the backend."""
 
     def __init__(self, federation: Federation, transport: str, insecure: bool = False, *,
-                 task: Task | None = None, compute: Compute = UNGATED, arrivals: ArrivalPlan | None = None):
+                 task: Task | None = None, compute: Compute = UNGATED, arrivals: ArrivalPlan | None = None,
+                 sessions: SessionPlan | None = None):
         """``task``: the code every process runs (default: the file's); ``compute``: the gate
         their training and evaluations hold; ``arrivals``: what decides the nodes' barrier-free
-        rounds on simulated time."""
+        rounds on simulated time; ``sessions``: their asynchronous sessions."""
         self.federation = federation
-        self.arrivals = arrivals
+        self.arrivals, self.sessions = arrivals, sessions
         self.transport = transport
         self.task = task if task is not None else Task.of(federation)
         self.compute = compute
@@ -67,7 +69,7 @@ class SimProcesses:
         for nid in fed.node_ids:
             share, tasks = node_share(fed, nid, data[nid], dataset, self.task.source)
             nodes.append(Node(fed, nid, data=share, backend=self.backend, task=self.task,
-                              options=NodeOptions(arrivals=self.arrivals),
+                              options=NodeOptions(arrivals=self.arrivals, sessions=self.sessions),
                               aggregator=self._aggregator_address, tasks=tasks, compute=self.compute))
         addresses = {node.node_id: node.start() for node in nodes}
         for node in nodes:

@@ -34,6 +34,7 @@ from flmesh.sim.threads import WAKE_S, Lockstep
 
 if TYPE_CHECKING:
     from flmesh.aggregator.aggregator import Aggregator
+    from flmesh.config import Federation
     from flmesh.reports.results import RoundRow
     from flmesh.runtime.node import Node
 
@@ -201,3 +202,18 @@ def attach(driver: object, run_dir: Path, resume: bool, every: int = 1) -> SimCh
         driver.resume_after(checkpoints.resumed_after)
     driver.checkpoints = checkpoints
     return checkpoints
+
+
+def unresumable(federation: Federation) -> tuple[str, str] | None:
+    """What in ``federation`` fl-sim cannot checkpoint and resume, and why (None: it can): what
+    such a run decides lives in its memory only."""
+    peers, agg = federation.peers, federation.aggregator
+    if federation.replay is not None:
+        return "[replay]", "its replay buffer is held in memory only"
+    if peers is not None and peers.barrier_free:
+        return ("barrier-free rounds ([peers] wait or deadline_s)",
+                "which late models arrived in time is held in memory only")
+    if agg is not None and agg.buffered:
+        return ("an asynchronous aggregator ([aggregator] mode = \"async\")",
+                "the sessions under way are held in memory only")
+    return None

@@ -29,6 +29,7 @@ from flmesh.timing import NodeWork, Timeline, device_model
 if TYPE_CHECKING:
     from flmesh.learning.arrays import ArrayData
     from flmesh.sim.arrivals import SimulatedArrivals
+    from flmesh.sim.buffer_plan import SimulatedBuffer
 
 #: Steps timed to measure the reference step time, after WARMUP_STEPS untimed ones.
 MEASURED_STEPS = 30
@@ -88,9 +89,10 @@ class SimulatedTime:
     """A run's simulated clock: fed every round's reports in round order (one driver thread)."""
 
     def __init__(self, federation: Federation, step_s: float, measured: bool,
-                 arrivals: SimulatedArrivals | None = None):
+                 arrivals: SimulatedArrivals | None = None, buffer: SimulatedBuffer | None = None):
         """``arrivals``: the planner of barrier-free rounds, which this clock configures and whose
-        round ends it reports."""
+        round ends it reports; ``buffer``: the planner of an asynchronous aggregator's rounds,
+        likewise."""
         self.federation = federation
         self.step_s, self.measured = step_s, measured
         self.timeline = Timeline(device_model(federation, step_s), federation.node_ids,
@@ -99,6 +101,9 @@ class SimulatedTime:
         self.arrivals = arrivals
         if arrivals is not None:
             arrivals.configure(self.timeline.model)
+        self.buffer = buffer
+        if buffer is not None:
+            buffer.configure(self.timeline.model)
 
     def resume(self, row: Mapping[str, Any]) -> None:
         """Go on from a resumed run's last row (as rounds.jsonl holds it)."""
@@ -124,6 +129,21 @@ class SimulatedTime:
     def star_round(self, reports: Mapping[str, Report]) -> dict[str, float]:
         """One round with an aggregator: each sampled node's end; :meth:`now` its close."""
         return self.timeline.star_round({node: _work(r) for node, r in reports.items()})
+
+    def buffered_round(self, row: RoundRow) -> dict[str, float]:
+        """An asynchronous aggregator's round: when each update it took arrived; :meth:`stamp`
+        puts its close on the row."""
+        assert self.buffer is not None
+        ends = {}
+        for node, entry in row.nodes.items():
+            if entry.staleness:
+                when = self.buffer.arrival(node, row.round - entry.staleness[0])
+                if when is not None:
+                    ends[node] = when
+        closed = self.buffer.closed_at(row.round)
+        if closed is not None:
+            self.timeline.closed = closed
+        return ends
 
     def stamp(self, row: RoundRow, ends: Mapping[str, float]) -> None:
         """Put the simulated times on ``row`` and its nodes' entries."""

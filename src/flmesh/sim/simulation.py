@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from flmesh.replay.ledger import PrivacyLedger
     from flmesh.runtime.node import Node
     from flmesh.sim.arrivals import SimulatedArrivals
+    from flmesh.sim.buffer_plan import SimulatedBuffer
     from flmesh.sim.resume import SimCheckpoints
     from flmesh.sim.simulated_time import SimulatedTime
 
@@ -158,11 +159,19 @@ class Simulation:
         self.simulated: SimulatedTime | None = None
         #: barrier-free rounds' planner on simulated time (None without barrier-free rounds)
         self.arrivals: SimulatedArrivals | None = None
+        #: an asynchronous aggregator's planner on simulated time (None without one)
+        self.buffer_plan: SimulatedBuffer | None = None
         self.driver: Driver
         if self.kind == "star":
             from flmesh.sim.star import StarDriver
 
-            self.driver = StarDriver(federation, transport, insecure, task=self.task, compute=self.compute)
+            agg = federation.aggregator
+            if agg is not None and agg.buffered:
+                from flmesh.sim.buffer_plan import SimulatedBuffer
+
+                self.buffer_plan = SimulatedBuffer(federation)
+            self.driver = StarDriver(federation, transport, insecure, task=self.task, compute=self.compute,
+                                     plan=self.buffer_plan)
         else:
             from flmesh.sim.peer import PeerDriver
 
@@ -177,6 +186,13 @@ class Simulation:
     def start(self) -> None:
         """Split the data, build every process and start its server; torch's thread count is this
         simulation's (:meth:`~flmesh.learning.compute.Compute.applied`) until :meth:`close`."""
+        if self.checkpoint_every or self.resume:
+            from flmesh.sim.resume import unresumable
+
+            why = unresumable(self.federation)
+            if why is not None:
+                raise ValueError(f"{self.federation.source}: a federation with {why[0]} is not checkpointed "
+                                 f"({why[1]}): set checkpoint_every = 0")
         self._threads = contextlib.ExitStack()
         self._threads.enter_context(self.compute.applied())
         self.driver.start()
@@ -208,7 +224,8 @@ class Simulation:
             self.federation = fed = with_step_s(fed, step_s)
             log.info("measured %.6f s per optimizer step at speed 1 on this machine ([devices] step_s in "
                      "the run record)", step_s)
-        self.simulated = SimulatedTime(fed, step_s, measured=declared is None, arrivals=self.arrivals)
+        self.simulated = SimulatedTime(fed, step_s, measured=declared is None, arrivals=self.arrivals,
+                                       buffer=self.buffer_plan)
         self.driver.simulated = self.simulated
         if self.checkpoints is not None and self.checkpoints.resumed_row is not None:
             self.simulated.resume(self.checkpoints.resumed_row)

@@ -34,20 +34,24 @@ from flmesh.transports.errors import PeerError
 
 if TYPE_CHECKING:
     from flmesh.replay.buffer import ReplayBufferCore
+    from flmesh.sim.buffer_plan import SimulatedBuffer
     from flmesh.sim.resume import SimCheckpoints
     from flmesh.sim.simulated_time import SimulatedTime
 
 
 class StarDriver:
     def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False, *,
-                 task: Task | None = None, compute: Compute = UNGATED):
+                 task: Task | None = None, compute: Compute = UNGATED, plan: SimulatedBuffer | None = None):
         """``transport``: the registered backend the processes reach each other through
         (``insecure``: plaintext, for a backend with a wire); ``task``: the code every process
-        runs (default: the file's); ``compute``: the simulation's gate."""
+        runs (default: the file's); ``compute``: the simulation's gate; ``plan``: an
+        asynchronous aggregator's rounds on simulated time."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
-        self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute)
+        self.plan = plan
+        self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute,
+                                      sessions=plan)
         self.nodes: list[Node] = []
         self.simulated: SimulatedTime | None = None  # with a device model: every round replayed on it
         self.aggregator: Aggregator | None = None
@@ -88,6 +92,7 @@ class StarDriver:
         data = federation_data(fed, dataset)
         self.aggregator = self.processes.aggregator(
             dataset, tests=lambda: {n.node_id: parts_of(n).share.data.test for n in self.nodes})
+        self.aggregator.core.plan = self.plan
         self.nodes = self.processes.nodes(data, dataset)  # rewinds go node to node
 
     def stop(self) -> None:
@@ -124,6 +129,9 @@ class StarDriver:
 
     def _emit(self) -> None:
         """Hand on every round whose aggregator row and node reports are all in (lock held)."""
+        if self.plan is not None:
+            self._emit_buffered()
+            return
         while (self._next in self._agg_rows
                and len(self._reports.get(self._next, {})) == len(self.federation.nodes)):
             row = self._agg_rows.pop(self._next)
@@ -132,6 +140,30 @@ class StarDriver:
                 row.nodes[node_id] = merge(row.nodes.get(node_id), report)
             if self.simulated is not None:
                 self.simulated.stamp(row, self.simulated.star_round(reports))
+            row.writer = "fl-sim"
+            if not self._stopped.is_set():
+                self._rows.put(row)
+                self._rounds_done = self._next
+            self._next += 1
+
+    def _emit_buffered(self) -> None:
+        """:meth:`_emit` for an asynchronous aggregator: a round's row waits for the reports of
+        the sessions whose updates it took (a report's round is the one its session started
+        from); the reports of refused updates are dropped with their rounds."""
+        while self._next in self._agg_rows:
+            row = self._agg_rows[self._next]
+            took = {n: self._next - e.staleness[0] for n, e in row.nodes.items() if e.staleness}
+            if not all(n in self._reports.get(r, {}) for n, r in took.items()):
+                return
+            del self._agg_rows[self._next]
+            for node_id, r in took.items():
+                row.nodes[node_id] = merge(row.nodes.get(node_id), self._reports[r].pop(node_id))
+            if self.simulated is not None:
+                self.simulated.stamp(row, self.simulated.buffered_round(row))
+            assert self.plan is not None
+            self.plan.forget(self._next - 1)
+            for r in [r for r in self._reports if r < self._next - self.plan.max_staleness]:
+                del self._reports[r]
             row.writer = "fl-sim"
             if not self._stopped.is_set():
                 self._rows.put(row)
