@@ -2,7 +2,8 @@
 and which global model each session starts from.
 
 Every node trains continuously on its device (:mod:`flmesh.timing`): a session starts at a
-simulated time S from the newest global model, fetches it over the aggregator's link, trains
+simulated time S from the newest global model, fetches it over the aggregator's uplink (split
+evenly among all the nodes, as a synchronous round splits it among the sampled ones), trains
 its steps, and its update arrives at A. The planner replays the arrivals in simulated-time
 order: an update joins the buffer of the open round (one older than ``max_staleness`` rounds
 is refused and its node starts again at once from the newest model); the round closes at the
@@ -89,7 +90,9 @@ class SimulatedBuffer:
                 self._verdicts[(node, round)] = None
                 self._cond.notify_all()
                 return
-            fetched = m.transfer_until(AGGREGATOR, node, me.start, global_bytes)
+            # the aggregator's uplink split among every node, as if all were fetching at once: all
+            # train continuously, and a fetch is most of a session when the uplink is the limit
+            fetched = m.transfer_until(AGGREGATOR, node, me.start, global_bytes, len(self._nodes))
             done = m.train_until(node, fetched, steps)
             me.state, me.round = "reported", round
             me.arrival = m.transfer_until(node, AGGREGATOR, done, update_bytes)
