@@ -1,18 +1,22 @@
-"""Scale on one machine: one fl-sim on 2 cores with 10, 100 and 1000 nodes (CWT on digits).
+"""Scale on one machine: one fl-sim on 2 cores with 100, 1,000 and 10,000 nodes (CWT).
 
-    python benchmarks/scale.py [--nodes 10 100 1000] [--rounds R] [--cores C] [--eval-sample K]
+    python benchmarks/scale.py [--nodes 100 1000 10000] [--rounds R] [--cores C] [--eval-sample K]
     python benchmarks/scale.py --quick    # 10 and 20 nodes, 3 rounds
+    python benchmarks/scale.py --devices  # each size also with a device model (simulated time)
 
 Each size runs as one ``fl-sim FILE --out DIR --quiet --no-pictures`` process, kept to
-``--cores`` CPUs (default 2), of 1 + R rounds (default R = 5) on a ring with a CWT
-schedule, 0.5 epoch per round on an iid split of digits (1,797 samples: at 1000 nodes a
-node holds one or two). Above 100 nodes each model is evaluated on its own test split and
-K - 1 others drawn from the seed (``[federation] eval_sample``, default K = 10), not on all
-N. Seconds per round is the median of the rounds' own wall times (``wall_s`` in
-rounds.jsonl: from the first node's start of the round to the last node's end, not the
-evaluation after it), the first and the last round left out (start-up, the end). Peak RSS
-is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: seconds per round,
-milliseconds per node and round, peak RSS, and RSS per extra node over the smallest size.
+``--cores`` CPUs (default 2), of 1 + R rounds (default R = 5) on a ring with a CWT schedule,
+0.5 epoch per round. The data is generated (a seeded Gaussian blob per class, 16 features, 10
+classes, ``[data] source``): 40 samples per node whatever the size, so a node's work is the
+same at every size, split iid. Each model is evaluated on its own test split and K - 1 others
+drawn from the seed (``[federation] eval_sample``, default K = 10): FA and FF from sampled
+pairs, with no N x N array. Seconds per round is the median of the rounds' own wall times
+(``wall_s`` in rounds.jsonl: from the first node's start of the round to the last node's end,
+not the evaluation after it), the first and the last round left out (start-up, the end). Peak
+RSS is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: seconds per round,
+milliseconds per node and round, peak RSS, and RSS per extra node over the smallest size; with
+``--devices`` the same size with ``[devices]`` and ``[network]`` (stragglers, thin links) and
+the ratio of its seconds per round to the plain run's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,28 @@ from typing import Any
 from _common import BIN, add_json_flag, measure, write_json
 
 SEED = 5
+PER_NODE = 40  # samples per node, whatever the size
+BLOBS = """
+import numpy as np
+
+CENTRES = np.random.default_rng(7).normal(0.0, 1.0, size=(10, 16))
+
+
+def load(n, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 10, size=n)
+    return (CENTRES[y] + rng.normal(0.0, 1.0, size=(n, 16))).astype(np.float32), y
+"""
+DEVICES = """
+[devices]
+step_s = 0.02
+stragglers = 0.2
+slowdown = [5, 10]
+[network]
+bandwidth_mbps = 2
+latency_ms = 20
+thin_links = 0.1
+"""
 FEDERATION = """
 [federation]
 name = "scale"
@@ -43,6 +69,9 @@ schedule = "cwt"
 epochs = 0.5
 batch_size = 16
 [data]
+source = "blobs:load"
+args = {{ n = {samples} }}
+classes = 10
 partition = "iid"
 test_fraction = 0.2
 [model]
@@ -50,16 +79,21 @@ hidden = [64]
 """
 
 
-def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Path) -> dict[str, Any]:
+def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Path,
+             devices: bool = False) -> dict[str, Any]:
     from flmesh.reports.run_files import read_rows
 
-    file = work / f"scale{nodes}.toml"
-    file.write_text(FEDERATION.format(seed=SEED, rounds=rounds, nodes=nodes, eval_sample=eval_sample))
-    out = work / f"run{nodes}"
-    done = measure([str(BIN / "fl-sim"), str(file), "--out", str(out), "--quiet", "--no-pictures"], cpus=cpus)
+    name = f"scale{nodes}{'-devices' if devices else ''}"
+    (work / "blobs.py").write_text(BLOBS)
+    file = work / f"{name}.toml"
+    file.write_text(FEDERATION.format(seed=SEED, rounds=rounds, nodes=nodes, eval_sample=eval_sample,
+                                      samples=PER_NODE * nodes) + (DEVICES if devices else ""))
+    out = work / f"run-{name}"
+    done = measure([str(BIN / "fl-sim"), str(file), "--out", str(out), "--quiet", "--no-pictures"], cpus=cpus,
+                   env={"PYTHONPATH": str(work)})
     walls = [float(row["wall_s"]) for row in read_rows(out / "rounds.jsonl")][1:-1]
     per_round = statistics.median(walls)
-    return {"nodes": nodes, "eval_sample": eval_sample, "s_per_round": per_round,
+    return {"nodes": nodes, "devices": devices, "eval_sample": eval_sample, "s_per_round": per_round,
             "ms_per_node_round": 1000 * per_round / nodes, "peak_rss_mib": done.max_rss_mib,
             "whole_run_s": done.wall_s, "cpu_s": done.cpu_s, "round_walls_s": walls}
 
@@ -68,14 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="10 and 20 nodes, 3 rounds")
     p.add_argument("--nodes", type=int, nargs="+",
-                   help="federation sizes (default 10 100 1000; --quick 10 20)")
+                   help="federation sizes (default 100 1000 10000; --quick 10 20)")
     p.add_argument("--rounds", type=int, help="rounds beyond the first (default 5; --quick 2)")
     p.add_argument("--cores", type=int, default=2, help="CPUs fl-sim is kept to (default 2)")
     p.add_argument("--eval-sample", type=int, default=10, metavar="K",
-                   help="above 100 nodes, test splits each model is evaluated on (default 10)")
+                   help="test splits each model is evaluated on (default 10)")
+    p.add_argument("--devices", action="store_true", help="each size also with a device model")
     add_json_flag(p, "scale")
     args = p.parse_args(argv)
-    sizes = sorted(args.nodes or ([10, 20] if args.quick else [10, 100, 1000]))
+    sizes = sorted(args.nodes or ([10, 20] if args.quick else [100, 1000, 10000]))
     rounds = 1 + (args.rounds or (2 if args.quick else 5))
     usable = sorted(os.sched_getaffinity(0))
     if rounds < 3 or sizes[0] < 2 or not 1 <= args.cores <= len(usable) or args.eval_sample < 2:
@@ -85,22 +120,31 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
-            results.append(run_size(n, rounds, args.eval_sample if n > 100 else 0, cpus, Path(tmp)))
-            print(f"# {n} nodes: {results[-1]['s_per_round']:.2f} s/round, "
-                  f"peak {results[-1]['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
-    base = results[0]
-    for r in results:
+            for devices in (False, True) if args.devices else (False,):
+                results.append(run_size(n, rounds, args.eval_sample, cpus, Path(tmp), devices))
+                print(f"# {n} nodes{' with devices' if devices else ''}: {results[-1]['s_per_round']:.2f} "
+                      f"s/round, peak {results[-1]['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    plain = [r for r in results if not r["devices"]]
+    base = plain[0]
+    for r in plain:
         extra = r["nodes"] - base["nodes"]
         r["rss_per_extra_node_mib"] = (r["peak_rss_mib"] - base["peak_rss_mib"]) / extra if extra else None
-    print(f"\nCWT on digits, ring, 0.5 epoch per round, {rounds} rounds; one fl-sim on CPUs "
-          f"{sorted(cpus)}\n")
+    print(f"\nCWT on generated data ({PER_NODE} samples a node), ring, 0.5 epoch per round, {rounds} rounds, "
+          f"eval_sample {args.eval_sample}; one fl-sim on CPUs {sorted(cpus)}\n")
     print("| nodes | s / round | ms per node and round | peak RSS (MiB) | RSS per extra node (MiB) "
           "| whole run (s) |")
     print("|---:|---:|---:|---:|---:|---:|")
-    for r in results:
+    for r in plain:
         extra = "-" if r["rss_per_extra_node_mib"] is None else f"{r['rss_per_extra_node_mib']:.2f}"
         print(f"| {r['nodes']} | {r['s_per_round']:.2f} | {r['ms_per_node_round']:.1f} | "
               f"{r['peak_rss_mib']:.0f} | {extra} | {r['whole_run_s']:.1f} |")
+    timed = {r["nodes"]: r for r in results if r["devices"]}
+    if timed:
+        print("\n| nodes | s / round with a device model | over without |\n|---:|---:|---:|")
+        for r in plain:
+            if r["nodes"] in timed:
+                t = timed[r["nodes"]]
+                print(f"| {r['nodes']} | {t['s_per_round']:.2f} | {t['s_per_round'] / r['s_per_round']:.2f} |")
     write_json(args.json, "scale", {"rounds": rounds, "cpus": sorted(cpus), "sizes": results}, [SEED])
     return 0
 

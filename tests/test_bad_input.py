@@ -137,9 +137,21 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
                                "[federation] name: " + NAME + "'[/x]'"),
     "federation-name-long": (tiny_raw(federation={"name": "x" * 5000}),
                              "[federation] name: " + NAME + "'" + "x" * 79 + "... (5002 characters)"),
-    "topology-nodes": (tiny_raw(nodes=10000), "[topology] nodes: expected an integer <= 1024 "
-                       "(a federation file holds at most 1024 nodes), got 10000"),
-    "nodes-tables": (node_tables(1025), "[nodes]: a federation file holds at most 1024 nodes, got 1025"),
+    "topology-nodes": (tiny_raw(nodes=20000), "[topology] nodes: expected an integer <= 16384 "
+                       "(a federation file holds at most 16384 nodes), got 20000"),
+    "nodes-tables": (node_tables(16385), "[nodes]: a federation file holds at most 16384 nodes, got 16385"),
+    "topology-dense-large": (
+        tiny_raw(nodes=2000, federation={"eval_sample": 10}),
+        "[topology] graph 'complete' visits every pair of nodes: above 1024 nodes (here 2000) use a sparse "
+        "one"),
+    "topology-rwt-large": (
+        tiny_raw(nodes=2000, federation={"eval_sample": 10}, topology={"graph": "ring", "schedule": "rwt"}),
+        "[topology] schedule 'rwt': rwt draws each round's cycle cover from an n x n assignment (n³ time): at "
+        "most 1024 nodes, the graph has 2000"),
+    "federation-eval_sample-large": (
+        tiny_raw(nodes=2000, topology={"graph": "ring"}),
+        "[federation] eval_sample: 2000 nodes would evaluate every model on every test split (4000000 "
+        "evaluations a round); above 1024 nodes set eval_sample = K"),
     "topology-file-nul": (
         tiny_raw(topology={"file": "a\x00b.graphml"}),
         "[topology] file: expected a path without NUL characters, of at most 4096 characters, "
@@ -163,8 +175,8 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
                                "(the global model would never change)"),
     "tasks-rounds_per_task": (continual(tasks={"rounds_per_task": 10**9}),
                               "[tasks] rounds_per_task: expected an integer <= 100000, got 1000000000"),
-    "tasks-initial_clients": (continual(tasks={"initial_clients": 5000}),
-                              "[tasks] initial_clients: expected an integer <= 1024, got 5000"),
+    "tasks-initial_clients": (continual(tasks={"initial_clients": 20000}),
+                              "[tasks] initial_clients: expected an integer <= 16384, got 20000"),
     "tasks-beta": (continual(tasks={"beta": 1e308}),
                    "[tasks] beta: expected a number <= 1000000, got 1e+308"),
     "replay-epsilon-tiny": (continual(replay={"epsilon": 1e-300}),
@@ -186,9 +198,9 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
     "federation-eval_sample-one": (tiny_raw(federation={"eval_sample": 1}),
                                    "[federation] eval_sample: " + SAMPLE + "1"),
     "federation-eval_sample-huge": (
-        tiny_raw(federation={"eval_sample": 5000}),
-        "[federation] eval_sample: expected an integer <= 1024 (a federation file holds at most 1024 nodes), "
-        "got 5000"),
+        tiny_raw(federation={"eval_sample": 20000}),
+        "[federation] eval_sample: expected an integer <= 16384 (a federation file holds at most 16384 "
+        "nodes), got 20000"),
     "federation-eval_sample-star": (
         tiny_raw(federation={"eval_sample": 2}, aggregator={"strategy": "fedavg"}),
         "[federation] eval_sample: peer federations only: a star row needs each participant on every test "
@@ -269,7 +281,7 @@ SIM_CASES: dict[str, tuple[list[str], str]] = {
                             "--eval-every: expected an integer <= 100000, got 1000000"),
     "sim-eval-every-zero": (["{star}", "--eval-every", "0"], "--eval-every: expected an integer >= 1, got 0"),
     "sim-eval-sample-one": (["{file}", "--eval-sample", "1"], "--eval-sample: expected 0 (every test split) "
-                            "or an integer from 2 to 1024, got 1"),
+                            "or an integer from 2 to 16384, got 1"),
     "sim-out-is-a-file": (["{file}", "--out", "{tmp}/taken.txt"],
                           "--out {tmp}/taken.txt: is a file, expected a folder (existing or to create)"),
     "sim-out-under-a-file": (["{file}", "--out", "{tmp}/taken.txt/run"],

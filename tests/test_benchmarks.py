@@ -75,13 +75,14 @@ def test_overhead(tmp_path):
 
 
 def test_scale(tmp_path):
-    results = run(tmp_path, "scale.py", "--nodes", "4", "6", "--cores", "1")
+    results = run(tmp_path, "scale.py", "--nodes", "4", "6", "--cores", "1", "--devices")
     assert results["rounds"] == 3 and len(results["cpus"]) == 1
-    small, big = results["sizes"]
-    assert (small["nodes"], big["nodes"]) == (4, 6)
+    small, small_timed, big, big_timed = results["sizes"]
+    assert [s["nodes"] for s in results["sizes"]] == [4, 4, 6, 6]
+    assert [s["devices"] for s in results["sizes"]] == [False, True, False, True]
     assert small["rss_per_extra_node_mib"] is None and number(big["rss_per_extra_node_mib"])
     for size in results["sizes"]:
-        assert size["eval_sample"] == 0  # all test splits up to 100 nodes
+        assert size["eval_sample"] == 10  # FA/FF from sampled pairs at every size
         assert len(size["round_walls_s"]) == 1 and size["s_per_round"] == size["round_walls_s"][0] > 0
         assert size["ms_per_node_round"] == pytest.approx(1000 * size["s_per_round"] / size["nodes"])
         assert number(size["peak_rss_mib"], 1) and number(size["whole_run_s"], 0)
@@ -327,7 +328,7 @@ def test_heterogeneity(tmp_path):
     results = run(tmp_path, "heterogeneity.py")
     assert results["nodes"] == 8 and results["rounds"] == 6
     table = results["results"]
-    assert set(table) == {"sync D-PSGD", "barrier-free D-PSGD", "CWT", "sync FedAvg"}
+    assert set(table) == {"sync D-PSGD", "barrier-free D-PSGD", "CWT", "sync FedAvg", "FedBuff"}
     for way in table.values():
         assert set(way) == {"all fast", "heterogeneous"}
         fast, slow = way["all fast"], way["heterogeneous"]

@@ -19,7 +19,10 @@ from flmesh.user_code import is_import_path
 # a typo or an attack, not a plan, and the run would fail late with a traceback or stall in
 # silence: lr past float32 overflows the optimizer; with a 1e10 s round timeout every call failed
 # at once and was retried for ever. docs/reliability.md lists them all, with their messages.
-MAX_NODES = 1024
+MAX_NODES = 16384
+# Above this many nodes of a peer federation FA/FF come from sampled pairs ([federation]
+# eval_sample): every model on every test split is N² evaluations a round.
+EXACT_EVAL_LIMIT = 1024
 MAX_ROUNDS = 100_000
 MAX_TIMEOUT_S = 86_400  # one day
 MAX_MODEL_MIB = 65_536  # 64 GiB

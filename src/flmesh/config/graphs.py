@@ -65,6 +65,15 @@ _NOT_PARAMETERS = frozenset({"n", "create_using", "backend", "initial_graph", "d
 # Graph parameters are probabilities, degrees, edge counts (at most n(n-1)/2 = 523776 for
 # 1024 nodes) and offsets; a bound keeps a typo from building for minutes.
 MAX_PARAMETER = 2**20
+#: Above this many nodes a federation's graph must be sparse: the generators of DENSE visit all
+#: n(n-1)/2 pairs (a complete graph of 10,000 nodes is 50 million edges, gigabytes in networkx).
+DENSE_LIMIT = 1024
+DENSE = frozenset({"complete", "complete_graph", "turan", "turan_graph", "erdos_renyi", "erdos_renyi_graph",
+                   "gnp", "gnp_random_graph", "binomial", "binomial_graph", "dense_gnm_random_graph",
+                   "dense_gnm_random", "gaussian_random_partition", "gaussian_random_partition_graph",
+                   "hnm_harary", "hnm_harary_graph"})
+#: The most edges a federation's graph may have, however it is made (a graph file included).
+MAX_EDGES = 2**20
 # Retry counts multiply the work of one attempt: a few hundred already is a lot.
 MAX_TRIES = 1000
 _TRIES = frozenset({"tries", "max_tries"})
@@ -159,6 +168,10 @@ def generate_graph(name: str, node_ids: Sequence[str], params: Mapping[str, Any]
     node labels from the generator are mapped onto ``node_ids`` in order.
     """
     func = _generator(name)
+    if len(node_ids) > DENSE_LIMIT and name in DENSE:
+        raise GraphError(f"graph {name!r} visits every pair of nodes: above {DENSE_LIMIT} nodes (here "
+                         f"{len(node_ids)}) use a sparse one (ring, circulant_graph, random_regular, "
+                         "watts_strogatz, barabasi_albert, fast_gnp_random_graph) or a graph file")
     params = dict(params or {})
     settable = _settable(func)
     for key, value in params.items():
@@ -174,8 +187,15 @@ def generate_graph(name: str, node_ids: Sequence[str], params: Mapping[str, Any]
     if graph.number_of_nodes() != len(node_ids):
         raise GraphError(f"graph {name!r} made {graph.number_of_nodes()} nodes, "
                          f"the federation has {len(node_ids)}")
+    _check_edges(graph, f"graph {name!r}")
     mapping = dict(zip(sorted(graph.nodes), node_ids, strict=True))
     return _ordered(nx.relabel_nodes(graph, mapping), node_ids)
+
+
+def _check_edges(graph: nx.Graph, what: str) -> None:
+    if graph.number_of_edges() > MAX_EDGES:
+        raise GraphError(f"{what} has {graph.number_of_edges()} edges, over the {MAX_EDGES} a federation's "
+                         "graph may have")
 
 
 def read_graph(path: Path, node_ids: Sequence[str] | None = None) -> nx.Graph:
@@ -196,6 +216,7 @@ def read_graph(path: Path, node_ids: Sequence[str] | None = None) -> nx.Graph:
             graph = nx.read_edgelist(path, nodetype=str, create_using=nx.Graph)
     except Exception as exc:  # networkx raises many types for malformed files
         raise GraphError(f"{path}: cannot read graph: {' '.join(str(exc).split())[:300]}") from None
+    _check_edges(graph, str(path))
     graph = nx.relabel_nodes(graph, {n: str(n) for n in graph.nodes})
     if node_ids is None:
         return graph

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from flmesh import registry
-from flmesh.config.checks import MAX_NODES, SectionReader, key_text, mib
+from flmesh.config.checks import EXACT_EVAL_LIMIT, MAX_NODES, SectionReader, key_text, mib
 from flmesh.config.continual import read_continual
 from flmesh.config.federation import (
     AggregatorConfig,
@@ -192,6 +192,10 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
     if aggregator is not None and aggregator.min_updates > len(ids):
         raise r.fail("[aggregator] min_updates", f"expected at most the federation's {len(ids)} nodes, "
                      f"got {aggregator.min_updates} (the global model would never change)")
+    if aggregator is None and len(ids) > EXACT_EVAL_LIMIT and not fed.get("eval_sample", 0):
+        raise r.fail("[federation] eval_sample", f"{len(ids)} nodes would evaluate every model on every test "
+                     f"split ({len(ids) ** 2} evaluations a round); above {EXACT_EVAL_LIMIT} nodes set "
+                     "eval_sample = K (each model on its own split and K-1 others, e.g. 10)")
     if aggregator is not None:
         _check_buffered(r, aggregator, len(ids))
     _check_model_size(r, model, fed.get("max_model_mib", DEFAULT_MAX_MODEL_MIB))

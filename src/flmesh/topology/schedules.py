@@ -154,6 +154,9 @@ class CyclicSchedule:
         return self._later if round > 1 else self._first
 
 
+#: The most nodes RWT plans for: its n x n assignment takes some seconds at 1024 nodes, n³ beyond.
+RWT_LIMIT = 1024
+
 #: Stream id that keeps RWT's draws apart from every other use of the federation seed.
 _SEED_RWT = 101
 
@@ -195,6 +198,10 @@ class RandomSchedule:
     name = "rwt"
 
     def __init__(self, graph: nx.Graph, seed: int = 0):
+        if graph.number_of_nodes() > RWT_LIMIT:
+            raise ScheduleError(f"rwt draws each round's cycle cover from an n x n assignment (n³ time): at "
+                                f"most {RWT_LIMIT} nodes, the graph has {graph.number_of_nodes()}; use cwt or "
+                                "an averaging schedule (gossip, epidemic, exponential)")
         self.graph = graph
         self.seed = seed
         self.cover(1)  # fail at construction when the graph admits no cover
