@@ -103,6 +103,20 @@ def test_an_averaging_round_ends_when_its_sends_and_the_models_it_combined_have_
     assert ends == pytest.approx({"node0": 4.0, "node1": 4.0, "node2": 3.0})
 
 
+def test_a_rounds_own_work_beyond_its_steps_costs_overhead_s_at_the_nodes_speed():
+    raw = tiny_raw(devices={"step_s": 0.01, "overhead_s": 0.5})
+    raw["topology"].pop("nodes")
+    raw["nodes"] = {"node0": {}, "node1": {"speed": 0.5}, "node2": {}}
+    fed = parse_federation(raw, source="t.toml")
+    m = device_model(fed, 0.01)
+    assert m.round_until("node0", 0.0, 100) == pytest.approx(1.5)  # 1 s of steps, 0.5 s besides
+    assert m.round_until("node1", 0.0, 100) == pytest.approx(3.0)  # both at half speed
+    assert m.train_until("node0", 0.0, 100) == pytest.approx(1.0)
+    line = Timeline(m, fed.node_ids, round_timeout_s=30)
+    ends = line.average_round({n: NodeWork(n, steps=100) for n in fed.node_ids})
+    assert ends == pytest.approx({"node0": 1.5, "node1": 3.0, "node2": 1.5})
+
+
 def test_a_star_round_closes_with_the_last_update_it_used():
     fed = _fed(network={"bandwidth_mbps": 8, "latency_ms": 0}, devices={"step_s": 0.01},
                aggregator={"fraction": 1.0})

@@ -294,7 +294,9 @@ class DevicesConfig:
     from the seed, that go offline now and then: online spells of ``online_s`` seconds on
     average and offline ones of ``offline_s`` (exponential, seeded); ``trace``: a CSV or JSON
     file of events (node, time_s, event, value) that change a node's speed, step time,
-    bandwidth or availability over time (absolute path)."""
+    bandwidth or availability over time (absolute path); ``overhead_s``: seconds of a node's
+    own work each round besides its optimizer steps, at speed 1 (evaluating its model,
+    encoding, decoding and encrypting the models it sends and receives)."""
 
     step_s: float | None = None
     speed: float = 1.0
@@ -305,6 +307,7 @@ class DevicesConfig:
     online_s: float = 600.0
     offline_s: float = 60.0
     trace: str | None = None
+    overhead_s: float = 0.0
     # the trace's events as the file was read when the federation was parsed, in time order
     trace_events: tuple[TraceEvent, ...] = field(default=(), compare=False, repr=False)
 

@@ -247,7 +247,8 @@ SECTIONS: dict[str, dict[str, Check]] = {
     "devices": {"step_s": _STEP_S, "speed": _SPEED, "spread": at_most(number(0), 10),
                 "stragglers": number(0, 1), "slowdown": _slowdown, "churn": number(0, 1),
                 "online_s": at_most(number(0, lo_open=True), MAX_SIM_S),
-                "offline_s": at_most(number(0, lo_open=True), MAX_SIM_S), "trace": path_string},
+                "offline_s": at_most(number(0, lo_open=True), MAX_SIM_S), "trace": path_string,
+                "overhead_s": at_most(number(0), MAX_SIM_S)},
     "network": {"bandwidth_mbps": _MBPS, "latency_ms": _LATENCY_MS, "thin_links": number(0, 1),
                 "thin_factor": at_most(number(1), MAX_FACTOR)},
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
@@ -335,6 +336,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "offline_s": "churn: mean seconds of an offline spell (exponential, seeded)",
         "trace": "a CSV or JSON file of events node,time_s,event,value (speed, step_s, bandwidth_mbps, "
                  "offline, online) that change a node over simulated time (relative to the file)",
+        "overhead_s": "seconds of a node's own work each round besides its optimizer steps, at speed 1 "
+                      "(evaluating, encoding, decoding and encrypting models)",
     },
     "network": {
         "bandwidth_mbps": "megabits per second of each node's uplink, and the aggregator's (unset: "

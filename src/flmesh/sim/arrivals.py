@@ -75,7 +75,7 @@ class SimulatedArrivals:
             model = self.model
             if model is None:
                 return {}
-            done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
+            done = model.round_until(node, self.ends.get((node, round - 1), 0.0), steps)
             self._trained[(node, round)] = _Trained(done, message_bytes, tuple(sends))
             self._cond.notify_all()
             while not stop.is_set() and not all((p, round) in self._trained for p in receives):

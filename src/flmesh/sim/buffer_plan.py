@@ -93,7 +93,7 @@ class SimulatedBuffer:
             # the aggregator's uplink split among every node, as if all were fetching at once: all
             # train continuously, and a fetch is most of a session when the uplink is the limit
             fetched = m.transfer_until(AGGREGATOR, node, me.start, global_bytes, len(self._nodes))
-            done = m.train_until(node, fetched, steps)
+            done = m.round_until(node, fetched, steps)
             me.state, me.round = "reported", round
             me.arrival = m.transfer_until(node, AGGREGATOR, done, update_bytes)
             self._advance()

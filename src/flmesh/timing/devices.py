@@ -54,10 +54,16 @@ class DeviceModel:
     thin_factor: float = 1.0
     seed: int = 0
     index: Mapping[str, int] | None = None
+    overhead_steps: float = 0.0  # a round's own work besides its steps, in steps at the node's speed
 
     def train_until(self, node: str, start: float, steps: float) -> float:
         """When ``node`` has trained ``steps`` optimizer steps begun at ``start``."""
         return self.compute[node].finish(self.online[node].next_up(start), steps)
+
+    def round_until(self, node: str, start: float, steps: float) -> float:
+        """When ``node`` has done a round's own work begun at ``start``: ``steps`` optimizer
+        steps and ``[devices] overhead_s`` (at its speed)."""
+        return self.train_until(node, start, steps + self.overhead_steps)
 
     def thin(self, a: str, b: str) -> bool:
         """Whether the link between ``a`` and ``b`` is a thin one (seeded; symmetric)."""
@@ -205,7 +211,9 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
     return DeviceModel(compute, uplink, latency, online, step,
                        thin_share=network.thin_links if network is not None else 0.0,
                        thin_factor=network.thin_factor if network is not None else 1.0,
-                       seed=fed.seed, index={n: i for i, n in enumerate(fed.node_ids)})
+                       seed=fed.seed, index={n: i for i, n in enumerate(fed.node_ids)},
+                       overhead_steps=(fed.devices.overhead_s / reference_step_s if fed.devices is not None
+                                       else 0.0))
 
 
 __all__ = ["AGGREGATOR", "CHURN_HORIZON_S", "DeviceModel", "device_model"]

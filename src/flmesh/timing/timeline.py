@@ -75,12 +75,12 @@ class Timeline:
         """When ``w``'s training begun at ``start`` ends (its remote phase on the peer's device)."""
         m = self.model
         if w.remote_peer is None or w.remote_steps <= 0:
-            return m.train_until(w.node, start, w.steps)
+            return m.round_until(w.node, start, w.steps)
         t = m.train_until(w.node, start, w.steps_before)
         t = m.transfer_until(w.node, w.remote_peer, t, w.to_train_bytes)
         t = m.train_until(w.remote_peer, t, w.remote_steps)
         t = m.transfer_until(w.remote_peer, w.node, t, w.trained_back_bytes)
-        return m.train_until(w.node, t, w.steps - w.remote_steps - w.steps_before)
+        return m.round_until(w.node, t, w.steps - w.remote_steps - w.steps_before)
 
     def walk_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A walk's round: each node's end, in seconds."""

@@ -1,0 +1,329 @@
+"""The simulated clock against a real deployment: fl-node processes with unequal CPU shares
+behind rate-limited links, and fl-sim's prediction from the same federation file.
+
+    sudo python benchmarks/time_check.py               # 8 nodes, 6 rounds
+    sudo python benchmarks/time_check.py --rounds 10 --mbps 40 --thin-mbps 10
+
+Needs root: every node runs in its own network namespace, joined to the others by a bridge,
+with its uplink (its side of the veth pair) rate-limited by ``tc tbf``; and in its own cgroup
+(v1 ``cpu``) whose CFS quota gives it a share of one core, 20 ms at a time. Everything made is
+removed at the end, also on failure.
+
+The federation: 8 nodes on a ring, synchronous D-PSGD (gossip), digits Dirichlet(0.5), an MLP
+with two hidden layers of 1024 (a 4.4 MB model: sending it to two neighbours takes seconds at
+these rates), ``--epochs`` local epochs, ``--rounds`` rounds, over mTLS. Nodes 0-5 get a quarter
+of a core and a ``--mbps`` uplink; nodes 6 and 7 a twentieth of a core (5 times slower); nodes
+2 and 3 a ``--thin-mbps`` uplink. The total CPU asked for, 1.6 cores, fits this machine's 2.
+
+The prediction: the same file with its device model, ``[devices] step_s`` the seconds of one
+optimizer step measured here on one thread (``--threads 1``, as each fl-node runs), each
+node's ``speed`` its CPU share and ``bandwidth_mbps`` its tbf rate, run through fl-sim. The
+numbers of both runs are the same (fl-node and fl-sim compute the same rounds); what is
+compared is when each node ended each round: fl-node's rows give each round's wall time
+(summed from the start of round 1), fl-sim's its simulated seconds. Prints, per round, the
+mean over the nodes of both and their ratio, the time each run took to reach ``--target``
+(the nodes' mean accuracy on their own test splits), and the per-node spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from _common import BIN, add_json_flag, write_json
+
+NODES = 8
+SHARES = [0.25] * 6 + [0.05] * 2  # of one core
+PERIOD_US = 20_000  # the CFS period: a quota is spent 20 ms at a time (the least quota is 1 ms)
+SUBNET = "10.77.0"
+PORT = 7000
+CGROUP = Path("/sys/fs/cgroup/cpu")
+ACCOUNT = Path("/sys/fs/cgroup/cpuacct")  # what each node's processes used, in CPU ns
+
+
+def federation_text(rounds: int, epochs: float, mbps: float, thin_mbps: float, step_s: float | None,
+                    overhead_s: float = 0.0) -> str:
+    """The deployment's federation file; with ``step_s`` also its device model."""
+    nodes = []
+    for k in range(NODES):
+        lines = [f"[nodes.node{k}]"]
+        if step_s is not None:
+            lines += [f"speed = {SHARES[k]}", f"bandwidth_mbps = {thin_mbps if k in (2, 3) else mbps}"]
+        nodes.append("\n".join(lines))
+    devices = f"\n[devices]\nstep_s = {step_s}\noverhead_s = {overhead_s}\n" if step_s is not None else ""
+    return f"""
+[federation]
+name = "timecheck"
+seed = 11
+rounds = {rounds}
+round_timeout_s = 600
+
+[topology]
+graph = "ring"
+schedule = "gossip"
+
+[training]
+epochs = {epochs}
+batch_size = 16
+lr = 0.05
+
+[data]
+dataset = "digits"
+partition = "dirichlet"
+alpha = 0.5
+
+[model]
+name = "mlp"
+hidden = [1024, 1024]
+{devices}
+""" + "\n".join(nodes) + "\n"
+
+
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def network(tag: str, mbps: float, thin_mbps: float) -> Iterator[list[str]]:
+    """One namespace per node on a bridge, each uplink rate-limited; the namespaces' names."""
+    bridge, spaces = f"{tag}br", [f"{tag}{k}" for k in range(NODES)]
+    try:
+        sh("ip", "link", "add", bridge, "type", "bridge")
+        sh("ip", "link", "set", bridge, "up")
+        for k, ns in enumerate(spaces):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", ns, "type", "veth", "peer", "name", f"{ns}p")
+            sh("ip", "link", "set", f"{ns}p", "netns", ns)
+            sh("ip", "link", "set", ns, "master", bridge, "up")
+            inside = ["ip", "netns", "exec", ns]
+            sh(*inside, "ip", "addr", "add", f"{SUBNET}.{k + 2}/24", "dev", f"{ns}p")
+            sh(*inside, "ip", "link", "set", f"{ns}p", "up")
+            sh(*inside, "ip", "link", "set", "lo", "up")
+            rate = thin_mbps if k in (2, 3) else mbps
+            sh(*inside, "tc", "qdisc", "add", "dev", f"{ns}p", "root", "tbf", "rate", f"{rate}mbit",
+               "burst", "64kb", "latency", "5s")
+        yield spaces
+    finally:
+        for ns in spaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "link", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+@contextlib.contextmanager
+def cpu_groups(tag: str) -> Iterator[list[Path]]:
+    """One cgroup per node, not limited yet (:func:`limit` gives each its share); their folders."""
+    groups = [CGROUP / f"{tag}{k}" for k in range(NODES)]
+    accounts = [ACCOUNT / f"{tag}{k}" for k in range(NODES)]
+    try:
+        for group, account in zip(groups, accounts, strict=True):
+            group.mkdir()
+            account.mkdir()
+            (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        yield groups
+    finally:
+        for group in [*groups, *accounts]:
+            for _ in range(50):  # a group empties once its processes are gone
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def limit(groups: list[Path]) -> None:
+    """Give every node's cgroup its CFS quota: its share of one core."""
+    for group, share in zip(groups, SHARES, strict=True):
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * PERIOD_US)))
+
+
+def measure_step_s(epochs_steps: int = 50) -> float:
+    """Seconds of one optimizer step of the federation's model on digits, on one thread."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    torch.set_num_threads(1)
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x / 16.0, dtype=torch.float32)
+    y = torch.tensor(y)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+
+    def steps(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            idx = torch.from_numpy(rng.integers(0, len(x), size=16))
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        return time.perf_counter() - start
+
+    steps(10)
+    return steps(epochs_steps) / epochs_steps
+
+
+def deploy(fed: Path, work: Path, spaces: list[str],
+           groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+    """Run every node in its namespace and cgroup over mTLS to the end; each node's rows and the
+    CPU seconds its rounds used. The
+    nodes start unlimited (importing torch at a twentieth of a core takes a minute); once all
+    listen, their cgroups get their shares and the peers file their addresses: round 1 begins
+    when a node has said Hello to its neighbours."""
+    pki = work / "pki"
+    sh(str(BIN / "fl-certs"), "init", str(pki))
+    for k in range(NODES):
+        sh(str(BIN / "fl-certs"), "issue", f"node{k}", "--ca-dir", str(pki), "--ip", f"{SUBNET}.{k + 2}")
+    procs = {}
+    for k, (ns, group) in enumerate(zip(spaces, groups, strict=True)):
+        node = f"node{k}"
+        argv = [str(BIN / "fl-node"), "--id", node, "--federation", str(fed), "--listen", f"{SUBNET}.{k + 2}:{PORT}",
+                "--threads", "1", "--out", str(work / "runs" / node), "--tls-ca", str(pki / "ca.pem"),
+                "--tls-cert", str(pki / f"{node}.pem"), "--tls-key", str(pki / f"{node}.key"),
+                "--ready-file", str(work / f"{node}.addr"), "--peers-file", str(work / "peers.json")]
+        # the shell joins the node's cgroup, then becomes the node in its namespace (ip netns exec
+        # mounts the namespace's own /sys, without the cgroups): everything it starts is in both
+        account = ACCOUNT / group.name
+        script = (f'echo $$ > {group / "cgroup.procs"} && echo $$ > {account / "cgroup.procs"} && '
+                  f'exec ip netns exec {ns} "$@"')
+        procs[node] = subprocess.Popen(["sh", "-c", script, "sh", *argv], cwd=work,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        return _run(procs, work, groups)
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def _run(procs: dict[str, subprocess.Popen], work: Path,
+         groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+    deadline = time.monotonic() + 300
+    while not all((work / f"{n}.addr").exists() for n in procs):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
+            for p in procs.values():
+                p.kill()
+            why = {n: p.communicate()[1].strip().splitlines()[-1:] for n, p in procs.items() if p.returncode}
+            raise SystemExit(f"time_check: not every fl-node started listening: {why}")
+        time.sleep(0.2)  # a poll interval
+    limit(groups)
+    ready = {g.name: _cpu_s(g.name) for g in groups}
+    (work / ".peers.json").write_text(json.dumps({n: (work / f"{n}.addr").read_text().strip() for n in procs}))
+    os.replace(work / ".peers.json", work / "peers.json")
+    errors = {n: p.communicate(timeout=3600)[1] for n, p in procs.items()}
+    used = {f"node{k}": _cpu_s(g.name) - ready[g.name] for k, g in enumerate(groups)}
+    failed = {n: e.strip().splitlines()[-1:] for n, e in errors.items() if procs[n].returncode}
+    if failed:
+        raise SystemExit(f"time_check: fl-node failed: {failed}")
+    rows = {n: [json.loads(line) for line in (work / "runs" / n / "rounds.jsonl").read_text().splitlines()]
+            for n in procs}
+    return rows, used
+
+
+def _cpu_s(group: str) -> float:
+    """CPU seconds the processes of cgroup ``group`` have used so far."""
+    return int((ACCOUNT / group / "cpuacct.usage").read_text()) / 1e9
+
+
+def reached(times: list[float], accuracy: list[float], target: float) -> float | None:
+    return next((t for t, a in zip(times, accuracy, strict=True) if a >= target), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--epochs", type=float, default=3.0, help="local epochs per round (default 3)")
+    p.add_argument("--mbps", type=float, default=40.0, help="a node's uplink, Mbit/s (default 40)")
+    p.add_argument("--thin-mbps", type=float, default=10.0, help="nodes 2 and 3's uplink (default 10)")
+    p.add_argument("--target", type=float, default=0.5, help="mean own accuracy to reach (default 0.5)")
+    add_json_flag(p, "time_check")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0 or not shutil.which("tc") or not (CGROUP / "cpu.cfs_quota_us").exists():
+        raise SystemExit("time_check: needs root, tc and the cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+    step_s = measure_step_s()
+    tag = f"flm{os.getpid() % 100000}"
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        fed = work / "deploy.toml"
+        fed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, None))
+        started = time.perf_counter()
+        with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
+            real, used = deploy(fed, work, spaces, groups)
+        deploy_s = time.perf_counter() - started
+        # the CPU a round takes besides its optimizer steps, as the deployment's accounting says
+        # (the same on every node within a few percent): the device model's overhead_s
+        steps_s = {n: statistics.mean(r["nodes"][n]["train_steps"] for r in real[n]) * step_s for n in real}
+        overhead_s = statistics.mean(used[n] / args.rounds - steps_s[n] for n in real)
+        predictions = {}
+        for label, overhead in (("steps only", 0.0), ("steps + overhead_s", overhead_s)):
+            timed = work / f"predict-{overhead}.toml"
+            timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step_s, overhead))
+            out = work / f"sim-{overhead}"
+            sim = subprocess.run([str(BIN / "fl-sim"), str(timed), "--out", str(out), "--quiet", "--no-pictures"],
+                                 capture_output=True, text=True, cwd=work)
+            if sim.returncode:
+                raise SystemExit(f"time_check: fl-sim failed: {sim.stderr.strip().splitlines()[-1:]}")
+            predictions[label] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    nodes = [f"node{k}" for k in range(NODES)]
+    rounds = range(args.rounds)
+    measured = {n: [sum(r["wall_s"] for r in real[n][:t + 1]) for t in rounds] for n in nodes}
+    real_acc = [statistics.mean(real[n][t]["nodes"][n]["accuracy"] for n in nodes) for t in rounds]
+    m_times = [statistics.mean(measured[n][t] for n in nodes) for t in rounds]
+    m_hit = reached(m_times, real_acc, args.target)
+    sim_rows = predictions["steps only"]
+    differ = max(abs(real[n][t]["nodes"][n]["accuracy"] - sim_rows[t]["nodes"][n]["accuracy"])
+                 for n in nodes for t in rounds)
+    print(f"\n{NODES} fl-node processes over mTLS, ring, sync D-PSGD, MLP(1024, 1024) on digits, E = {args.epochs:g}; "
+          f"CPU shares {SHARES}; uplinks {args.mbps:g} Mbit/s (nodes 2, 3: {args.thin_mbps:g}); "
+          f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s from the deployment's "
+          f"CPU accounting; largest difference of a node's accuracy between fl-node and fl-sim: {differ:.4f}\n")
+    print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) | the rest |")
+    print("|---|---:|---:|---:|---:|")
+    for k, n in enumerate(nodes):
+        cpu = used[n] / args.rounds
+        print(f"| {n} | {SHARES[k]:g} | {cpu:.3f} | {steps_s[n]:.3f} | {cpu - steps_s[n]:.3f} |")
+    results: dict[str, Any] = {}
+    for label, rows in predictions.items():
+        predicted = {n: [r["nodes"][n]["sim_time_s"] for r in rows] for n in nodes}
+        q_times = [statistics.mean(predicted[n][t] for n in nodes) for t in rounds]
+        sim_acc = [statistics.mean(rows[t]["nodes"][n]["accuracy"] for n in nodes) for t in rounds]
+        q_hit = reached(q_times, sim_acc, args.target)
+        print(f"\nPredicted with {label}:\n")
+        print("| round | measured end (s, mean over nodes) | predicted (s) | predicted / measured | worst node |")
+        print("|---:|---:|---:|---:|---:|")
+        per_round = []
+        for t in rounds:
+            worst = max(abs(predicted[n][t] / measured[n][t] - 1) for n in nodes)
+            per_round.append({"round": t + 1, "measured_s": m_times[t], "predicted_s": q_times[t],
+                              "worst_node_error": worst})
+            print(f"| {t + 1} | {m_times[t]:.2f} | {q_times[t]:.2f} | {q_times[t] / m_times[t]:.2f} | "
+                  f"{100 * worst:.0f} % |")
+        print(f"\ntime to {100 * args.target:.0f} % mean own accuracy: measured {m_hit}, predicted {q_hit}"
+              + (f" ({q_hit / m_hit:.2f}x)" if m_hit and q_hit else ""))
+        results[label] = {"rounds": per_round, "predicted": predicted, "time_to_target": q_hit}
+    print(f"\ndeployment wall time {deploy_s:.0f} s (start-up and connections included)")
+    write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s, "accuracy_difference": differ,
+                                         "measured": measured, "measured_time_to_target": m_hit,
+                                         "cpu_s_per_round": {n: used[n] / args.rounds for n in nodes},
+                                         "predictions": results}, [11])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
