@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
           f"CPU shares {SHARES}; uplinks {args.mbps:g} Mbit/s (nodes 2, 3: {args.thin_mbps:g}); "
           f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s from the deployment's "
           f"CPU accounting; largest difference of a node's accuracy between fl-node and fl-sim: {differ:.4f}\n")
+    notes = sorted({note for n in nodes for r in real[n] for note in r["nodes"][n].get("notes") or []})
+    print("fl-node's notes: " + ("; ".join(notes) if notes else "none") + "\n")
     print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) | the rest |")
     print("|---|---:|---:|---:|---:|")
     for k, n in enumerate(nodes):
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s, "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
                                          "cpu_s_per_round": {n: used[n] / args.rounds for n in nodes},
-                                         "predictions": results}, [11])
+                                         "notes": notes, "predictions": results}, [11])
     return 0
 
 
