@@ -114,3 +114,31 @@ def test_a_slow_and_stalling_link_delays_but_loses_nothing():
     assert all(len(r) == 4 for r in reports.values())
     assert all(r.received for r in reports["node1"][1:]), [r.notes for r in reports["node1"]]
     assert all(r.delivered_to == "node1" for r in reports["node0"][:-1])
+
+
+def test_a_model_still_arriving_over_a_slow_link_is_waited_for():
+    """Synchronous gossip of 3 nodes. node0's messages to node1 go through a proxy that delays
+    every 64 KiB 1.5 s (its 105 kB model takes 3 s to arrive), and node1's calls to node0 through
+    one that delays them 2.5 s, so node1's Status probe of node0 times out (after 2 s) while the
+    model is on its way. A slow peer is not a dead one: node1 combines node0's model every round."""
+    raw = tiny_raw(nodes=3, rounds=3, topology={"graph": "complete", "schedule": "gossip"},
+                   model={"hidden": [128, 128]}, federation={"round_timeout_s": 60})
+    f = parse_federation(raw, source="t")
+    with Cluster(f, "grpc") as c:
+        to_node1 = SlowProxy(c.by_id["node1"].address or "", delay_s=1.5)
+        to_node0 = SlowProxy(c.by_id["node0"].address or "", delay_s=2.5)
+        try:
+            c.by_id["node0"].connect({"node1": to_node1.address})
+            c.by_id["node1"].connect({"node0": to_node0.address})
+            reports: dict[str, list] = {n.node_id: [] for n in c.nodes}
+            threads = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
+                       for n in c.nodes]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+        finally:
+            to_node1.close()
+            to_node0.close()
+    assert all(len(r) == 3 for r in reports.values())
+    assert all(set(r.combined) == {"node0", "node2"} for r in reports["node1"]), [r.notes for r in reports["node1"]]

@@ -210,9 +210,11 @@ class AverageRound:
     def _receive(self, round: int, keys: dict[str, InboxKey]) -> dict[str, DecodedModel]:
         """The models ``keys`` name (in-peer -> its model of a round) that come within the round
         timeout, by peer. Every PROBE_S seconds a peer still silent is asked its ``Status``: one
-        that does not answer within PROBE_S (down) or has finished the round without sending (it
-        will not) is waited for no longer, so a dead neighbour costs a round a few seconds, not
-        the round timeout."""
+        that cannot be reached (down: its connection refused or reset) or has finished the round
+        with no model from it on its way here (it will not send) is waited for no longer, so a
+        dead neighbour costs a round a few seconds, not the round timeout. A peer whose Status
+        takes longer than PROBE_S is slow, not down (a throttled device, a saturated link): it
+        is asked again."""
         pending: dict[str, InboxKey] = dict(keys)
         got: dict[str, DecodedModel] = {}
         deadline = self.clock.now() + self.settings.round_timeout_s
@@ -229,15 +231,15 @@ class AverageRound:
         return got
 
     def _given_up(self, peer: str, key: InboxKey) -> bool:
-        """Is ``peer`` down, or past ``key``'s round without that model having come?"""
+        """Is ``peer`` down, or past ``key``'s round with that model neither here nor on its way?"""
         round = key.round
-        if self.inbox.get(key) is not None:
-            return False  # it came while the others were asked
+        if self.inbox.get(key) is not None or self.inbox.incoming(key):
+            return False  # it came while the others were asked, or is coming
         try:
             status = self.transport.status(peer, timeout=PROBE_S)
-        except PeerError:
-            return True
-        return status.round > round
+        except PeerError as exc:
+            return exc.code != "DEADLINE_EXCEEDED"
+        return status.round > round and not self.inbox.incoming(key) and self.inbox.get(key) is None
 
     def _combine(self, round: int, own: Update, updates: list[Update]) -> None:
         """The node's model becomes the ``[peers] strategy``'s combination of ``updates``; its

@@ -203,9 +203,10 @@ class NodeHandlers:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: the model's label_counts lists "
                           f"{len(meta.label_counts)} classes, the federation's data has "
                           f"{self.share.data.train.num_classes}")
-        model = self._read(header, stream)
-        with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
-            fresh = self._keep(key, model)
+        with self.inbox.receiving(key):  # the round loop waits on for a model on its way
+            model = self._read(header, stream)
+            with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
+                fresh = self._keep(key, model)
         self.counter.add_received(meta.kind, model.wire_bytes)
         if self.metrics is not None:
             self.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)

@@ -11,8 +11,9 @@ virtual time.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ class Inbox:
     def __init__(self, clock: Clock = REAL_CLOCK) -> None:
         self._items: dict[InboxKey, Any] = {}
         self._held: set[InboxKey] = set()  # every key ever stored, pruned or not
+        self._incoming: dict[InboxKey, int] = {}  # keys whose delivery is being read now
         self._cond = threading.Condition()
         self._clock = clock
 
@@ -55,6 +57,25 @@ class Inbox:
                 self._items[key] = item
                 self._held.add(key)
                 self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def receiving(self, key: InboxKey) -> Iterator[None]:
+        """Mark ``key``'s delivery as under way while its stream is read (a slow link's model
+        is on its way, not missing)."""
+        with self._cond:
+            self._incoming[key] = self._incoming.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                left = self._incoming.pop(key) - 1
+                if left:
+                    self._incoming[key] = left
+
+    def incoming(self, key: InboxKey) -> bool:
+        """Is a delivery of ``key`` being read now?"""
+        with self._cond:
+            return key in self._incoming
 
     def held(self, key: InboxKey) -> bool:
         """Was ``key`` ever stored (it may have been pruned since)?"""
