@@ -20,7 +20,8 @@ has run them all), CWT (one model per node walking a cycle of the
 complete graph), synchronous FedAvg (every node every round; the aggregator's uplink as a
 node's) and FedBuff (``[aggregator] mode = "async"``: every node trains continuously, the global
 model steps once 8 updates have come, a late one's change at (1 + s)^-0.5 of its weight, none
-older than 10 steps; four times the rounds, the same number of updates as FedAvg). Per way and federation, over the seeds (mean ± std): the simulated seconds to reach
+older than 10 steps; four times the rounds, the same number of updates as FedAvg). Per way and
+federation, over the seeds (mean ± std): the simulated seconds to reach
 ``--target`` (FA between peers over each node's latest model at each moment; the global
 model's accuracy with the aggregator), the final FA or global accuracy, the model bytes moved
 in all, and the time to target over the all-fast federation's time of the same way.

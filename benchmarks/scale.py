@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in plain:
             if r["nodes"] in timed:
                 t = timed[r["nodes"]]
-                print(f"| {r['nodes']} | {t['s_per_round']:.2f} | {t['s_per_round'] / r['s_per_round']:.2f} |")
+                ratio = t["s_per_round"] / r["s_per_round"]
+                print(f"| {r['nodes']} | {t['s_per_round']:.2f} | {ratio:.2f} |")
     write_json(args.json, "scale", {"rounds": rounds, "cpus": sorted(cpus), "sizes": results}, [SEED])
     return 0
 

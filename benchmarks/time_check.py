@@ -192,7 +192,8 @@ def deploy(fed: Path, work: Path, spaces: list[str],
     procs = {}
     for k, (ns, group) in enumerate(zip(spaces, groups, strict=True)):
         node = f"node{k}"
-        argv = [str(BIN / "fl-node"), "--id", node, "--federation", str(fed), "--listen", f"{SUBNET}.{k + 2}:{PORT}",
+        argv = [str(BIN / "fl-node"), "--id", node, "--federation", str(fed),
+                "--listen", f"{SUBNET}.{k + 2}:{PORT}",
                 "--threads", "1", "--out", str(work / "runs" / node), "--tls-ca", str(pki / "ca.pem"),
                 "--tls-cert", str(pki / f"{node}.pem"), "--tls-key", str(pki / f"{node}.key"),
                 "--ready-file", str(work / f"{node}.addr"), "--peers-file", str(work / "peers.json")]
@@ -224,7 +225,8 @@ def _run(procs: dict[str, subprocess.Popen], work: Path,
         time.sleep(0.2)  # a poll interval
     limit(groups)
     ready = {g.name: _cpu_s(g.name) for g in groups}
-    (work / ".peers.json").write_text(json.dumps({n: (work / f"{n}.addr").read_text().strip() for n in procs}))
+    addresses = {n: (work / f"{n}.addr").read_text().strip() for n in procs}
+    (work / ".peers.json").write_text(json.dumps(addresses))
     os.replace(work / ".peers.json", work / "peers.json")
     errors = {n: p.communicate(timeout=3600)[1] for n, p in procs.items()}
     used = {f"node{k}": _cpu_s(g.name) - ready[g.name] for k, g in enumerate(groups)}
@@ -273,13 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         predictions = {}
         for label, overhead in (("steps only", 0.0), ("steps + overhead_s", overhead_s)):
             timed = work / f"predict-{overhead}.toml"
-            timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step_s, overhead))
+            timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step_s,
+                                             overhead))
             out = work / f"sim-{overhead}"
-            sim = subprocess.run([str(BIN / "fl-sim"), str(timed), "--out", str(out), "--quiet", "--no-pictures"],
-                                 capture_output=True, text=True, cwd=work)
+            sim = subprocess.run([str(BIN / "fl-sim"), str(timed), "--out", str(out), "--quiet",
+                                  "--no-pictures"], capture_output=True, text=True, cwd=work)
             if sim.returncode:
                 raise SystemExit(f"time_check: fl-sim failed: {sim.stderr.strip().splitlines()[-1:]}")
-            predictions[label] = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+            lines = (out / "rounds.jsonl").read_text().splitlines()
+            predictions[label] = [json.loads(line) for line in lines]
     nodes = [f"node{k}" for k in range(NODES)]
     rounds = range(args.rounds)
     measured = {n: [sum(r["wall_s"] for r in real[n][:t + 1]) for t in rounds] for n in nodes}
@@ -289,13 +293,16 @@ def main(argv: list[str] | None = None) -> int:
     sim_rows = predictions["steps only"]
     differ = max(abs(real[n][t]["nodes"][n]["accuracy"] - sim_rows[t]["nodes"][n]["accuracy"])
                  for n in nodes for t in rounds)
-    print(f"\n{NODES} fl-node processes over mTLS, ring, sync D-PSGD, MLP(1024, 1024) on digits, E = {args.epochs:g}; "
+    print(f"\n{NODES} fl-node processes over mTLS, ring, sync D-PSGD, MLP(1024, 1024) on digits, "
+          f"E = {args.epochs:g}; "
           f"CPU shares {SHARES}; uplinks {args.mbps:g} Mbit/s (nodes 2, 3: {args.thin_mbps:g}); "
-          f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s from the deployment's "
-          f"CPU accounting; largest difference of a node's accuracy between fl-node and fl-sim: {differ:.4f}\n")
+          f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s from the "
+          f"deployment's CPU accounting; largest difference of a node's accuracy between fl-node and "
+          f"fl-sim: {differ:.4f}\n")
     notes = sorted({note for n in nodes for r in real[n] for note in r["nodes"][n].get("notes") or []})
     print("fl-node's notes: " + ("; ".join(notes) if notes else "none") + "\n")
-    print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) | the rest |")
+    print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) "
+          "| the rest |")
     print("|---|---:|---:|---:|---:|")
     for k, n in enumerate(nodes):
         cpu = used[n] / args.rounds
@@ -307,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         sim_acc = [statistics.mean(rows[t]["nodes"][n]["accuracy"] for n in nodes) for t in rounds]
         q_hit = reached(q_times, sim_acc, args.target)
         print(f"\nPredicted with {label}:\n")
-        print("| round | measured end (s, mean over nodes) | predicted (s) | predicted / measured | worst node |")
+        print("| round | measured end (s, mean over nodes) | predicted (s) | predicted / measured "
+              "| worst node |")
         print("|---:|---:|---:|---:|---:|")
         per_round = []
         for t in rounds:
@@ -320,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
               + (f" ({q_hit / m_hit:.2f}x)" if m_hit and q_hit else ""))
         results[label] = {"rounds": per_round, "predicted": predicted, "time_to_target": q_hit}
     print(f"\ndeployment wall time {deploy_s:.0f} s (start-up and connections included)")
-    write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s, "accuracy_difference": differ,
+    write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s,
+                                         "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
                                          "cpu_s_per_round": {n: used[n] / args.rounds for n in nodes},
                                          "notes": notes, "predictions": results}, [11])

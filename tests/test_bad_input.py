@@ -146,8 +146,8 @@ FILE_CASES: dict[str, tuple[dict, str]] = {
         "one"),
     "topology-rwt-large": (
         tiny_raw(nodes=2000, federation={"eval_sample": 10}, topology={"graph": "ring", "schedule": "rwt"}),
-        "[topology] schedule 'rwt': rwt draws each round's cycle cover from an n x n assignment (n³ time): at "
-        "most 1024 nodes, the graph has 2000"),
+        "[topology] schedule 'rwt': rwt draws each round's cycle cover from an n x n assignment (n³ time): "
+        "at most 1024 nodes, the graph has 2000"),
     "federation-eval_sample-large": (
         tiny_raw(nodes=2000, topology={"graph": "ring"}),
         "[federation] eval_sample: 2000 nodes would evaluate every model on every test split (4000000 "

@@ -139,8 +139,8 @@ def test_real_time_barrier_free_rounds_run_on_threads(transport):
     ({"wait": -1}, 'expected "all", or how many'),
     ({"wait": "some"}, 'expected "all", or how many'),
     ({"deadline_s": 0}, "a number > 0"),
-    ({"wait": 3}, r"\[peers\] wait: 3 models a round, but node 'node0' has 2 in-peer\(s\) on the graph: set wait "
-                  r"to at most 2"),
+    ({"wait": 3}, r"\[peers\] wait: 3 models a round, but node 'node0' has 2 in-peer\(s\) on the graph: "
+                  r"set wait to at most 2"),
 ])
 def test_bad_barrier_free_settings_are_one_line(peers, message):
     raw = tiny_raw(nodes=3, topology={"graph": "complete", "schedule": "gossip"}, peers=peers)

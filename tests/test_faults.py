@@ -141,8 +141,9 @@ def test_kill_9_an_asynchronous_aggregator_over_mtls_and_resume_it(tmp_path):
     extra = '[aggregator]\nstrategy = "fedavg"\nmode = "async"\nbuffer = 2\ndeadline_s = 30\n'
     fed = federation_file(tmp_path, ids, rounds=8, timeout=30, graph="complete", extra=extra)
     pki = tmp_path / "pki"
-    made = subprocess.run([str(Path(FL_NODE).with_name("fl-certs")), "federation", str(fed), "--out", str(pki)],
-                          capture_output=True, text=True, timeout=120)
+    certs = str(Path(FL_NODE).with_name("fl-certs"))
+    made = subprocess.run([certs, "federation", str(fed), "--out", str(pki)], capture_output=True, text=True,
+                          timeout=120)
     assert made.returncode == 0, made.stderr
 
     def tls(name: str) -> list[str]:
@@ -150,8 +151,9 @@ def test_kill_9_an_asynchronous_aggregator_over_mtls_and_resume_it(tmp_path):
                 "--tls-key", str(pki / f"{name}.key")]
 
     def aggregator(*flags: str) -> subprocess.Popen:
-        return subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed), *tls("aggregator"),
-                                 *flags], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen([FL_NODE, "--role", "aggregator", "--federation", str(fed),
+                                 *tls("aggregator"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
 
     out = tmp_path / "runs" / "procs-aggregator"
     ready = tmp_path / "agg.addr"

@@ -52,7 +52,8 @@ def test_a_stale_update_adds_its_weighted_change_to_the_current_model():
 
 
 def _async(nodes=3, rounds=4, devices=None, nodes_table=None, **aggregator):
-    raw = tiny_raw(nodes=nodes, rounds=rounds, aggregator={"strategy": "fedavg", "mode": "async", **aggregator})
+    raw = tiny_raw(nodes=nodes, rounds=rounds,
+                   aggregator={"strategy": "fedavg", "mode": "async", **aggregator})
     if devices is not None:
         raw["devices"] = devices
     if nodes_table is not None:
@@ -110,7 +111,8 @@ def test_fl_sim_runs_fedbuff_on_simulated_time_the_same_on_every_transport(tmp_p
     _, again = simulate(fed, tmp_path / "grpc", transport="grpc")
     assert [r["round"] for r in rows] == list(range(1, 7))
     for a, b in zip(rows, again, strict=True):
-        assert (a["accuracy"], a["received"], a["sim_time_s"]) == (b["accuracy"], b["received"], b["sim_time_s"])
+        for key in ("accuracy", "received", "sim_time_s"):
+            assert a[key] == b[key], (a["round"], key)
     assert all(len(r["received"]) == 2 and r["aggregated"] for r in rows)
     times = [r["sim_time_s"] for r in rows]
     assert times == sorted(times) and summary.sim_time_s == times[-1]
@@ -168,4 +170,5 @@ def test_an_async_run_is_not_checkpointed_and_resume_says_why(tmp_path, capsys):
     assert not (out / "checkpoints").exists()
     capsys.readouterr()
     assert main(["--resume", str(out)]) == 2
-    assert 'an asynchronous aggregator ([aggregator] mode = "async") cannot be resumed' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert 'an asynchronous aggregator ([aggregator] mode = "async") cannot be resumed' in err

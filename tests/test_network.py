@@ -141,4 +141,5 @@ def test_a_model_still_arriving_over_a_slow_link_is_waited_for():
             to_node1.close()
             to_node0.close()
     assert all(len(r) == 3 for r in reports.values())
-    assert all(set(r.combined) == {"node0", "node2"} for r in reports["node1"]), [r.notes for r in reports["node1"]]
+    notes = [r.notes for r in reports["node1"]]
+    assert all(set(r.combined) == {"node0", "node2"} for r in reports["node1"]), notes

@@ -89,7 +89,8 @@ def _update_round(path: Path) -> int:
 
 
 def kept_updates(folder: Path, round: int | None, spec: ModelSpec) -> list[Update]:
-    """The updates kept for ``round`` (None: every one kept); StateFileError (one line naming the file) when damaged,
+    """The updates kept for ``round`` (None: every one kept); StateFileError (one line naming the
+    file) when damaged,
     CheckpointError when its tensors do not fit ``spec`` (the aggregator's update spec)."""
     out = []
     for path in sorted((folder / UPDATES).glob("*.flmesh")):

@@ -154,7 +154,8 @@ class AggregatorCore:
                     self._told_done.add(node_id)
                     self._cond.notify_all()
                 chosen = self.buffer is not None or node_id in self.selected(self._open)
-                return PollInfo(self._open, chosen if self._open else False, self._done, self.federation.rounds)
+                return PollInfo(self._open, chosen if self._open else False, self._done,
+                                self.federation.rounds)
         finally:
             if wait > 0:
                 self._waiting_polls.give(node_id)
@@ -384,7 +385,7 @@ class AggregatorCore:
         start = self.global_state
         moved = [buffer.moved(u, round, start) for u in taken]
         outcome = decide_round(self.server, self.config, round, [u.node for u in taken], taken, start,
-                               stopped=self.stop_event.is_set(), aggregated=moved)
+                               stopped=self.stop_event.is_set(), weighted=moved)
         staleness = {u.node: buffer.staleness(u, round) for u in taken}
         if len(taken) < buffer.size and not self.stop_event.is_set():
             outcome.notes.insert(0, f"round {round} closed at the {self.config.deadline_s:g}s deadline "

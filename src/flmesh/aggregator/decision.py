@@ -36,10 +36,10 @@ class RoundOutcome:
 
 def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selected: Sequence[str],
                  updates: list[Update], start: Tensors, *, stopped: bool = False,
-                 aggregated: list[Update] | None = None) -> RoundOutcome:
+                 weighted: list[Update] | None = None) -> RoundOutcome:
     """Close ``round`` over ``updates`` (the sampled nodes' accepted ones, in ``selected`` order)
     from the global model ``start``; ``stopped``: the run is stopping (the notes say so);
-    ``aggregated``: the updates as the strategy takes them, when not ``updates`` themselves
+    ``weighted``: the updates as the strategy takes them, when not ``updates`` themselves
     (asynchronous rounds: moved by their staleness).
     The new global model is on the CPU; it is ``start`` itself when the round did not aggregate.
     Blocks for the server half's aggregation. Raises
@@ -52,7 +52,7 @@ def decide_round(server: ServerHalf, config: AggregatorConfig, round: int, selec
         why = "on stop" if stopped else f"at the {config.deadline_s:g}s deadline"
         notes.append(f"round {round} closed {why} with {len(updates)} of {len(selected)} updates; "
                      f"missing: {', '.join(missing)}")
-    to_aggregate = updates if aggregated is None else aggregated  # the row still shows what each sent
+    to_aggregate = updates if weighted is None else weighted  # the row still shows what each sent
     for update in to_aggregate:  # every accepted update counts, as the node that sent it assumes
         server.absorb(update)
     if config.clip_norm > 0 and updates:

@@ -349,8 +349,8 @@ def _check_peers(r: SectionReader, federation: Federation, averages: bool, given
         degree = graph.in_degree if graph.is_directed() else graph.degree
         node, least = min(((n, degree(n)) for n in fed.node_ids), key=lambda nd: nd[1])
         if fed.peers.wait > least:
-            raise r.fail("[peers] wait", f"{fed.peers.wait} models a round, but node {node!r} has {least} in-peer(s) "
-                         f"on the graph: set wait to at most {least}, or \"all\"")
+            raise r.fail("[peers] wait", f"{fed.peers.wait} models a round, but node {node!r} has {least} "
+                         f"in-peer(s) on the graph: set wait to at most {least}, or \"all\"")
     why = plugin.refuse_neighbourhood(fed)
     if why:
         raise r.fail("[peers] strategy", why)

@@ -149,7 +149,8 @@ class SimulatedBuffer:
     def _advance(self) -> None:
         """Decide every event that no unreported session can precede, in simulated-time order."""
         while self._open <= self.rounds:
-            reported = [(me.arrival, self.order[n], n) for n, me in self._nodes.items() if me.state == "reported"]
+            reported = [(me.arrival, self.order[n], n) for n, me in self._nodes.items()
+                        if me.state == "reported"]
             arrival = min(reported, default=None)
             deadline = self._opened_at + self.deadline_s
             at = min(arrival[0], deadline) if arrival is not None else deadline

@@ -198,10 +198,11 @@ class RandomSchedule:
     name = "rwt"
 
     def __init__(self, graph: nx.Graph, seed: int = 0):
-        if graph.number_of_nodes() > RWT_LIMIT:
-            raise ScheduleError(f"rwt draws each round's cycle cover from an n x n assignment (n³ time): at "
-                                f"most {RWT_LIMIT} nodes, the graph has {graph.number_of_nodes()}; use cwt or "
-                                "an averaging schedule (gossip, epidemic, exponential)")
+        n = graph.number_of_nodes()
+        if n > RWT_LIMIT:
+            raise ScheduleError(f"rwt draws each round's cycle cover from an n x n assignment (n³ time): "
+                                f"at most {RWT_LIMIT} nodes, the graph has {n}; use cwt or an averaging "
+                                "schedule (gossip, epidemic, exponential)")
         self.graph = graph
         self.seed = seed
         self.cover(1)  # fail at construction when the graph admits no cover
