@@ -50,7 +50,8 @@ SIGNATURES = {
 PLUGIN_METHODS = {
     "Algorithm": ["client", "enabled", "gossip", "is_peer_strategy", "is_strategy", "kind", "name",
                   "neighbourhood", "params", "published_spec", "refiner", "refuse_neighbourhood",
-                  "remote_allowance", "remote_peers", "remote_phase", "server", "settings", "update_spec"],
+                  "remote_allowance", "remote_peers", "remote_phase", "server", "settings", "stale_updates",
+                  "update_spec"],
     "ClientHalf": ["after_task_change", "after_update", "checkpoint", "extra_training_data", "objective",
                    "on_task_change", "privacy_spent", "regularizers", "restore", "update_extras"],
     "ServerHalf": ["absorb", "aggregate", "checkpoint", "published_extras", "restore"],

@@ -84,11 +84,12 @@ class UpdateBuffer:
     # ------------------------------------------------------------------ a step
     def take(self, round: int, members: Sequence[tuple[str, int]] | None = None) -> list[Update]:
         """The updates round ``round`` steps with, removed from the buffer: ``members`` (node,
-        round started from) when a plan names them, else the first ``buffer`` in arrival order,
-        at most one per node. Updates too old for the next round are dropped."""
-        if members is not None:
-            wanted = set(members)
-            taken = [u for u in self._pool if (u.node, u.round) in wanted]
+        round started from) when a plan names them (in its order), else the first ``buffer`` in
+        arrival order, at most one per node. Updates too old for the next round are dropped."""
+        if members is not None:  # in the plan's order: the sums do not depend on arrival here
+            order = {m: i for i, m in enumerate(members)}
+            taken = sorted((u for u in self._pool if (u.node, u.round) in order),
+                           key=lambda u: order[(u.node, u.round)])
         else:
             taken, nodes = [], set()
             for u in self._pool:
