@@ -91,6 +91,17 @@ def test_a_partitioned_node_is_named_and_the_rest_finish(tmp_path):
     assert cut_off["missing_peers"], "the partitioned node names whom it lost"
 
 
+def _run_on_threads(c: Cluster) -> tuple[dict[str, list], list[threading.Thread]]:
+    """Every node of ``c`` running all its rounds on its own thread; their reports, filled as
+    the rounds end, and the threads."""
+    reports: dict[str, list] = {n.node_id: [] for n in c.nodes}
+    threads = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
+               for n in c.nodes]
+    for t in threads:
+        t.start()
+    return reports, threads
+
+
 def test_a_slow_and_stalling_link_delays_but_loses_nothing():
     """node0 reaches node1 through a proxy that delays every chunk and stalls for 3 s in the
     middle of the run (less than the round timeout): every round still gets every model."""
@@ -99,11 +110,7 @@ def test_a_slow_and_stalling_link_delays_but_loses_nothing():
         proxy = SlowProxy(c.by_id["node1"].address or "", delay_s=0.01)
         try:
             c.by_id["node0"].connect({"node1": proxy.address})
-            reports: dict[str, list] = {n.node_id: [] for n in c.nodes}
-            threads = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
-                       for n in c.nodes]
-            for t in threads:
-                t.start()
+            reports, threads = _run_on_threads(c)
             node1 = c.parts["node1"].activity
             wait_until(lambda: len(reports["node1"]) >= 1 or node1.last_round >= 1, timeout=60)
             proxy.stall(3.0)
@@ -130,11 +137,7 @@ def test_a_model_still_arriving_over_a_slow_link_is_waited_for():
         try:
             c.by_id["node0"].connect({"node1": to_node1.address})
             c.by_id["node1"].connect({"node0": to_node0.address})
-            reports: dict[str, list] = {n.node_id: [] for n in c.nodes}
-            threads = [threading.Thread(target=lambda n=n: reports[n.node_id].extend(n.run()), daemon=True)
-                       for n in c.nodes]
-            for t in threads:
-                t.start()
+            reports, threads = _run_on_threads(c)
             for t in threads:
                 t.join(300)
         finally:

@@ -15,18 +15,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from flmesh.algorithms.base import Tensors
 from flmesh.format.codec import ModelMeta, encode
 from flmesh.runtime.parts import evaluate_own
 from flmesh.runtime.peer_round import privacy_spent
-from flmesh.runtime.reports import StarReport
+from flmesh.runtime.reports import EvalResult, StarReport, TrainStats
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import PollInfo, with_retry
 
 if TYPE_CHECKING:
     from flmesh.clock import Clock
+    from flmesh.format.codec import DecodedModel, EncodedModel
     from flmesh.observe.metrics import Metrics
     from flmesh.runtime.activity import Activity
     from flmesh.runtime.continual import ContinualState
@@ -34,10 +36,23 @@ if TYPE_CHECKING:
     from flmesh.runtime.model_state import ModelState
     from flmesh.runtime.parts import Settings, Share
     from flmesh.runtime.plugins import NodePlugins
-    from flmesh.transports.seam import AggregatorTransport, ByteCounter
+    from flmesh.transports.seam import AggregatorTransport, ByteCounter, SubmitResult
 
 #: Longest single Poll the node asks for; it polls again until its own deadline.
 POLL_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """What a node's training of one global model gave: its evaluations before and after, the
+    steps, the peer of a remote phase, and the update (model state and client extras)."""
+
+    start_eval: EvalResult
+    stats: TrainStats
+    trained_on: str | None
+    local: EvalResult
+    state: Tensors
+    extras: Tensors
 
 
 class SessionPlan(Protocol):
@@ -89,8 +104,7 @@ class StarRound:
         and regularizers (with a plug-in's remote phase: part of the steps on a peer's data,
         FedRewind's Eq. 4 for one), and submits the update with its extras.
         """
-        settings, model, plugins, continual = self.settings, self.model, self.plugins, self.continual
-        me, agg = settings.node_id, self.aggregator
+        plugins, continual, me = self.plugins, self.continual, self.settings.node_id
         start = self.clock.now()
         notes = continual.advance(plugins, self.share, round) if continual is not None else []
         task = continual.task if continual is not None else None
@@ -107,49 +121,17 @@ class StarRound:
                               notes=tuple(notes), bytes_sent=sum(sent.values()),
                               bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
                               task=task, sent_by_kind=sent, received_by_kind=got)
-        fetched = with_retry(lambda: agg.fetch(me, round, expected=plugins.global_spec,
-                                               max_bytes=settings.max_model_bytes,
-                                               timeout=settings.round_timeout_s),
-                             reconnect_window(settings), clock=self.clock, stop=self.stop,
-                             on_retry=self._lost_aggregator(round, "fetching the global model"))
-        start_state: Tensors = {k: fetched.state_dict[k] for k in model.spec}
-        published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in model.spec}
-        model.load_state(start_state)
-        start_eval = evaluate_own(model, self.share, self.metrics)
-        regularizers = [r for client in plugins.clients.values()
-                        for r in client.regularizers(start_state, published)]
-        stats, trained_on = self.training.train_round(round, notes, regularizers)
-        local = evaluate_own(model, self.share, self.metrics)
-        state = model.state_dict()
-        extras: Tensors = {}
-        with model.lock:
-            for client in plugins.clients.values():
-                extras.update(client.update_extras(model.module))
+        trained = self._train(self._fetch(round), round, notes)
         train = self.share.data.train
         submitted = late = False
         if len(train) == 0:  # an update is weighed by its samples: one of none would weigh nothing
             notes.append(f"held no training samples in round {round}; sent no update")
         else:
-            meta = ModelMeta(round=round, sender=me, kind="update", num_samples=len(train),
-                             label_counts=tuple(train.label_counts()), architecture=model.architecture)
-            self.activity.set_state("sending", "aggregator")
-            update = encode({**state, **extras}, meta, settings.wire)
-            reply = with_retry(lambda: agg.submit(update, timeout=settings.round_timeout_s),
-                               reconnect_window(settings), clock=self.clock, stop=self.stop,
-                               on_retry=self._lost_aggregator(round, "submitting its update"))
+            reply = self._submit(self._encode(trained, round), round)
             submitted, late = reply.accepted or reply.duplicate, reply.late
             if reply.late:
                 notes.append(f"update for round {round} arrived after the round closed")
-        for client in plugins.clients.values():
-            client.after_update(round, state, extras, included=submitted)
-        self.activity.finish_round(round, local.accuracy)
-        self.activity.set_state("idle")
-        sent, got = self.counter.take()
-        return StarReport(node=me, round=round, selected=True, submitted=submitted,
-                          late=late, train=stats, start=start_eval, local=local, trained_on=trained_on,
-                          wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
-                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins), task=task,
-                          sent_by_kind=sent, received_by_kind=got)
+        return self._report(trained, round, submitted, late, start, notes, task)
 
     def run_buffered(self, after: int) -> StarReport | None:
         """One session with an asynchronous aggregator (FedBuff): poll until round ``after`` or a
@@ -157,54 +139,31 @@ class StarRound:
         the round it started from. The report's round is that round; :attr:`next_round` becomes
         the round after the one that took the update (a refused one: the newest). None once the
         aggregator is done (the node has heard it, so the aggregator may go)."""
-        settings, model, plugins = self.settings, self.model, self.plugins
-        me, agg, plan = settings.node_id, self.aggregator, self.plan
+        me, plan = self.settings.node_id, self.plan
         start = self.clock.now()
         if plan is not None:
             planned = plan.begin(me, after, self.stop)
-            after = planned if planned is not None else settings.rounds + 1
+            after = planned if planned is not None else self.settings.rounds + 1
         self.activity.set_state("waiting", "aggregator")
         info = self._poll_until_open(after)
-        if info.done or self.stop.is_set() or after > settings.rounds:
+        if info.done or self.stop.is_set() or after > self.settings.rounds:
             self.activity.set_state("idle")
             return None
-        fetched = with_retry(lambda: agg.fetch(me, info.round, expected=plugins.global_spec,
-                                               max_bytes=settings.max_model_bytes,
-                                               timeout=settings.round_timeout_s),
-                             reconnect_window(settings), clock=self.clock, stop=self.stop,
-                             on_retry=self._lost_aggregator(info.round, "fetching the global model"))
-        round = fetched.meta.round  # the newest global model may be newer than the poll said
-        notes: list[str] = []
-        start_state: Tensors = {k: fetched.state_dict[k] for k in model.spec}
-        published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in model.spec}
-        model.load_state(start_state)
-        start_eval = evaluate_own(model, self.share, self.metrics)
-        regularizers = [r for client in plugins.clients.values()
-                        for r in client.regularizers(start_state, published)]
-        train = self.share.data.train
-        if len(train) == 0:  # an update is weighed by its samples: one of none would weigh nothing
+        if len(self.share.data.train) == 0:  # an update of no samples would weigh nothing
             if plan is not None:
                 plan.idle(me)
             self.log.warning("holds no training samples: sends no update; waiting for the run to end",
-                             extra={"node": me, "round": round})
-            self._poll_until_open(settings.rounds + 1)
+                             extra={"node": me, "round": info.round})
+            self._poll_until_open(self.settings.rounds + 1)
             return None
-        stats, trained_on = self.training.train_round(round, notes, regularizers)
-        local = evaluate_own(model, self.share, self.metrics)
-        state = model.state_dict()
-        extras: Tensors = {}
-        with model.lock:
-            for client in plugins.clients.values():
-                extras.update(client.update_extras(model.module))
-        meta = ModelMeta(round=round, sender=me, kind="update", num_samples=len(train),
-                         label_counts=tuple(train.label_counts()), architecture=model.architecture)
-        self.activity.set_state("sending", "aggregator")
-        update = encode({**state, **extras}, meta, settings.wire)
+        fetched = self._fetch(info.round)
+        round = fetched.meta.round  # the newest global model may be newer than the poll said
+        notes: list[str] = []
+        trained = self._train(fetched, round, notes)
+        update = self._encode(trained, round)
         if plan is not None:
-            plan.trained(me, round, stats.steps, fetched.wire_bytes, update.wire_bytes())
-        reply = with_retry(lambda: agg.submit(update, timeout=settings.round_timeout_s),
-                           reconnect_window(settings), clock=self.clock, stop=self.stop,
-                           on_retry=self._lost_aggregator(round, "submitting its update"))
+            plan.trained(me, round, trained.stats.steps, fetched.wire_bytes, update.wire_bytes())
+        reply = self._submit(update, round)
         if plan is not None:
             taker = plan.verdict(me, round, self.stop)
             late = taker is None
@@ -212,19 +171,68 @@ class StarRound:
         else:
             late = reply.late
             self.next_round = reply.round + 1
-        submitted = (reply.accepted or reply.duplicate) and not late
         if late:
             notes.append(f"update from round {round} refused: over [aggregator] max_staleness rounds old")
+        submitted = (reply.accepted or reply.duplicate) and not late
+        return self._report(trained, round, submitted, late, start, notes, None)
+
+    # ------------------------------------------------------------------ a round's parts
+    def _fetch(self, round: int) -> DecodedModel:
+        """The global model of ``round`` (asynchronous: the newest), retried while the aggregator
+        comes back."""
+        settings, me = self.settings, self.settings.node_id
+        return with_retry(lambda: self.aggregator.fetch(me, round, expected=self.plugins.global_spec,
+                                                        max_bytes=settings.max_model_bytes,
+                                                        timeout=settings.round_timeout_s),
+                          reconnect_window(settings), clock=self.clock, stop=self.stop,
+                          on_retry=self._lost_aggregator(round, "fetching the global model"))
+
+    def _train(self, fetched: DecodedModel, round: int, notes: list[str]) -> _Trained:
+        """Load the fetched global model, evaluate it, train it with the client halves'
+        regularizers (and a plug-in's remote phase), evaluate the result."""
+        model, plugins = self.model, self.plugins
+        start_state: Tensors = {k: fetched.state_dict[k] for k in model.spec}
+        published: Tensors = {k: v for k, v in fetched.state_dict.items() if k not in model.spec}
+        model.load_state(start_state)
+        start_eval = evaluate_own(model, self.share, self.metrics)
+        regularizers = [r for client in plugins.clients.values()
+                        for r in client.regularizers(start_state, published)]
+        stats, trained_on = self.training.train_round(round, notes, regularizers)
+        local = evaluate_own(model, self.share, self.metrics)
+        extras: Tensors = {}
+        with model.lock:
+            for client in plugins.clients.values():
+                extras.update(client.update_extras(model.module))
+        return _Trained(start_eval, stats, trained_on, local, model.state_dict(), extras)
+
+    def _encode(self, trained: _Trained, round: int) -> EncodedModel:
+        train, model = self.share.data.train, self.model
+        meta = ModelMeta(round=round, sender=self.settings.node_id, kind="update", num_samples=len(train),
+                         label_counts=tuple(train.label_counts()), architecture=model.architecture)
+        self.activity.set_state("sending", "aggregator")
+        return encode({**trained.state, **trained.extras}, meta, self.settings.wire)
+
+    def _submit(self, update: EncodedModel, round: int) -> SubmitResult:
+        settings = self.settings
+        return with_retry(lambda: self.aggregator.submit(update, timeout=settings.round_timeout_s),
+                          reconnect_window(settings), clock=self.clock, stop=self.stop,
+                          on_retry=self._lost_aggregator(round, "submitting its update"))
+
+    def _report(self, trained: _Trained, round: int, submitted: bool, late: bool, start: float,
+                notes: list[str], task: int | None) -> StarReport:
+        """Tell the client halves whether the update counted, end the round, and report it."""
+        plugins = self.plugins
         for client in plugins.clients.values():
-            client.after_update(round, state, extras, included=submitted)
-        self.activity.finish_round(round, local.accuracy)
+            client.after_update(round, trained.state, trained.extras, included=submitted)
+        self.activity.finish_round(round, trained.local.accuracy)
         self.activity.set_state("idle")
         sent, got = self.counter.take()
-        return StarReport(node=me, round=round, selected=True, submitted=submitted,
-                          late=late, train=stats, start=start_eval, local=local, trained_on=trained_on,
-                          wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
-                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
-                          sent_by_kind=sent, received_by_kind=got)
+        return StarReport(node=self.settings.node_id, round=round, selected=True, submitted=submitted,
+                          late=late, train=trained.stats, start=trained.start_eval, local=trained.local,
+                          trained_on=trained.trained_on, wall_s=self.clock.now() - start, notes=tuple(notes),
+                          bytes_sent=sum(sent.values()), bytes_received=sum(got.values()),
+                          privacy_spent=privacy_spent(plugins), task=task, sent_by_kind=sent,
+                          received_by_kind=got)
 
     def _lost_aggregator(self, round: int, doing: str) -> Callable[[PeerError], None]:
         """A with_retry callback that says once, as the Poll loop does, that the aggregator went away."""
