@@ -180,7 +180,8 @@ def test_kill_9_an_asynchronous_aggregator_over_mtls_and_resume_it(tmp_path):
     assert all(p.returncode == 0 for p in procs.values()), errs
     rows, summary = read_results(out)
     assert [r["round"] for r in rows] == list(range(1, 9))
-    assert 2 <= summary["resumed_after"][0] < 8, summary["resumed_after"]  # killed mid-run
+    # the second row is out, so round 1's checkpoint is written (a row goes out before its checkpoint)
+    assert 1 <= summary["resumed_after"][0] < 8, summary["resumed_after"]  # killed mid-run
     for row in rows:
         assert len(row["received"]) == 2 and row["aggregated"]
         assert all(row["nodes"][n]["staleness"] is not None for n in row["received"])
