@@ -16,7 +16,7 @@ from flmesh.topology import (
     StandaloneSchedule,
     hamiltonian_cycle,
 )
-from flmesh.topology.peers import may_deliver, successors
+from flmesh.topology.peers import may_deliver, senders_to, successors
 
 from conftest import tiny_raw
 
@@ -217,3 +217,17 @@ def test_only_the_schedule_may_deliver():
     assert not may_deliver(fed, "node1", "node4", 2) and not may_deliver(fed, "node1", "node0", 2)
     star = parse_federation(tiny_raw(nodes=6, rounds=5, aggregator={"fraction": 1.0}), source="t")
     assert not may_deliver(star, "node1", "node2", 2)
+
+
+@pytest.mark.parametrize("schedule,graph,hops", [("cwt", "ring", 1), ("cwt", "complete", 2), ("rwt", "complete", 1),
+                                                ("rwt", "ring", 1)])
+def test_senders_to_are_the_nodes_whose_fallbacks_reach_the_receiver_nearest_first(schedule, graph, hops):
+    fed = parse_federation(tiny_raw(nodes=7, rounds=6, topology={"graph": graph, "schedule": schedule}),
+                           source="t")
+    for round in range(1, 6):
+        plan = fed.schedule().plan(round)
+        for me in fed.node_ids:  # every node scanned: what the index must agree with
+            reaching = [s for s in fed.node_ids if s != me and me in successors(plan, s, hops)]
+            expected = sorted(reaching, key=lambda s: successors(plan, s, hops).index(me))
+            assert senders_to(fed, me, round, hops) == expected
+            assert expected[0] == next(s for s in fed.node_ids if plan[s].destination == me)

@@ -274,3 +274,34 @@ def test_churn_takes_a_seeded_share_of_the_nodes_offline_now_and_then():
     raw["nodes"] = {n: ({"offline": [[0.0, 5e6]]} if n == node else {}) for n in fed.node_ids}
     own = device_model(parse_federation(raw, source="t.toml"), 0.01)
     assert own.online[node].times == (0.0, 5e6)  # its own spell covers every drawn one
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fa_over_time_is_the_sampled_fa_of_every_nodes_latest_model(seed):
+    """The curve's running sums give what the N x N estimate of the latest models gives."""
+    import numpy as np
+
+    from flmesh.learning.metrics import sampled_federation_metrics
+
+    rng = np.random.default_rng(seed)
+    ids = [f"n{i}" for i in range(6)]
+    rows = []
+    for t in range(1, 4):
+        nodes = {}
+        for i, node in enumerate(ids):
+            drawn = [i, *rng.choice([j for j in range(6) if j != i], size=2, replace=False)]
+            nodes[node] = {"sim_time_s": float(t * 10 + rng.random() * 9),
+                           "cross_accuracy": {ids[j]: float(rng.random()) for j in drawn}}
+        rows.append({"kind": "peer", "round": t, "nodes": nodes})
+    curve = fa_over_time(rows)
+    latest = np.full((6, 6), math.nan)
+    events = sorted((e["sim_time_s"], ids.index(n), e["cross_accuracy"])
+                    for r in rows for n, e in r["nodes"].items())
+    expected = []
+    for k, (when, i, cross) in enumerate(events):
+        latest[i, :] = math.nan
+        for node, score in cross.items():
+            latest[i, ids.index(node)] = score
+        if k >= 5 and not np.isnan(np.diag(latest)).any():
+            expected.append((when, pytest.approx(sampled_federation_metrics(latest).fa, abs=1e-12)))
+    assert curve == expected and len(curve) == 13

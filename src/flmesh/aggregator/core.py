@@ -266,7 +266,7 @@ class AggregatorCore:
         return None
 
     def status(self, caller: str | None) -> AggregatorStatus:
-        if caller is not None and caller not in self.node_ids:
+        if caller is not None and not self.federation.has_node(caller):
             raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} is not in this federation")
         with self._cond:
             return AggregatorStatus(self.strategy, self._open, self.federation.rounds,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 
 from flmesh.clock import Clock
-from flmesh.config import Federation
+from flmesh.config import Federation, some_ids
 from flmesh.transports.errors import Refused
 
 
@@ -52,9 +52,9 @@ class Members:
         that node: nobody joins, polls, fetches or submits for another."""
         if not node_id:
             raise Refused("INVALID_ARGUMENT", "aggregator: the request names no node")
-        if node_id not in self.node_ids:
+        if not self.federation.has_node(node_id):
             raise Refused("PERMISSION_DENIED", f"aggregator: unknown node {node_id!r} (the federation has "
-                          f"{', '.join(self.node_ids)})")
+                          f"{some_ids(self.node_ids)})")
         if caller is not None and caller != node_id:
             raise Refused("PERMISSION_DENIED", f"aggregator: {caller!r} may not act for {node_id!r}")
 
@@ -112,8 +112,8 @@ class Members:
         """Take back a checkpoint's joined members (node -> address) and their declared sample
         counts; non-members are dropped."""
         with self._cond:
-            self._joined = {n: a for n, a in joined.items() if n in self.node_ids}
-            self._declared = {n: c for n, c in declared.items() if n in self.node_ids}
+            self._joined = {n: a for n, a in joined.items() if self.federation.has_node(n)}
+            self._declared = {n: c for n, c in declared.items() if self.federation.has_node(n)}
             self._cond.notify_all()
 
     def names(self) -> tuple[str, ...]:

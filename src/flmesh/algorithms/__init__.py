@@ -40,7 +40,12 @@ def load(name: str) -> Algorithm:
 def named_by(federation: Federation) -> list[str]:
     """The plug-ins a node of ``federation`` consults: flmesh's own, its strategy, every node's
     objective and its ``[algorithm.NAME]`` tables. A plug-in from outside runs only where the
-    file names it, so one that is installed but broken stops no federation that does not."""
+    file names it, so one that is installed but broken stops no federation that does not. Built
+    once per federation: every node of an fl-sim asks, and each scan reads every node."""
+    return list(federation.derived("_named_plugins", lambda: tuple(_named_by(federation))))
+
+
+def _named_by(federation: Federation) -> list[str]:
     found = dict.fromkeys(registry.algorithms.builtin_names())
     if federation.aggregator is not None:
         found[federation.aggregator.strategy] = None

@@ -151,15 +151,17 @@ def check_address(flag: str, address: str, dialled: bool = False) -> str:
 def parse_peers(items: list[str], federation: Federation, me: str, use_file: bool = True) -> dict[str, str]:
     """``--peer ID=HOST:PORT`` values, checked against the federation; with ``use_file`` the
     addresses in the federation file fill the gaps."""
+    from flmesh.config import some_ids
+
     peers = ({n.id: n.address for n in federation.nodes if n.id != me and n.address} if use_file else {})
     seen: set[str] = set()
     for item in items:
         peer_id, sep, address = item.partition("=")
         if not sep or not peer_id or ":" not in address:
             raise UsageError(f"--peer {item!r}: expected ID=HOST:PORT")
-        if peer_id not in federation.node_ids:
+        if not federation.has_node(peer_id):
             raise UsageError(f"--peer {item!r}: unknown peer {peer_id!r} "
-                             f"(the federation has {', '.join(federation.node_ids)})")
+                             f"(the federation has {some_ids(federation.node_ids)})")
         if peer_id == me:
             raise UsageError(f"--peer {item!r}: that is this node itself")
         if peer_id in seen:

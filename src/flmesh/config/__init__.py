@@ -28,6 +28,7 @@ from flmesh.config.federation import (
     TopologyConfig,
     TrainingConfig,
     WireConfig,
+    some_ids,
 )
 from flmesh.config.graphs import GraphError, build_graph
 from flmesh.config.parser import apply_overrides, load_federation, parse_federation
@@ -50,6 +51,7 @@ __all__ = [
     "TopologyConfig",
     "TrainingConfig",
     "WireConfig",
+    "some_ids",
     "apply_overrides",
     "build_graph",
     "load_federation",

@@ -32,6 +32,7 @@ from flmesh.config.federation import (
     AggregatorConfig,
     ReplayConfig,
     TaskStreamConfig,
+    some_ids,
 )
 from flmesh.config.graphs import shown
 
@@ -97,7 +98,7 @@ def read_continual(r: SectionReader, raw: Mapping[str, Any], node_ids: Sequence[
                 raise r.fail("[replay] host", "with an [aggregator] the aggregator hosts the buffer")
             if replay.host not in node_ids:
                 raise r.fail("[replay] host", f"unknown node {shown(replay.host)} "
-                             f"(the federation has {', '.join(node_ids)})")
+                             f"(the federation has {some_ids(node_ids)})")
         if 0 < replay.budget < replay.epsilon:
             raise r.fail("[replay] budget", f"{replay.budget:g} is below one release's epsilon "
                          f"{replay.epsilon:g}: nobody could release anything")

@@ -9,9 +9,10 @@ pass over the node's batches).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 import networkx as nx
@@ -83,6 +84,17 @@ def _keywords(factory: Callable[..., Any]) -> set[str]:
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     except (TypeError, ValueError):
         return set()
+
+
+#: How many ids a message lists before it says how many more there are.
+IDS_SHOWN = 8
+
+
+def some_ids(ids: Sequence[str], shown: int = IDS_SHOWN) -> str:
+    """``ids`` joined by commas, the first ``shown`` of them and how many more: a message about
+    a federation of 10,000 nodes stays a readable line."""
+    more = len(ids) - shown
+    return ", ".join(ids[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 class FederationError(ValueError):
@@ -404,14 +416,24 @@ class Federation:
 
     @property
     def node_ids(self) -> list[str]:
+        """The node ids in file order (a new list: O(N); test membership with :meth:`has_node`)."""
         return [n.id for n in self.nodes]
 
+    def has_node(self, node_id: str) -> bool:
+        """Whether ``node_id`` is a node of the federation (O(1))."""
+        return node_id in self._nodes_by_id()
+
     def node(self, node_id: str) -> NodeConfig:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise FederationError(f"{self.source}: unknown node {node_id!r} "
-                              f"(the federation has {', '.join(self.node_ids)})")
+        """Node ``node_id``'s configuration (O(1)); FederationError (one line) for an unknown id."""
+        found = self._nodes_by_id().get(node_id)
+        if found is None:
+            raise FederationError(f"{self.source}: unknown node {node_id!r} "
+                                  f"(the federation has {some_ids(self.node_ids)})")
+        return found
+
+    def _nodes_by_id(self) -> Mapping[str, NodeConfig]:
+        # every node of an fl-sim looks itself and its peers up: a scan would be quadratic
+        return self.derived("_by_id", lambda: MappingProxyType({n.id: n for n in self.nodes}))
 
     def derived(self, key: str, build: Callable[[], Any]) -> Any:
         """A value derived from this file alone (its graph, its schedule), built by ``build`` on

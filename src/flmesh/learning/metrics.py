@@ -69,27 +69,39 @@ def evaluated_mask(acc: np.ndarray) -> np.ndarray:
     return ~np.isnan(np.asarray(acc, dtype=float))
 
 
-def _stratified_moment(acc: np.ndarray, power: int) -> float:
+def _pairs(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The diagonal of ``acc`` and its evaluated off-diagonal pairs (row by row)."""
+    n = acc.shape[0]
+    return np.diag(acc), acc[evaluated_mask(acc) & ~np.eye(n, dtype=bool)]
+
+
+def _stratified_moment(diag: np.ndarray, off: np.ndarray, n: int, power: int) -> float:
     """The N x N mean of ``acc ** power`` estimated from the diagonal (all of it) and the
     evaluated off-diagonal pairs: (1/N) mean(diagonal) + ((N-1)/N) mean(evaluated others).
 
     The diagonal is N of the N^2 pairs; weighing it 1/N (not 1/K, its share of the K
     pairs each model was evaluated on) keeps the estimate unbiased when the other K-1
     splits are drawn uniformly, and equal to the plain mean when nothing is missing."""
-    n = acc.shape[0]
-    values = acc ** power
-    diag = float(np.mean(np.diag(values)))
-    off = values[evaluated_mask(acc) & ~np.eye(n, dtype=bool)]
+    mean_diag = float(np.mean(diag ** power))
     if n == 1 or off.size == 0:
-        return diag
-    return diag / n + float(np.mean(off)) * (n - 1) / n
+        return mean_diag
+    return mean_diag / n + float(np.mean(off ** power)) * (n - 1) / n
+
+
+def _sampled_fairness(diag: np.ndarray, off: np.ndarray, n: int) -> float:
+    pairs = n * n
+    if pairs < 2:
+        return 0.0
+    mean, square = _stratified_moment(diag, off, n, 1), _stratified_moment(diag, off, n, 2)
+    return float(np.sqrt(max(0.0, square - mean * mean) * pairs / (pairs - 1)))
 
 
 def sampled_federation_accuracy(acc: np.ndarray) -> float:
     """FA, Eq. 5, estimated from a matrix with NaN for pairs not evaluated: the diagonal
     weighs 1/N and the evaluated other pairs (N-1)/N (:func:`_stratified_moment`), an
     unbiased estimate of the N x N mean under uniform sampling of the other splits."""
-    return _stratified_moment(np.asarray(acc, dtype=float), 1)
+    acc = np.asarray(acc, dtype=float)
+    return _stratified_moment(*_pairs(acc), acc.shape[0], 1)
 
 
 def sampled_federation_fairness(acc: np.ndarray) -> float:
@@ -97,11 +109,19 @@ def sampled_federation_fairness(acc: np.ndarray) -> float:
     estimated as in :func:`sampled_federation_accuracy`, then the variance scaled by
     N^2 / (N^2 - 1) (Eq. 6's denominator). 0 for N = 1."""
     acc = np.asarray(acc, dtype=float)
-    pairs = acc.shape[0] ** 2
-    if pairs < 2:
-        return 0.0
-    mean, square = _stratified_moment(acc, 1), _stratified_moment(acc, 2)
-    return float(np.sqrt(max(0.0, square - mean * mean) * pairs / (pairs - 1)))
+    return _sampled_fairness(*_pairs(acc), acc.shape[0])
+
+
+def metrics_of_pairs(diag: np.ndarray, off: np.ndarray, n: int) -> FederationMetrics:
+    """FA, FF and PFA of an N x N matrix given as its diagonal (every model on its own split,
+    in model order) and the evaluated off-diagonal pairs (row by row), without the matrix: O(pairs)
+    time and memory, where :func:`sampled_federation_metrics` of the same pairs takes N x N. The
+    same numbers, bit for bit, when fewer than all pairs are evaluated."""
+    diag, off = np.asarray(diag, dtype=float), np.asarray(off, dtype=float)
+    if diag.shape != (n,) or n == 0:
+        raise ValueError(f"expected the diagonal of {n} models, got shape {diag.shape}")
+    return FederationMetrics(_stratified_moment(diag, off, n, 1), _sampled_fairness(diag, off, n),
+                             float(np.mean(diag)))
 
 
 def sampled_federation_metrics(acc: np.ndarray) -> FederationMetrics:
@@ -119,5 +139,4 @@ def sampled_federation_metrics(acc: np.ndarray) -> FederationMetrics:
         raise ValueError("every model must be evaluated on its own test split (the diagonal): PFA, Eq. 7")
     if evaluated_mask(acc).all():  # exact: the very same arithmetic as an exact run
         return federation_metrics(acc)
-    return FederationMetrics(sampled_federation_accuracy(acc), sampled_federation_fairness(acc),
-                             personalized_federation_accuracy(acc))
+    return metrics_of_pairs(*_pairs(acc), acc.shape[0])

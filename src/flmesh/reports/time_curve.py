@@ -14,33 +14,43 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from flmesh.learning.metrics import sampled_federation_metrics
-
 
 def fa_over_time(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
     """(simulated seconds, FA) after each evaluated node round, once every node has one, in time
-    order; empty without simulated times or cross-evaluations (star rows, continual runs)."""
+    order; empty without simulated times or cross-evaluations (star rows, continual runs).
+
+    FA is the sampled estimate of :func:`~flmesh.learning.metrics.metrics_of_pairs` (the plain
+    mean when every pair is evaluated), kept as running sums that a node's new round updates:
+    O(its pairs) per event, where rebuilding the N x N matrix would make the curve of a large
+    federation take hours. Equal to the rows' FA up to rounding."""
     if not rows or rows[0].get("kind") != "peer" or any(r.get("task") is not None for r in rows):
         return []
     ids = list(rows[0].get("nodes") or {})
-    index = {n: i for i, n in enumerate(ids)}
-    events = sorted((e["sim_time_s"], r["round"], index[n], e["cross_accuracy"])
-                    for r in rows for n, e in (r.get("nodes") or {}).items()
-                    if n in index and e.get("sim_time_s") is not None and e.get("cross_accuracy"))
-    acc = np.full((len(ids), len(ids)), math.nan)
-    seen: set[int] = set()
+    n = len(ids)
+    index = {node: i for i, node in enumerate(ids)}
+    events = sorted((e["sim_time_s"], r["round"], index[node], e["cross_accuracy"])
+                    for r in rows for node, e in (r.get("nodes") or {}).items()
+                    if node in index and e.get("sim_time_s") is not None and e.get("cross_accuracy"))
+    own: list[float | None] = [None] * n  # each node's latest model on its own split
+    others: list[tuple[float, int]] = [(0.0, 0)] * n  # ... on the other splits evaluated: sum, count
+    own_sum = others_sum = 0.0
+    own_n = others_n = 0
     out: list[tuple[float, float]] = []
     for when, _, i, cross in events:
-        acc[i, :] = math.nan
-        for node, score in cross.items():
-            if node in index and score is not None:
-                acc[i, index[node]] = score
-        seen.add(i)
-        if len(seen) < len(ids):
+        before, mine = own[i], cross.get(ids[i])
+        if before is not None:
+            own_sum, own_n = own_sum - before, own_n - 1
+        if mine is not None:
+            own_sum, own_n = own_sum + float(mine), own_n + 1
+        own[i] = None if mine is None else float(mine)
+        scores = [float(v) for node, v in cross.items() if node != ids[i] and node in index and v is not None]
+        others_sum, others_n = others_sum - others[i][0], others_n - others[i][1]
+        others[i] = (math.fsum(scores), len(scores))
+        others_sum, others_n = others_sum + others[i][0], others_n + others[i][1]
+        if own_n < n:  # not every node has an evaluated model yet
             continue
-        fa = sampled_federation_metrics(acc).fa
+        mean_own = own_sum / n
+        fa = mean_own / n + others_sum / others_n * (n - 1) / n if others_n and n > 1 else mean_own
         if out and out[-1][0] == when:
             out[-1] = (when, fa)
         else:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flmesh.config import TrainingConfig
+from flmesh.config import TrainingConfig, some_ids
 from flmesh.format import codec
 from flmesh.format.codec import CodecError, DecodedModel, EncodedModel, ModelMeta, ModelSpec
 from flmesh.learning.optimizers import load_optimizer_state, optimizer_spec, optimizer_state
@@ -78,7 +78,7 @@ class NodeHandlers:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: {what} names no sender")
         if peer_id != self.node_id and peer_id not in self.settings.members:
             raise Refused("PERMISSION_DENIED", f"{self.node_id}: unknown peer {peer_id!r} "
-                          f"(the federation has {', '.join(self.settings.members)})")
+                          f"(the federation has {some_ids(sorted(self.settings.members))})")
 
     def _same(self, caller: str | None, claimed: str, what: str) -> None:
         """The sender a message names must be the peer that sent it (when transport knows who)."""

@@ -121,7 +121,7 @@ class Node:
         (one line) for user code that does not fit the data."""
         task = task if task is not None else Task.of(federation)
         options = options or NodeOptions()
-        settings = Settings.of(federation, node_id, list(options.members) if options.members else None)
+        settings = Settings.of(federation, node_id, options.members or None)
         metrics = options.metrics
         counter = ByteCounter()  # bytes moved by this node's transports and handlers
         transport = backend.peer_transport(node_id, counter)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,21 +71,27 @@ class Settings:
     max_model_bytes: int  # the largest model stream the node reads
     wire: WireFormat  # how models travel
     neighbours: list[str]  # graph neighbours (plug-ins that gossip send to them)
-    members: list[str]  # who may deliver, ask for training and say hello
+    members: frozenset[str]  # who may deliver, ask for training and say hello
     evaluators: frozenset[str]  # who may evaluate on the node's test split and read its status
 
     @classmethod
-    def of(cls, federation: Federation, node_id: str, members: list[str] | None = None) -> Settings:
-        """Node ``node_id``'s settings; ``members`` default to the federation's nodes."""
+    def of(cls, federation: Federation, node_id: str, members: Sequence[str] | None = None) -> Settings:
+        """Node ``node_id``'s settings; ``members`` default to the federation's nodes (two sets
+        every node of the federation shares: N copies of N ids would be quadratic in fl-sim)."""
         cfg = federation.node(node_id)
         wire = federation.wire
-        member_ids = list(members if members is not None else federation.node_ids)
         star = ("aggregator",) if federation.aggregator is not None else ()
+        if members is None:
+            member_set = federation.derived("_members", lambda: frozenset(federation.node_ids))
+            evaluators = federation.derived("_evaluators", lambda: member_set | frozenset(star))
+        else:
+            member_set = frozenset(members)
+            evaluators = member_set | frozenset(star)
         return cls(federation, node_id, cfg.index, cfg.training, federation.rounds,
                    federation.round_timeout_s, int(federation.max_model_mib * 2**20),
                    WireFormat.named(wire.dtype, wire.compression, wire.zstd_level, wire.digest),
                    federation.neighbours(node_id) if node_id in federation.graph() else [],
-                   member_ids, frozenset([*member_ids, *star]))
+                   member_set, evaluators)
 
     def train_seed(self, round: int, salt: int = 0) -> int:
         """The seed of this node's training in ``round`` (``salt``: its phase)."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from flmesh.format.codec import DecodedModel, EncodedModel
 from flmesh.runtime.inbox import ROUND_WINDOW, Inbox, InboxKey
 from flmesh.runtime.parts import encode_own
-from flmesh.topology.peers import FALLBACK_HOPS, successors
+from flmesh.topology.peers import FALLBACK_HOPS, senders_to, successors
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import DeliverResult, PeerStatus
 
@@ -79,10 +79,7 @@ class PeerExchange:
     def senders_for(self, round: int) -> list[str]:
         """Who may hand this node its round-``round`` input, in order of preference: the source,
         then the nodes whose fallback reaches this node (the source's source)."""
-        fed, me = self.settings.federation, self.settings.node_id
-        plan = fed.schedule().plan(round - 1)
-        ordered = [s for s in fed.node_ids if s != me and me in successors(plan, s, FALLBACK_HOPS)]
-        return sorted(ordered, key=lambda s: successors(plan, s, FALLBACK_HOPS).index(me))
+        return senders_to(self.settings.federation, self.settings.node_id, round - 1, FALLBACK_HOPS)
 
 
     def _status(self, peer: str, timeout: float = STATUS_TIMEOUT_S) -> PeerStatus | None:

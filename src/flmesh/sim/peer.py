@@ -35,7 +35,7 @@ from flmesh.config import Federation, NodeConfig
 from flmesh.learning.arrays import ArrayData, NodeData
 from flmesh.learning.compute import UNGATED, Compute
 from flmesh.learning.data import federation_data, load_dataset
-from flmesh.learning.metrics import sampled_federation_metrics
+from flmesh.learning.metrics import metrics_of_pairs, sampled_federation_metrics
 from flmesh.learning.task import Task
 from flmesh.learning.trainer import evaluate
 from flmesh.reports.record import sim_config
@@ -91,9 +91,9 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     """Round ``t``'s row from each trainer's report and its model's evaluations on the test
     splits (by index in ``ids``; absent where ``eval_sample`` did not draw the split); one
     trainer for several nodes is the Joint baseline. FA/FF are estimated from the evaluated
-    pairs (see ``sampled_federation_metrics``), PFA is over the diagonal (always evaluated).
-    A sampled row's matrix is a :class:`SparseMatrix` of the evaluated pairs; the work beyond
-    the N x N array of the metrics is O(evaluated pairs). ``wall_s`` is ``span_s``, seconds
+    pairs (see ``metrics_of_pairs``), PFA is over the diagonal (always evaluated). A sampled
+    row's matrix is a :class:`SparseMatrix` of the evaluated pairs, and its work is
+    O(evaluated pairs). ``wall_s`` is ``span_s``, seconds
     from the first trainer's start of the round to the last one's end, when given (the node
     threads of one process start a round one after the other, each clocking only its own
     part); else the slowest trainer's round. ``consensus``: the round's consensus distance
@@ -111,11 +111,19 @@ def peer_row(federation: Federation, t: int, ids: list[str],
     cols = [position[i] for i in scope]
     at = {j: k for k, j in enumerate(cols)}  # federation index -> index in the matrix
     evaluated = [sorted((j, r) for j, r in results[i].items() if j in at) for i in cols]
-    acc = np.full((len(cols), len(cols)), math.nan)
-    for k, pairs in enumerate(evaluated):
-        for j, r in pairs:
-            acc[k, at[j]] = r.score(federation.metric)
-    metrics = sampled_federation_metrics(acc)
+    sampled = eval_sampled(federation) and len(finished) == len(ids)  # the Joint model: every split
+    if sampled:  # O(pairs): no N x N array (a federation of 10,000 nodes would need 800 MB a round)
+        scores = [np.array([r.score(federation.metric) for _, r in pairs]) for pairs in evaluated]
+        mine = [np.array([at[j] == k for j, _ in pairs]) for k, pairs in enumerate(evaluated)]
+        diagonal = np.concatenate([row[on] for row, on in zip(scores, mine, strict=True)])
+        others = np.concatenate([row[~on] for row, on in zip(scores, mine, strict=True)])
+        metrics = metrics_of_pairs(diagonal, others, len(cols))
+    else:
+        acc = np.full((len(cols), len(cols)), math.nan)
+        for k, pairs in enumerate(evaluated):
+            for j, r in pairs:
+                acc[k, at[j]] = r.score(federation.metric)
+        metrics = sampled_federation_metrics(acc)
     done = [r for row in results for r in row.values()]
     correct = np.sum([r.per_class_correct for r in done], axis=0)
     total = np.sum([r.per_class_total for r in done], axis=0)
@@ -144,14 +152,14 @@ def peer_row(federation: Federation, t: int, ids: list[str],
         task_acc = [_mean([m[k] for m in per_model if k < len(m)]) for k in range(task + 1)]
         seen = _mean([sum(r.correct for _, r in row) / max(1, sum(r.total for _, r in row))
                       for row in evaluated])
-    sampled = eval_sampled(federation) and len(finished) == len(ids)  # the Joint model: every split
-    rounded = acc.round(6)
     matrix: Matrix | SparseMatrix
     if sampled:
-        matrix = SparseMatrix(scope, scope, {scope[k]: {ids[j]: float(rounded[k, at[j]]) for j, _ in pairs}
-                                             for k, pairs in enumerate(evaluated)})
+        kept = [zip((ids[j] for j, _ in pairs), row.round(6).tolist(), strict=True)
+                for pairs, row in zip(evaluated, scores, strict=True)]
+        matrix = SparseMatrix(scope, scope, {scope[k]: dict(row) for k, row in enumerate(kept)})
     else:
-        matrix = Matrix(scope, scope, [[None if np.isnan(v) else v for v in row] for row in rounded.tolist()])
+        rounded = acc.round(6).tolist()
+        matrix = Matrix(scope, scope, [[None if np.isnan(v) else v for v in row] for row in rounded])
     return RoundRow(t, "peer", "fl-sim", metric=federation.metric, fa=metrics.fa, ff=metrics.ff,
                     pfa=metrics.pfa, accuracy_matrix=matrix,
                     eval_sample=federation.eval_sample if sampled else None,

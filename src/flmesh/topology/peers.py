@@ -8,6 +8,7 @@ the peers its plug-ins have train part of a round:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 from flmesh.config.federation import Federation
@@ -57,6 +58,50 @@ def successors(plan: Mapping[str, Hop], sender: str, hops: int = FALLBACK_HOPS) 
         out.append(walk)
         walk = plan[walk].destination if walk in plan else None
     return out
+
+
+#: Rounds of a walk whose senders-by-receiver index is kept (a node asks for the round it is in).
+_FEEDER_ROUNDS = 4
+
+
+def senders_to(federation: Federation, receiver: str, round: int, hops: int = FALLBACK_HOPS) -> list[str]:
+    """Who may hand ``receiver`` its model in ``round`` of a walk, in order of preference: the
+    node whose destination it is, then those whose fallback (:func:`successors`) reaches it;
+    nodes as near in the federation's order. O(senders): the round's receiver -> senders index
+    is built once per federation and kept for the last few rounds, since every node of an
+    fl-sim asks, and each scanning every node would make a round quadratic. Thread-safe."""
+    plan = federation.schedule().plan(round)
+    index = federation.derived("_walk_feeders", _WalkFeeders)
+    candidates: set[str] = set()
+    frontier = [receiver]
+    for _ in range(hops + 1):  # a sender reaches the receiver in at most hops + 1 steps
+        frontier = [s for r in frontier for s in index.feeders(plan, round).get(r, ())]
+        candidates.update(frontier)
+    candidates.discard(receiver)
+    reach = {s: successors(plan, s, hops) for s in candidates}
+    return sorted((s for s in candidates if receiver in reach[s]),
+                  key=lambda s: (reach[s].index(receiver), federation.node(s).index))
+
+
+class _WalkFeeders:
+    """Per round of a walk: receiver -> the nodes whose destination it is. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rounds: dict[int, dict[str, list[str]]] = {}
+
+    def feeders(self, plan: Mapping[str, Hop], round: int) -> Mapping[str, list[str]]:
+        with self._lock:
+            found = self._rounds.get(round)
+            if found is None:
+                found = {}
+                for sender, hop in plan.items():
+                    if hop.destination is not None:
+                        found.setdefault(hop.destination, []).append(sender)
+                self._rounds[round] = found
+                for old in sorted(self._rounds)[:-_FEEDER_ROUNDS]:
+                    del self._rounds[old]
+            return found
 
 
 def may_deliver(federation: Federation, sender: str, receiver: str, round: int) -> bool:
