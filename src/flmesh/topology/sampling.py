@@ -69,8 +69,11 @@ def eval_columns(seed: int, round: int, index: int, n: int, k: int,
     timing draws the same columns; the own split is always in (PFA, Eq. 7, stays exact)."""
     if k <= 0 or k >= n:
         return list(range(n))
-    pool = [j for j in (range(n) if eligible is None else eligible) if j != index]
     rng = np.random.default_rng(derive_seed(seed, SEED_EVAL_SAMPLE, round, index))
+    if eligible is None:  # the pool is every other column: its d-th is d, or d + 1 past ``index``
+        drawn = rng.choice(n - 1, size=min(k - 1, n - 1), replace=False)
+        return sorted({index, *(int(d) + int(d >= index) for d in drawn)})
+    pool = [j for j in eligible if j != index]
     drawn = rng.choice(len(pool), size=min(k - 1, len(pool)), replace=False)
     return sorted({index, *(pool[int(d)] for d in drawn)})
 
@@ -78,12 +81,12 @@ def eval_columns(seed: int, round: int, index: int, n: int, k: int,
 def eval_splits(federation: Federation, round: int, node_id: str, task: int | None = None) -> list[int]:
     """:func:`eval_columns` for ``node_id``'s model in ``round`` of a peer federation, in
     federation order; a continual federation draws among the nodes already present."""
-    ids = federation.node_ids
     eligible = None
     if task is not None and federation.tasks is not None:
+        ids = federation.node_ids
         eligible = [ids.index(i) for i in present(federation.tasks, ids, task) if i in ids]
-    return eval_columns(federation.seed, round, ids.index(node_id), len(ids), federation.eval_sample,
-                        eligible)
+    return eval_columns(federation.seed, round, federation.node(node_id).index, len(federation.nodes),
+                        federation.eval_sample, eligible)
 
 
 def eval_sampled(federation: Federation) -> bool:
