@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ SUBNET = "10.77.0"
 PORT = 7000
 CGROUP = Path("/sys/fs/cgroup/cpu")
 ACCOUNT = Path("/sys/fs/cgroup/cpuacct")  # what each node's processes used, in CPU ns
+WATCH_S = 0.02  # how often the rows are looked for (a twentieth of a core uses 1 ms of CPU in it)
 
 
 def federation_text(rounds: int, epochs: float, mbps: float, thin_mbps: float, step_s: float | None,
@@ -179,9 +181,9 @@ def measure_step_s(epochs_steps: int = 50) -> float:
 
 
 def deploy(fed: Path, work: Path, spaces: list[str],
-           groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+           groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
     """Run every node in its namespace and cgroup over mTLS to the end; each node's rows and the
-    CPU seconds its rounds used. The
+    CPU seconds each of its rounds used. The
     nodes start unlimited (importing torch at a twentieth of a core takes a minute); once all
     listen, their cgroups get their shares and the peers file their addresses: round 1 begins
     when a node has said Hello to its neighbours."""
@@ -214,7 +216,7 @@ def deploy(fed: Path, work: Path, spaces: list[str],
 
 
 def _run(procs: dict[str, subprocess.Popen], work: Path,
-         groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, float]]:
+         groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
     deadline = time.monotonic() + 300
     while not all((work / f"{n}.addr").exists() for n in procs):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
@@ -224,18 +226,41 @@ def _run(procs: dict[str, subprocess.Popen], work: Path,
             raise SystemExit(f"time_check: not every fl-node started listening: {why}")
         time.sleep(0.2)  # a poll interval
     limit(groups)
-    ready = {g.name: _cpu_s(g.name) for g in groups}
+    ready = {f"node{k}": _cpu_s(g.name) for k, g in enumerate(groups)}
     addresses = {n: (work / f"{n}.addr").read_text().strip() for n in procs}
     (work / ".peers.json").write_text(json.dumps(addresses))
     os.replace(work / ".peers.json", work / "peers.json")
+    at_rows: dict[str, list[float]] = {n: [] for n in procs}  # CPU seconds when each row appeared
+    watcher = threading.Thread(target=_watch_rows, args=(procs, work, groups, at_rows), daemon=True)
+    watcher.start()
     errors = {n: p.communicate(timeout=3600)[1] for n, p in procs.items()}
-    used = {f"node{k}": _cpu_s(g.name) - ready[g.name] for k, g in enumerate(groups)}
+    watcher.join()
+    # each round's CPU seconds: from the previous row (round 1: from the shares' start) to its own
+    used = {n: [b - a for a, b in zip([ready[n], *marks[:-1]], marks, strict=True)]
+            for n, marks in at_rows.items()}
     failed = {n: e.strip().splitlines()[-1:] for n, e in errors.items() if procs[n].returncode}
     if failed:
         raise SystemExit(f"time_check: fl-node failed: {failed}")
     rows = {n: [json.loads(line) for line in (work / "runs" / n / "rounds.jsonl").read_text().splitlines()]
             for n in procs}
     return rows, used
+
+
+def _watch_rows(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
+                at_rows: dict[str, list[float]]) -> None:
+    """Until every node has exited: the CPU seconds each node's cgroup had used when each of its
+    rows appeared (looked for every WATCH_S: a row is written once the round is over)."""
+    group_of = {f"node{k}": g.name for k, g in enumerate(groups)}
+    while True:
+        running = [n for n, p in procs.items() if p.poll() is None]
+        for n in running:
+            rows = work / "runs" / n / "rounds.jsonl"
+            count = rows.read_text().count("\n") if rows.exists() else 0
+            if count > len(at_rows[n]):
+                at_rows[n].extend([_cpu_s(group_of[n])] * (count - len(at_rows[n])))
+        if not running:
+            return
+        time.sleep(WATCH_S)  # a poll interval
 
 
 def _cpu_s(group: str) -> float:
@@ -268,10 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
             real, used = deploy(fed, work, spaces, groups)
         deploy_s = time.perf_counter() - started
-        # the CPU a round takes besides its optimizer steps, as the deployment's accounting says
-        # (the same on every node within a few percent): the device model's overhead_s
-        steps_s = {n: statistics.mean(r["nodes"][n]["train_steps"] for r in real[n]) * step_s for n in real}
-        overhead_s = statistics.mean(used[n] / args.rounds - steps_s[n] for n in real)
+        # the CPU a round takes besides its optimizer steps, as the deployment's accounting says,
+        # rounds 2 on (round 1 also says Hello and opens the TLS connections): overhead_s
+        later = range(1, args.rounds) if args.rounds > 1 else range(1)
+        cpu_s = {n: statistics.mean(used[n][t] for t in later) for n in real}
+        steps_s = {n: statistics.mean(real[n][t]["nodes"][n]["train_steps"] for t in later) * step_s
+                   for n in real}
+        overhead_s = statistics.mean(cpu_s[n] - steps_s[n] for n in real)
         predictions = {}
         for label, overhead in (("steps only", 0.0), ("steps + overhead_s", overhead_s)):
             timed = work / f"predict-{overhead}.toml"
@@ -305,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
           "| the rest |")
     print("|---|---:|---:|---:|---:|")
     for k, n in enumerate(nodes):
-        cpu = used[n] / args.rounds
+        cpu = cpu_s[n]
         print(f"| {n} | {SHARES[k]:g} | {cpu:.3f} | {steps_s[n]:.3f} | {cpu - steps_s[n]:.3f} |")
     results: dict[str, Any] = {}
     for label, rows in predictions.items():
@@ -331,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s,
                                          "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
-                                         "cpu_s_per_round": {n: used[n] / args.rounds for n in nodes},
+                                         "cpu_s_by_round": used,
                                          "notes": notes, "predictions": results}, [11])
     return 0
 

@@ -117,6 +117,23 @@ def test_a_rounds_own_work_beyond_its_steps_costs_overhead_s_at_the_nodes_speed(
     assert ends == pytest.approx({"node0": 1.5, "node1": 3.0, "node2": 1.5})
 
 
+def test_an_averaging_node_sends_once_trained_and_does_its_own_work_once_its_models_are_in():
+    raw = tiny_raw(devices={"step_s": 0.01, "overhead_s": 0.5},
+                   network={"bandwidth_mbps": 8, "latency_ms": 0})
+    raw["topology"].pop("nodes")
+    raw["nodes"] = {"node0": {}, "node1": {"speed": 0.5}, "node2": {}}
+    fed = parse_federation(raw, source="t.toml")
+    line = Timeline(device_model(fed, 0.01), fed.node_ids, round_timeout_s=30)
+    mb = 1_000_000  # a second over a 8 Mbit/s uplink
+    ends = line.average_round({
+        "node0": NodeWork("node0", steps=100, sent_to=["node1"], model_bytes=mb),
+        "node1": NodeWork("node1", steps=50, combined=["node0"]),
+        "node2": NodeWork("node2", steps=300)})
+    # node0 trains till 1, its model is at node1 at 2 (its own 0.5 s overlap the send); node1 has
+    # trained by 1, then decodes, combines and evaluates from 2 at half speed; node2 from 3 on
+    assert ends == pytest.approx({"node0": 2.0, "node1": 3.0, "node2": 3.5})
+
+
 def test_a_star_round_closes_with_the_last_update_it_used():
     fed = _fed(network={"bandwidth_mbps": 8, "latency_ms": 0}, devices={"step_s": 0.01},
                aggregator={"fraction": 1.0})

@@ -307,8 +307,9 @@ class DevicesConfig:
     average and offline ones of ``offline_s`` (exponential, seeded); ``trace``: a CSV or JSON
     file of events (node, time_s, event, value) that change a node's speed, step time,
     bandwidth or availability over time (absolute path); ``overhead_s``: seconds of a node's
-    own work each round besides its optimizer steps, at speed 1 (evaluating its model,
-    encoding, decoding and encrypting the models it sends and receives)."""
+    own work each round besides its optimizer steps, at speed 1 (encoding, decoding, combining
+    and evaluating models): a node that averages with its neighbours does it once the models
+    it combines are in, any other with its training, before it sends."""
 
     step_s: float | None = None
     speed: float = 1.0

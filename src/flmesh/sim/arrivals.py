@@ -75,7 +75,7 @@ class SimulatedArrivals:
             model = self.model
             if model is None:
                 return {}
-            done = model.round_until(node, self.ends.get((node, round - 1), 0.0), steps)
+            done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
             self._trained[(node, round)] = _Trained(done, message_bytes, tuple(sends))
             self._cond.notify_all()
             while not stop.is_set() and not all((p, round) in self._trained for p in receives):
@@ -94,7 +94,8 @@ class SimulatedArrivals:
                         picks[peer] = r
                         break
             sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends]
-            self.ends[(node, round)] = max([at, *sent])
+            # its own work (decoding, combining, evaluating) once it has what it combines
+            self.ends[(node, round)] = max([model.round_until(node, at, 0), *sent])
             self._latest[node] = round
             self._forget()
             return picks

@@ -62,7 +62,7 @@ class DeviceModel:
 
     def round_until(self, node: str, start: float, steps: float) -> float:
         """When ``node`` has done a round's own work begun at ``start``: ``steps`` optimizer
-        steps and ``[devices] overhead_s`` (at its speed)."""
+        steps and ``[devices] overhead_s`` (at its speed; ``steps`` 0: that work alone)."""
         return self.train_until(node, start, steps + self.overhead_steps)
 
     def thin(self, a: str, b: str) -> bool:

@@ -14,7 +14,9 @@ whatever the load of the machine that ran them. Its rules follow the engine's wa
   model has arrived.
 - **neighbour averaging**: node j trains as soon as its round t-1 is over, sends its model to
   its round's out-peers at once (they share its uplink), and its round is over once its own
-  sends have arrived and the models it combined have come.
+  sends have arrived and, after the models it combined have come, it has done the round's own
+  work (``[devices] overhead_s``: decoding, combining, evaluating). In a walk and with an
+  aggregator that work comes with the training, before the node sends.
 - **with an aggregator**: the round opens when the previous one closed; each sampled node
   fetches the global model (the sampled nodes share the aggregator's uplink), trains, and
   submits; the round closes when the last update the aggregator used has arrived.
@@ -71,16 +73,18 @@ class Timeline:
             self.end.setdefault(n, 0.0)
             self.trained.setdefault(n, 0.0)
 
-    def _train(self, w: NodeWork, start: float) -> float:
-        """When ``w``'s training begun at ``start`` ends (its remote phase on the peer's device)."""
+    def _train(self, w: NodeWork, start: float, own_work: bool = True) -> float:
+        """When ``w``'s training begun at ``start`` ends (its remote phase on the peer's device),
+        with the round's own work (``[devices] overhead_s``) unless not ``own_work``."""
         m = self.model
+        finish = m.round_until if own_work else m.train_until
         if w.remote_peer is None or w.remote_steps <= 0:
-            return m.round_until(w.node, start, w.steps)
+            return finish(w.node, start, w.steps)
         t = m.train_until(w.node, start, w.steps_before)
         t = m.transfer_until(w.node, w.remote_peer, t, w.to_train_bytes)
         t = m.train_until(w.remote_peer, t, w.remote_steps)
         t = m.transfer_until(w.remote_peer, w.node, t, w.trained_back_bytes)
-        return m.round_until(w.node, t, w.steps - w.remote_steps - w.steps_before)
+        return finish(w.node, t, w.steps - w.remote_steps - w.steps_before)
 
     def walk_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A walk's round: each node's end, in seconds."""
@@ -106,17 +110,18 @@ class Timeline:
     def average_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A round of neighbour averaging: each node's end, in seconds."""
         m = self.model
-        done = {node: self._train(w, self.end[node]) for node, w in work.items()}
+        done = {node: self._train(w, self.end[node], own_work=False) for node, w in work.items()}
         ends: dict[str, float] = {}
         for node, w in work.items():
-            end = done[node]
+            sent = got = done[node]
             for dst in w.sent_to:
-                end = max(end, m.transfer_until(node, dst, done[node], w.model_bytes, len(w.sent_to)))
+                sent = max(sent, m.transfer_until(node, dst, done[node], w.model_bytes, len(w.sent_to)))
             for src in w.combined:
                 if src in work:
                     s = work[src]
-                    end = max(end, m.transfer_until(src, node, done[src], s.model_bytes, len(s.sent_to)))
-            ends[node] = end
+                    got = max(got, m.transfer_until(src, node, done[src], s.model_bytes, len(s.sent_to)))
+            # its own work (decoding, combining, evaluating) once the models it combines are in
+            ends[node] = max(sent, m.round_until(node, got, 0))
         self.trained.update(done)
         self.end.update(ends)
         return ends
