@@ -460,7 +460,8 @@ class Federation:
         federation order."""
         graph = self.graph()
         near = set(graph.successors(node_id) if graph.is_directed() else graph.neighbors(node_id))
-        return [n for n in self.node_ids if n in near and n != node_id]
+        return sorted((n for n in near if n != node_id and self.has_node(n)),
+                      key=lambda n: self.node(n).index)  # O(degree), not O(N)
 
     def schedule(self) -> Schedule:
         """The exchange schedule (built once, through :data:`flmesh.registry.schedules`); the

@@ -249,7 +249,8 @@ class Node:
 
     def connect(self, peers: Mapping[str, str]) -> None:
         """Set or update peers' addresses (node id -> HOST:PORT), the replay host's among them."""
-        self._parts.transport.connect({p: a for p, a in peers.items() if p != self.node_id})
+        me = self.node_id
+        self._parts.transport.connect({p: a for p, a in peers.items() if p != me})
         self._parts.replay.connect(peers)
 
     def cancel(self) -> None:

@@ -189,7 +189,7 @@ def evaluated_columns(federation: Federation, round: int, trainer: str, task: in
     """The test splits (federation order) ``trainer``'s model is evaluated on after ``round``:
     the seeded sample of ``[federation] eval_sample``, or all. The Joint node's one model is
     evaluated everywhere: N evaluations, nothing quadratic to save."""
-    if trainer not in federation.node_ids:
+    if not federation.has_node(trainer):
         return set(range(len(federation.nodes)))
     return set(eval_splits(federation, round, trainer, task))
 
