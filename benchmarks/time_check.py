@@ -17,7 +17,11 @@ of a core and a ``--mbps`` uplink; nodes 6 and 7 a twentieth of a core (5 times 
 
 The prediction: the same file with its device model, ``[devices] step_s`` the seconds of one
 optimizer step measured here on one thread (``--threads 1``, as each fl-node runs), each
-node's ``speed`` its CPU share and ``bandwidth_mbps`` its tbf rate, run through fl-sim. The
+node's ``speed`` its CPU share and ``bandwidth_mbps`` its tbf rate, run through fl-sim; once
+with the optimizer steps only and once with ``[devices] overhead_s``: a round's CPU seconds
+besides its steps, the nodes' mean from round 2 on, measured before the deployment on a
+3-round run of the same nodes in the same namespaces without CPU limits (each cgroup's CPU
+accounting when each row appears), as an operator would measure a device once. The
 numbers of both runs are the same (fl-node and fl-sim compute the same rounds); what is
 compared is when each node ended each round: fl-node's rows give each round's wall time
 (summed from the start of round 1), fl-sim's its simulated seconds. Prints, per round, the
@@ -49,6 +53,7 @@ SHARES = [0.25] * 6 + [0.05] * 2  # of one core
 PERIOD_US = 20_000  # the CFS period: a quota is spent 20 ms at a time (the least quota is 1 ms)
 SUBNET = "10.77.0"
 PORT = 7000
+CALIBRATION_ROUNDS = 3  # of the run without CPU limits that measures overhead_s
 CGROUP = Path("/sys/fs/cgroup/cpu")
 ACCOUNT = Path("/sys/fs/cgroup/cpuacct")  # what each node's processes used, in CPU ns
 WATCH_S = 0.02  # how often the rows are looked for (a twentieth of a core uses 1 ms of CPU in it)
@@ -180,8 +185,8 @@ def measure_step_s(epochs_steps: int = 50) -> float:
     return steps(epochs_steps) / epochs_steps
 
 
-def deploy(fed: Path, work: Path, spaces: list[str],
-           groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+def deploy(fed: Path, work: Path, spaces: list[str], groups: list[Path], port: int = PORT,
+           limited: bool = True) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
     """Run every node in its namespace and cgroup over mTLS to the end; each node's rows and the
     CPU seconds each of its rounds used. The
     nodes start unlimited (importing torch at a twentieth of a core takes a minute); once all
@@ -195,7 +200,7 @@ def deploy(fed: Path, work: Path, spaces: list[str],
     for k, (ns, group) in enumerate(zip(spaces, groups, strict=True)):
         node = f"node{k}"
         argv = [str(BIN / "fl-node"), "--id", node, "--federation", str(fed),
-                "--listen", f"{SUBNET}.{k + 2}:{PORT}",
+                "--listen", f"{SUBNET}.{k + 2}:{port}",
                 "--threads", "1", "--out", str(work / "runs" / node), "--tls-ca", str(pki / "ca.pem"),
                 "--tls-cert", str(pki / f"{node}.pem"), "--tls-key", str(pki / f"{node}.key"),
                 "--ready-file", str(work / f"{node}.addr"), "--peers-file", str(work / "peers.json")]
@@ -208,15 +213,15 @@ def deploy(fed: Path, work: Path, spaces: list[str],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        return _run(procs, work, groups)
+        return _run(procs, work, groups, limited)
     finally:
         for p in procs.values():
             p.kill()
             p.wait()
 
 
-def _run(procs: dict[str, subprocess.Popen], work: Path,
-         groups: list[Path]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+def _run(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
+         limited: bool) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
     deadline = time.monotonic() + 300
     while not all((work / f"{n}.addr").exists() for n in procs):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
@@ -225,7 +230,10 @@ def _run(procs: dict[str, subprocess.Popen], work: Path,
             why = {n: p.communicate()[1].strip().splitlines()[-1:] for n, p in procs.items() if p.returncode}
             raise SystemExit(f"time_check: not every fl-node started listening: {why}")
         time.sleep(0.2)  # a poll interval
-    limit(groups)
+    for group in groups:
+        (group / "cpu.cfs_quota_us").write_text("-1")  # a calibration's nodes run unlimited
+    if limited:
+        limit(groups)
     ready = {f"node{k}": _cpu_s(g.name) for k, g in enumerate(groups)}
     addresses = {n: (work / f"{n}.addr").read_text().strip() for n in procs}
     (work / ".peers.json").write_text(json.dumps(addresses))
@@ -268,6 +276,18 @@ def _cpu_s(group: str) -> float:
     return int((ACCOUNT / group / "cpuacct.usage").read_text()) / 1e9
 
 
+def own_work(rows: dict[str, list[dict[str, Any]]], used: dict[str, list[float]],
+             step_s: float) -> dict[str, tuple[float, float]]:
+    """Per node: CPU seconds a round and, of them, its optimizer steps' (steps x ``step_s``), the
+    mean from round 2 on (round 1 also says Hello and opens the TLS connections)."""
+    out = {}
+    for n, node_rows in rows.items():
+        later = range(1, len(node_rows)) if len(node_rows) > 1 else range(1)
+        out[n] = (statistics.mean(used[n][t] for t in later),
+                  statistics.mean(node_rows[t]["nodes"][n]["train_steps"] for t in later) * step_s)
+    return out
+
+
 def reached(times: list[float], accuracy: list[float], target: float) -> float | None:
     return next((t for t, a in zip(times, accuracy, strict=True) if a >= target), None)
 
@@ -289,17 +309,19 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         fed = work / "deploy.toml"
         fed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, None))
+        calibration = work / "calibration"
+        calibration.mkdir()
+        (calibration / "deploy.toml").write_text(federation_text(CALIBRATION_ROUNDS, args.epochs, args.mbps,
+                                                                 args.thin_mbps, None))
         started = time.perf_counter()
         with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
+            # the nodes' own work besides their steps, measured first on a short run without CPU limits
+            cal_rows, cal_used = deploy(calibration / "deploy.toml", calibration, spaces, groups, PORT + 1,
+                                        limited=False)
             real, used = deploy(fed, work, spaces, groups)
         deploy_s = time.perf_counter() - started
-        # the CPU a round takes besides its optimizer steps, as the deployment's accounting says,
-        # rounds 2 on (round 1 also says Hello and opens the TLS connections): overhead_s
-        later = range(1, args.rounds) if args.rounds > 1 else range(1)
-        cpu_s = {n: statistics.mean(used[n][t] for t in later) for n in real}
-        steps_s = {n: statistics.mean(real[n][t]["nodes"][n]["train_steps"] for t in later) * step_s
-                   for n in real}
-        overhead_s = statistics.mean(cpu_s[n] - steps_s[n] for n in real)
+        overhead_s = statistics.mean(c - s for c, s in own_work(cal_rows, cal_used, step_s).values())
+        deployed_work = own_work(real, used, step_s)  # the deployment's own, for the table
         predictions = {}
         for label, overhead in (("steps only", 0.0), ("steps + overhead_s", overhead_s)):
             timed = work / f"predict-{overhead}.toml"
@@ -324,17 +346,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{NODES} fl-node processes over mTLS, ring, sync D-PSGD, MLP(1024, 1024) on digits, "
           f"E = {args.epochs:g}; "
           f"CPU shares {SHARES}; uplinks {args.mbps:g} Mbit/s (nodes 2, 3: {args.thin_mbps:g}); "
-          f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s from the "
-          f"deployment's CPU accounting; largest difference of a node's accuracy between fl-node and "
+          f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s measured on a "
+          f"{CALIBRATION_ROUNDS}-round run of the same nodes without CPU limits (their CPU accounting); "
+          f"largest difference of a node's accuracy between fl-node and "
           f"fl-sim: {differ:.4f}\n")
     notes = sorted({note for n in nodes for r in real[n] for note in r["nodes"][n].get("notes") or []})
     print("fl-node's notes: " + ("; ".join(notes) if notes else "none") + "\n")
+    print("The deployment's own CPU accounting, rounds 2 on:\n")
     print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) "
           "| the rest |")
     print("|---|---:|---:|---:|---:|")
     for k, n in enumerate(nodes):
-        cpu = cpu_s[n]
-        print(f"| {n} | {SHARES[k]:g} | {cpu:.3f} | {steps_s[n]:.3f} | {cpu - steps_s[n]:.3f} |")
+        cpu, steps = deployed_work[n]
+        print(f"| {n} | {SHARES[k]:g} | {cpu:.3f} | {steps:.3f} | {cpu - steps:.3f} |")
     results: dict[str, Any] = {}
     for label, rows in predictions.items():
         predicted = {n: [r["nodes"][n]["sim_time_s"] for r in rows] for n in nodes}
