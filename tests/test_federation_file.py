@@ -173,6 +173,15 @@ def test_node_count_must_agree_with_node_tables(tmp_path):
         load_federation(path)
 
 
+def test_an_unknown_node_is_named_with_the_first_ids_and_how_many_more(tmp_path):
+    fed = load_federation(write(tmp_path, VALID.replace("nodes = 4", "nodes = 20")))
+    assert fed.has_node("node19") and not fed.has_node("node20") and fed.node("node7").index == 7
+    with pytest.raises(FederationError) as err:
+        fed.node("node20")
+    assert str(err.value).endswith("unknown node 'node20' (the federation has node0, node1, node2, node3, "
+                                   "node4, node5, node6, node7 and 12 more)")
+
+
 def test_a_node_table_overrides_one_of_n_generated_nodes(tmp_path):
     text = VALID.replace("nodes = 4", "nodes = 10") + "[nodes.node3]\nepochs = 1\nlr = 0.01\n"
     fed = load_federation(write(tmp_path, text))
