@@ -337,8 +337,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "trace": "a CSV or JSON file of events node,time_s,event,value (speed, step_s, bandwidth_mbps, "
                  "offline, online) that change a node over simulated time (relative to the file)",
         "overhead_s": "seconds of a node's own work each round besides its optimizer steps, at speed 1 "
-                      "(decoding, combining and evaluating models: once an averaging node's models are "
-                      "in; with its training elsewhere)",
+                      "(encoding, decoding, combining and evaluating models); an averaging node does it "
+                      "once the models it combines are in, any other node with its training",
     },
     "network": {
         "bandwidth_mbps": "megabits per second of each node's uplink, and the aggregator's (unset: "
