@@ -219,8 +219,8 @@ def test_only_the_schedule_may_deliver():
     assert not may_deliver(star, "node1", "node2", 2)
 
 
-@pytest.mark.parametrize("schedule,graph,hops", [("cwt", "ring", 1), ("cwt", "complete", 2), ("rwt", "complete", 1),
-                                                ("rwt", "ring", 1)])
+@pytest.mark.parametrize("schedule,graph,hops", [("cwt", "ring", 1), ("cwt", "complete", 2),
+                                                ("rwt", "complete", 1), ("rwt", "ring", 1)])
 def test_senders_to_are_the_nodes_whose_fallbacks_reach_the_receiver_nearest_first(schedule, graph, hops):
     fed = parse_federation(tiny_raw(nodes=7, rounds=6, topology={"graph": graph, "schedule": schedule}),
                            source="t")
