@@ -3,6 +3,7 @@
     python benchmarks/scale.py [--nodes 100 1000 10000] [--rounds R] [--cores C] [--eval-sample K]
     python benchmarks/scale.py --quick    # 10 and 20 nodes, 3 rounds
     python benchmarks/scale.py --devices  # each size also with a device model (simulated time)
+    python benchmarks/scale.py --nodes 500 2000 --calls  # Python calls per node and round
 
 Each size runs as one ``fl-sim FILE --out DIR --quiet --no-pictures`` process, kept to
 ``--cores`` CPUs (default 2), of 1 + R rounds (default R = 5) on a ring with a CWT schedule,
@@ -16,7 +17,11 @@ not the evaluation after it), the first and the last round left out (start-up, t
 RSS is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: seconds per round,
 milliseconds per node and round, peak RSS, and RSS per extra node over the smallest size; with
 ``--devices`` the same size with ``[devices]`` and ``[network]`` (stragglers, thin links) and
-the ratio of its seconds per round to the plain run's.
+the ratio of its seconds per round to the plain run's. With ``--calls`` each size also runs
+twice under a counter of every Python function call on every thread (``sys.setprofile`` and
+``threading.setprofile``: far slower, so no times are taken from it), with R and with R + 1
+rounds: the difference over the nodes is the calls a node makes in one round, which stays the
+same at every size unless some work of a node grows with the federation.
 """
 
 from __future__ import annotations
@@ -79,6 +84,39 @@ hidden = [64]
 """
 
 
+#: Runs fl-sim with every Python call on every thread counted; the total goes to argv[1].
+COUNTER = """
+import atexit, sys, threading
+calls = [0]
+def count(frame, event, arg):
+    if event == "call":
+        calls[0] += 1
+sys.setprofile(count)
+threading.setprofile(count)
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(str(calls[0])))
+from flmesh.cli.fl_sim import entry
+sys.argv[0] = "fl-sim"
+entry()
+"""
+
+
+def calls_per_node_round(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Path) -> float:
+    """Python calls one node makes in one round: a run of ``rounds`` + 1 rounds less one of
+    ``rounds``, over the nodes."""
+    totals = []
+    for r in (rounds, rounds + 1):
+        file = work / f"calls{nodes}-{r}.toml"
+        file.write_text(FEDERATION.format(seed=SEED, rounds=r, nodes=nodes, eval_sample=eval_sample,
+                                          samples=PER_NODE * nodes))
+        counted = work / f"calls{nodes}-{r}.txt"
+        out = work / f"run-calls{nodes}-{r}"
+        measure([sys.executable, "-c", COUNTER, str(counted), str(file), "--out", str(out), "--quiet",
+                 "--no-pictures"], cpus=cpus, env={"PYTHONPATH": str(work)})
+        totals.append(int(counted.read_text()))
+    return (totals[1] - totals[0]) / nodes
+
+
 def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Path,
              devices: bool = False) -> dict[str, Any]:
     from flmesh.reports.run_files import read_rows
@@ -108,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-sample", type=int, default=10, metavar="K",
                    help="test splits each model is evaluated on (default 10)")
     p.add_argument("--devices", action="store_true", help="each size also with a device model")
+    p.add_argument("--calls", action="store_true",
+                   help="each size also counts the Python calls of a node in a round")
     add_json_flag(p, "scale")
     args = p.parse_args(argv)
     sizes = sorted(args.nodes or ([10, 20] if args.quick else [100, 1000, 10000]))
@@ -124,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_size(n, rounds, args.eval_sample, cpus, Path(tmp), devices))
                 print(f"# {n} nodes{' with devices' if devices else ''}: {results[-1]['s_per_round']:.2f} "
                       f"s/round, peak {results[-1]['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+            if args.calls:
+                results[-1 - args.devices]["calls_per_node_round"] = calls_per_node_round(
+                    n, rounds, args.eval_sample, cpus, Path(tmp))
     plain = [r for r in results if not r["devices"]]
     base = plain[0]
     for r in plain:
@@ -146,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
                 t = timed[r["nodes"]]
                 ratio = t["s_per_round"] / r["s_per_round"]
                 print(f"| {r['nodes']} | {t['s_per_round']:.2f} | {ratio:.2f} |")
+    if args.calls:
+        print("\n| nodes | Python calls per node and round |\n|---:|---:|")
+        for r in plain:
+            print(f"| {r['nodes']} | {r['calls_per_node_round']:.1f} |")
     write_json(args.json, "scale", {"rounds": rounds, "cpus": sorted(cpus), "sizes": results}, [SEED])
     return 0
 

@@ -75,17 +75,21 @@ def test_overhead(tmp_path):
 
 
 def test_scale(tmp_path):
-    results = run(tmp_path, "scale.py", "--nodes", "4", "6", "--cores", "1", "--devices")
+    results = run(tmp_path, "scale.py", "--nodes", "4", "6", "--cores", "1", "--devices", "--calls",
+                  "--eval-sample", "3")
     assert results["rounds"] == 3 and len(results["cpus"]) == 1
     small, small_timed, big, big_timed = results["sizes"]
     assert [s["nodes"] for s in results["sizes"]] == [4, 4, 6, 6]
     assert [s["devices"] for s in results["sizes"]] == [False, True, False, True]
     assert small["rss_per_extra_node_mib"] is None and number(big["rss_per_extra_node_mib"])
     for size in results["sizes"]:
-        assert size["eval_sample"] == 10  # FA/FF from sampled pairs at every size
+        assert size["eval_sample"] == 3  # FA/FF from sampled pairs at every size
         assert len(size["round_walls_s"]) == 1 and size["s_per_round"] == size["round_walls_s"][0] > 0
         assert size["ms_per_node_round"] == pytest.approx(1000 * size["s_per_round"] / size["nodes"])
         assert number(size["peak_rss_mib"], 1) and number(size["whole_run_s"], 0)
+    # a node's Python calls in a round: the same work at both sizes (3 evaluations each)
+    assert number(small["calls_per_node_round"], 100) and number(big["calls_per_node_round"], 100)
+    assert big["calls_per_node_round"] == pytest.approx(small["calls_per_node_round"], rel=0.1)
 
 
 def test_sim_breakdown(tmp_path):
