@@ -78,19 +78,24 @@ def public_version_check(text: str, name: str) -> str:
 EXPERIMENTAL_CLASS = "\n\n # This class is part of an EXPERIMENTAL API.\n"
 #: The plug-in's private keyword on every client method (an optimisation, off by default).
 REGISTERED = re.compile(r",\s*_registered_method=True\)")
+#: The server half of that optimisation: the same handlers again as "registered" methods, through
+#: a ``grpc.Server`` method of recent releases only; the generic handler the line before serves
+#: every method on any grpcio.
+REGISTERED_HANDLERS = re.compile(r"\n    server\.add_registered_method_handlers\([^)]*\)")
 
 
 def public_names_only(text: str, name: str) -> str:
-    """``text`` without grpc's private ``_registered_method`` keyword on the stub's methods and
-    without the static helper class on ``grpc.experimental``; RuntimeError when either is not
-    where the plug-in writes it (a new grpcio-tools: look before committing). A file of no
-    service has neither."""
+    """``text`` without grpc's private ``_registered_method`` keyword on the stub's methods, the
+    server's registered handlers that go with it, and the static helper class on
+    ``grpc.experimental``; RuntimeError when any is not where the plug-in writes it (a new
+    grpcio-tools: look before committing). A file of no service has none."""
     at = text.find(EXPERIMENTAL_CLASS)
-    if at < 0 and not REGISTERED.search(text):
+    found = [at >= 0, bool(REGISTERED.search(text)), bool(REGISTERED_HANDLERS.search(text))]
+    if not any(found):
         return text
-    if at < 0 or not REGISTERED.search(text):
+    if not all(found):
         raise RuntimeError(f"{name}: the gRPC plug-in's output changed; update public_names_only")
-    return REGISTERED.sub(")", text[:at]).rstrip("\n") + "\n"
+    return REGISTERED_HANDLERS.sub("", REGISTERED.sub(")", text[:at])).rstrip("\n") + "\n"
 
 
 def main() -> int:

@@ -129,4 +129,3 @@ def add_PeerServicer_to_server(servicer, server):
     generic_handler = grpc.method_handlers_generic_handler(
             'flmesh.v1.Peer', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('flmesh.v1.Peer', rpc_method_handlers)
