@@ -82,10 +82,16 @@ def _stratified_moment(diag: np.ndarray, off: np.ndarray, n: int, power: int) ->
     The diagonal is N of the N^2 pairs; weighing it 1/N (not 1/K, its share of the K
     pairs each model was evaluated on) keeps the estimate unbiased when the other K-1
     splits are drawn uniformly, and equal to the plain mean when nothing is missing."""
-    mean_diag = float(np.mean(diag ** power))
-    if n == 1 or off.size == 0:
-        return mean_diag
-    return mean_diag / n + float(np.mean(off ** power)) * (n - 1) / n
+    return stratified_mean(float(np.mean(diag ** power)),
+                           float(np.mean(off ** power)) if off.size else None, n)
+
+
+def stratified_mean(mean_own: float, mean_others: float | None, n: int) -> float:
+    """The N x N mean estimated from the mean of the diagonal (each model on its own split) and
+    of the evaluated other pairs (None: none): (1/N) own + ((N-1)/N) others."""
+    if n == 1 or mean_others is None:
+        return mean_own
+    return mean_own / n + mean_others * (n - 1) / n
 
 
 def _sampled_fairness(diag: np.ndarray, off: np.ndarray, n: int) -> float:

@@ -14,13 +14,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flmesh.learning.metrics import stratified_mean
+
 
 def fa_over_time(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
     """(simulated seconds, FA) after each evaluated node round, once every node has one, in time
     order; empty without simulated times or cross-evaluations (star rows, continual runs).
 
-    FA is the sampled estimate of :func:`~flmesh.learning.metrics.metrics_of_pairs` (the plain
-    mean when every pair is evaluated), kept as running sums that a node's new round updates:
+    FA is the sampled estimate of :func:`~flmesh.learning.metrics.stratified_mean` (the plain
+    mean when every pair is evaluated) of running sums that a node's new round updates:
     O(its pairs) per event, where rebuilding the N x N matrix would make the curve of a large
     federation take hours. Equal to the rows' FA up to rounding."""
     if not rows or rows[0].get("kind") != "peer" or any(r.get("task") is not None for r in rows):
@@ -49,8 +51,7 @@ def fa_over_time(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]
         others_sum, others_n = others_sum + others[i][0], others_n + others[i][1]
         if own_n < n:  # not every node has an evaluated model yet
             continue
-        mean_own = own_sum / n
-        fa = mean_own / n + others_sum / others_n * (n - 1) / n if others_n and n > 1 else mean_own
+        fa = stratified_mean(own_sum / n, others_sum / others_n if others_n else None, n)
         if out and out[-1][0] == when:
             out[-1] = (when, fa)
         else:

@@ -71,11 +71,11 @@ def senders_to(federation: Federation, receiver: str, round: int, hops: int = FA
     is built once per federation and kept for the last few rounds, since every node of an
     fl-sim asks, and each scanning every node would make a round quadratic. Thread-safe."""
     plan = federation.schedule().plan(round)
-    index = federation.derived("_walk_feeders", _WalkFeeders)
+    feeders = federation.derived("_walk_feeders", _WalkFeeders).feeders(plan, round)
     candidates: set[str] = set()
     frontier = [receiver]
     for _ in range(hops + 1):  # a sender reaches the receiver in at most hops + 1 steps
-        frontier = [s for r in frontier for s in index.feeders(plan, round).get(r, ())]
+        frontier = [s for r in frontier for s in feeders.get(r, ())]
         candidates.update(frontier)
     candidates.discard(receiver)
     reach = {s: successors(plan, s, hops) for s in candidates}
