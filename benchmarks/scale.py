@@ -18,9 +18,9 @@ RSS is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: secon
 milliseconds per node and round, peak RSS, and RSS per extra node over the smallest size; with
 ``--devices`` the same size with ``[devices]`` and ``[network]`` (stragglers, thin links) and
 the ratio of its seconds per round to the plain run's. With ``--calls`` each size also runs
-twice under a counter of every Python function call on every thread (``sys.setprofile`` and
-``threading.setprofile``: far slower, so no times are taken from it), with R and with R + 1
-rounds: the difference over the nodes is the calls a node makes in one round, which stays the
+twice under a counter of every Python function call on every thread after the imports
+(``sys.setprofile`` and ``threading.setprofile``: far slower, so no times are taken from it),
+with R and with R + 1 rounds: the difference over the nodes is the calls a node makes in one round, which stays the
 same at every size unless some work of a node grows with the federation.
 """
 
@@ -85,8 +85,12 @@ hidden = [64]
 
 
 #: Runs fl-sim with every Python call on every thread counted; the total goes to argv[1].
+#: torch, its compiler front end (which torch's SGD imports) and flmesh are imported before
+#: counting starts: their imports vary by a few hundred calls from run to run (sympy's set
+#: order) and are the same work at every size.
 COUNTER = """
 import atexit, sys, threading
+import torch, torch._dynamo, flmesh.cli.fl_sim
 calls = [0]
 def count(frame, event, arg):
     if event == "call":
