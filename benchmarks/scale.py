@@ -20,8 +20,8 @@ milliseconds per node and round, peak RSS, and RSS per extra node over the small
 the ratio of its seconds per round to the plain run's. With ``--calls`` each size also runs
 twice under a counter of every Python function call on every thread after the imports
 (``sys.setprofile`` and ``threading.setprofile``: far slower, so no times are taken from it),
-with R and with R + 1 rounds: the difference over the nodes is the calls a node makes in one round, which stays the
-same at every size unless some work of a node grows with the federation.
+with R and with R + 1 rounds: the difference over the nodes is the calls a node makes in one
+round, which stays the same at every size unless some work of a node grows with the federation.
 """
 
 from __future__ import annotations
