@@ -157,9 +157,12 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     """Ctrl-C in a terminal reaches fl-sim's process group: the run ends with the finished
     rounds, their summary and their pictures."""
     out = tmp_path / "int"
+    # SIGINT as a terminal leaves it: a shell starts a background job with SIGINT ignored, which
+    # the test run and Python in fl-sim would otherwise inherit (and keep, as a program should)
     proc = subprocess.Popen([sys.executable, "-m", "flmesh.cli.fl_sim", str(tiny_file),
                              "--out", str(out), "--rounds", "500", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         rounds = out / "rounds.jsonl"
         wait_until(lambda: rounds.exists() and rounds.read_text().count("\n") >= 1, timeout=120)
