@@ -110,13 +110,16 @@ def tree_kib(pid: int, source: str, fields: Sequence[str]) -> list[int]:
 @dataclass
 class Measured:
     """One finished process: wall and CPU seconds (user + system, waited-for children included),
-    peak RSS of the largest process (``ru_maxrss``), peak Pss of the tree (0 unless sampled), MiB."""
+    peak RSS of the largest process (``ru_maxrss``), peak Pss of the tree (0 unless sampled), MiB;
+    the system (kernel) share of the CPU seconds and the context switches, voluntary and not."""
 
     wall_s: float
     cpu_s: float
     max_rss_mib: float
     peak_pss_mib: float
     stdout: str
+    system_s: float = 0.0
+    switches: int = 0
 
 
 def measure(argv: Sequence[str], *, env: dict[str, str] | None = None, pss_every_s: float | None = None,
@@ -159,7 +162,8 @@ def measure(argv: Sequence[str], *, env: dict[str, str] | None = None, pss_every
         t.join()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed (exit {proc.returncode}): {texts['err'][-2000:]}")
-    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, peak[0], texts["out"])
+    return Measured(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, peak[0], texts["out"],
+                    usage.ru_stime, usage.ru_nvcsw + usage.ru_nivcsw)
 
 
 # --- federation runs in this process (the paper benchmarks) ----------------------------------

@@ -15,7 +15,8 @@ pairs, with no N x N array. Seconds per round is the median of the rounds' own w
 (``wall_s`` in rounds.jsonl: from the first node's start of the round to the last node's end,
 not the evaluation after it), the first and the last round left out (start-up, the end). Peak
 RSS is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: seconds per round,
-milliseconds per node and round, peak RSS, and RSS per extra node over the smallest size; with
+milliseconds per node and round, peak RSS, RSS per extra node over the smallest size, and over
+the whole run per node the user and system (kernel) CPU and the context switches; with
 ``--devices`` the same size with ``[devices]`` and ``[network]`` (stragglers, thin links) and
 the ratio of its seconds per round to the plain run's. With ``--calls`` each size also runs
 twice under a counter of every Python function call on every thread after the imports
@@ -137,7 +138,9 @@ def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Pa
     per_round = statistics.median(walls)
     return {"nodes": nodes, "devices": devices, "eval_sample": eval_sample, "s_per_round": per_round,
             "ms_per_node_round": 1000 * per_round / nodes, "peak_rss_mib": done.max_rss_mib,
-            "whole_run_s": done.wall_s, "cpu_s": done.cpu_s, "round_walls_s": walls}
+            "whole_run_s": done.wall_s, "cpu_s": done.cpu_s, "round_walls_s": walls,
+            "user_ms_per_node": 1000 * (done.cpu_s - done.system_s) / nodes,
+            "system_ms_per_node": 1000 * done.system_s / nodes, "switches_per_node": done.switches / nodes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,12 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nCWT on generated data ({PER_NODE} samples a node), ring, 0.5 epoch per round, {rounds} rounds, "
           f"eval_sample {args.eval_sample}; one fl-sim on CPUs {sorted(cpus)}\n")
     print("| nodes | s / round | ms per node and round | peak RSS (MiB) | RSS per extra node (MiB) "
-          "| whole run (s) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+          "| whole run (s) | user CPU per node (ms) | system CPU per node (ms) | context switches per node |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in plain:
         extra = "-" if r["rss_per_extra_node_mib"] is None else f"{r['rss_per_extra_node_mib']:.2f}"
         print(f"| {r['nodes']} | {r['s_per_round']:.2f} | {r['ms_per_node_round']:.1f} | "
-              f"{r['peak_rss_mib']:.0f} | {extra} | {r['whole_run_s']:.1f} |")
+              f"{r['peak_rss_mib']:.0f} | {extra} | {r['whole_run_s']:.1f} | {r['user_ms_per_node']:.1f} | "
+              f"{r['system_ms_per_node']:.1f} | {r['switches_per_node']:.0f} |")
     timed = {r["nodes"]: r for r in results if r["devices"]}
     if timed:
         print("\n| nodes | s / round with a device model | over without |\n|---:|---:|---:|")

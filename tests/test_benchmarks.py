@@ -87,6 +87,10 @@ def test_scale(tmp_path):
         assert len(size["round_walls_s"]) == 1 and size["s_per_round"] == size["round_walls_s"][0] > 0
         assert size["ms_per_node_round"] == pytest.approx(1000 * size["s_per_round"] / size["nodes"])
         assert number(size["peak_rss_mib"], 1) and number(size["whole_run_s"], 0)
+        assert number(size["user_ms_per_node"], 0) and number(size["system_ms_per_node"], 0)
+        assert size["switches_per_node"] > 0
+        assert size["user_ms_per_node"] + size["system_ms_per_node"] == pytest.approx(
+            1000 * size["cpu_s"] / size["nodes"])
     # a node's Python calls in a round: the same work at both sizes (3 evaluations each)
     assert number(small["calls_per_node_round"], 100) and number(big["calls_per_node_round"], 100)
     assert big["calls_per_node_round"] == pytest.approx(small["calls_per_node_round"], rel=0.1)
