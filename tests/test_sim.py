@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flmesh.cli.fl_sim import main
-from flmesh.sim.threads import Lockstep
+from flmesh.sim.threads import Lockstep, fit_futex_hash
 
 from conftest import wait_until
 
@@ -400,3 +401,13 @@ def test_quiet_prints_the_final_metrics_on_one_line(tiny_file, tmp_path, capsys)
     final = summary["final"]
     assert printed == (f"tiny: round 2/2: FA {100 * final['fa']:.2f} %, FF {100 * final['ff']:.2f} %, "
                        f"PFA {100 * final['pfa']:.2f} %; results in {out}\n")
+
+
+def test_the_futex_hash_grows_with_the_node_threads():
+    """A simulation of thousands of node threads asks the kernel for a futex hash of two slots
+    a thread (Linux 6.16+), so that a wake-up does not walk a bucket of hundreds of waiters."""
+    if not fit_futex_hash(5000):
+        pytest.skip("this kernel keeps the machine's shared futex hash (it predates Linux 6.16)")
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    assert prctl(78, 2, 0, 0, 0) == 16384  # PR_FUTEX_HASH, PR_FUTEX_HASH_GET_SLOTS
+    assert fit_futex_hash(3) and prctl(78, 2, 0, 0, 0) == 16

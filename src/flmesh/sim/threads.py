@@ -4,12 +4,15 @@ thread, the rows they hand the runner in order, and where they meet once per rou
 :func:`run_threads` starts the loops and ends the :class:`RowQueue` when all have ended (the
 first error goes to the queue, which re-raises it in the runner's thread). :class:`Lockstep`
 is where a peer federation's node threads meet before an evaluated round's N x N evaluation
-and before the next round.
+and before the next round. :func:`fit_futex_hash` sizes the kernel's table of waiting threads
+for that many threads.
 """
 
 from __future__ import annotations
 
+import ctypes
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +92,28 @@ class RowQueue:
             yield item
 
 
+#: prctl(2) options (Linux 6.16 and later): a process's own futex hash, and setting its slots.
+_PR_FUTEX_HASH, _PR_FUTEX_HASH_SET_SLOTS = 78, 1
+
+
+def fit_futex_hash(threads: int) -> bool:
+    """Give this process's futex hash at least two slots per thread for ``threads`` threads;
+    True when the kernel took it. Every lock, event and condition a thread blocks on is a futex,
+    and each wake-up walks the hash bucket it falls in. Since Linux 6.16 a threaded process gets
+    its own hash sized for the CPUs (16 slots on 2 cores), not for its threads: with 10,000 node
+    threads blocked on their events and locks, each wake-up walked a bucket of some 600 waiters,
+    and ``futex_wake`` took over half the CPU of a round. Older kernels (and other systems)
+    refuse the option and keep the machine's shared hash. Non-blocking; thread-safe."""
+    if not sys.platform.startswith("linux"):
+        return False
+    slots = max(16, 1 << (2 * threads - 1).bit_length())
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    return bool(prctl(_PR_FUTEX_HASH, _PR_FUTEX_HASH_SET_SLOTS, slots, 0, 0) == 0)
+
+
 def run_threads(targets: dict[str, Callable[[], object]], out: RowQueue,
                 on_error: Callable[[], None]) -> list[threading.Thread]:
     """Run every target on its own thread; when all end, end ``out``. The first error goes to
@@ -107,6 +132,7 @@ def run_threads(targets: dict[str, Callable[[], object]], out: RowQueue,
                     on_error()
         return run
 
+    fit_futex_hash(threading.active_count() + len(targets) + 1)  # the joiner too
     threads = [threading.Thread(target=wrap(fn), name=f"flmesh-{name}", daemon=True)
                for name, fn in targets.items()]
     for t in threads:
