@@ -158,8 +158,8 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     """Ctrl-C in a terminal reaches fl-sim's process group: the run ends with the finished
     rounds, their summary and their pictures."""
     out = tmp_path / "int"
-    # SIGINT as a terminal leaves it: a shell starts a background job with SIGINT ignored, which
-    # the test run and Python in fl-sim would otherwise inherit (and keep, as a program should)
+    # SIGINT handled as under a terminal: a shell starts a background job with SIGINT ignored,
+    # which fl-sim would otherwise inherit from the test run (and keep, as a program should)
     proc = subprocess.Popen([sys.executable, "-m", "flmesh.cli.fl_sim", str(tiny_file),
                              "--out", str(out), "--rounds", "500", "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -403,11 +403,16 @@ def test_quiet_prints_the_final_metrics_on_one_line(tiny_file, tmp_path, capsys)
                        f"PFA {100 * final['pfa']:.2f} %; results in {out}\n")
 
 
-def test_the_futex_hash_grows_with_the_node_threads():
-    """A simulation of thousands of node threads asks the kernel for a futex hash of two slots
-    a thread (Linux 6.16+), so that a wake-up does not walk a bucket of hundreds of waiters."""
+def test_the_futex_hash_grows_with_the_node_threads(tmp_path):
+    """A simulation asks the kernel for a futex hash of two slots a thread (Linux 6.16+), so that
+    with thousands of node threads a wake-up does not walk a bucket of hundreds of waiters."""
     if not fit_futex_hash(5000):
         pytest.skip("this kernel keeps the machine's shared futex hash (it predates Linux 6.16)")
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    assert prctl(78, 2, 0, 0, 0) == 16384  # PR_FUTEX_HASH, PR_FUTEX_HASH_GET_SLOTS
-    assert fit_futex_hash(3) and prctl(78, 2, 0, 0, 0) == 16
+    slots = lambda: prctl(78, 2, 0, 0, 0)  # noqa: E731 (PR_FUTEX_HASH, PR_FUTEX_HASH_GET_SLOTS)
+    assert slots() == 16384
+    assert fit_futex_hash(3) and slots() == 16
+    file = tmp_path / "forty.toml"
+    file.write_text(TINY.replace("rounds = 2", "rounds = 1").replace("nodes = 3", "nodes = 40"))
+    assert main([str(file), "--out", str(tmp_path / "run"), "--quiet", "--no-pictures"]) == 0
+    assert slots() >= 128  # two a thread for 40 node threads and the ones beside them

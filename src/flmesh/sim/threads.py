@@ -100,10 +100,11 @@ def fit_futex_hash(threads: int) -> bool:
     """Give this process's futex hash at least two slots per thread for ``threads`` threads;
     True when the kernel took it. Every lock, event and condition a thread blocks on is a futex,
     and each wake-up walks the hash bucket it falls in. Since Linux 6.16 a threaded process gets
-    its own hash sized for the CPUs (16 slots on 2 cores), not for its threads: with 10,000 node
-    threads blocked on their events and locks, each wake-up walked a bucket of some 600 waiters,
-    and ``futex_wake`` took over half the CPU of a round. Older kernels (and other systems)
-    refuse the option and keep the machine's shared hash. Non-blocking; thread-safe."""
+    its own hash sized for the CPUs, not for its threads: with thousands of node threads blocked
+    on their events and locks, each wake-up would walk a bucket of hundreds of waiters and the
+    kernel's share of a round would grow with the federation (docs/performance.md). Older
+    kernels (and other systems) refuse the option and keep the machine's shared hash.
+    Non-blocking; thread-safe."""
     if not sys.platform.startswith("linux"):
         return False
     slots = max(16, 1 << (2 * threads - 1).bit_length())
