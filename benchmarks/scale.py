@@ -86,12 +86,15 @@ hidden = [64]
 
 
 #: Runs fl-sim with every Python call on every thread counted; the total goes to argv[1].
-#: torch, its compiler front end (which torch's SGD imports) and flmesh are imported before
-#: counting starts: their imports vary by a few hundred calls from run to run (sympy's set
-#: order) and are the same work at every size.
+#: torch, what its optimizer imports on its first step, and flmesh are loaded before counting
+#: starts: their imports vary by a few hundred calls from run to run (sympy's set order) and
+#: are the same work at every size.
 COUNTER = """
 import atexit, sys, threading
-import torch, torch._dynamo, flmesh.cli.fl_sim
+import torch, flmesh.cli.fl_sim
+weight = torch.zeros(1, requires_grad=True)
+weight.sum().backward()
+torch.optim.SGD([weight], lr=0.1).step()
 calls = [0]
 def count(frame, event, arg):
     if event == "call":
