@@ -159,11 +159,16 @@ def test_ctrl_c_stops_all_nodes_and_keeps_finished_rounds(tiny_file, tmp_path):
     rounds, their summary and their pictures."""
     out = tmp_path / "int"
     # SIGINT handled as under a terminal: a shell starts a background job with SIGINT ignored,
-    # which fl-sim would otherwise inherit from the test run (and keep, as a program should)
-    proc = subprocess.Popen([sys.executable, "-m", "flmesh.cli.fl_sim", str(tiny_file),
-                             "--out", str(out), "--rounds", "500", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # which fl-sim would otherwise inherit from the test run (and keep, as a program should); a
+    # handled signal is reset to its default across exec, an ignored one stays ignored
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "flmesh.cli.fl_sim", str(tiny_file),
+                                 "--out", str(out), "--rounds", "500", "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         rounds = out / "rounds.jsonl"
         wait_until(lambda: rounds.exists() and rounds.read_text().count("\n") >= 1, timeout=120)
