@@ -416,6 +416,16 @@ class Federation:
                 or barrier_free or buffered)
 
     @property
+    def offline_spells(self) -> bool:
+        """Whether a node may be offline for a while in simulated time: its own ``offline``
+        spells, a trace's ``offline`` events or ``[devices] churn``."""
+        devices = self.devices
+        if devices is not None and (devices.churn > 0 or
+                                    any(e.event == "offline" for e in devices.trace_events)):
+            return True
+        return any(n.device is not None and n.device.offline for n in self.nodes)
+
+    @property
     def node_ids(self) -> list[str]:
         """The node ids in file order (a new list: O(N); test membership with :meth:`has_node`)."""
         return [n.id for n in self.nodes]

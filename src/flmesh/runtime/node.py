@@ -50,7 +50,7 @@ from flmesh.runtime.parts import NodeParts, Settings, Share
 from flmesh.runtime.peer_calls import PeerCalls
 from flmesh.runtime.peer_exchange import PeerExchange
 from flmesh.runtime.peer_guard import DistanceGuard
-from flmesh.runtime.peer_round import PeerRound, check_addresses
+from flmesh.runtime.peer_round import PeerRound, WalkPlan, check_addresses
 from flmesh.runtime.plugins import NodePlugins
 from flmesh.runtime.replay_link import ReplayLink
 from flmesh.runtime.reports import RoundReport, StarReport
@@ -78,7 +78,8 @@ class NodeOptions:
     ``state_dir``: where a node that hosts the replay buffer keeps its privacy ledger.
     ``arrivals``: what decides a barrier-free round's arrivals on simulated time (fl-sim's; None:
     real time); ``sessions``: what decides an asynchronous aggregator's sessions on simulated
-    time (fl-sim's; None: real time).
+    time (fl-sim's; None: real time); ``walk``: what decides where a walk's models go while
+    nodes are offline in simulated time (fl-sim's; None: real time).
     ``members``: who may call the node (default: the federation's nodes; the Joint baseline's
     node is not in the federation it serves). ``metrics``: Prometheus metrics of its rounds,
     calls and retries (None: none kept). How calls are secured (mTLS identities, plaintext,
@@ -91,6 +92,7 @@ class NodeOptions:
     metrics: Metrics | None = None
     arrivals: ArrivalPlan | None = None
     sessions: SessionPlan | None = None
+    walk: WalkPlan | None = None
 
 
 class Node:
@@ -154,7 +156,7 @@ class Node:
             handlers=NodeHandlers(settings, model, share, plugins, activity, inbox, counter, stop, log,
                                   metrics, options.checkpoint_dir),
             peer_round=PeerRound(settings, model, share, plugins, activity, inbox, transport, counter, clock,
-                                 stop, log, guard, continual, exchange, training, metrics),
+                                 stop, log, guard, continual, exchange, training, metrics, options.walk),
             star_round=(StarRound(settings, model, share, plugins, activity, star, counter, clock, stop, log,
                                   continual, training, metrics) if star is not None else None),
             average_round=(AverageRound(settings, model, share, plugins, activity, inbox, transport, counter,

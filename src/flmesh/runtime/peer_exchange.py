@@ -199,17 +199,24 @@ class PeerExchange:
                                     "without progress for a round timeout") from None
 
 
-    def deliver_onward(self, round: int, destination: str,
-                       notes: list[str]) -> tuple[str | None, str | None]:
-        """Send this node's round-``round`` model to ``destination`` (retries with backoff; waits
-        while a destination that is rounds behind catches up), else to its successor; (who got it,
-        the destination when it was missing). A destination that finished round ``round + 1``
-        without the model went on while this node was late: nobody gets it, nobody is missing
-        (noted)."""
+    def deliver_onward(self, round: int, destination: str, notes: list[str],
+                       message: EncodedModel | None = None,
+                       targets: list[str] | None = None) -> tuple[str | None, str | None]:
+        """Send this node's round-``round`` model (``message``: already encoded) to ``destination``
+        (retries with backoff; waits while a destination that is rounds behind catches up), else to
+        its successor; (who got it, the destination when it was missing). A destination that
+        finished round ``round + 1`` without the model went on while this node was late: nobody
+        gets it, nobody is missing (noted). ``targets``: whom to try, when a
+        :class:`~flmesh.runtime.peer_round.WalkPlan` decided it on simulated time (the destination,
+        its successor, or nobody: every candidate was offline); default: the destination, then its
+        successors."""
         self.activity.set_state("sending", destination)
-        message = encode_own(self.settings, self.model, self.share, round)
-        plan = self.settings.federation.schedule().plan(round)
-        for target in successors(plan, self.settings.node_id, FALLBACK_HOPS):
+        message = message if message is not None else encode_own(self.settings, self.model, self.share, round)
+        planned = targets is not None
+        if targets is None:
+            targets = successors(self.settings.federation.schedule().plan(round), self.settings.node_id,
+                                 FALLBACK_HOPS)
+        for target in targets:
             if not self.transport.knows(target):
                 continue
 
@@ -218,7 +225,8 @@ class PeerExchange:
 
             if self.calls.call(target, "delivery to", round, send) is not None:
                 if target != destination:
-                    notes.append(f"{destination} was unreachable; delivered to {target} (its successor)")
+                    why = "offline" if planned else "unreachable"
+                    notes.append(f"{destination} was {why}; delivered to {target} (its successor)")
                     return target, destination
                 return target, None
             moved_on = self._status(destination) if target == destination else None
@@ -226,8 +234,26 @@ class PeerExchange:
                 notes.append(f"{destination} finished round {round + 1} before this node's model came; "
                              "not sent on")
                 return None, None
-        notes.append(f"could not deliver to {destination}")
+        notes.append(f"could not deliver to {destination}" +
+                     (" (it and its successor were offline)" if planned and not targets else ""))
         return None, destination
+
+    def take_planned(self, round: int, sender: str | None,
+                     notes: list[str]) -> tuple[str | None, DecodedModel | None, str | None]:
+        """:meth:`wait_for_source` when a :class:`~flmesh.runtime.peer_round.WalkPlan` decided on
+        simulated time whose model comes (``sender``; None: none came in time): wait for that
+        model, which is on its way, as long as a source that makes progress may take."""
+        source = self.senders_for(round)[0]
+        if sender is not None:
+            key = InboxKey(round - 1, sender, "trained")
+            found = self.inbox.wait(key, MAX_WAIT_FACTOR * self.settings.round_timeout_s, self.stop)
+            if found is not None:
+                if sender == source:
+                    return sender, found, None
+                notes.append(f"{source} was offline; got {sender}'s model instead (its fallback)")
+                return sender, found, source
+        notes.append(f"no model from {source} (offline when it was due); trained the model it had")
+        return None, None, source
 
 
 __all__ = ["PeerExchange"]

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from flmesh.algorithms import round_peers
 from flmesh.algorithms.base import Update
-from flmesh.format.codec import DecodedModel, ModelMeta, encode
+from flmesh.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, ModelMeta, encode
 from flmesh.runtime.inbox import Inbox, InboxKey
-from flmesh.runtime.parts import evaluate_own
+from flmesh.runtime.parts import encode_own, evaluate_own
 from flmesh.runtime.reports import RoundReport, TrainStats
+from flmesh.topology.peers import FALLBACK_HOPS, successors
 from flmesh.transports.errors import PeerError, UnknownPeerError
 
 if TYPE_CHECKING:
@@ -36,6 +38,27 @@ if TYPE_CHECKING:
     from flmesh.runtime.peer_guard import DistanceGuard
     from flmesh.runtime.plugins import NodePlugins
     from flmesh.transports.seam import ByteCounter, PeerTransport
+
+
+class WalkPlan(Protocol):
+    """Decides, on simulated time, where a walk's models go while nodes are offline (fl-sim with
+    offline spells in its device model: :class:`flmesh.sim.walk_plan.SimulatedWalk`)."""
+
+    def take(self, node: str, round: int, senders: Sequence[str], stop: threading.Event) -> str | None:
+        """Whose round-``round - 1`` model ``node`` trains in ``round``: one of ``senders`` (the
+        source, then those whose fallback reaches ``node``), or None (none came in time). Blocks
+        until each sender's hand-on of that round is decided, or ``stop``. Thread-safe."""
+        ...
+
+    def hand_on(self, node: str, round: int, stats: TrainStats, trained_on: str | None,
+                moved: tuple[Mapping[str, int], Mapping[str, int]], message_bytes: int,
+                candidates: Sequence[str]) -> str | None:
+        """Which of ``candidates`` (the destination, then its successors; none in a round without
+        a delivery) gets ``node``'s round-``round`` model of ``message_bytes``: None when none
+        can. ``stats``, ``trained_on`` and ``moved`` (bytes sent and received so far this round,
+        by kind) are the round's training. Called once per node and round, after training;
+        does not block. Thread-safe."""
+        ...
 
 
 def check_addresses(settings: Settings, transport: PeerTransport, round: int, plugins: NodePlugins) -> None:
@@ -68,7 +91,9 @@ class PeerRound:
                  activity: Activity, inbox: Inbox, transport: PeerTransport, counter: ByteCounter,
                  clock: Clock, stop: threading.Event, log: logging.Logger, guard: DistanceGuard,
                  continual: ContinualState | None, exchange: PeerExchange, training: LocalTraining,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, walk: WalkPlan | None = None):
+        """``walk``: what decides where models go on simulated time (None: real time decides)."""
+        self.walk = walk
         self.settings, self.model, self.share, self.plugins = settings, model, share, plugins
         self.activity, self.inbox, self.transport, self.counter = activity, inbox, transport, counter
         self.clock, self.stop, self.log, self.guard = clock, stop, log, guard
@@ -99,7 +124,11 @@ class PeerRound:
         missing_source: str | None = None
         self.activity.set_state("waiting", hop.source)
         if hop.source is not None:
-            sender, incoming, missing_source = self.exchange.wait_for_source(round, notes)
+            if self.walk is not None:
+                chosen = self.walk.take(me, round, self.exchange.senders_for(round), self.stop)
+                sender, incoming, missing_source = self.exchange.take_planned(round, chosen, notes)
+            else:
+                sender, incoming, missing_source = self.exchange.wait_for_source(round, notes)
             refused = (self.guard.check(self.model.state_dict(), incoming.state_dict, incoming.meta.sender)
                        if incoming is not None and self.guard.enabled else None)  # no model copy when off
             if refused is not None:
@@ -125,8 +154,19 @@ class PeerRound:
         local = evaluate_own(self.model, self.share, self.metrics)
         self.activity.finish_round(round, local.accuracy)
         delivered, delivered_to, missing_destination = True, None, None
-        if hop.destination is not None and round < settings.rounds:
-            delivered_to, missing_destination = self.exchange.deliver_onward(round, hop.destination, notes)
+        delivers = hop.destination is not None and round < settings.rounds
+        message, targets = None, None
+        if self.walk is not None:
+            message = encode_own(settings, self.model, self.share, round) if delivers else None
+            target = self.walk.hand_on(
+                me, round, stats, trained_on, self.counter.peek(),
+                message.wire_bytes(DEFAULT_CHUNK_BYTES) if message is not None else 0,
+                successors(plan, me, FALLBACK_HOPS) if delivers else [])
+            targets = [target] if target is not None else []
+        if delivers:
+            assert hop.destination is not None
+            delivered_to, missing_destination = self.exchange.deliver_onward(round, hop.destination, notes,
+                                                                             message, targets)
             delivered = delivered_to is not None
         self.inbox.prune(round - 1)
         self.activity.set_state("idle")
@@ -186,4 +226,4 @@ class PeerRound:
             client.after_update(round, state, extras, included=False)
 
 
-__all__ = ["PeerRound", "as_update", "check_addresses", "privacy_spent"]
+__all__ = ["PeerRound", "WalkPlan", "as_update", "check_addresses", "privacy_spent"]

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from flmesh.sim.arrivals import SimulatedArrivals
     from flmesh.sim.resume import SimCheckpoints
     from flmesh.sim.simulated_time import SimulatedTime
+    from flmesh.sim.walk_plan import SimulatedWalk
 
 
 Evals = dict[int, EvalResult]  # one model on the test splits it was evaluated on, by federation index
@@ -233,15 +234,17 @@ def reported_own(report: Report, same_split: bool) -> EvalResult | None:
 class PeerDriver:
     def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False, *,
                  task: Task | None = None, compute: Compute = UNGATED,
-                 arrivals: SimulatedArrivals | None = None):
+                 arrivals: SimulatedArrivals | None = None, walk: SimulatedWalk | None = None):
         """``transport``: the registered backend the processes reach each other through
         (``insecure``: plaintext, for a backend with a wire); ``task``: the code every process
-        runs (default: the file's); ``compute``: the simulation's gate. Rows are written every
+        runs (default: the file's); ``compute``: the simulation's gate; ``arrivals``, ``walk``:
+        the planners of barrier-free rounds and of a walk past offline nodes on simulated time
+        (:mod:`flmesh.sim.arrivals`, :mod:`flmesh.sim.walk_plan`). Rows are written every
         ``[federation] eval_every`` rounds and after the last."""
         self.federation = federation
         self.eval_every = federation.eval_every
         self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute,
-                                      arrivals=arrivals)
+                                      arrivals=arrivals, walk=walk)
         self.nodes: list[Node] = []
         self.trainers: list[Node] = []  # the nodes that run rounds: the nodes, or the joint node
         self._lock = threading.Lock()

@@ -18,6 +18,7 @@ from flmesh.learning.task import Task
 from flmesh.runtime.average_round import ArrivalPlan
 from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node, NodeOptions
+from flmesh.runtime.peer_round import WalkPlan
 from flmesh.runtime.star_round import SessionPlan
 from flmesh.transports.backend import Backend, TransportSettings, create
 
@@ -31,12 +32,13 @@ class SimProcesses:
 
     def __init__(self, federation: Federation, transport: str, insecure: bool = False, *,
                  task: Task | None = None, compute: Compute = UNGATED, arrivals: ArrivalPlan | None = None,
-                 sessions: SessionPlan | None = None):
+                 sessions: SessionPlan | None = None, walk: WalkPlan | None = None):
         """``task``: the code every process runs (default: the file's); ``compute``: the gate
         their training and evaluations hold; ``arrivals``: what decides the nodes' barrier-free
-        rounds on simulated time; ``sessions``: their asynchronous sessions."""
+        rounds on simulated time; ``sessions``: their asynchronous sessions; ``walk``: where a
+        walk's models go while nodes are offline."""
         self.federation = federation
-        self.arrivals, self.sessions = arrivals, sessions
+        self.arrivals, self.sessions, self.walk = arrivals, sessions, walk
         self.transport = transport
         self.task = task if task is not None else Task.of(federation)
         self.compute = compute
@@ -69,7 +71,8 @@ class SimProcesses:
         for nid in fed.node_ids:
             share, tasks = node_share(fed, nid, data[nid], dataset, self.task.source)
             nodes.append(Node(fed, nid, data=share, backend=self.backend, task=self.task,
-                              options=NodeOptions(arrivals=self.arrivals, sessions=self.sessions),
+                              options=NodeOptions(arrivals=self.arrivals, sessions=self.sessions,
+                                                  walk=self.walk),
                               aggregator=self._aggregator_address, tasks=tasks, compute=self.compute))
         addresses = {node.node_id: node.start() for node in nodes}
         for node in nodes:

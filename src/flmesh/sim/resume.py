@@ -213,6 +213,9 @@ def unresumable(federation: Federation) -> tuple[str, str] | None:
     if peers is not None and peers.barrier_free:
         return ("barrier-free rounds ([peers] wait or deadline_s)",
                 "which late models arrived in time is held in memory only")
+    if federation.offline_spells and peers is None and agg is None and federation.baseline == "none":
+        return ("a walk with offline spells ([devices] churn, offline)",
+                "where each model went while its destination was offline is held in memory only")
     if agg is not None and agg.buffered:
         return ("an asynchronous aggregator ([aggregator] mode = \"async\")",
                 "the sessions under way are held in memory only")

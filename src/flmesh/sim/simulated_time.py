@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from flmesh.learning.arrays import ArrayData
     from flmesh.sim.arrivals import SimulatedArrivals
     from flmesh.sim.buffer_plan import SimulatedBuffer
+    from flmesh.sim.walk_plan import SimulatedWalk
 
 #: Steps timed to measure the reference step time, after WARMUP_STEPS untimed ones.
 MEASURED_STEPS = 30
@@ -89,10 +90,11 @@ class SimulatedTime:
     """A run's simulated clock: fed every round's reports in round order (one driver thread)."""
 
     def __init__(self, federation: Federation, step_s: float, measured: bool,
-                 arrivals: SimulatedArrivals | None = None, buffer: SimulatedBuffer | None = None):
+                 arrivals: SimulatedArrivals | None = None, buffer: SimulatedBuffer | None = None,
+                 walk: SimulatedWalk | None = None):
         """``arrivals``: the planner of barrier-free rounds, which this clock configures and whose
         round ends it reports; ``buffer``: the planner of an asynchronous aggregator's rounds,
-        likewise."""
+        likewise; ``walk``: the planner of a walk's rounds while nodes are offline, likewise."""
         self.federation = federation
         self.step_s, self.measured = step_s, measured
         self.timeline = Timeline(device_model(federation, step_s), federation.node_ids,
@@ -104,6 +106,9 @@ class SimulatedTime:
         self.buffer = buffer
         if buffer is not None:
             buffer.configure(self.timeline.model)
+        self.walk = walk
+        if walk is not None:
+            walk.configure(self.timeline.model)
 
     def resume(self, row: Mapping[str, Any]) -> None:
         """Go on from a resumed run's last row (as rounds.jsonl holds it)."""
@@ -123,6 +128,8 @@ class SimulatedTime:
             return {}
         if self.arrivals is not None:  # barrier-free: the planner decided and timed the round
             return self.arrivals.round_ends(round, list(reports))
+        if self.walk is not None:  # a walk past offline nodes: likewise
+            return self.walk.round_ends(round, list(reports))
         work = {node: _work(r) for node, r in reports.items() if isinstance(r, RoundReport)}
         return self.timeline.average_round(work) if self.averages else self.timeline.walk_round(work)
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from flmesh.sim.buffer_plan import SimulatedBuffer
     from flmesh.sim.resume import SimCheckpoints
     from flmesh.sim.simulated_time import SimulatedTime
+    from flmesh.sim.walk_plan import SimulatedWalk
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,8 @@ class Simulation:
         self.simulated: SimulatedTime | None = None
         #: barrier-free rounds' planner on simulated time (None without barrier-free rounds)
         self.arrivals: SimulatedArrivals | None = None
+        #: a walk's planner on simulated time while nodes are offline (None without offline spells)
+        self.walk: SimulatedWalk | None = None
         #: an asynchronous aggregator's planner on simulated time (None without one)
         self.buffer_plan: SimulatedBuffer | None = None
         self.driver: Driver
@@ -180,8 +183,12 @@ class Simulation:
                 from flmesh.sim.arrivals import SimulatedArrivals
 
                 self.arrivals = SimulatedArrivals(federation)
+            elif peers is None and federation.offline_spells and federation.baseline == "none":
+                from flmesh.sim.walk_plan import SimulatedWalk
+
+                self.walk = SimulatedWalk(federation)
             self.driver = PeerDriver(federation, transport, insecure, task=self.task, compute=self.compute,
-                                     arrivals=self.arrivals)
+                                     arrivals=self.arrivals, walk=self.walk)
 
     def start(self) -> None:
         """Split the data, build every process and start its server; torch's thread count is this
@@ -225,7 +232,7 @@ class Simulation:
             log.info("measured %.6f s per optimizer step at speed 1 on this machine ([devices] step_s in "
                      "the run record)", step_s)
         self.simulated = SimulatedTime(fed, step_s, measured=declared is None, arrivals=self.arrivals,
-                                       buffer=self.buffer_plan)
+                                       buffer=self.buffer_plan, walk=self.walk)
         self.driver.simulated = self.simulated
         if self.checkpoints is not None and self.checkpoints.resumed_row is not None:
             self.simulated.resume(self.checkpoints.resumed_row)

@@ -65,6 +65,10 @@ class DeviceModel:
         steps and ``[devices] overhead_s`` (at its speed; ``steps`` 0: that work alone)."""
         return self.train_until(node, start, steps + self.overhead_steps)
 
+    def online_at(self, node: str, t: float) -> bool:
+        """Whether ``node`` is online at simulated time ``t``."""
+        return self.online[node].rate_at(t) > 0
+
     def thin(self, a: str, b: str) -> bool:
         """Whether the link between ``a`` and ``b`` is a thin one (seeded; symmetric)."""
         if self.thin_share <= 0 or self.index is None or a not in self.index or b not in self.index:

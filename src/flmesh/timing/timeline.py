@@ -56,6 +56,19 @@ class NodeWork:
     used: bool = True  # star: the aggregator took its update
 
 
+def trained_until(model: DeviceModel, w: NodeWork, start: float, own_work: bool = True) -> float:
+    """When ``w``'s training begun at ``start`` ends (its remote phase on the peer's device),
+    with the round's own work (``[devices] overhead_s``) unless not ``own_work``."""
+    finish = model.round_until if own_work else model.train_until
+    if w.remote_peer is None or w.remote_steps <= 0:
+        return finish(w.node, start, w.steps)
+    t = model.train_until(w.node, start, w.steps_before)
+    t = model.transfer_until(w.node, w.remote_peer, t, w.to_train_bytes)
+    t = model.train_until(w.remote_peer, t, w.remote_steps)
+    t = model.transfer_until(w.remote_peer, w.node, t, w.trained_back_bytes)
+    return finish(w.node, t, w.steps - w.remote_steps - w.steps_before)
+
+
 @dataclass
 class Timeline:
     """Simulated seconds at which each node's rounds end, fed one round at a time."""
@@ -73,19 +86,6 @@ class Timeline:
             self.end.setdefault(n, 0.0)
             self.trained.setdefault(n, 0.0)
 
-    def _train(self, w: NodeWork, start: float, own_work: bool = True) -> float:
-        """When ``w``'s training begun at ``start`` ends (its remote phase on the peer's device),
-        with the round's own work (``[devices] overhead_s``) unless not ``own_work``."""
-        m = self.model
-        finish = m.round_until if own_work else m.train_until
-        if w.remote_peer is None or w.remote_steps <= 0:
-            return finish(w.node, start, w.steps)
-        t = m.train_until(w.node, start, w.steps_before)
-        t = m.transfer_until(w.node, w.remote_peer, t, w.to_train_bytes)
-        t = m.train_until(w.remote_peer, t, w.remote_steps)
-        t = m.transfer_until(w.remote_peer, w.node, t, w.trained_back_bytes)
-        return finish(w.node, t, w.steps - w.remote_steps - w.steps_before)
-
     def walk_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A walk's round: each node's end, in seconds."""
         m, trained_before = self.model, dict(self.trained)
@@ -98,7 +98,7 @@ class Timeline:
                 start = max(start, m.transfer_until(src, node, trained_before[src], nbytes))
             elif w.waited_out:
                 start += self.round_timeout_s
-            done = self._train(w, start)
+            done = trained_until(m, w, start)
             end = done
             for dst in w.sent_to:
                 end = max(end, m.transfer_until(node, dst, done, w.model_bytes, len(w.sent_to)))
@@ -110,7 +110,7 @@ class Timeline:
     def average_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A round of neighbour averaging: each node's end, in seconds."""
         m = self.model
-        done = {node: self._train(w, self.end[node], own_work=False) for node, w in work.items()}
+        done = {node: trained_until(m, w, self.end[node], own_work=False) for node, w in work.items()}
         ends: dict[str, float] = {}
         for node, w in work.items():
             sent = got = done[node]
@@ -137,7 +137,7 @@ class Timeline:
         for w in sampled:
             fetched = m.transfer_until(AGGREGATOR, w.node, max(opened, self.end[w.node]), w.global_bytes,
                                        len(sampled))
-            done = self._train(w, fetched)
+            done = trained_until(m, w, fetched)
             arrived = m.transfer_until(w.node, AGGREGATOR, done, w.model_bytes)
             self.trained[w.node], ends[w.node] = done, arrived
             if w.used:
@@ -151,4 +151,4 @@ class Timeline:
         return max([self.closed, *self.end.values()])
 
 
-__all__ = ["NodeWork", "Timeline"]
+__all__ = ["NodeWork", "Timeline", "trained_until"]

@@ -132,6 +132,11 @@ class ByteCounter:
         with self._lock:
             self.received[kind] = self.received.get(kind, 0) + n
 
+    def peek(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(sent, received) since the last take, by kind, without resetting."""
+        with self._lock:
+            return dict(self.sent), dict(self.received)
+
     def take(self) -> tuple[dict[str, int], dict[str, int]]:
         """(sent, received) since the last take, by kind."""
         with self._lock:

@@ -1,0 +1,169 @@
+"""fl-sim's walks on simulated time while nodes are offline: where each model goes.
+
+A walk (CWT, RWT) hands each node's model to the round's destination. On fl-node a sender
+falls back to the destination's successor when the destination does not answer, and a node
+whose model does not come waits a round timeout, asks its senders' ``Status`` and trains the
+model it has once none of them is still at work (:mod:`flmesh.runtime.peer_exchange`). In
+fl-sim every node answers at once, so when the device model has offline spells (``[nodes.ID]
+offline``, a trace's ``offline`` events, ``[devices] churn``) :class:`SimulatedWalk` takes
+those decisions on simulated time, as the nodes reach them:
+
+- **handing on**: once a node has trained round t, its model goes to the first of the round's
+  destination and the destination's successor that is online when the node starts sending
+  (when the node itself is next online); to nobody when both are offline then;
+- **taking**: for round t + 1 a node takes, of the models its senders (the source, then those
+  whose fallback reaches it) handed it, the most preferred one that had arrived when its round t
+  ended; else the first to arrive while it waits. It looks at its senders ``round_timeout_s``
+  after its round t ended and then every half of that, up to four round timeouts, as fl-node
+  does, and gives up at the first look at which none of them is online and still handing its
+  model on: it then trains the model it has, from that moment.
+
+A round's times follow the walk rules of :mod:`flmesh.timing.timeline`: training begins when
+the node's previous round is over and its model has come, and the round is over once the
+model it hands on has arrived. The decisions depend on the federation file alone (steps,
+message sizes, devices, seed), not on how fast this machine runs the nodes. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from flmesh.config import Federation
+from flmesh.runtime.peer_exchange import EXTEND_SHARE, MAX_WAIT_FACTOR
+from flmesh.runtime.reports import TrainStats
+from flmesh.timing import DeviceModel, NodeWork, trained_until
+
+#: Real seconds between two looks at a stop while waiting for a sender's decision.
+WAKE_S = 0.2
+
+
+@dataclass(frozen=True)
+class _HandedOn:
+    done: float  # simulated seconds when the node's training of the round ended
+    target: str | None  # who got its model (None: nobody)
+    arrival: float  # when it arrived there (``done`` when nobody got it)
+
+
+class SimulatedWalk:
+    """Every node's walk rounds on one device model (:meth:`configure` before round 1)."""
+
+    def __init__(self, federation: Federation):
+        if federation.peers is not None:
+            raise ValueError(f"{federation.source}: [peers] averages with neighbours: no model walks")
+        self.federation = federation
+        self.timeout = federation.round_timeout_s
+        self.model: DeviceModel | None = None
+        self._lock = threading.Lock()
+        self._configured = threading.Event()
+        self._decided: dict[tuple[str, int], threading.Event] = {}
+        self._handed: dict[tuple[str, int], _HandedOn] = {}
+        self._start: dict[tuple[str, int], float] = {}  # when a node's training of a round began
+        self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
+        self._handed_on: dict[int, int] = {}  # round -> how many nodes handed it on
+
+    def configure(self, model: DeviceModel) -> None:
+        """The devices and links the rounds run on."""
+        self.model = model
+        self._configured.set()
+
+    def _wait(self, event: threading.Event, stop: threading.Event) -> bool:
+        while not event.wait(WAKE_S):
+            if stop.is_set():
+                return False
+        return True
+
+    def _event(self, node: str, round: int) -> threading.Event:
+        with self._lock:
+            return self._decided.setdefault((node, round), threading.Event())
+
+    def take(self, node: str, round: int, senders: Sequence[str], stop: threading.Event) -> str | None:
+        """Whose round-``round - 1`` model ``node`` trains in ``round`` (see the module's rules)."""
+        if not self._wait(self._configured, stop):
+            return None
+        for sender in senders:
+            if not self._wait(self._event(sender, round - 1), stop):
+                return None
+        model = self.model
+        assert model is not None
+        with self._lock:
+            ended = self.ends.get((node, round - 1), 0.0)
+            handed = {s: self._handed[(s, round - 1)] for s in senders}
+        offers = {s: h.arrival for s, h in handed.items() if h.target == node}
+        chosen, start = None, ended
+        present = [s for s in senders if s in offers and offers[s] <= ended]
+        if present:
+            chosen = present[0]
+        else:
+            looks = [ended + self.timeout * (1 + EXTEND_SHARE * k)
+                     for k in range(int((MAX_WAIT_FACTOR - 1) / EXTEND_SHARE) + 1)]
+            for look in looks:
+                came = sorted((offers[s], i, s) for i, s in enumerate(senders)
+                              if s in offers and offers[s] <= look)
+                if came:
+                    start, _, chosen = came[0]
+                    break
+                start = look
+                if not any(h.arrival > look and model.online_at(s, look) for s, h in handed.items()):
+                    break  # nobody is still at work on a model for this node: it trains its own
+        with self._lock:
+            self._start[(node, round)] = start
+        return chosen
+
+    def hand_on(self, node: str, round: int, stats: TrainStats, trained_on: str | None,
+                moved: tuple[Mapping[str, int], Mapping[str, int]], message_bytes: int,
+                candidates: Sequence[str]) -> str | None:
+        """Which of ``candidates`` gets ``node``'s round-``round`` model (see the module's rules)."""
+        self._configured.wait()
+        model = self.model
+        assert model is not None
+        sent, got = moved
+        work = NodeWork(node, steps=stats.steps, remote_peer=trained_on, remote_steps=stats.remote_steps,
+                        steps_before=stats.steps_before_remote, to_train_bytes=sent.get("to_train", 0),
+                        trained_back_bytes=got.get("to_train", 0))
+        with self._lock:
+            start = self._start.pop((node, round), None)
+            if start is None:  # no source this round: it trains as soon as its last round is over
+                start = self.ends.get((node, round - 1), 0.0)
+        done = trained_until(model, work, start)
+        sending = model.online[node].next_up(done)
+        target = next((c for c in candidates if model.online_at(c, sending)), None)
+        arrival = model.transfer_until(node, target, done, message_bytes) if target is not None else done
+        with self._lock:
+            self._handed[(node, round)] = _HandedOn(done, target, arrival)
+            self.ends[(node, round)] = max(done, arrival)
+            self._forget(round)
+        self._event(node, round).set()
+        return target
+
+    def resume(self, round: int, ends: Mapping[str, float]) -> None:
+        """Go on after ``round``, whose nodes' rounds ended at ``ends``."""
+        with self._lock:
+            self.ends.update({(node, round): when for node, when in ends.items()})
+
+    def _forget(self, round: int) -> None:
+        """Drop what no decision and no row can need any more (lock held), once every node has
+        handed on ``round``: nobody takes a model of ``round`` - 1 or earlier any more, and rows
+        up to ``round`` - 2 are out (the last node to end a round writes its row before it
+        trains the next). O(nodes) once a round."""
+        self._handed_on[round] = self._handed_on.get(round, 0) + 1
+        if self._handed_on[round] < len(self.federation.nodes):
+            return
+        del self._handed_on[round]
+        for table in (self._handed, self._decided, self.ends):
+            for node in self.federation.node_ids:
+                table.pop((node, round - 3), None)
+
+    def held(self) -> int:
+        """How many rounds' records it holds, over every node (bounded whatever the rounds)."""
+        with self._lock:
+            return len(self._handed) + len(self._decided) + len(self.ends) + len(self._start)
+
+    def round_ends(self, round: int, nodes: Sequence[str]) -> dict[str, float]:
+        """When each of ``nodes`` ended ``round`` (those that have)."""
+        with self._lock:
+            return {n: self.ends[(n, round)] for n in nodes if (n, round) in self.ends}
+
+
+__all__ = ["SimulatedWalk"]

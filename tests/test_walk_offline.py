@@ -1,0 +1,118 @@
+"""A walk past offline nodes in fl-sim: the planner's decisions on simulated time (who gets a
+model, whose model a node takes, when it gives up waiting), and whole runs that hand models past
+an offline node, the same on every transport, and time as the replay when nobody is offline."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from flmesh.config import parse_federation
+from flmesh.learning.stats import TrainStats
+from flmesh.sim.resume import unresumable
+from flmesh.sim.walk_plan import SimulatedWalk
+from flmesh.timing import device_model
+
+from conftest import tiny_raw
+from harness import simulate
+
+NO_STOP = threading.Event()
+
+
+def _fed(nodes: int = 3, rounds: int = 2, own: dict | None = None, **devices):
+    raw = tiny_raw(nodes=nodes, rounds=rounds, devices={"step_s": 0.01, **devices},
+                   topology={"graph": "ring"})
+    raw["nodes"] = {f"node{i}": (own or {}).get(f"node{i}", {}) for i in range(nodes)}
+    return parse_federation(raw, source="t.toml")
+
+
+def _planner(fed) -> SimulatedWalk:
+    walk = SimulatedWalk(fed)
+    walk.configure(device_model(fed, 0.01))
+    return walk
+
+
+def _trained(walk: SimulatedWalk, node: str, round: int, steps: int, candidates: list[str]) -> str | None:
+    return walk.hand_on(node, round, TrainStats(0.0, steps, steps), None, ({}, {}), 1000, candidates)
+
+
+def test_a_model_goes_past_an_offline_destination_and_a_node_left_without_one_gives_up_at_a_look():
+    # a ring: node0 -> node1 -> node2 -> node0
+    walk = _planner(_fed(own={"node1": {"offline": [[0.5, 50.0]]}}))
+    assert _trained(walk, "node0", 1, 100, ["node1", "node2"]) == "node2"  # node1 is away at 1.0
+    assert _trained(walk, "node1", 1, 100, ["node2", "node0"]) == "node2"  # done at 50.5, once back
+    assert _trained(walk, "node2", 1, 100, ["node0", "node1"]) == "node0"
+    # node2's source is node1, its fallback sender node0: node0's model was there when its round ended
+    assert walk.take("node2", 2, ["node1", "node0"], NO_STOP) == "node0"
+    assert walk.take("node0", 2, ["node2", "node1"], NO_STOP) == "node2"
+    # nothing was handed to node1; at its first look (20 s after its round ended) nobody is at work
+    assert walk.take("node1", 2, ["node0", "node2"], NO_STOP) is None
+    assert _trained(walk, "node1", 2, 100, ["node2", "node0"]) == "node2"
+    assert walk.round_ends(2, ["node1"]) == {"node1": pytest.approx(50.5 + 20 + 1.0)}
+    assert walk.round_ends(1, ["node0", "node1"]) == {"node0": pytest.approx(1.0),
+                                                      "node1": pytest.approx(50.5)}
+
+
+@pytest.mark.parametrize("slow_step_s, taken", [(0.5, "node1"), (1.0, None)])
+def test_a_node_waits_for_a_slow_source_that_is_online_up_to_four_round_timeouts(slow_step_s, taken):
+    fed = _fed(own={"node1": {"step_s": slow_step_s}, "node2": {"offline": [[1e5, 1e5 + 1]]}})
+    walk = _planner(fed)
+    for node, to in (("node0", "node1"), ("node1", "node2"), ("node2", "node0")):
+        _trained(walk, node, 1, 100, [to])
+    # node1's model reaches node2 at 50 s (taken at the look at 51 s) or 100 s (after the last look, 81 s)
+    assert walk.take("node2", 2, ["node1", "node0"], NO_STOP) == taken
+    _trained(walk, "node2", 2, 100, [])
+    assert walk.round_ends(2, ["node2"])["node2"] == pytest.approx((50.0 if taken else 81.0) + 1.0)
+
+
+def test_a_take_waits_for_its_senders_and_a_stop_ends_the_wait():
+    walk = _planner(_fed())
+    stop = threading.Event()
+    got: list[str | None] = []
+    waiting = threading.Thread(target=lambda: got.append(walk.take("node1", 2, ["node0", "node2"], stop)))
+    waiting.start()
+    _trained(walk, "node0", 1, 10, ["node1"])
+    _trained(walk, "node2", 1, 10, ["node0"])
+    waiting.join(timeout=30)
+    assert got == ["node0"]
+    lone = threading.Thread(target=lambda: got.append(walk.take("node1", 3, ["node0"], stop)))
+    lone.start()
+    stop.set()
+    lone.join(timeout=30)
+    assert got == ["node0", None] and not lone.is_alive()
+
+
+def _walked(row: dict) -> dict:
+    return {n: (e["received_from"], e["delivered_to"], e["sim_time_s"]) for n, e in row["nodes"].items()}
+
+
+def test_a_walk_hands_models_past_an_offline_node_the_same_on_every_transport(tmp_path):
+    fed = _fed(nodes=5, rounds=6, own={"node2": {"offline": [[0.5, 3.0]]}})
+    _, rows = simulate(fed, tmp_path / "memory")
+    _, wire = simulate(fed, tmp_path / "grpc", transport="grpc")
+    third = {n: e for n, e in rows[2]["nodes"].items()}
+    assert third["node1"]["delivered_to"] == "node3"
+    assert any("node2 was offline; delivered to node3" in note for note in third["node1"]["notes"])
+    assert rows[3]["nodes"]["node3"]["received_from"] == "node1"
+    assert rows[3]["nodes"]["node2"]["received_from"] is None
+    # the others walk on while node2 is away: their last round ends before it is back
+    assert all(rows[-1]["nodes"][n]["sim_time_s"] < 3.0 for n in ("node0", "node1", "node3", "node4"))
+    for a, b in zip(rows, wire, strict=True):
+        assert a["sim_time_s"] == b["sim_time_s"] and a["fa"] == b["fa"]
+        assert _walked(a) == _walked(b)
+
+
+def test_a_walk_nobody_leaves_during_is_timed_as_without_offline_spells(tmp_path):
+    _, plain = simulate(_fed(nodes=4, rounds=4), tmp_path / "plain")
+    after_the_run = {"node1": {"offline": [[1e5, 1e5 + 1]]}}
+    _, later = simulate(_fed(nodes=4, rounds=4, own=after_the_run), tmp_path / "later")
+    for a, b in zip(plain, later, strict=True):
+        assert a["fa"] == b["fa"] and a["sim_time_s"] == b["sim_time_s"]
+        assert _walked(a) == _walked(b)
+
+
+def test_fl_sim_does_not_checkpoint_a_walk_with_offline_spells():
+    why = unresumable(_fed(churn=0.5))
+    assert why is not None and "offline" in why[0]
+    assert unresumable(_fed()) is None
