@@ -4,11 +4,12 @@ an offline node, the same on every transport, and time as the replay when nobody
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 
-from flmesh.config import parse_federation
+from flmesh.config import FederationError, parse_federation
 from flmesh.learning.stats import TrainStats
 from flmesh.sim.resume import unresumable
 from flmesh.sim.walk_plan import SimulatedWalk
@@ -116,3 +117,58 @@ def test_fl_sim_does_not_checkpoint_a_walk_with_offline_spells():
     why = unresumable(_fed(churn=0.5))
     assert why is not None and "offline" in why[0]
     assert unresumable(_fed()) is None
+
+
+def test_a_node_that_leaves_ends_its_round_under_way_and_takes_no_part_after():
+    walk = _planner(_fed(own={"node1": {"leave_s": 0.5}}))
+    assert walk.left("node1", 1) is None  # its first round begins at 0, before it leaves
+    assert _trained(walk, "node0", 1, 100, ["node1", "node2"]) == "node2"  # at 1.0 it has left
+    assert _trained(walk, "node1", 1, 100, ["node2", "node0"]) == "node2"  # the round under way ends
+    _trained(walk, "node2", 1, 100, ["node0", "node1"])
+    assert walk.left("node1", 2) == 0.5 and walk.left("node1", 3) == 0.5
+    assert walk.round_ends(2, ["node1"]) == {}
+    # node2 takes node1's last model (its source's); from then on node0's go past node1 to node2
+    assert walk.take("node2", 2, ["node1", "node0"], NO_STOP) == "node1"
+    assert walk.take("node0", 2, ["node2", "node1"], NO_STOP) == "node2"
+    assert _trained(walk, "node2", 2, 100, ["node0", "node1"]) == "node0"
+    assert _trained(walk, "node0", 2, 100, ["node1", "node2"]) == "node2"
+    assert walk.take("node2", 3, ["node1", "node0"], NO_STOP) == "node0"
+    assert walk.round_ends(3, ["node1"]) == {}
+
+
+def test_fl_sim_walks_on_past_a_node_that_left_and_keeps_its_last_model(tmp_path):
+    _, rows = simulate(_fed(nodes=5, rounds=6, own={"node2": {"leave_s": 0.3}}), tmp_path / "run")
+    gone = [r["nodes"]["node2"] for r in rows]
+    assert gone[0]["participated"] is not False and gone[0]["sim_time_s"] is not None
+    after = gone[2:]  # round 2 began before 0.3 s, the later ones after it
+    assert all(e["participated"] is False and e["sim_time_s"] is None and e["train_steps"] == 0
+               for e in after)
+    assert all("left the federation at 0.3 s" in e["notes"][0] for e in after)
+    assert len({e["accuracy"] for e in after}) == 1  # its model stays as it left
+    assert all(r["nodes"]["node1"]["delivered_to"] in ("node3", None) for r in rows[2:])
+    assert all(r["sim_time_s"] is not None and r["sim_time_s"] < 10 for r in rows)
+
+
+@pytest.mark.parametrize("sections, kind", [
+    ({"topology": {"graph": "ring", "schedule": "gossip"}, "peers": {"strategy": "dpsgd"}},
+     "rounds of neighbour averaging"),
+    ({"aggregator": {"strategy": "fedavg"}}, "a star's rounds"),
+    ({"federation": {"baseline": "standalone"}}, "a baseline run"),
+])
+def test_a_node_that_leaves_outside_a_walk_is_one_line(sections, kind):
+    raw = tiny_raw(nodes=3, devices={"step_s": 0.01}, **sections)
+    raw["nodes"] = {"node0": {}, "node1": {"leave_s": 5}, "node2": {}}
+    with pytest.raises(FederationError, match=r"\[nodes.node1\] leave_s: node 'node1' leaves for good, and "
+                       + f"{re.escape(kind)}.*only a walk"):
+        parse_federation(raw, source="t.toml")
+
+
+def test_a_trace_leave_is_a_walks_and_refused_elsewhere(tmp_path):
+    (tmp_path / "trace.csv").write_text("node,time_s,event,value\nnode1,5,leave,\n")
+    raw = tiny_raw(nodes=3, devices={"step_s": 0.01, "trace": "trace.csv"}, topology={"graph": "ring"})
+    fed = parse_federation(raw, source="t.toml", base_dir=tmp_path)
+    assert fed.leave_times() == {"node1": 5.0} and fed.offline_spells
+    assert device_model(fed, 0.01).train_until("node1", 4.0, 200) == pytest.approx(6.0)  # not offline
+    raw["aggregator"] = {"strategy": "fedavg"}
+    with pytest.raises(FederationError, match=r"\[devices\] trace: node 'node1' leaves for good"):
+        parse_federation(raw, source="t.toml", base_dir=tmp_path)

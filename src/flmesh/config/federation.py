@@ -342,14 +342,16 @@ class NetworkConfig:
 class NodeDevice:
     """One node's own device and link (``[nodes.ID]``), over ``[devices]`` and ``[network]``:
     ``speed`` or ``step_s`` (seconds per step: this node's, whatever the reference),
-    ``bandwidth_mbps``, ``latency_ms``, and ``offline``: (from_s, to_s) spells of simulated
-    time when it neither trains nor sends, in order."""
+    ``bandwidth_mbps``, ``latency_ms``, ``offline``: (from_s, to_s) spells of simulated
+    time when it neither trains nor sends, in order, and ``leave_s``: when it leaves for good
+    (None: never)."""
 
     speed: float | None = None
     step_s: float | None = None
     bandwidth_mbps: float | None = None
     latency_ms: float | None = None
     offline: tuple[tuple[float, float], ...] = ()
+    leave_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -417,13 +419,26 @@ class Federation:
 
     @property
     def offline_spells(self) -> bool:
-        """Whether a node may be offline for a while in simulated time: its own ``offline``
-        spells, a trace's ``offline`` events or ``[devices] churn``."""
+        """Whether a node may be offline in simulated time: its own ``offline`` spells or
+        ``leave_s``, a trace's ``offline`` or ``leave`` events, or ``[devices] churn``."""
         devices = self.devices
         if devices is not None and (devices.churn > 0 or
                                     any(e.event == "offline" for e in devices.trace_events)):
             return True
-        return any(n.device is not None and n.device.offline for n in self.nodes)
+        return bool(self.leave_times()) or any(n.device is not None and n.device.offline for n in self.nodes)
+
+    def leave_times(self) -> dict[str, float]:
+        """Node -> the simulated seconds at which it leaves the federation for good: its own
+        ``leave_s`` or its trace's first ``leave`` event, the earlier. O(nodes + trace)."""
+        out: dict[str, float] = {}
+        if self.devices is not None:
+            for e in self.devices.trace_events:
+                if e.event == "leave":
+                    out[e.node] = min(e.time_s, out.get(e.node, e.time_s))
+        for n in self.nodes:
+            if n.device is not None and n.device.leave_s is not None:
+                out[n.id] = min(n.device.leave_s, out.get(n.id, n.device.leave_s))
+        return out
 
     @property
     def node_ids(self) -> list[str]:

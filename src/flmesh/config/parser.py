@@ -30,7 +30,7 @@ Sections (all but ``[federation]`` optional)::
                   (simulated time: how fast nodes compute, and when they are away)
     [network]     bandwidth_mbps, latency_ms, thin_links, thin_factor (simulated time: the links)
     [nodes.<id>]  address, partition, data (its own file), speed, step_s, bandwidth_mbps, latency_ms,
-                  offline, and any [training] key as a per-node override;
+                  offline, leave_s, and any [training] key as a per-node override;
                   a table for every node (any ids), or, with [topology] nodes = N, for some of the
                   generated node0 .. node<N-1>
 
@@ -262,7 +262,23 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
 
     schedule = federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     _check_peers(r, federation, bool(getattr(schedule, "averages", False)), "peers" in raw)
+    _check_leaves(r, federation, bool(getattr(schedule, "averages", False)))
     return federation
+
+
+def _check_leaves(r: SectionReader, federation: Federation, averages: bool) -> None:
+    """Refuse a node that leaves for good where rounds would wait for it: only a walk goes on
+    past it (fl-sim decides who gets each model on simulated time)."""
+    leaves = federation.leave_times()
+    if not leaves or (not averages and federation.aggregator is None and federation.baseline == "none"):
+        return
+    node = min(leaves, key=federation.node_ids.index)
+    own = next(n.device for n in federation.nodes if n.id == node)
+    where = f"[nodes.{node}] leave_s" if own is not None and own.leave_s is not None else "[devices] trace"
+    kind = ("a baseline run" if federation.baseline != "none" else
+            "a star's rounds" if federation.aggregator is not None else "rounds of neighbour averaging")
+    raise r.fail(where, f"node {node!r} leaves for good, and {kind} would wait for it; only a walk (cwt, "
+                 "rwt) goes on past a node that left: give it an offline spell that ends instead")
 
 
 def _check_buffered(r: SectionReader, agg: AggregatorConfig, nodes: int) -> None:

@@ -213,7 +213,8 @@ _MBPS = at_most(number(0, lo_open=True), 1e9, "a petabit per second")
 _LATENCY_MS = at_most(number(0), 3_600_000, "milliseconds: an hour")
 #: [nodes.ID] keys of a node's own device and link (config.NodeDevice)
 NODE_DEVICE: dict[str, Check] = {"speed": _SPEED, "step_s": _STEP_S, "bandwidth_mbps": _MBPS,
-                                 "latency_ms": _LATENCY_MS, "offline": _offline}
+                                 "latency_ms": _LATENCY_MS, "offline": _offline,
+                                 "leave_s": at_most(number(0, lo_open=True), MAX_SIM_S)}
 
 MAX_CLASSES = 1_000_000
 _TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")
@@ -476,6 +477,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "bandwidth_mbps": "this node's [network] bandwidth_mbps",
         "latency_ms": "this node's [network] latency_ms",
         "offline": "[[from_s, to_s], ...]: simulated seconds when the node neither trains nor sends",
+        "leave_s": "simulated seconds at which the node leaves for good: it ends the round under way and "
+                   "takes no part after (a walk only; the others go on past it)",
         "fedcurv_lambda": "refused: [algorithm.fedcurv] lambda is one value for the federation",
     },
 }

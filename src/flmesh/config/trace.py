@@ -2,7 +2,8 @@
 
 CSV with the header ``node,time_s,event,value``, or JSON (a list of objects with those keys).
 Events: ``speed`` (a factor of ``[devices] step_s``, from then on), ``step_s``,
-``bandwidth_mbps``, ``offline`` and ``online`` (no value). Read and checked when the federation
+``bandwidth_mbps``, ``offline``, ``online`` and ``leave`` (no value: the node leaves the
+federation for good; walks only). Read and checked when the federation
 file is parsed (:func:`read_trace`), so a mistake is one line before anything runs. Pure
 standard library.
 """
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_EVENTS = ("speed", "step_s", "bandwidth_mbps", "offline", "online")
+TRACE_EVENTS = ("speed", "step_s", "bandwidth_mbps", "offline", "online", "leave")
 
 
 class TraceError(ValueError):
@@ -28,7 +29,7 @@ class TraceEvent:
     node: str
     time_s: float
     event: str  # one of TRACE_EVENTS
-    value: float | None  # speed, step_s or bandwidth_mbps; None for offline and online
+    value: float | None  # speed, step_s or bandwidth_mbps; None for offline, online and leave
 
 
 def read_trace(path: str | Path, nodes: Iterable[str]) -> list[TraceEvent]:
@@ -83,7 +84,8 @@ def _event(where: str, raw: Mapping[str, object], known: set[str]) -> TraceEvent
 
 
 def _check_returns(path: Path, events: list[TraceEvent]) -> None:
-    """A node that goes offline must come back: rounds that wait for it would never end."""
+    """A node that goes offline must come back (a ``leave`` is the way to go for good): rounds
+    that wait for it would never end."""
     last: dict[str, TraceEvent] = {}
     for e in events:
         if e.event in ("offline", "online"):
@@ -91,7 +93,8 @@ def _check_returns(path: Path, events: list[TraceEvent]) -> None:
     for node, e in sorted(last.items()):
         if e.event == "offline":
             raise TraceError(f"{path}: node {node!r} goes offline at {e.time_s:g} s and never comes back "
-                             "online; add an 'online' event (synchronous rounds would wait for it for ever)")
+                             "online; add an 'online' event (synchronous rounds would wait for it for ever), "
+                             "or a 'leave' event for a node that leaves for good (a walk)")
 
 
 __all__ = ["TRACE_EVENTS", "TraceError", "TraceEvent", "read_trace"]

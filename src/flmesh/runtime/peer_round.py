@@ -44,6 +44,12 @@ class WalkPlan(Protocol):
     """Decides, on simulated time, where a walk's models go while nodes are offline (fl-sim with
     offline spells in its device model: :class:`flmesh.sim.walk_plan.SimulatedWalk`)."""
 
+    def left(self, node: str, round: int) -> float | None:
+        """The simulated second at which ``node`` left the federation for good, if it had by the
+        start of ``round`` (it then takes no part in it); None while it takes part. Called first
+        in each round; does not block. Thread-safe."""
+        ...
+
     def take(self, node: str, round: int, senders: Sequence[str], stop: threading.Event) -> str | None:
         """Whose round-``round - 1`` model ``node`` trains in ``round``: one of ``senders`` (the
         source, then those whose fallback reaches ``node``), or None (none came in time). Blocks
@@ -118,6 +124,9 @@ class PeerRound:
         start = self.clock.now()
         plan = fed.schedule().plan(round)
         hop = plan[me]
+        left = self.walk.left(me, round) if self.walk is not None else None
+        if left is not None:
+            return self._gone(round, hop.source, hop.destination, left, start)
         notes = continual.advance(self.plugins, self.share, round) if continual is not None else []
         trains = continual is None or continual.participates(settings, round)
         received, missing, received_eval, sender = False, None, None, None
@@ -182,6 +191,26 @@ class PeerRound:
             task=continual.task if continual is not None else None, received_from=sender,
             failed=tuple(p for p in (missing_source, missing_destination) if p),
             sent_by_kind=sent, received_by_kind=got)
+
+    def _gone(self, round: int, source: str | None, destination: str | None, left: float,
+              start: float) -> RoundReport:
+        """A round of a node that has left the federation (simulated time): it takes nothing,
+        trains nothing and hands nothing on; its model stays as it was."""
+        continual = self.continual
+        if continual is not None:  # its test split follows the task stream, as the others' do
+            continual.advance(self.plugins, self.share, round)
+        local = evaluate_own(self.model, self.share, self.metrics)
+        self.activity.finish_round(round, local.accuracy)
+        self.inbox.prune(round - 1)
+        sent, got = self.counter.take()
+        return RoundReport(
+            node=self.settings.node_id, round=round, source=source, destination=destination, received=False,
+            missing=None, delivered=True, train_size=len(self.share.data.train), train=TrainStats(0.0, 0, 0),
+            local=local, wall_s=self.clock.now() - start, participated=False,
+            notes=(f"left the federation at {left:g} s of simulated time; takes no part",),
+            bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), sent_by_kind=sent,
+            received_by_kind=got, privacy_spent=privacy_spent(self.plugins),
+            task=continual.task if continual is not None else None)
 
     def _gossip_regularizers(self, round: int, arrived: dict[InboxKey, DecodedModel],
                              notes: list[str]) -> list[Regularizer]:

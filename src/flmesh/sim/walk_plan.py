@@ -11,6 +11,10 @@ those decisions on simulated time, as the nodes reach them:
 - **handing on**: once a node has trained round t, its model goes to the first of the round's
   destination and the destination's successor that is online when the node starts sending
   (when the node itself is next online); to nobody when both are offline then;
+- **leaving** (``leave_s``, a trace's ``leave``): a node whose round would begin at or after
+  the moment it leaves takes no part in that round or any later one: nothing is handed to it
+  from that moment on (it counts as offline), it trains nothing and hands nothing on, and its
+  rows carry no simulated time. The round under way when it leaves ends as any other;
 - **taking**: for round t + 1 a node takes, of the models its senders (the source, then those
   whose fallback reaches it) handed it, the most preferred one that had arrived when its round t
   ended; else the first to arrive while it waits. It looks at its senders ``round_timeout_s``
@@ -62,6 +66,7 @@ class SimulatedWalk:
         self._start: dict[tuple[str, int], float] = {}  # when a node's training of a round began
         self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
         self._handed_on: dict[int, int] = {}  # round -> how many nodes handed it on
+        self._gone: dict[str, float] = {}  # node that left for good -> when its last round ended
 
     def configure(self, model: DeviceModel) -> None:
         """The devices and links the rounds run on."""
@@ -77,6 +82,28 @@ class SimulatedWalk:
     def _event(self, node: str, round: int) -> threading.Event:
         with self._lock:
             return self._decided.setdefault((node, round), threading.Event())
+
+    def left(self, node: str, round: int) -> float | None:
+        """When ``node`` left the federation (``leave_s``), if it had by the time its round
+        ``round`` would begin: it then takes no part in the round (see the module's rules);
+        None while it takes part. Called once per node and round, first; does not block."""
+        self._configured.wait()
+        model = self.model
+        assert model is not None
+        leave = model.leaves.get(node)
+        if leave is None:
+            return None
+        with self._lock:
+            last = self._gone.get(node)
+            if last is None:
+                last = self.ends.get((node, round - 1), 0.0)
+                if last < leave:
+                    return None
+                self._gone[node] = last
+            self._handed[(node, round)] = _HandedOn(last, None, last)
+            self._forget(round)
+        self._event(node, round).set()
+        return leave
 
     def take(self, node: str, round: int, senders: Sequence[str], stop: threading.Event) -> str | None:
         """Whose round-``round - 1`` model ``node`` trains in ``round`` (see the module's rules)."""

@@ -3,7 +3,9 @@
 :func:`device_model` builds a :class:`DeviceModel` from the federation file's ``[devices]``,
 ``[network]`` and ``[nodes.ID]`` keys and its trace file: per node, a compute profile (optimizer
 steps per second) and an uplink profile (bytes per second), both 0 while the node is offline,
-and the one-way latency of what it sends. Where the file asks for a spread, the draws come
+and the one-way latency of what it sends, and when it leaves for good (``leave_s``, a trace's
+``leave``: it finishes the round under way, so its profiles do not change; fl-sim's walk
+planner acts on it). Where the file asks for a spread, the draws come
 from the federation seed, so every run of the file gets the same devices:
 
 - ``[devices] spread``: speeds log-normal around ``speed`` (median ``speed``, sigma ``spread``);
@@ -24,7 +26,7 @@ Pure; thread-safe once built.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +57,7 @@ class DeviceModel:
     seed: int = 0
     index: Mapping[str, int] | None = None
     overhead_steps: float = 0.0  # a round's own work besides its steps, in steps at the node's speed
+    leaves: Mapping[str, float] = field(default_factory=dict)  # node -> when it leaves for good
 
     def train_until(self, node: str, start: float, steps: float) -> float:
         """When ``node`` has trained ``steps`` optimizer steps begun at ``start``."""
@@ -66,8 +69,8 @@ class DeviceModel:
         return self.train_until(node, start, steps + self.overhead_steps)
 
     def online_at(self, node: str, t: float) -> bool:
-        """Whether ``node`` is online at simulated time ``t``."""
-        return self.online[node].rate_at(t) > 0
+        """Whether ``node`` is online at simulated time ``t`` and has not left for good."""
+        return self.online[node].rate_at(t) > 0 and t < self.leaves.get(node, INF)
 
     def thin(self, a: str, b: str) -> bool:
         """Whether the link between ``a`` and ``b`` is a thin one (seeded; symmetric)."""
@@ -196,7 +199,7 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
             elif e.event == "bandwidth_mbps":
                 assert e.value is not None
                 changes.append((e.time_s, "bandwidth", e.value * 1e6 / 8))
-            else:
+            elif e.event in ("online", "offline"):  # a "leave" is the walk planner's (leaves)
                 changes.append((e.time_s, "up", 1.0 if e.event == "online" else 0.0))
         changes.sort(key=lambda c: c[0])
         state = {"step_s": step[node], "bandwidth": bandwidth[node], "up": 1.0}
@@ -217,7 +220,8 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
                        thin_factor=network.thin_factor if network is not None else 1.0,
                        seed=fed.seed, index={n: i for i, n in enumerate(fed.node_ids)},
                        overhead_steps=(fed.devices.overhead_s / reference_step_s if fed.devices is not None
-                                       else 0.0))
+                                       else 0.0),
+                       leaves=fed.leave_times())
 
 
 __all__ = ["AGGREGATOR", "CHURN_HORIZON_S", "DeviceModel", "device_model"]
