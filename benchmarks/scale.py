@@ -3,6 +3,7 @@
     python benchmarks/scale.py [--nodes 100 1000 10000] [--rounds R] [--cores C] [--eval-sample K]
     python benchmarks/scale.py --quick    # 10 and 20 nodes, 3 rounds
     python benchmarks/scale.py --devices  # each size also with a device model (simulated time)
+    python benchmarks/scale.py --nodes 10000 --devices --repeat 2  # alternated pairs, for the spread
     python benchmarks/scale.py --nodes 500 2000 --calls  # Python calls per node and round
 
 Each size runs as one ``fl-sim FILE --out DIR --quiet --no-pictures`` process, kept to
@@ -18,7 +19,9 @@ RSS is the kernel's ``ru_maxrss`` of the fl-sim process. Prints, per size: secon
 milliseconds per node and round, peak RSS, RSS per extra node over the smallest size, and over
 the whole run per node the user and system (kernel) CPU and the context switches; with
 ``--devices`` the same size with ``[devices]`` and ``[network]`` (stragglers, thin links) and
-the ratio of its seconds per round to the plain run's. With ``--calls`` each size also runs
+the ratio of its seconds per round (and of its whole run) to the plain run's; ``--repeat K``
+runs each size K times, the plain and the device-model run in turns (which goes first alternates),
+and the ratios are of the means. With ``--calls`` each size also runs
 twice under a counter of every Python function call on every thread after the imports
 (``sys.setprofile`` and ``threading.setprofile``: far slower, so no times are taken from it),
 with R and with R + 1 rounds: the difference over the nodes is the calls a node makes in one
@@ -146,6 +149,14 @@ def run_size(nodes: int, rounds: int, eval_sample: int, cpus: set[int], work: Pa
             "system_ms_per_node": 1000 * done.system_s / nodes, "switches_per_node": done.switches / nodes}
 
 
+def _each(runs: list[dict[str, Any]]) -> str:
+    return " / ".join(f"{r['s_per_round']:.2f}" for r in runs)
+
+
+def _mean(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.mean(float(r[key]) for r in runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="10 and 20 nodes, 3 rounds")
@@ -156,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-sample", type=int, default=10, metavar="K",
                    help="test splits each model is evaluated on (default 10)")
     p.add_argument("--devices", action="store_true", help="each size also with a device model")
+    p.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="runs of each size (with --devices: in turns, the first of each pair alternating)")
     p.add_argument("--calls", action="store_true",
                    help="each size also counts the Python calls of a node in a round")
     add_json_flag(p, "scale")
@@ -163,20 +176,25 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(args.nodes or ([10, 20] if args.quick else [100, 1000, 10000]))
     rounds = 1 + (args.rounds or (2 if args.quick else 5))
     usable = sorted(os.sched_getaffinity(0))
-    if rounds < 3 or sizes[0] < 2 or not 1 <= args.cores <= len(usable) or args.eval_sample < 2:
+    if (rounds < 3 or sizes[0] < 2 or not 1 <= args.cores <= len(usable) or args.eval_sample < 2
+            or args.repeat < 1):
         p.error(f"--rounds must be at least 2, --nodes at least 2, --cores 1 to {len(usable)}, "
-                "--eval-sample at least 2")
+                "--eval-sample at least 2, --repeat at least 1")
     cpus = set(usable[:args.cores])
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
-            for devices in (False, True) if args.devices else (False,):
-                results.append(run_size(n, rounds, args.eval_sample, cpus, Path(tmp), devices))
-                print(f"# {n} nodes{' with devices' if devices else ''}: {results[-1]['s_per_round']:.2f} "
-                      f"s/round, peak {results[-1]['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
+            for turn in range(args.repeat):
+                kinds = (False, True) if args.devices else (False,)
+                for devices in kinds if turn % 2 == 0 else kinds[::-1]:
+                    done = run_size(n, rounds, args.eval_sample, cpus, Path(tmp), devices)
+                    results.append(done)
+                    print(f"# {n} nodes{' with devices' if devices else ''}: {done['s_per_round']:.2f} "
+                          f"s/round, peak {done['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
             if args.calls:
-                results[-1 - args.devices]["calls_per_node_round"] = calls_per_node_round(
-                    n, rounds, args.eval_sample, cpus, Path(tmp))
+                first = next(r for r in results if r["nodes"] == n and not r["devices"])
+                first["calls_per_node_round"] = calls_per_node_round(n, rounds, args.eval_sample, cpus,
+                                                                     Path(tmp))
     plain = [r for r in results if not r["devices"]]
     base = plain[0]
     for r in plain:
@@ -192,18 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['nodes']} | {r['s_per_round']:.2f} | {r['ms_per_node_round']:.1f} | "
               f"{r['peak_rss_mib']:.0f} | {extra} | {r['whole_run_s']:.1f} | {r['user_ms_per_node']:.1f} | "
               f"{r['system_ms_per_node']:.1f} | {r['switches_per_node']:.0f} |")
-    timed = {r["nodes"]: r for r in results if r["devices"]}
-    if timed:
-        print("\n| nodes | s / round with a device model | over without |\n|---:|---:|---:|")
-        for r in plain:
-            if r["nodes"] in timed:
-                t = timed[r["nodes"]]
-                ratio = t["s_per_round"] / r["s_per_round"]
-                print(f"| {r['nodes']} | {t['s_per_round']:.2f} | {ratio:.2f} |")
+    if args.devices:
+        print("\n| nodes | s / round without, each run | with a device model, each run | over without "
+              "| whole run, over without |\n|---:|---:|---:|---:|---:|")
+        for n in sizes:
+            plain_runs = [r for r in plain if r["nodes"] == n]
+            timed_runs = [r for r in results if r["nodes"] == n and r["devices"]]
+            print(f"| {n} | {_each(plain_runs)} | {_each(timed_runs)} | "
+                  f"{_mean(timed_runs, 's_per_round') / _mean(plain_runs, 's_per_round'):.2f} | "
+                  f"{_mean(timed_runs, 'whole_run_s') / _mean(plain_runs, 'whole_run_s'):.2f} |")
     if args.calls:
         print("\n| nodes | Python calls per node and round |\n|---:|---:|")
         for r in plain:
-            print(f"| {r['nodes']} | {r['calls_per_node_round']:.1f} |")
+            if "calls_per_node_round" in r:
+                print(f"| {r['nodes']} | {r['calls_per_node_round']:.1f} |")
     write_json(args.json, "scale", {"rounds": rounds, "cpus": sorted(cpus), "sizes": results}, [SEED])
     return 0
 

@@ -76,11 +76,11 @@ def test_overhead(tmp_path):
 
 def test_scale(tmp_path):
     results = run(tmp_path, "scale.py", "--nodes", "4", "6", "--cores", "1", "--devices", "--calls",
-                  "--eval-sample", "3")
+                  "--eval-sample", "3", "--repeat", "2")
     assert results["rounds"] == 3 and len(results["cpus"]) == 1
-    small, small_timed, big, big_timed = results["sizes"]
-    assert [s["nodes"] for s in results["sizes"]] == [4, 4, 6, 6]
-    assert [s["devices"] for s in results["sizes"]] == [False, True, False, True]
+    small, _, _, _, big, _, _, _ = results["sizes"]
+    assert [s["nodes"] for s in results["sizes"]] == [4] * 4 + [6] * 4
+    assert [s["devices"] for s in results["sizes"]] == [False, True, True, False] * 2  # in turns
     assert small["rss_per_extra_node_mib"] is None and number(big["rss_per_extra_node_mib"])
     for size in results["sizes"]:
         assert size["eval_sample"] == 3  # FA/FF from sampled pairs at every size
