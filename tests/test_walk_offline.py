@@ -34,7 +34,15 @@ def _planner(fed) -> SimulatedWalk:
     return walk
 
 
+def _take(walk: SimulatedWalk, node: str, round: int, senders: list[str]) -> str | None:
+    chosen, left = walk.begin(node, round, senders, NO_STOP)
+    assert left is None
+    return chosen
+
+
 def _trained(walk: SimulatedWalk, node: str, round: int, steps: int, candidates: list[str]) -> str | None:
+    if round == 1:  # no source: the round begins with nothing to take
+        assert walk.begin(node, 1, [], NO_STOP) == (None, None)
     return walk.hand_on(node, round, TrainStats(0.0, steps, steps), None, ({}, {}), 1000, candidates)
 
 
@@ -45,10 +53,10 @@ def test_a_model_goes_past_an_offline_destination_and_a_node_left_without_one_gi
     assert _trained(walk, "node1", 1, 100, ["node2", "node0"]) == "node2"  # done at 50.5, once back
     assert _trained(walk, "node2", 1, 100, ["node0", "node1"]) == "node0"
     # node2's source is node1, its fallback sender node0: node0's model was there when its round ended
-    assert walk.take("node2", 2, ["node1", "node0"], NO_STOP) == "node0"
-    assert walk.take("node0", 2, ["node2", "node1"], NO_STOP) == "node2"
+    assert _take(walk, "node2", 2, ["node1", "node0"]) == "node0"
+    assert _take(walk, "node0", 2, ["node2", "node1"]) == "node2"
     # nothing was handed to node1; at its first look (20 s after its round ended) nobody is at work
-    assert walk.take("node1", 2, ["node0", "node2"], NO_STOP) is None
+    assert _take(walk, "node1", 2, ["node0", "node2"]) is None
     assert _trained(walk, "node1", 2, 100, ["node2", "node0"]) == "node2"
     assert walk.round_ends(2, ["node1"]) == {"node1": pytest.approx(50.5 + 20 + 1.0)}
     assert walk.round_ends(1, ["node0", "node1"]) == {"node0": pytest.approx(1.0),
@@ -62,7 +70,7 @@ def test_a_node_waits_for_a_slow_source_that_is_online_up_to_four_round_timeouts
     for node, to in (("node0", "node1"), ("node1", "node2"), ("node2", "node0")):
         _trained(walk, node, 1, 100, [to])
     # node1's model reaches node2 at 50 s (taken at the look at 51 s) or 100 s (after the last look, 81 s)
-    assert walk.take("node2", 2, ["node1", "node0"], NO_STOP) == taken
+    assert _take(walk, "node2", 2, ["node1", "node0"]) == taken
     _trained(walk, "node2", 2, 100, [])
     assert walk.round_ends(2, ["node2"])["node2"] == pytest.approx((50.0 if taken else 81.0) + 1.0)
 
@@ -71,13 +79,13 @@ def test_a_take_waits_for_its_senders_and_a_stop_ends_the_wait():
     walk = _planner(_fed())
     stop = threading.Event()
     got: list[str | None] = []
-    waiting = threading.Thread(target=lambda: got.append(walk.take("node1", 2, ["node0", "node2"], stop)))
+    waiting = threading.Thread(target=lambda: got.append(walk.begin("node1", 2, ["node0", "node2"], stop)[0]))
     waiting.start()
     _trained(walk, "node0", 1, 10, ["node1"])
     _trained(walk, "node2", 1, 10, ["node0"])
     waiting.join(timeout=30)
     assert got == ["node0"]
-    lone = threading.Thread(target=lambda: got.append(walk.take("node1", 3, ["node0"], stop)))
+    lone = threading.Thread(target=lambda: got.append(walk.begin("node1", 3, ["node0"], stop)[0]))
     lone.start()
     stop.set()
     lone.join(timeout=30)
@@ -113,39 +121,73 @@ def test_a_walk_nobody_leaves_during_is_timed_as_without_offline_spells(tmp_path
         assert _walked(a) == _walked(b)
 
 
-def test_fl_sim_does_not_checkpoint_a_walk_with_offline_spells():
-    why = unresumable(_fed(churn=0.5))
-    assert why is not None and "offline" in why[0]
+def test_fl_sim_does_not_checkpoint_a_walk_with_offline_spells(tmp_path, capsys):
+    from flmesh.cli.fl_sim import main
+    from flmesh.reports.record import toml_text
+
     assert unresumable(_fed()) is None
+    file = tmp_path / "walk.toml"
+    file.write_text(toml_text(_fed(own={"node1": {"offline": [[0.1, 0.2]]}}).raw))
+    out = tmp_path / "run"
+    assert main([str(file), "--out", str(out), "--quiet", "--no-pictures", "--checkpoint-every", "1"]) == 0
+    assert not (out / "checkpoints").exists()
+    capsys.readouterr()
+    assert main(["--resume", str(out)]) == 2
+    assert "a walk with offline spells or nodes that leave" in capsys.readouterr().err
 
 
 def test_a_node_that_leaves_ends_its_round_under_way_and_takes_no_part_after():
     walk = _planner(_fed(own={"node1": {"leave_s": 0.5}}))
-    assert walk.left("node1", 1) is None  # its first round begins at 0, before it leaves
-    assert _trained(walk, "node0", 1, 100, ["node1", "node2"]) == "node2"  # at 1.0 it has left
+    # its first round begins at 0, before it leaves; at 1.0 node0 finds it gone
+    assert _trained(walk, "node0", 1, 100, ["node1", "node2"]) == "node2"
     assert _trained(walk, "node1", 1, 100, ["node2", "node0"]) == "node2"  # the round under way ends
     _trained(walk, "node2", 1, 100, ["node0", "node1"])
-    assert walk.left("node1", 2) == 0.5 and walk.left("node1", 3) == 0.5
-    assert walk.round_ends(2, ["node1"]) == {}
+    assert walk.begin("node1", 2, ["node0", "node2"], NO_STOP) == (None, 0.5)
+    assert walk.begin("node1", 3, ["node0", "node2"], NO_STOP) == (None, 0.5)
+    assert walk.round_ends(2, ["node1"]) == {"node1": pytest.approx(1.0)}  # when its model last changed
     # node2 takes node1's last model (its source's); from then on node0's go past node1 to node2
-    assert walk.take("node2", 2, ["node1", "node0"], NO_STOP) == "node1"
-    assert walk.take("node0", 2, ["node2", "node1"], NO_STOP) == "node2"
+    assert _take(walk, "node2", 2, ["node1", "node0"]) == "node1"
+    assert _take(walk, "node0", 2, ["node2", "node1"]) == "node2"
     assert _trained(walk, "node2", 2, 100, ["node0", "node1"]) == "node0"
     assert _trained(walk, "node0", 2, 100, ["node1", "node2"]) == "node2"
-    assert walk.take("node2", 3, ["node1", "node0"], NO_STOP) == "node0"
-    assert walk.round_ends(3, ["node1"]) == {}
+    assert _take(walk, "node2", 3, ["node1", "node0"]) == "node0"
+
+
+def test_a_node_whose_wait_ends_after_it_left_takes_no_part():
+    walk = _planner(_fed(own={"node0": {"step_s": 1.0}, "node1": {"leave_s": 1.2}}))
+    ring = ["node0", "node1", "node2"]
+    for i, node in enumerate(ring):
+        _trained(walk, node, 1, 100, [ring[(i + 1) % 3], ring[(i + 2) % 3]])
+    # its round 1 ended at 1.0, before it leaves; slow node0 is at work on a model for it until
+    # 100 s, so it waits to the last look (81 s), after it left: it takes no part in round 2
+    assert walk.begin("node1", 2, ["node0", "node2"], NO_STOP) == (None, 1.2)
+
+
+def test_what_the_planner_holds_stays_bounded_over_rounds():
+    walk = _planner(_fed(nodes=4, rounds=60, own={"node3": {"leave_s": 2.0}}))
+    ring = ["node0", "node1", "node2", "node3"]
+    held = []
+    for r in range(1, 61):
+        for i, node in enumerate(ring):
+            senders = [ring[i - 1], ring[i - 2]] if r > 1 else []
+            if walk.begin(node, r, senders, NO_STOP)[1] is None:
+                walk.hand_on(node, r, TrainStats(0.0, 10, 10), None, ({}, {}), 1000,
+                             [ring[(i + 1) % 4], ring[(i + 2) % 4]] if r < 60 else [])
+        held.append(walk.held())
+    assert walk.round_ends(60, ["node3"])  # it left, and its rounds still end (at its last)
+    assert held[19] == held[39] == held[59] <= 4 * 4 * 3  # about four rounds of records a node
 
 
 def test_fl_sim_walks_on_past_a_node_that_left_and_keeps_its_last_model(tmp_path):
     _, rows = simulate(_fed(nodes=5, rounds=6, own={"node2": {"leave_s": 0.3}}), tmp_path / "run")
     gone = [r["nodes"]["node2"] for r in rows]
-    assert gone[0]["participated"] is not False and gone[0]["sim_time_s"] is not None
+    assert gone[0]["participated"] is True and gone[1]["participated"] is True
     after = gone[2:]  # round 2 began before 0.3 s, the later ones after it
-    assert all(e["participated"] is False and e["sim_time_s"] is None and e["train_steps"] == 0
-               for e in after)
+    assert all(e["participated"] is False and e["train_steps"] == 0 for e in after)
+    assert all(e["sim_time_s"] == gone[1]["sim_time_s"] for e in after)  # its model's time
     assert all("left the federation at 0.3 s" in e["notes"][0] for e in after)
     assert len({e["accuracy"] for e in after}) == 1  # its model stays as it left
-    assert all(r["nodes"]["node1"]["delivered_to"] in ("node3", None) for r in rows[2:])
+    assert all(r["nodes"]["node1"]["delivered_to"] == "node3" for r in rows[2:-1])
     assert all(r["sim_time_s"] is not None and r["sim_time_s"] < 10 for r in rows)
 
 

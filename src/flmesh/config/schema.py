@@ -214,7 +214,7 @@ _LATENCY_MS = at_most(number(0), 3_600_000, "milliseconds: an hour")
 #: [nodes.ID] keys of a node's own device and link (config.NodeDevice)
 NODE_DEVICE: dict[str, Check] = {"speed": _SPEED, "step_s": _STEP_S, "bandwidth_mbps": _MBPS,
                                  "latency_ms": _LATENCY_MS, "offline": _offline,
-                                 "leave_s": at_most(number(0, lo_open=True), MAX_SIM_S)}
+                                 "leave_s": at_most(number(0), MAX_SIM_S)}
 
 MAX_CLASSES = 1_000_000
 _TIMEOUT = at_most(number(0, lo_open=True), MAX_TIMEOUT_S, "seconds: one day")

@@ -94,7 +94,7 @@ def _check_returns(path: Path, events: list[TraceEvent]) -> None:
         if e.event == "offline":
             raise TraceError(f"{path}: node {node!r} goes offline at {e.time_s:g} s and never comes back "
                              "online; add an 'online' event (synchronous rounds would wait for it for ever), "
-                             "or a 'leave' event for a node that leaves for good (a walk)")
+                             "or, for a node that leaves for good, put a 'leave' event in its place (a walk)")
 
 
 __all__ = ["TRACE_EVENTS", "TraceError", "TraceEvent", "read_trace"]

@@ -242,7 +242,7 @@ class PeerExchange:
                      notes: list[str]) -> tuple[str | None, DecodedModel | None, str | None]:
         """:meth:`wait_for_source` when a :class:`~flmesh.runtime.peer_round.WalkPlan` decided on
         simulated time whose model comes (``sender``; None: none came in time): wait for that
-        model, which is on its way, as long as a source that makes progress may take."""
+        model, which its sender hands on to this node, up to MAX_WAIT_FACTOR round timeouts."""
         source = self.senders_for(round)[0]
         if sender is not None:
             key = InboxKey(round - 1, sender, "trained")
@@ -252,7 +252,10 @@ class PeerExchange:
                     return sender, found, None
                 notes.append(f"{source} was offline; got {sender}'s model instead (its fallback)")
                 return sender, found, source
-        notes.append(f"no model from {source} (offline when it was due); trained the model it had")
+            if not self.stop.is_set():  # the plan said it was handed on here: something broke
+                self.log.warning("round %d: the model %s was to hand on did not come", round, sender,
+                                 extra={"node": self.settings.node_id, "round": round})
+        notes.append(f"no model from {source} in time (simulated); trained the model it had")
         return None, None, source
 
 

@@ -44,16 +44,14 @@ class WalkPlan(Protocol):
     """Decides, on simulated time, where a walk's models go while nodes are offline (fl-sim with
     offline spells in its device model: :class:`flmesh.sim.walk_plan.SimulatedWalk`)."""
 
-    def left(self, node: str, round: int) -> float | None:
-        """The simulated second at which ``node`` left the federation for good, if it had by the
-        start of ``round`` (it then takes no part in it); None while it takes part. Called first
-        in each round; does not block. Thread-safe."""
-        ...
-
-    def take(self, node: str, round: int, senders: Sequence[str], stop: threading.Event) -> str | None:
-        """Whose round-``round - 1`` model ``node`` trains in ``round``: one of ``senders`` (the
-        source, then those whose fallback reaches ``node``), or None (none came in time). Blocks
-        until each sender's hand-on of that round is decided, or ``stop``. Thread-safe."""
+    def begin(self, node: str, round: int, senders: Sequence[str],
+              stop: threading.Event) -> tuple[str | None, float | None]:
+        """How ``node``'s round ``round`` begins: whose round-``round - 1`` model it trains (one of
+        ``senders``: the source, then those whose fallback reaches ``node``; None: none came in
+        time, or no ``senders`` in a round without a source), and the simulated second at which
+        it left the federation for good, if it had by then (it takes no part in the round; None
+        while it takes part). Called first in every round; blocks until each sender's hand-on of
+        the previous round is decided, or ``stop``. Thread-safe."""
         ...
 
     def hand_on(self, node: str, round: int, stats: TrainStats, trained_on: str | None,
@@ -62,8 +60,8 @@ class WalkPlan(Protocol):
         """Which of ``candidates`` (the destination, then its successors; none in a round without
         a delivery) gets ``node``'s round-``round`` model of ``message_bytes``: None when none
         can. ``stats``, ``trained_on`` and ``moved`` (bytes sent and received so far this round,
-        by kind) are the round's training. Called once per node and round, after training;
-        does not block. Thread-safe."""
+        by kind) are the round's training. Called once per node and round, after training, unless
+        :meth:`begin` said the node had left; does not block. Thread-safe."""
         ...
 
 
@@ -124,9 +122,12 @@ class PeerRound:
         start = self.clock.now()
         plan = fed.schedule().plan(round)
         hop = plan[me]
-        left = self.walk.left(me, round) if self.walk is not None else None
-        if left is not None:
-            return self._gone(round, hop.source, hop.destination, left, start)
+        planned: str | None = None
+        if self.walk is not None:
+            senders = self.exchange.senders_for(round) if hop.source is not None else []
+            planned, left = self.walk.begin(me, round, senders, self.stop)
+            if left is not None:
+                return self._gone(round, hop.source, hop.destination, left, start)
         notes = continual.advance(self.plugins, self.share, round) if continual is not None else []
         trains = continual is None or continual.participates(settings, round)
         received, missing, received_eval, sender = False, None, None, None
@@ -134,8 +135,7 @@ class PeerRound:
         self.activity.set_state("waiting", hop.source)
         if hop.source is not None:
             if self.walk is not None:
-                chosen = self.walk.take(me, round, self.exchange.senders_for(round), self.stop)
-                sender, incoming, missing_source = self.exchange.take_planned(round, chosen, notes)
+                sender, incoming, missing_source = self.exchange.take_planned(round, planned, notes)
             else:
                 sender, incoming, missing_source = self.exchange.wait_for_source(round, notes)
             refused = (self.guard.check(self.model.state_dict(), incoming.state_dict, incoming.meta.sender)

@@ -214,7 +214,7 @@ def unresumable(federation: Federation) -> tuple[str, str] | None:
         return ("barrier-free rounds ([peers] wait or deadline_s)",
                 "which late models arrived in time is held in memory only")
     if federation.offline_spells and peers is None and agg is None and federation.baseline == "none":
-        return ("a walk with offline spells ([devices] churn, offline)",
+        return ("a walk with offline spells or nodes that leave ([devices] churn, offline, leave_s, a trace)",
                 "where each model went while its destination was offline is held in memory only")
     if agg is not None and agg.buffered:
         return ("an asynchronous aggregator ([aggregator] mode = \"async\")",

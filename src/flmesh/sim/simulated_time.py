@@ -129,7 +129,9 @@ class SimulatedTime:
         if self.arrivals is not None:  # barrier-free: the planner decided and timed the round
             return self.arrivals.round_ends(round, list(reports))
         if self.walk is not None:  # a walk past offline nodes: likewise
-            return self.walk.round_ends(round, list(reports))
+            ends = self.walk.round_ends(round, list(reports))
+            self.timeline.end.update(ends)
+            return ends
         work = {node: _work(r) for node, r in reports.items() if isinstance(r, RoundReport)}
         return self.timeline.average_round(work) if self.averages else self.timeline.walk_round(work)
 

@@ -11,10 +11,12 @@ those decisions on simulated time, as the nodes reach them:
 - **handing on**: once a node has trained round t, its model goes to the first of the round's
   destination and the destination's successor that is online when the node starts sending
   (when the node itself is next online); to nobody when both are offline then;
-- **leaving** (``leave_s``, a trace's ``leave``): a node whose round would begin at or after
-  the moment it leaves takes no part in that round or any later one: nothing is handed to it
-  from that moment on (it counts as offline), it trains nothing and hands nothing on, and its
-  rows carry no simulated time. The round under way when it leaves ends as any other;
+- **leaving** (``leave_s``, a trace's ``leave``): from the moment a node leaves, nothing is
+  handed to it (it counts as offline); the round under way then ends as any other, and a node
+  whose round would begin (its model come, or its wait given up) at or after that moment takes
+  no part in that round or any later one: it trains nothing and hands nothing on, and a model
+  it had been handed leaves with it. Its rows carry the time its last round ended (its
+  model's);
 - **taking**: for round t + 1 a node takes, of the models its senders (the source, then those
   whose fallback reaches it) handed it, the most preferred one that had arrived when its round t
   ended; else the first to arrive while it waits. It looks at its senders ``round_timeout_s``
@@ -83,60 +85,67 @@ class SimulatedWalk:
         with self._lock:
             return self._decided.setdefault((node, round), threading.Event())
 
-    def left(self, node: str, round: int) -> float | None:
-        """When ``node`` left the federation (``leave_s``), if it had by the time its round
-        ``round`` would begin: it then takes no part in the round (see the module's rules);
-        None while it takes part. Called once per node and round, first; does not block."""
-        self._configured.wait()
+    def begin(self, node: str, round: int, senders: Sequence[str],
+              stop: threading.Event) -> tuple[str | None, float | None]:
+        """How ``node``'s round ``round`` begins (see the module's rules): whose round-``round - 1``
+        model it trains (one of ``senders``, the source first; None: none came in time, or no
+        senders in a round without a source), and when it left the federation if it had by the
+        time the round would begin (it then takes no part: None while it takes part). Blocks
+        until each sender's hand-on of round ``round - 1`` is decided, or ``stop``."""
+        if not self._wait(self._configured, stop):
+            return None, None
         model = self.model
         assert model is not None
         leave = model.leaves.get(node)
-        if leave is None:
-            return None
         with self._lock:
-            last = self._gone.get(node)
-            if last is None:
-                last = self.ends.get((node, round - 1), 0.0)
-                if last < leave:
-                    return None
-                self._gone[node] = last
+            gone = node in self._gone
+        if gone:
+            return None, self._leave(node, round, leave)
+        for sender in senders:
+            if not self._wait(self._event(sender, round - 1), stop):
+                return None, None
+        with self._lock:
+            ended = self.ends.get((node, round - 1), 0.0)
+            handed = {s: self._handed[(s, round - 1)] for s in senders}
+        chosen, start = self._take(model, node, senders, handed, ended)
+        if leave is not None and start >= leave:  # a model it had taken leaves with it
+            with self._lock:
+                self._gone[node] = ended
+            return None, self._leave(node, round, leave)
+        with self._lock:
+            self._start[(node, round)] = start
+        return chosen, None
+
+    def _leave(self, node: str, round: int, leave: float | None) -> float:
+        """Record ``node``'s round ``round`` as one it sat out, gone; when it left."""
+        assert leave is not None
+        with self._lock:
+            last = self._gone[node]
             self._handed[(node, round)] = _HandedOn(last, None, last)
+            self.ends[(node, round)] = last  # its model last changed then (the time curve reads it)
             self._forget(round)
         self._event(node, round).set()
         return leave
 
-    def take(self, node: str, round: int, senders: Sequence[str], stop: threading.Event) -> str | None:
-        """Whose round-``round - 1`` model ``node`` trains in ``round`` (see the module's rules)."""
-        if not self._wait(self._configured, stop):
-            return None
-        for sender in senders:
-            if not self._wait(self._event(sender, round - 1), stop):
-                return None
-        model = self.model
-        assert model is not None
-        with self._lock:
-            ended = self.ends.get((node, round - 1), 0.0)
-            handed = {s: self._handed[(s, round - 1)] for s in senders}
+    def _take(self, model: DeviceModel, node: str, senders: Sequence[str], handed: Mapping[str, _HandedOn],
+              ended: float) -> tuple[str | None, float]:
+        """Whose model ``node`` takes of what ``senders`` handed on, and when it starts training."""
         offers = {s: h.arrival for s, h in handed.items() if h.target == node}
-        chosen, start = None, ended
         present = [s for s in senders if s in offers and offers[s] <= ended]
-        if present:
-            chosen = present[0]
-        else:
-            looks = [ended + self.timeout * (1 + EXTEND_SHARE * k)
-                     for k in range(int((MAX_WAIT_FACTOR - 1) / EXTEND_SHARE) + 1)]
-            for look in looks:
-                came = sorted((offers[s], i, s) for i, s in enumerate(senders)
-                              if s in offers and offers[s] <= look)
-                if came:
-                    start, _, chosen = came[0]
-                    break
-                start = look
-                if not any(h.arrival > look and model.online_at(s, look) for s, h in handed.items()):
-                    break  # nobody is still at work on a model for this node: it trains its own
-        with self._lock:
-            self._start[(node, round)] = start
-        return chosen
+        if present or not senders:
+            return (present[0] if present else None), ended
+        start = ended
+        looks = [ended + self.timeout * (1 + EXTEND_SHARE * k)
+                 for k in range(int((MAX_WAIT_FACTOR - 1) / EXTEND_SHARE) + 1)]
+        for look in looks:
+            came = sorted((when, i, s) for i, s in enumerate(senders)
+                          if (when := offers.get(s)) is not None and when <= look)
+            if came:
+                return came[0][2], came[0][0]
+            start = look
+            if not any(h.arrival > look and model.online_at(s, look) for s, h in handed.items()):
+                break  # nobody is still at work on a model for this node: it trains its own
+        return None, start
 
     def hand_on(self, node: str, round: int, stats: TrainStats, trained_on: str | None,
                 moved: tuple[Mapping[str, int], Mapping[str, int]], message_bytes: int,
@@ -151,7 +160,7 @@ class SimulatedWalk:
                         trained_back_bytes=got.get("to_train", 0))
         with self._lock:
             start = self._start.pop((node, round), None)
-            if start is None:  # no source this round: it trains as soon as its last round is over
+            if start is None:  # a stop ended begin's wait: the run is over, its times do not count
                 start = self.ends.get((node, round - 1), 0.0)
         done = trained_until(model, work, start)
         sending = model.online[node].next_up(done)
@@ -163,11 +172,6 @@ class SimulatedWalk:
             self._forget(round)
         self._event(node, round).set()
         return target
-
-    def resume(self, round: int, ends: Mapping[str, float]) -> None:
-        """Go on after ``round``, whose nodes' rounds ended at ``ends``."""
-        with self._lock:
-            self.ends.update({(node, round): when for node, when in ends.items()})
 
     def _forget(self, round: int) -> None:
         """Drop what no decision and no row can need any more (lock held), once every node has
@@ -183,7 +187,7 @@ class SimulatedWalk:
                 table.pop((node, round - 3), None)
 
     def held(self) -> int:
-        """How many rounds' records it holds, over every node (bounded whatever the rounds)."""
+        """How many records it holds, over every node and round (bounded whatever the rounds)."""
         with self._lock:
             return len(self._handed) + len(self._decided) + len(self.ends) + len(self._start)
 
