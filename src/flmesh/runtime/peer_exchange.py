@@ -253,7 +253,7 @@ class PeerExchange:
                 notes.append(f"{source} was offline; got {sender}'s model instead (its fallback)")
                 return sender, found, source
             if not self.stop.is_set():  # the plan said it was handed on here: something broke
-                self.log.warning("round %d: the model %s was to hand on did not come", round, sender,
+                self.log.warning("round %d: the model planned to come from %s did not", round, sender,
                                  extra={"node": self.settings.node_id, "round": round})
         notes.append(f"no model from {source} in time (simulated); trained the model it had")
         return None, None, source

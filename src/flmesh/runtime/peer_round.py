@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 
 class WalkPlan(Protocol):
-    """Decides, on simulated time, where a walk's models go while nodes are offline (fl-sim with
-    offline spells in its device model: :class:`flmesh.sim.walk_plan.SimulatedWalk`)."""
+    """Decides, on simulated time, where a walk's models go while nodes are offline or gone (fl-sim
+    with offline spells or leaving nodes in its device model:
+    :class:`flmesh.sim.walk_plan.SimulatedWalk`)."""
 
     def begin(self, node: str, round: int, senders: Sequence[str],
               stop: threading.Event) -> tuple[str | None, float | None]:

@@ -5,8 +5,8 @@ falls back to the destination's successor when the destination does not answer, 
 whose model does not come waits a round timeout, asks its senders' ``Status`` and trains the
 model it has once none of them is still at work (:mod:`flmesh.runtime.peer_exchange`). In
 fl-sim every node answers at once, so when the device model has offline spells (``[nodes.ID]
-offline``, a trace's ``offline`` events, ``[devices] churn``) :class:`SimulatedWalk` takes
-those decisions on simulated time, as the nodes reach them:
+offline``, a trace's ``offline`` events, ``[devices] churn``) or a node that leaves,
+:class:`SimulatedWalk` takes those decisions on simulated time, as the nodes reach them:
 
 - **handing on**: once a node has trained round t, its model goes to the first of the round's
   destination and the destination's successor that is online when the node starts sending
