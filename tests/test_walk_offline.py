@@ -191,18 +191,38 @@ def test_fl_sim_walks_on_past_a_node_that_left_and_keeps_its_last_model(tmp_path
     assert all(r["sim_time_s"] is not None and r["sim_time_s"] < 10 for r in rows)
 
 
-@pytest.mark.parametrize("sections, kind", [
-    ({"topology": {"graph": "ring", "schedule": "gossip"}, "peers": {"strategy": "dpsgd"}},
-     "rounds of neighbour averaging"),
-    ({"aggregator": {"strategy": "fedavg"}}, "a star's rounds"),
-    ({"federation": {"baseline": "standalone"}}, "a baseline run"),
+@pytest.mark.parametrize("sections, message", [
+    ({"topology": {"graph": "ring", "schedule": "gossip"}, "peers": {"strategy": "push_sum"}},
+     "push-sum would lose the weight it holds"),
+    ({"aggregator": {"strategy": "fedavg"}}, "a star's rounds would wait for it"),
+    ({"federation": {"baseline": "standalone"}}, "a baseline run would wait for it"),
 ])
-def test_a_node_that_leaves_outside_a_walk_is_one_line(sections, kind):
+def test_a_node_that_leaves_where_rounds_need_it_is_one_line(sections, message):
     raw = tiny_raw(nodes=3, devices={"step_s": 0.01}, **sections)
     raw["nodes"] = {"node0": {}, "node1": {"leave_s": 5}, "node2": {}}
     with pytest.raises(FederationError, match=r"\[nodes.node1\] leave_s: node 'node1' leaves for good, and "
-                       + f"{re.escape(kind)}.*only a walk"):
+                       + re.escape(message)):
         parse_federation(raw, source="t.toml")
+
+
+@pytest.mark.parametrize("peers", [{"strategy": "dpsgd"}, {"strategy": "dpsgd", "wait": 1}])
+def test_neighbour_averaging_goes_on_past_a_node_that_left(tmp_path, peers):
+    raw = tiny_raw(nodes=5, rounds=6, devices={"step_s": 0.01}, peers=peers,
+                   topology={"graph": "ring", "schedule": "gossip"})
+    raw["nodes"] = {f"node{i}": ({"leave_s": 0.3} if i == 2 else {}) for i in range(5)}
+    fed = parse_federation(raw, source="t.toml")
+    _, rows = simulate(fed, tmp_path / "memory")
+    _, wire = simulate(fed, tmp_path / "grpc", transport="grpc")
+    gone = [r["nodes"]["node2"] for r in rows]
+    first_out = next(i for i, e in enumerate(gone) if e["participated"] is False)
+    assert 0 < first_out < 5 and all(e["participated"] is False for e in gone[first_out:])
+    assert all("left the federation at 0.3 s" in e["notes"][0] for e in gone[first_out:])
+    for r in rows[first_out:]:  # its neighbours combine without it, or (barrier-free) its last model
+        for entry in (r["nodes"]["node1"], r["nodes"]["node3"]):
+            if "node2" in entry["combined"]:
+                assert "wait" in peers and entry["staleness"][entry["combined"].index("node2")] >= 1
+    assert all(r["sim_time_s"] < 10 for r in rows)
+    assert [(r["fa"], r["sim_time_s"]) for r in rows] == [(r["fa"], r["sim_time_s"]) for r in wire]
 
 
 def test_a_trace_leave_is_a_walks_and_refused_elsewhere(tmp_path):

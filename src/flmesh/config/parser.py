@@ -262,23 +262,29 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
 
     schedule = federation.schedule()  # the graph must exist and admit the schedule: fail now, not mid-run
     _check_peers(r, federation, bool(getattr(schedule, "averages", False)), "peers" in raw)
-    _check_leaves(r, federation, bool(getattr(schedule, "averages", False)))
+    _check_leaves(r, federation)
     return federation
 
 
-def _check_leaves(r: SectionReader, federation: Federation, averages: bool) -> None:
-    """Refuse a node that leaves for good where rounds would wait for it: only a walk goes on
-    past it (fl-sim decides who gets each model on simulated time)."""
+def _check_leaves(r: SectionReader, federation: Federation) -> None:
+    """Refuse a node that leaves for good where rounds would wait for it or lose its share: a
+    walk and neighbour averaging go on past it (fl-sim decides on simulated time who has left);
+    a star's rounds, a baseline and push-sum do not."""
     leaves = federation.leave_times()
-    if not leaves or (not averages and federation.aggregator is None and federation.baseline == "none"):
+    peers = federation.peers
+    push_sum = peers is not None and peers.strategy == "push_sum"
+    if not leaves or (federation.aggregator is None and federation.baseline == "none" and not push_sum):
         return
     node = min(leaves, key=federation.node_ids.index)
     own = next(n.device for n in federation.nodes if n.id == node)
     where = f"[nodes.{node}] leave_s" if own is not None and own.leave_s is not None else "[devices] trace"
-    kind = ("a baseline run" if federation.baseline != "none" else
-            "a star's rounds" if federation.aggregator is not None else "rounds of neighbour averaging")
-    raise r.fail(where, f"node {node!r} leaves for good, and {kind} would wait for it; only a walk (cwt, "
-                 "rwt) goes on past a node that left: give it an offline spell that ends instead")
+    if push_sum:
+        raise r.fail(where, f"node {node!r} leaves for good, and push-sum would lose the weight it holds: "
+                     "use dpsgd, epidemic or fedavg, or give it an offline spell that ends instead")
+    kind = "a baseline run" if federation.baseline != "none" else "a star's rounds"
+    raise r.fail(where, f"node {node!r} leaves for good, and {kind} would wait for it; only a walk or "
+                 "neighbour averaging goes on past a node that left: give it an offline spell that ends "
+                 "instead")
 
 
 def _check_buffered(r: SectionReader, agg: AggregatorConfig, nodes: int) -> None:

@@ -3,7 +3,7 @@
 CSV with the header ``node,time_s,event,value``, or JSON (a list of objects with those keys).
 Events: ``speed`` (a factor of ``[devices] step_s``, from then on), ``step_s``,
 ``bandwidth_mbps``, ``offline``, ``online`` and ``leave`` (no value: the node leaves the
-federation for good; walks only). Read and checked when the federation
+federation for good; a walk or neighbour averaging). Read and checked when the federation
 file is parsed (:func:`read_trace`), so a mistake is one line before anything runs. Pure
 standard library.
 """
@@ -94,7 +94,7 @@ def _check_returns(path: Path, events: list[TraceEvent]) -> None:
         if e.event == "offline":
             raise TraceError(f"{path}: node {node!r} goes offline at {e.time_s:g} s and never comes back "
                              "online; add an 'online' event (synchronous rounds would wait for it for ever), "
-                             "or, for a node that leaves for good, put a 'leave' event in its place (a walk)")
+                             "or, for a node that leaves for good, put a 'leave' event in its place")
 
 
 __all__ = ["TRACE_EVENTS", "TraceError", "TraceEvent", "read_trace"]

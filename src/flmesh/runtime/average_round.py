@@ -55,7 +55,14 @@ if TYPE_CHECKING:
 
 class ArrivalPlan(Protocol):
     """Decides, on simulated time, which model of each in-peer a node combines in a barrier-free
-    round (fl-sim with a device model: :class:`flmesh.sim.arrivals.SimulatedArrivals`)."""
+    round or one that nodes leave (fl-sim with a device model:
+    :class:`flmesh.sim.arrivals.SimulatedArrivals`)."""
+
+    def left(self, node: str, round: int, stop: threading.Event) -> float | None:
+        """The simulated second at which ``node`` left the federation for good, if it had by the
+        start of ``round`` (it then takes no part in it); None while it takes part. Called first
+        in each round. Thread-safe."""
+        ...
 
     def pick(self, node: str, round: int, receives: Sequence[str], sends: Sequence[str], steps: int,
              message_bytes: int, stop: threading.Event) -> dict[str, int]:
@@ -89,6 +96,9 @@ class AverageRound:
         me = settings.node_id
         check_addresses(settings, self.transport, round, plugins)
         start = self.clock.now()
+        left = self.plan.left(me, round, self.stop) if self.plan is not None else None
+        if left is not None:
+            return self._gone(round, left, start)
         exchange = neighbour_plan(settings.federation, round)[me]
         notes = continual.advance(plugins, self.share, round) if continual is not None else []
         trains = continual is None or continual.participates(settings, round)
@@ -111,12 +121,12 @@ class AverageRound:
         pool = ThreadPoolExecutor(max_workers=max(1, len(exchange.sends)), thread_name_prefix="flmesh-send")
         try:
             sending = {peer: pool.submit(self._send, round, peer, message) for peer in exchange.sends}
-            if not self.barrier_free:
-                arrived = self._receive(round, {p: InboxKey(round, p, "trained") for p in exchange.receives})
-            elif self.plan is not None:
+            if self.plan is not None:
                 picks = self.plan.pick(me, round, exchange.receives, exchange.sends, stats.steps,
                                        message.wire_bytes(DEFAULT_CHUNK_BYTES), self.stop)
                 arrived = self._receive(round, {p: InboxKey(r, p, "trained") for p, r in picks.items()})
+            elif not self.barrier_free:
+                arrived = self._receive(round, {p: InboxKey(round, p, "trained") for p in exchange.receives})
             else:
                 arrived = self._receive_some(round, exchange.receives, trained_at)
             wait(sending.values(), timeout=PROBE_S)
@@ -153,6 +163,25 @@ class AverageRound:
             task=continual.task if continual is not None else None,
             failed=tuple(dict.fromkeys([*silent, *unreached])), sent_to=tuple(sent_to), combined=tuple(came),
             sent_by_kind=sent, received_by_kind=got, staleness=tuple(late))
+
+    def _gone(self, round: int, left: float, start: float) -> RoundReport:
+        """A round of a node that has left the federation (simulated time): it trains nothing,
+        sends nothing and combines nothing; its model stays as it was."""
+        continual = self.continual
+        if continual is not None:  # its test split follows the task stream, as the others' do
+            continual.advance(self.plugins, self.share, round)
+        local = evaluate_own(self.model, self.share, self.metrics)
+        self.activity.finish_round(round, local.accuracy)
+        self.inbox.prune(round + 1)
+        sent, got = self.counter.take()
+        return RoundReport(
+            node=self.settings.node_id, round=round, source=None, destination=None, received=False,
+            missing=None, delivered=True, train_size=len(self.share.data.train), train=TrainStats(0.0, 0, 0),
+            local=local, wall_s=self.clock.now() - start, participated=False,
+            notes=(f"left the federation at {left:g} s of simulated time; takes no part",),
+            bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), sent_by_kind=sent,
+            received_by_kind=got, privacy_spent=privacy_spent(self.plugins),
+            task=continual.task if continual is not None else None)
 
     @property
     def _max_staleness(self) -> int:

@@ -1,4 +1,5 @@
-"""fl-sim's barrier-free rounds on simulated time: which in-peer models a node combines.
+"""fl-sim's barrier-free rounds, and rounds nodes leave, on simulated time: which in-peer models
+a node combines.
 
 Each node, once it has trained round t, tells :class:`SimulatedArrivals` how many steps it
 trained, how large its model message is and whom it sends it to. The planner knows when the
@@ -10,6 +11,12 @@ once ``[peers] wait`` of the round's models have arrived (all, by default), but 
 ``deadline_s`` after its own training ended, and never before that. Its round ends at the
 combine time, or when its own sends have arrived if that is later.
 
+Synchronous rounds go through it too when a node leaves for good (``leave_s``, a trace's
+``leave``): a node whose round would begin (its previous round over) at or after that moment
+takes no part in it or any later round (:meth:`SimulatedArrivals.left`), and its out-peers
+combine the round's models of the in-peers still there, as fl-node's do once a neighbour no
+longer answers; a send to it costs no simulated time (on fl-node it fails at once).
+
 The decisions depend on the federation file alone (steps, message sizes, devices, seed), not on
 how fast this machine runs the nodes: a node waits, really, until every in-peer has trained the
 round, which in simulated time it need not. Thread-safe.
@@ -17,6 +24,7 @@ round, which in simulated time it need not. Thread-safe.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +54,8 @@ class SimulatedArrivals:
         self._cond = threading.Condition()
         self._trained: dict[tuple[str, int], _Trained] = {}
         self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
-        self._latest: dict[str, int] = {}  # node -> the last round it trained
+        self._latest: dict[str, int] = {}  # node -> the last round it trained (or sat out, gone)
+        self._left: dict[str, float] = {}  # node that left for good -> when its last round ended
 
     def configure(self, model: DeviceModel) -> None:
         """The devices and links the rounds run on."""
@@ -66,6 +75,30 @@ class SimulatedArrivals:
             return None
         return model.transfer_until(peer, node, sent.done, sent.message_bytes, len(sent.sends))
 
+    def left(self, node: str, round: int, stop: threading.Event) -> float | None:
+        """When ``node`` left the federation for good (``leave_s``), if it had by the time its
+        round ``round`` would begin (when its previous round ended): it takes no part in that
+        round or any later one, and its in-peers combine without it. None while it takes part.
+        Called first in each round."""
+        with self._cond:
+            while self.model is None and not stop.is_set():
+                self._cond.wait(WAKE_S)
+            model = self.model
+            leave = model.leaves.get(node) if model is not None else None
+            if leave is None:
+                return None
+            last = self._left.get(node)
+            if last is None:
+                last = self.ends.get((node, round - 1), 0.0)
+                if last < leave:
+                    return None
+                self._left[node] = last
+            self.ends[(node, round)] = last  # its model last changed then (the time curve reads it)
+            self._latest[node] = round
+            self._forget()
+            self._cond.notify_all()
+            return leave
+
     def pick(self, node: str, round: int, receives: Sequence[str], sends: Sequence[str], steps: int,
              message_bytes: int, stop: threading.Event) -> dict[str, int]:
         cfg = self.peers
@@ -78,7 +111,8 @@ class SimulatedArrivals:
             done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
             self._trained[(node, round)] = _Trained(done, message_bytes, tuple(sends))
             self._cond.notify_all()
-            while not stop.is_set() and not all((p, round) in self._trained for p in receives):
+            while not stop.is_set() and not all((p, round) in self._trained or p in self._left
+                                                for p in receives):
                 self._cond.wait(WAKE_S)
             fresh = sorted(a for p in receives if (a := self._arrival(model, p, round, node)) is not None)
             want = len(receives) if cfg.wait is None else min(cfg.wait, len(receives))
@@ -87,13 +121,15 @@ class SimulatedArrivals:
                 at = min(at, done + cfg.deadline_s)
             at = max(at, done)
             picks: dict[str, int] = {}
+            stale = cfg.max_staleness if cfg.barrier_free else 0  # a synchronous round: this round's only
             for peer in receives:
-                for r in range(round, max(0, round - cfg.max_staleness - 1), -1):
+                for r in range(round, max(0, round - stale - 1), -1):
                     arrival = self._arrival(model, peer, r, node)
                     if arrival is not None and arrival <= at:
                         picks[peer] = r
                         break
-            sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends]
+            sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends
+                    if done < model.leaves.get(q, math.inf)]  # a send to a node that left fails at once
             # its own work (decoding, combining, evaluating) once it has what it combines
             self.ends[(node, round)] = max([model.round_until(node, at, 0), *sent])
             self._latest[node] = round

@@ -126,8 +126,10 @@ class SimulatedTime:
         """One decentralized round's end per node (the Joint baseline's one trainer: none)."""
         if not set(reports) <= set(self.timeline.end):
             return {}
-        if self.arrivals is not None:  # barrier-free: the planner decided and timed the round
-            return self.arrivals.round_ends(round, list(reports))
+        if self.arrivals is not None:  # barrier-free, or nodes leave: the planner decided and timed it
+            ends = self.arrivals.round_ends(round, list(reports))
+            self.timeline.end.update(ends)
+            return ends
         if self.walk is not None:  # a walk past offline nodes: likewise
             ends = self.walk.round_ends(round, list(reports))
             self.timeline.end.update(ends)

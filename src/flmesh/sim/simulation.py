@@ -179,7 +179,8 @@ class Simulation:
             from flmesh.sim.peer import PeerDriver
 
             peers = federation.peers
-            if peers is not None and peers.barrier_free and federation.baseline == "none":
+            if (peers is not None and federation.baseline == "none"
+                    and (peers.barrier_free or federation.leave_times())):
                 from flmesh.sim.arrivals import SimulatedArrivals
 
                 self.arrivals = SimulatedArrivals(federation)
