@@ -32,7 +32,7 @@ from flmesh.algorithms.staleness import pulled_towards, staleness_weight
 from flmesh.format.codec import DEFAULT_CHUNK_BYTES, DecodedModel, EncodedModel, ModelMeta, encode
 from flmesh.runtime.inbox import Inbox, InboxKey
 from flmesh.runtime.parts import evaluate_own
-from flmesh.runtime.peer_round import as_update, check_addresses, privacy_spent
+from flmesh.runtime.peer_round import as_update, check_addresses, privacy_spent, sat_out
 from flmesh.runtime.reports import RoundReport, TrainStats
 from flmesh.topology.gossip import neighbour_plan
 from flmesh.transports.errors import PeerError
@@ -98,7 +98,8 @@ class AverageRound:
         start = self.clock.now()
         left = self.plan.left(me, round, self.stop) if self.plan is not None else None
         if left is not None:
-            return self._gone(round, left, start)
+            self.inbox.prune(round + 1)
+            return sat_out(self, round, left, start)
         exchange = neighbour_plan(settings.federation, round)[me]
         notes = continual.advance(plugins, self.share, round) if continual is not None else []
         trains = continual is None or continual.participates(settings, round)
@@ -163,25 +164,6 @@ class AverageRound:
             task=continual.task if continual is not None else None,
             failed=tuple(dict.fromkeys([*silent, *unreached])), sent_to=tuple(sent_to), combined=tuple(came),
             sent_by_kind=sent, received_by_kind=got, staleness=tuple(late))
-
-    def _gone(self, round: int, left: float, start: float) -> RoundReport:
-        """A round of a node that has left the federation (simulated time): it trains nothing,
-        sends nothing and combines nothing; its model stays as it was."""
-        continual = self.continual
-        if continual is not None:  # its test split follows the task stream, as the others' do
-            continual.advance(self.plugins, self.share, round)
-        local = evaluate_own(self.model, self.share, self.metrics)
-        self.activity.finish_round(round, local.accuracy)
-        self.inbox.prune(round + 1)
-        sent, got = self.counter.take()
-        return RoundReport(
-            node=self.settings.node_id, round=round, source=None, destination=None, received=False,
-            missing=None, delivered=True, train_size=len(self.share.data.train), train=TrainStats(0.0, 0, 0),
-            local=local, wall_s=self.clock.now() - start, participated=False,
-            notes=(f"left the federation at {left:g} s of simulated time; takes no part",),
-            bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), sent_by_kind=sent,
-            received_by_kind=got, privacy_spent=privacy_spent(self.plugins),
-            task=continual.task if continual is not None else None)
 
     @property
     def _max_staleness(self) -> int:

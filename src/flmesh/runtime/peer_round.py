@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from flmesh.learning.objectives import Regularizer
     from flmesh.observe.metrics import Metrics
     from flmesh.runtime.activity import Activity
+    from flmesh.runtime.average_round import AverageRound
     from flmesh.runtime.continual import ContinualState
     from flmesh.runtime.local_training import LocalTraining
     from flmesh.runtime.model_state import ModelState
@@ -89,6 +90,27 @@ def as_update(model: DecodedModel, spec_names: set[str]) -> Update:
                   tuple(model.meta.label_counts), extras)
 
 
+def sat_out(engine: PeerRound | AverageRound, round: int, left: float, start: float,
+            source: str | None = None, destination: str | None = None) -> RoundReport:
+    """The report of a round that ``engine``'s node sat out, having left the federation at
+    ``left`` (simulated seconds; fl-sim): it trained nothing and sent nothing, its model stays as
+    it was. A continual federation's task stream still advances, as the other nodes' does."""
+    continual = engine.continual
+    if continual is not None:
+        continual.advance(engine.plugins, engine.share, round)
+    local = evaluate_own(engine.model, engine.share, engine.metrics)
+    engine.activity.finish_round(round, local.accuracy)
+    sent, got = engine.counter.take()
+    return RoundReport(
+        node=engine.settings.node_id, round=round, source=source, destination=destination, received=False,
+        missing=None, delivered=True, train_size=len(engine.share.data.train), train=TrainStats(0.0, 0, 0),
+        local=local, wall_s=engine.clock.now() - start, participated=False,
+        notes=(f"left the federation at {left:g} s of simulated time; takes no part",),
+        bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), sent_by_kind=sent,
+        received_by_kind=got, privacy_spent=privacy_spent(engine.plugins),
+        task=continual.task if continual is not None else None)
+
+
 class PeerRound:
     """One node's decentralized rounds. Not thread-safe: the round loop calls :meth:`run`."""
 
@@ -128,7 +150,8 @@ class PeerRound:
             senders = self.exchange.senders_for(round) if hop.source is not None else []
             planned, left = self.walk.begin(me, round, senders, self.stop)
             if left is not None:
-                return self._gone(round, hop.source, hop.destination, left, start)
+                self.inbox.prune(round - 1)
+                return sat_out(self, round, left, start, hop.source, hop.destination)
         notes = continual.advance(self.plugins, self.share, round) if continual is not None else []
         trains = continual is None or continual.participates(settings, round)
         received, missing, received_eval, sender = False, None, None, None
@@ -193,26 +216,6 @@ class PeerRound:
             failed=tuple(p for p in (missing_source, missing_destination) if p),
             sent_by_kind=sent, received_by_kind=got)
 
-    def _gone(self, round: int, source: str | None, destination: str | None, left: float,
-              start: float) -> RoundReport:
-        """A round of a node that has left the federation (simulated time): it takes nothing,
-        trains nothing and hands nothing on; its model stays as it was."""
-        continual = self.continual
-        if continual is not None:  # its test split follows the task stream, as the others' do
-            continual.advance(self.plugins, self.share, round)
-        local = evaluate_own(self.model, self.share, self.metrics)
-        self.activity.finish_round(round, local.accuracy)
-        self.inbox.prune(round - 1)
-        sent, got = self.counter.take()
-        return RoundReport(
-            node=self.settings.node_id, round=round, source=source, destination=destination, received=False,
-            missing=None, delivered=True, train_size=len(self.share.data.train), train=TrainStats(0.0, 0, 0),
-            local=local, wall_s=self.clock.now() - start, participated=False,
-            notes=(f"left the federation at {left:g} s of simulated time; takes no part",),
-            bytes_sent=sum(sent.values()), bytes_received=sum(got.values()), sent_by_kind=sent,
-            received_by_kind=got, privacy_spent=privacy_spent(self.plugins),
-            task=continual.task if continual is not None else None)
-
     def _gossip_regularizers(self, round: int, arrived: dict[InboxKey, DecodedModel],
                              notes: list[str]) -> list[Regularizer]:
         """Each gossiping plug-in's server half absorbs the neighbours' round t-1 updates; its
@@ -256,4 +259,4 @@ class PeerRound:
             client.after_update(round, state, extras, included=False)
 
 
-__all__ = ["PeerRound", "WalkPlan", "as_update", "check_addresses", "privacy_spent"]
+__all__ = ["PeerRound", "WalkPlan", "as_update", "check_addresses", "privacy_spent", "sat_out"]
