@@ -158,9 +158,11 @@ class Simulation:
         #: with a device model ([devices], [network], a node's own device keys): the simulated clock
         #: every round is replayed on (made in start())
         self.simulated: SimulatedTime | None = None
-        #: barrier-free rounds' planner on simulated time (None without barrier-free rounds)
+        #: the planner of barrier-free averaging, or averaging that nodes leave, on simulated time
+        #: (None without either)
         self.arrivals: SimulatedArrivals | None = None
-        #: a walk's planner on simulated time while nodes are offline (None without offline spells)
+        #: a walk's planner on simulated time while nodes are offline or gone (None without offline
+        #: spells or leaving nodes)
         self.walk: SimulatedWalk | None = None
         #: an asynchronous aggregator's planner on simulated time (None without one)
         self.buffer_plan: SimulatedBuffer | None = None
