@@ -233,7 +233,9 @@ def test_16_stalled_plaintext_streams_hold_a_node_only_until_the_idle_limit():
     """Plaintext: nobody is authenticated, so 16 connections fill node1's 16 slots. The idle
     limit ends each of them; the senders' busy retries then get through, and every model is
     delivered."""
-    nodes = _federation(None, StreamLimits(idle_s=5.0))  # long enough to open all 16 on a busy host
+    # long enough to open all 16 and see node1 refuse a 17th before the first is ended on a busy
+    # host (5 s was not, once, in a full `make test` on 2 cores)
+    nodes = _federation(None, StreamLimits(idle_s=10.0))
     node1 = nodes[1].address or ""
     stalls = Stalls([make_channel(node1) for _ in range(16)])
     try:
