@@ -322,3 +322,18 @@ def test_fa_over_time_is_the_sampled_fa_of_every_nodes_latest_model(seed):
         if k >= 5 and not np.isnan(np.diag(latest)).any():
             expected.append((when, pytest.approx(sampled_federation_metrics(latest).fa, abs=1e-12)))
     assert curve == expected and len(curve) == 13
+
+
+def test_a_star_round_that_sampled_a_node_that_left_closes_at_the_aggregators_deadline():
+    fed = _fed(network={"bandwidth_mbps": 8, "latency_ms": 0}, devices={"step_s": 0.01},
+               aggregator={"fraction": 1.0})
+    line = Timeline(device_model(fed, 0.01), fed.node_ids, round_timeout_s=30, deadline_s=10)
+    mb = 1_000_000
+    line.end["node2"] = line.closed = 1.5  # node2's last round ended where the previous one closed
+    ends = line.star_round({
+        "node0": NodeWork("node0", steps=100, global_bytes=mb, model_bytes=mb),
+        "node1": NodeWork("node1", steps=100, global_bytes=mb, model_bytes=mb),
+        "node2": NodeWork("node2", left=True)})
+    # node2 fetches nothing: node0 and node1 share the uplink (2 s), train 1 s, send 1 s
+    assert ends == pytest.approx({"node0": 5.5, "node1": 5.5, "node2": 1.5})
+    assert line.closed == pytest.approx(11.5)  # the aggregator waited 10 s for node2's update

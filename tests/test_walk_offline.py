@@ -194,7 +194,6 @@ def test_fl_sim_walks_on_past_a_node_that_left_and_keeps_its_last_model(tmp_path
 @pytest.mark.parametrize("sections, message", [
     ({"topology": {"graph": "ring", "schedule": "gossip"}, "peers": {"strategy": "push_sum"}},
      "push-sum would lose the weight it holds"),
-    ({"aggregator": {"strategy": "fedavg"}}, "a star's rounds would wait for it"),
     ({"federation": {"baseline": "standalone"}}, "a baseline run would wait for it"),
 ])
 def test_a_node_that_leaves_where_rounds_need_it_is_one_line(sections, message):
@@ -225,12 +224,12 @@ def test_neighbour_averaging_goes_on_past_a_node_that_left(tmp_path, peers):
     assert [(r["fa"], r["sim_time_s"]) for r in rows] == [(r["fa"], r["sim_time_s"]) for r in wire]
 
 
-def test_a_trace_leave_is_a_walks_and_refused_elsewhere(tmp_path):
+def test_a_trace_leave_is_taken_and_a_baseline_run_refuses_it(tmp_path):
     (tmp_path / "trace.csv").write_text("node,time_s,event,value\nnode1,5,leave,\n")
     raw = tiny_raw(nodes=3, devices={"step_s": 0.01, "trace": "trace.csv"}, topology={"graph": "ring"})
     fed = parse_federation(raw, source="t.toml", base_dir=tmp_path)
     assert fed.leave_times() == {"node1": 5.0} and fed.offline_spells
     assert device_model(fed, 0.01).train_until("node1", 4.0, 200) == pytest.approx(6.0)  # not offline
-    raw["aggregator"] = {"strategy": "fedavg"}
+    raw["federation"]["baseline"] = "standalone"
     with pytest.raises(FederationError, match=r"\[devices\] trace: node 'node1' leaves for good"):
         parse_federation(raw, source="t.toml", base_dir=tmp_path)

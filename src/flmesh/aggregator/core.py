@@ -16,8 +16,9 @@ With ``mode = "async"`` (FedBuff) every member is sampled in every round and tra
 continuously: :meth:`~AggregatorCore.fetch` serves the newest global model, an update joins
 the :class:`~flmesh.aggregator.buffer.UpdateBuffer` whatever the round it started from (up to
 ``max_staleness`` rounds before), and a round closes once ``buffer`` updates wait there (or at
-the deadline). A :class:`BufferPlan` (fl-sim's simulated time) may name each round's updates
-instead of their arrival order. With
+the deadline). A :class:`RoundPlan` (fl-sim's simulated time) may name each round's updates
+instead of their arrival order, and in synchronous rounds leave out the sampled nodes that have
+left the federation. With
 ``keep`` set, each update is stored before it is accepted, for a restarted
 aggregator to take back (:meth:`AggregatorCore.take_back`). Who may act and
 who joined is :class:`~flmesh.aggregator.members.Members`.
@@ -61,9 +62,11 @@ log = logging.getLogger("flmesh.aggregator")
 MAX_POLL_WAIT_S = 5.0
 
 
-class BufferPlan(Protocol):
-    """What decides an asynchronous round's updates other than their arrival order (fl-sim's
-    simulated time: :class:`flmesh.sim.buffer_plan.SimulatedBuffer`)."""
+class RoundPlan(Protocol):
+    """What decides a round's updates other than real time (fl-sim's simulated time): an
+    asynchronous round's instead of their arrival order
+    (:class:`flmesh.sim.buffer_plan.SimulatedBuffer`), a synchronous round's without the
+    sampled nodes that have left the federation (:class:`flmesh.sim.star_plan.SimulatedStar`)."""
 
     def members(self, round: int, stop: threading.Event) -> list[tuple[str, int]] | None:
         """The (node, round it started from) of every update ``round`` takes; blocks until
@@ -110,7 +113,7 @@ class AggregatorCore:
         self.members = Members(federation, self._cond, clock, self.stop_event)
         self._waiting_polls = CallerSlots(POLLS_PER_CALLER)  # a flood from one member holds one worker
         self.buffer = UpdateBuffer(agg) if agg.buffered else None  # FedBuff's (mode = "async")
-        self.plan: BufferPlan | None = None  # names each asynchronous round's updates (fl-sim)
+        self.plan: RoundPlan | None = None  # names each round's updates (fl-sim's simulated time)
         self._told_done: set[str] = set()  # asynchronous: members that learnt the run is over
 
     # ------------------------------------------------------------------ sampling
@@ -327,15 +330,19 @@ class AggregatorCore:
         return selected
 
     def wait_for_updates(self, round: int, deadline: float) -> None:
-        """Block until every sampled node's update is in, the clock reaches ``deadline``, or stop.
-        Asynchronous: until ``buffer`` updates wait (with a plan: until the updates it names for
-        ``round`` are in, however long that takes on this machine's clock)."""
+        """Block until every sampled node's update is in (with a plan: of those it names), the
+        clock reaches ``deadline``, or stop. Asynchronous: until ``buffer`` updates wait (with a
+        plan: until the updates it names for ``round`` are in, however long that takes on this
+        machine's clock)."""
         if self.buffer is not None:
             self._wait_for_buffer(round, deadline)
             return
-        wanted = len(self.selected(round))
+        wanted = self.selected(round)
+        if self.plan is not None:
+            members = self.plan.members(round, self.stop_event)
+            wanted = [n for n, _ in members] if members is not None else wanted
         with self._cond:
-            while len(self._updates) < wanted and not self.stop_event.is_set():
+            while any(n not in self._updates for n in wanted) and not self.stop_event.is_set():
                 remaining = deadline - self.clock.now()
                 if remaining <= 0:
                     break

@@ -268,12 +268,12 @@ def parse_federation(raw: Mapping[str, Any], source: str = "<federation>",
 
 def _check_leaves(r: SectionReader, federation: Federation) -> None:
     """Refuse a node that leaves for good where rounds would wait for it or lose its share: a
-    walk and neighbour averaging go on past it (fl-sim decides on simulated time who has left);
-    a star's rounds, a baseline and push-sum do not."""
+    walk, neighbour averaging and an aggregator's rounds go on past it (fl-sim decides on
+    simulated time who has left); a baseline and push-sum do not."""
     leaves = federation.leave_times()
     peers = federation.peers
     push_sum = peers is not None and peers.strategy == "push_sum"
-    if not leaves or (federation.aggregator is None and federation.baseline == "none" and not push_sum):
+    if not leaves or (federation.baseline == "none" and not push_sum):
         return
     node = min(leaves, key=federation.node_ids.index)
     own = next(n.device for n in federation.nodes if n.id == node)
@@ -281,10 +281,9 @@ def _check_leaves(r: SectionReader, federation: Federation) -> None:
     if push_sum:
         raise r.fail(where, f"node {node!r} leaves for good, and push-sum would lose the weight it holds: "
                      "use dpsgd, epidemic or fedavg, or give it an offline spell that ends instead")
-    kind = "a baseline run" if federation.baseline != "none" else "a star's rounds"
-    raise r.fail(where, f"node {node!r} leaves for good, and {kind} would wait for it; only a walk or "
-                 "neighbour averaging goes on past a node that left: give it an offline spell that ends "
-                 "instead")
+    raise r.fail(where, f"node {node!r} leaves for good, and a baseline run would wait for it; a walk, "
+                 "neighbour averaging and an aggregator's rounds go on past a node that left: give it an "
+                 "offline spell that ends instead")
 
 
 def _check_buffered(r: SectionReader, agg: AggregatorConfig, nodes: int) -> None:

@@ -478,7 +478,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "latency_ms": "this node's [network] latency_ms",
         "offline": "[[from_s, to_s], ...]: simulated seconds when the node neither trains nor sends",
         "leave_s": "simulated seconds at which the node leaves for good: it ends the round under way and "
-                   "takes no part after (a walk or neighbour averaging; the others go on past it)",
+                   "takes no part after; the others go on past it (not in a baseline run or with push-sum)",
         "fedcurv_lambda": "refused: [algorithm.fedcurv] lambda is one value for the federation",
     },
 }

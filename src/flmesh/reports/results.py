@@ -61,7 +61,7 @@ class NodeRound:
     sent_to: list[str] | None = None  # neighbour averaging: the peers its model reached
     combined: list[str] | None = None  # neighbour averaging: whose models it combined with its own
     staleness: list[int] | None = None  # barrier-free rounds: how many rounds old each combined one was
-    participated: bool | None = None  # continual federations: False when it sat the round out
+    participated: bool | None = None  # False: it sat the round out (a continual federation, or it left)
     privacy_spent: float | None = None  # DP replay: epsilon this node has released so far
     # a learner's metrics: its evaluate's on the node's own test split, its train's as train_<name>
     metrics: dict[str, float] | None = None
@@ -84,6 +84,7 @@ class NodeRound:
                 train_samples=report.train.samples if report.train else None,
                 bytes_sent=report.bytes_sent, bytes_received=report.bytes_received,
                 privacy_spent=report.privacy_spent, metrics=learner_metrics(report.train, report.local),
+                participated=None if report.participated else False,
                 wall_s=round(report.wall_s, 4), notes=list(report.notes))
         return cls(
             report.node, report.round, accuracy=report.local.accuracy,

@@ -54,7 +54,7 @@ from flmesh.runtime.peer_round import PeerRound, WalkPlan, check_addresses
 from flmesh.runtime.plugins import NodePlugins
 from flmesh.runtime.replay_link import ReplayLink
 from flmesh.runtime.reports import RoundReport, StarReport
-from flmesh.runtime.star_round import SessionPlan, StarRound
+from flmesh.runtime.star_round import DeparturePlan, SessionPlan, StarRound
 from flmesh.transports.backend import Backend, Server, TransportSettings, create
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import ByteCounter, PeerStatus, with_retry
@@ -78,8 +78,9 @@ class NodeOptions:
     ``state_dir``: where a node that hosts the replay buffer keeps its privacy ledger.
     ``arrivals``: what decides a barrier-free round's arrivals on simulated time (fl-sim's; None:
     real time); ``sessions``: what decides an asynchronous aggregator's sessions on simulated
-    time (fl-sim's; None: real time); ``walk``: what decides where a walk's models go while
-    nodes are offline in simulated time (fl-sim's; None: real time).
+    time (fl-sim's; None: real time); ``departures``: which synchronous star rounds a node that
+    left sits out on simulated time (fl-sim's; None: real time); ``walk``: what decides where a
+    walk's models go while nodes are offline in simulated time (fl-sim's; None: real time).
     ``members``: who may call the node (default: the federation's nodes; the Joint baseline's
     node is not in the federation it serves). ``metrics``: Prometheus metrics of its rounds,
     calls and retries (None: none kept). How calls are secured (mTLS identities, plaintext,
@@ -92,6 +93,7 @@ class NodeOptions:
     metrics: Metrics | None = None
     arrivals: ArrivalPlan | None = None
     sessions: SessionPlan | None = None
+    departures: DeparturePlan | None = None
     walk: WalkPlan | None = None
 
 
@@ -166,6 +168,7 @@ class Node:
             checkpoint_dir=options.checkpoint_dir, metrics=metrics)
         if self._parts.star_round is not None:
             self._parts.star_round.plan = options.sessions
+            self._parts.star_round.departures = options.departures
         self._parts.replay_host = wire_replay(self._parts, backend, aggregator, options.state_dir)
         self._backend = backend
         self._owns_backend = False  # from_federation made it: stop() closes it

@@ -84,6 +84,7 @@ class StarReport:
     # bytes_sent and bytes_received by model kind ("update", "global", "to_train", ...)
     sent_by_kind: Mapping[str, int] = field(default_factory=dict)
     received_by_kind: Mapping[str, int] = field(default_factory=dict)
+    participated: bool = True  # False: it had left the federation (fl-sim) and did nothing
 
 
 __all__ = ["EvalResult", "RoundReport", "StarReport", "TrainStats"]

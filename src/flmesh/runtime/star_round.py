@@ -7,7 +7,9 @@ uses. Blocking; called from the node's one round loop (:meth:`flmesh.runtime.nod
 With an asynchronous aggregator (FedBuff) a node trains continuously instead
 (:meth:`StarRound.run_buffered`): it starts from the newest global model, submits, and starts
 again once the round that took its update has closed; a :class:`SessionPlan` (fl-sim's
-simulated time) may say which global model each session starts from.
+simulated time) may say which global model each session starts from, and when a node that
+leaves the federation starts none. In synchronous rounds a :class:`DeparturePlan` (fl-sim's)
+says from which round a node that left sits out.
 """
 
 from __future__ import annotations
@@ -74,6 +76,15 @@ class SessionPlan(Protocol):
         """The round that takes ``node``'s update from ``round`` (None: refused as too old)."""
 
 
+class DeparturePlan(Protocol):
+    """What says, on fl-sim's simulated time, which synchronous rounds a node that leaves the
+    federation sits out (:class:`flmesh.sim.star_plan.SimulatedStar`)."""
+
+    def left(self, node: str, round: int, stop: threading.Event) -> float | None:
+        """When ``node`` left the federation (simulated seconds), if it had by the time ``round``
+        opened; None: it takes part as usual (or ``stop`` is set). Blocks until known."""
+
+
 def reconnect_window(settings: Settings) -> float:
     """How long a star node keeps trying an aggregator that went away (a restarted one resumes
     from its checkpoint): a round timeout plus the aggregator's collection deadline."""
@@ -93,6 +104,7 @@ class StarRound:
         self.clock, self.stop, self.log = clock, stop, log
         self.continual, self.training, self.metrics = continual, training, metrics
         self.plan: SessionPlan | None = None  # asynchronous sessions decided on simulated time
+        self.departures: DeparturePlan | None = None  # synchronous rounds a node that left sits out
         self.next_round = 1  # asynchronous: the round the next session starts from, at the earliest
 
     def run(self, round: int) -> StarReport:
@@ -111,6 +123,17 @@ class StarRound:
         self.activity.set_state("waiting", "aggregator")
         info = self._poll_until_open(round)
         open_round, done = info.round, info.done
+        left = None
+        if self.departures is not None and open_round == round and not done:
+            left = self.departures.left(me, round, self.stop)
+        if left is not None:  # it trains, fetches and sends nothing; its model stays as it was
+            self.activity.set_state("idle")
+            notes.append(f"left the federation at {left:g} s of simulated time; takes no part")
+            sent, got = self.counter.take()
+            return StarReport(node=me, round=round, selected=info.selected, wall_s=self.clock.now() - start,
+                              notes=tuple(notes), bytes_sent=sum(sent.values()),
+                              bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
+                              task=task, sent_by_kind=sent, received_by_kind=got, participated=False)
         if open_round != round or done or not info.selected:
             self.activity.set_state("idle")
             if open_round != round or done:
@@ -280,4 +303,4 @@ class StarRound:
                                 f"(the aggregator is in round {info.round})")
 
 
-__all__ = ["POLL_WAIT_S", "SessionPlan", "StarRound", "reconnect_window"]
+__all__ = ["POLL_WAIT_S", "DeparturePlan", "SessionPlan", "StarRound", "reconnect_window"]

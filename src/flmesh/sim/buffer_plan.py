@@ -8,7 +8,10 @@ its steps, and its update arrives at A. The planner replays the arrivals in simu
 order: an update joins the buffer of the open round (one older than ``max_staleness`` rounds
 is refused and its node starts again at once from the newest model); the round closes at the
 arrival that brings the buffer to ``buffer`` updates, or ``deadline_s`` after it opened. A node
-whose update a round took starts its next session when that round closes.
+whose update a round took starts its next session when that round closes. A node that leaves
+the federation (``[nodes.ID] leave_s``, a trace's ``leave``) finishes the session under way and
+starts none at or after it left; when nobody is left to send, the rounds close at their
+deadlines with what they have, as fl-node's aggregator closes them.
 
 The real nodes and aggregator run the plan: a node asks :meth:`SimulatedBuffer.begin` which
 round to start from and says what it trained (:meth:`~SimulatedBuffer.trained`), the aggregator
@@ -57,9 +60,12 @@ class SimulatedBuffer:
         self.size, self.max_staleness, self.deadline_s = agg.buffer, agg.max_staleness, agg.deadline_s
         self.rounds = federation.rounds
         self.order = {n: i for i, n in enumerate(federation.node_ids)}  # ties: the file's order
+        self.leaves = federation.leave_times()
         self.model: DeviceModel | None = None
         self._cond = threading.Condition()
         self._nodes = {n: _Node() for n in federation.node_ids}
+        for node, me in self._nodes.items():
+            self._start(node, me, 0.0, 1)
         self._open, self._opened_at = 1, 0.0
         self._buffer: list[tuple[str, int]] = []
         self._rounds: dict[int, _Round] = {}
@@ -157,16 +163,14 @@ class SimulatedBuffer:
             if any(me.state == "pending" and me.start <= at for me in self._nodes.values()):
                 break  # a session under way may arrive first
             if arrival is None or deadline < arrival[0]:
-                if arrival is None and all(me.state in ("idle", "done") for me in self._nodes.values()):
-                    break  # nobody will ever send: nothing to close
-                self._close(deadline)
+                self._close(deadline)  # nobody sends in time, or ever (all left or hold no data)
                 continue
             when, _, node = arrival
             me = self._nodes[node]
             self._arrivals[(node, me.round)] = when
             if me.round < self._open - self.max_staleness:
                 self._verdicts[(node, me.round)] = None
-                me.state, me.start, me.round = "pending", when, self._open
+                self._start(node, me, when, self._open)
                 continue
             self._verdicts[(node, me.round)] = self._open
             self._buffer.append((node, me.round))
@@ -186,9 +190,16 @@ class SimulatedBuffer:
         self._rounds[round] = _Round(self._buffer, at)
         self._buffer = []
         self._open, self._opened_at = round + 1, at
-        for me in self._nodes.values():
+        for node, me in self._nodes.items():
             if me.state == "waiting" and me.waits_for == round:
-                me.state, me.start, me.round = "pending", at, round + 1
+                self._start(node, me, at, round + 1)
+
+    def _start(self, node: str, me: _Node, at: float, round: int) -> None:
+        """``node``'s next session starts at ``at`` from ``round``, unless it has left by then."""
+        if at >= self.leaves.get(node, float("inf")):
+            me.state = "done"
+        else:
+            me.state, me.start, me.round = "pending", at, round
 
 
 __all__ = ["SimulatedBuffer"]

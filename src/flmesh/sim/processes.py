@@ -19,7 +19,7 @@ from flmesh.runtime.average_round import ArrivalPlan
 from flmesh.runtime.continual import node_share
 from flmesh.runtime.node import Node, NodeOptions
 from flmesh.runtime.peer_round import WalkPlan
-from flmesh.runtime.star_round import SessionPlan
+from flmesh.runtime.star_round import DeparturePlan, SessionPlan
 from flmesh.transports.backend import Backend, TransportSettings, create
 
 #: The Joint baseline's node: one node holding every node's training data (fl-sim's peer driver).
@@ -32,13 +32,16 @@ class SimProcesses:
 
     def __init__(self, federation: Federation, transport: str, insecure: bool = False, *,
                  task: Task | None = None, compute: Compute = UNGATED, arrivals: ArrivalPlan | None = None,
-                 sessions: SessionPlan | None = None, walk: WalkPlan | None = None):
+                 sessions: SessionPlan | None = None, departures: DeparturePlan | None = None,
+                 walk: WalkPlan | None = None):
         """``task``: the code every process runs (default: the file's); ``compute``: the gate
         their training and evaluations hold; ``arrivals``: what decides the nodes' barrier-free
-        rounds on simulated time; ``sessions``: their asynchronous sessions; ``walk``: where a
-        walk's models go while nodes are offline."""
+        rounds on simulated time; ``sessions``: their asynchronous sessions; ``departures``: the
+        synchronous star rounds a node that left sits out; ``walk``: where a walk's models go
+        while nodes are offline."""
         self.federation = federation
         self.arrivals, self.sessions, self.walk = arrivals, sessions, walk
+        self.departures = departures
         self.transport = transport
         self.task = task if task is not None else Task.of(federation)
         self.compute = compute
@@ -72,7 +75,7 @@ class SimProcesses:
             share, tasks = node_share(fed, nid, data[nid], dataset, self.task.source)
             nodes.append(Node(fed, nid, data=share, backend=self.backend, task=self.task,
                               options=NodeOptions(arrivals=self.arrivals, sessions=self.sessions,
-                                                  walk=self.walk),
+                                                  departures=self.departures, walk=self.walk),
                               aggregator=self._aggregator_address, tasks=tasks, compute=self.compute))
         addresses = {node.node_id: node.start() for node in nodes}
         for node in nodes:

@@ -210,7 +210,7 @@ def unresumable(federation: Federation) -> tuple[str, str] | None:
     peers, agg = federation.peers, federation.aggregator
     if federation.replay is not None:
         return "[replay]", "its replay buffer is held in memory only"
-    if peers is not None and federation.leave_times():
+    if federation.leave_times() and (peers is not None or agg is not None):
         return ("nodes that leave ([nodes.ID] leave_s, a trace's leave)",
                 "who had left by each round is held in memory only")
     if peers is not None and peers.barrier_free:

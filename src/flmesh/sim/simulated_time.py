@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from flmesh.learning.arrays import ArrayData
     from flmesh.sim.arrivals import SimulatedArrivals
     from flmesh.sim.buffer_plan import SimulatedBuffer
+    from flmesh.sim.star_plan import SimulatedStar
     from flmesh.sim.walk_plan import SimulatedWalk
 
 #: Steps timed to measure the reference step time, after WARMUP_STEPS untimed ones.
@@ -79,7 +80,8 @@ def _work(report: Report) -> NodeWork:
         "to_train_bytes": sent.get("to_train", 0), "trained_back_bytes": got.get("to_train", 0)}
     if isinstance(report, StarReport):
         return NodeWork(**common, selected=report.selected, global_bytes=got.get("global", 0),
-                        model_bytes=sent.get("update", 0), used=report.submitted and not report.late)
+                        model_bytes=sent.get("update", 0), used=report.submitted and not report.late,
+                        left=not report.participated)
     sent_to = list(report.sent_to) or ([report.delivered_to] if report.delivered_to else [])
     return NodeWork(**common, received_from=report.received_from, waited_out=report.missing is not None,
                     sent_to=sent_to, model_bytes=sent.get("trained", 0) // max(1, len(sent_to)),
@@ -91,14 +93,18 @@ class SimulatedTime:
 
     def __init__(self, federation: Federation, step_s: float, measured: bool,
                  arrivals: SimulatedArrivals | None = None, buffer: SimulatedBuffer | None = None,
-                 walk: SimulatedWalk | None = None):
+                 walk: SimulatedWalk | None = None, star: SimulatedStar | None = None):
         """``arrivals``: the planner of barrier-free rounds, which this clock configures and whose
         round ends it reports; ``buffer``: the planner of an asynchronous aggregator's rounds,
-        likewise; ``walk``: the planner of a walk's rounds while nodes are offline, likewise."""
+        likewise; ``walk``: the planner of a walk's rounds while nodes are offline, likewise;
+        ``star``: the planner of synchronous star rounds that nodes leave, told when each round
+        closed."""
         self.federation = federation
         self.step_s, self.measured = step_s, measured
+        agg = federation.aggregator
         self.timeline = Timeline(device_model(federation, step_s), federation.node_ids,
-                                 federation.round_timeout_s)
+                                 federation.round_timeout_s,
+                                 deadline_s=agg.deadline_s if agg is not None else 0.0)
         self.averages = federation.peers is not None and federation.baseline == "none"
         self.arrivals = arrivals
         if arrivals is not None:
@@ -109,6 +115,7 @@ class SimulatedTime:
         self.walk = walk
         if walk is not None:
             walk.configure(self.timeline.model)
+        self.star = star
 
     def resume(self, row: Mapping[str, Any]) -> None:
         """Go on from a resumed run's last row (as rounds.jsonl holds it)."""
@@ -139,7 +146,10 @@ class SimulatedTime:
 
     def star_round(self, reports: Mapping[str, Report]) -> dict[str, float]:
         """One round with an aggregator: each sampled node's end; :meth:`now` its close."""
-        return self.timeline.star_round({node: _work(r) for node, r in reports.items()})
+        ends = self.timeline.star_round({node: _work(r) for node, r in reports.items()})
+        if self.star is not None and reports:
+            self.star.closed(next(iter(reports.values())).round, self.timeline.closed)
+        return ends
 
     def buffered_round(self, row: RoundRow) -> dict[str, float]:
         """An asynchronous aggregator's round: when each update it took arrived; :meth:`stamp`

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from flmesh.sim.buffer_plan import SimulatedBuffer
     from flmesh.sim.resume import SimCheckpoints
     from flmesh.sim.simulated_time import SimulatedTime
+    from flmesh.sim.star_plan import SimulatedStar
     from flmesh.sim.walk_plan import SimulatedWalk
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,8 @@ class Simulation:
         self.walk: SimulatedWalk | None = None
         #: an asynchronous aggregator's planner on simulated time (None without one)
         self.buffer_plan: SimulatedBuffer | None = None
+        #: the planner of synchronous star rounds that nodes leave, on simulated time (None without)
+        self.star_plan: SimulatedStar | None = None
         self.driver: Driver
         if self.kind == "star":
             from flmesh.sim.star import StarDriver
@@ -175,8 +178,12 @@ class Simulation:
                 from flmesh.sim.buffer_plan import SimulatedBuffer
 
                 self.buffer_plan = SimulatedBuffer(federation)
+            elif federation.leave_times():
+                from flmesh.sim.star_plan import SimulatedStar
+
+                self.star_plan = SimulatedStar(federation)
             self.driver = StarDriver(federation, transport, insecure, task=self.task, compute=self.compute,
-                                     plan=self.buffer_plan)
+                                     plan=self.buffer_plan, departures=self.star_plan)
         else:
             from flmesh.sim.peer import PeerDriver
 
@@ -235,7 +242,7 @@ class Simulation:
             log.info("measured %.6f s per optimizer step at speed 1 on this machine ([devices] step_s in "
                      "the run record)", step_s)
         self.simulated = SimulatedTime(fed, step_s, measured=declared is None, arrivals=self.arrivals,
-                                       buffer=self.buffer_plan, walk=self.walk)
+                                       buffer=self.buffer_plan, walk=self.walk, star=self.star_plan)
         self.driver.simulated = self.simulated
         if self.checkpoints is not None and self.checkpoints.resumed_row is not None:
             self.simulated.resume(self.checkpoints.resumed_row)

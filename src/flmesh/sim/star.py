@@ -37,21 +37,25 @@ if TYPE_CHECKING:
     from flmesh.sim.buffer_plan import SimulatedBuffer
     from flmesh.sim.resume import SimCheckpoints
     from flmesh.sim.simulated_time import SimulatedTime
+    from flmesh.sim.star_plan import SimulatedStar
 
 
 class StarDriver:
     def __init__(self, federation: Federation, transport: str = "memory", insecure: bool = False, *,
-                 task: Task | None = None, compute: Compute = UNGATED, plan: SimulatedBuffer | None = None):
+                 task: Task | None = None, compute: Compute = UNGATED, plan: SimulatedBuffer | None = None,
+                 departures: SimulatedStar | None = None):
         """``transport``: the registered backend the processes reach each other through
         (``insecure``: plaintext, for a backend with a wire); ``task``: the code every process
         runs (default: the file's); ``compute``: the simulation's gate; ``plan``: an
-        asynchronous aggregator's rounds on simulated time."""
+        asynchronous aggregator's rounds on simulated time; ``departures``: the synchronous
+        rounds that nodes which left sit out, on simulated time."""
         if federation.aggregator is None:
             raise ValueError("a star simulation needs an [aggregator] section")
         self.federation = federation
         self.plan = plan
+        self.departures = departures
         self.processes = SimProcesses(federation, transport, insecure, task=task, compute=compute,
-                                      sessions=plan)
+                                      sessions=plan, departures=departures)
         self.nodes: list[Node] = []
         self.simulated: SimulatedTime | None = None  # with a device model: every round replayed on it
         self.aggregator: Aggregator | None = None
@@ -92,7 +96,7 @@ class StarDriver:
         data = federation_data(fed, dataset)
         self.aggregator = self.processes.aggregator(
             dataset, tests=lambda: {n.node_id: parts_of(n).share.data.test for n in self.nodes})
-        self.aggregator.core.plan = self.plan
+        self.aggregator.core.plan = self.plan if self.plan is not None else self.departures
         self.nodes = self.processes.nodes(data, dataset)  # rewinds go node to node
 
     def stop(self) -> None:
@@ -194,13 +198,13 @@ def merge(entry: NodeRound | None, report: Report) -> NodeRound:
     own = NodeRound.from_report(report)
     if entry is None:
         return own
-    if isinstance(report, StarReport) and report.selected:
+    if isinstance(report, StarReport) and report.selected and report.participated:
         entry.accuracy = own.accuracy
         entry.start_accuracy = own.start_accuracy
         entry.late, entry.rewound_to = own.late, own.rewound_to
         entry.train_loss, entry.train_steps = own.train_loss, own.train_steps
         entry.train_samples, entry.rewind_steps = own.train_samples, own.rewind_steps
     entry.bytes_sent, entry.bytes_received = own.bytes_sent, own.bytes_received
-    entry.privacy_spent = own.privacy_spent
+    entry.privacy_spent, entry.participated = own.privacy_spent, own.participated
     entry.wall_s, entry.notes = own.wall_s, own.notes
     return entry

@@ -19,7 +19,9 @@ whatever the load of the machine that ran them. Its rules follow the engine's wa
   aggregator that work comes with the training, before the node sends.
 - **with an aggregator**: the round opens when the previous one closed; each sampled node
   fetches the global model (the sampled nodes share the aggregator's uplink), trains, and
-  submits; the round closes when the last update the aggregator used has arrived.
+  submits; the round closes when the last update the aggregator used has arrived. A sampled
+  node that has left the federation fetches nothing, and the aggregator waits its
+  ``deadline_s`` for the update that never comes: the round closes no earlier than that.
 
 Evaluations (fl-sim's own measurements, and the nodes' evaluations of their models) take no
 simulated time; a node serves a peer's remote phase beside its own training at full speed.
@@ -54,6 +56,7 @@ class NodeWork:
     selected: bool = True  # star: sampled this round
     global_bytes: int = 0  # star: the global model it fetched
     used: bool = True  # star: the aggregator took its update
+    left: bool = False  # it had left the federation: it did nothing this round
 
 
 def trained_until(model: DeviceModel, w: NodeWork, start: float, own_work: bool = True) -> float:
@@ -76,6 +79,7 @@ class Timeline:
     model: DeviceModel
     nodes: Sequence[str]
     round_timeout_s: float
+    deadline_s: float = 0.0  # star: how long the aggregator waits for a sampled node's update
     end: dict[str, float] = field(default_factory=dict)  # node -> when its last round ended
     trained: dict[str, float] = field(default_factory=dict)  # node -> when its last training ended
     sent_bytes: dict[str, int] = field(default_factory=dict)  # node -> its last round's model message
@@ -131,9 +135,9 @@ class Timeline:
         :attr:`closed` becomes the round's close."""
         m = self.model
         opened = self.closed
-        sampled = [w for w in work.values() if w.selected]
-        ends: dict[str, float] = {}
-        arrivals = []
+        sampled = [w for w in work.values() if w.selected and not w.left]
+        ends: dict[str, float] = {w.node: self.end[w.node] for w in work.values() if w.left}
+        arrivals = [opened + self.deadline_s for w in work.values() if w.selected and w.left]
         for w in sampled:
             fetched = m.transfer_until(AGGREGATOR, w.node, max(opened, self.end[w.node]), w.global_bytes,
                                        len(sampled))
