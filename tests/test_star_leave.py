@@ -36,18 +36,25 @@ def test_the_planner_decides_from_the_previous_rounds_close_and_waits_for_it():
     asker = threading.Thread(target=lambda: answers.append((plan.left("node2", 3, NO_STOP),
                                                             plan.members(3, NO_STOP))))
     asker.start()
-    plan.closed(1, 0.3)
+    plan.closed(1, 0.3, {"node2": 0.3})
     asker.join(0.5)
     assert asker.is_alive()  # round 3's opening is not known before round 2 closed
-    plan.closed(2, 0.5)  # round 3 opens at 0.5: node2 left at 0.5, so it sits round 3 out
+    plan.closed(2, 0.5, {"node2": 0.5})  # round 3 opens at 0.5: node2 left at 0.5, so it sits it out
     asker.join(10)
     assert answers == [(0.5, [("node0", 3), ("node1", 3), ("node3", 3)])]
     stop = threading.Event()
     stop.set()
     assert plan.left("node2", 9, stop) is None and plan.members(9, stop) is None
     for r in range(3, 40):
-        plan.closed(r, r)
+        plan.closed(r, r, {})
     assert plan.held() <= 2
+
+
+def test_a_node_whose_update_came_late_begins_the_next_round_when_it_arrived():
+    plan = SimulatedStar(_fed(leaves={"node2": 0.5}, fraction=1.0))
+    plan.closed(1, 0.4, {"node0": 0.3, "node2": 0.6})  # node2's update came after the close
+    assert plan.left("node2", 2, NO_STOP) == 0.5  # it would begin round 2 at 0.6, after it left
+    assert [n for n, _ in plan.members(2, NO_STOP) or []] == ["node0", "node1", "node3"]
 
 
 @pytest.mark.parametrize("transport", ["memory", "grpc"])
@@ -98,15 +105,18 @@ def test_an_asynchronous_aggregator_takes_no_session_a_node_starts_after_it_left
     assert all(r["aggregated"] for r in rows) and rows[-1]["round"] == 12
 
 
+@pytest.mark.parametrize("leave_s", [0.0, 0.3])
 @pytest.mark.parametrize("aggregator", [{"fraction": 0.5}, {"mode": "async", "buffer": 2}])
-def test_rounds_nobody_is_left_for_close_at_their_deadlines(tmp_path, aggregator):
-    fed = _fed(rounds=5, leaves={f"node{i}": 0.3 for i in range(4)}, **aggregator)
+def test_rounds_nobody_is_left_for_close_at_their_deadlines(tmp_path, aggregator, leave_s):
+    fed = _fed(rounds=5, leaves={f"node{i}": leave_s for i in range(4)}, **aggregator)
     _, rows = simulate(fed, tmp_path / "run")
     empty = [r for r in rows if not r["received"]]
     assert empty and empty[-1]["round"] == 5 and not any(r["aggregated"] for r in empty)
+    assert (len(empty) == 5) == (leave_s == 0)  # nobody trained at all, or some rounds before 0.3 s
     assert len({r["accuracy"] for r in empty}) == 1  # the global model stays as it was
+    opened = [0.0] + [r["sim_time_s"] for r in rows]  # round t opened when round t-1 closed
     for r in empty:
-        assert r["sim_time_s"] == pytest.approx(rows[r["round"] - 2]["sim_time_s"] + DEADLINE_S)
+        assert r["sim_time_s"] == pytest.approx(opened[r["round"] - 1] + DEADLINE_S)
 
 
 def test_fl_sim_does_not_checkpoint_a_star_that_nodes_leave():

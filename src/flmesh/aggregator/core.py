@@ -342,7 +342,7 @@ class AggregatorCore:
             members = self.plan.members(round, self.stop_event)
             wanted = [n for n, _ in members] if members is not None else wanted
         with self._cond:
-            while any(n not in self._updates for n in wanted) and not self.stop_event.is_set():
+            while len(self._updates) < len(wanted) and not self.stop_event.is_set():
                 remaining = deadline - self.clock.now()
                 if remaining <= 0:
                     break

@@ -76,7 +76,7 @@ class SimulatedBuffer:
         """The devices and links the sessions run on."""
         with self._cond:
             self.model = model
-            self._cond.notify_all()
+            self._advance()  # rounds nobody will send to (every node left at 0 s) close now
 
     # ------------------------------------------------------------------ the nodes' side
     def begin(self, node: str, after: int, stop: threading.Event) -> int | None:

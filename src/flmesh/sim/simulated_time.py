@@ -148,7 +148,7 @@ class SimulatedTime:
         """One round with an aggregator: each sampled node's end; :meth:`now` its close."""
         ends = self.timeline.star_round({node: _work(r) for node, r in reports.items()})
         if self.star is not None and reports:
-            self.star.closed(next(iter(reports.values())).round, self.timeline.closed)
+            self.star.closed(next(iter(reports.values())).round, self.timeline.closed, ends)
         return ends
 
     def buffered_round(self, row: RoundRow) -> dict[str, float]:

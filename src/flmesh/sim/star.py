@@ -97,6 +97,8 @@ class StarDriver:
         self.aggregator = self.processes.aggregator(
             dataset, tests=lambda: {n.node_id: parts_of(n).share.data.test for n in self.nodes})
         self.aggregator.core.plan = self.plan if self.plan is not None else self.departures
+        if self.departures is not None:  # who has left by round t is known once round t-1's row is out
+            self.aggregator.overlap_evaluation = False
         self.nodes = self.processes.nodes(data, dataset)  # rewinds go node to node
 
     def stop(self) -> None:

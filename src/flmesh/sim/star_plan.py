@@ -8,8 +8,9 @@ and waits its ``deadline_s`` for the update that never comes, then closes the ro
 others' (:func:`~flmesh.aggregator.decision.decide_round` names it missing); the replay times
 such a round accordingly (:meth:`flmesh.timing.Timeline.star_round`).
 
-A round opens when the previous one closed, so whether a node has left by round t is known
-once round t-1 has been replayed (:meth:`SimulatedStar.closed`, from fl-sim's clock): the
+A round opens when the previous one closed (a node whose last update came late begins it when
+that update has arrived), so whether a node has left by round t is known once round t-1 has
+been replayed (:meth:`SimulatedStar.closed`, from fl-sim's clock): the
 nodes ask :meth:`~SimulatedStar.left` and the aggregator :meth:`~SimulatedStar.members`, and
 both wait for that replay, so the decisions depend on the federation file alone, not on how
 fast this machine runs the nodes. Thread-safe.
@@ -18,6 +19,7 @@ fast this machine runs the nodes. Thread-safe.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 from flmesh.config import Federation
 from flmesh.topology.sampling import selected
@@ -36,10 +38,13 @@ class SimulatedStar:
         self.leaves = federation.leave_times()
         self._cond = threading.Condition()
         self._opened: dict[int, float] = {1: 0.0}  # round -> when it opened (simulated s)
+        self._ends: dict[str, float] = {}  # node -> when its last update arrived
 
-    def closed(self, round: int, at: float) -> None:
-        """Round ``round`` closed at ``at`` simulated seconds (fl-sim's clock, in round order)."""
+    def closed(self, round: int, at: float, ends: Mapping[str, float]) -> None:
+        """Round ``round`` closed at ``at`` simulated seconds, its sampled nodes' updates having
+        arrived at ``ends`` (fl-sim's clock, in round order)."""
         with self._cond:
+            self._ends.update(ends)
             self._opened[round + 1] = at
             self._opened.pop(round - 1, None)  # no node or aggregator asks about it again
             self._cond.notify_all()
@@ -57,7 +62,7 @@ class SimulatedStar:
         if leave is None:
             return None
         opened = self._opened_at(round, stop)
-        return leave if opened is not None and leave <= opened else None
+        return leave if opened is not None and leave <= self._begins(node, opened) else None
 
     def members(self, round: int, stop: threading.Event) -> list[tuple[str, int]] | None:
         """The sampled nodes of ``round`` that take part, each with ``round``: the updates the
@@ -66,7 +71,12 @@ class SimulatedStar:
         if opened is None:
             return None
         return [(n, round) for n in selected(self.federation, round)
-                if self.leaves.get(n, float("inf")) > opened]
+                if self.leaves.get(n, float("inf")) > self._begins(n, opened)]
+
+    def _begins(self, node: str, opened: float) -> float:
+        """When ``node`` begins a round opened at ``opened``: once its last update has arrived."""
+        with self._cond:
+            return max(opened, self._ends.get(node, 0.0))
 
     def held(self) -> int:
         """How many rounds' opening times it holds (bounded whatever the rounds)."""
