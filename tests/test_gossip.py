@@ -3,7 +3,9 @@ the file's refusals, and whole federations on the engine."""
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 
 import networkx as nx
 import pytest
@@ -208,6 +210,26 @@ def test_a_ring_round_sends_to_and_combines_both_neighbours():
     assert reports["node0"].sent_to == ("node1", "node3") and reports["node0"].combined == ("node1", "node3")
     assert all(not r.failed for r in reports.values())
     assert not torch.equal(states["node0"]["net.1.weight"], states["node2"]["net.1.weight"])
+
+
+def test_a_round_logs_its_phases_at_debug(caplog):
+    fed = parse_federation(tiny_raw(3, rounds=1, topology={"graph": "ring", "schedule": "gossip"}),
+                           source="g.toml")
+    with caplog.at_level(logging.DEBUG, logger="flmesh.node"), Cluster(fed) as cluster:
+        reports = cluster.peer_round(1)
+    said = [(r.node, r.getMessage()) for r in caplog.records if getattr(r, "round", None) == 1]
+    steps = reports["node0"].train.steps
+    assert any(n == "node0" and re.fullmatch(rf"round 1: trained {steps} steps and encoded the model in "
+                                               r"[0-9.]+s; sending to node1, node2", m) for n, m in said)
+    for peer in ("node1", "node2"):
+        assert any(n == "node0" and re.fullmatch(rf"round 1: model delivered to {peer} [0-9.]+s after "
+                                                   "training", m) for n, m in said)
+        assert any(n == "node0" and re.fullmatch(rf"round 1: trained model from {peer} in: [0-9]+ bytes "
+                                                   r"in [0-9.]+s", m) for n, m in said)
+    assert any(n == "node0" and re.fullmatch(r"round 1: 2 of 2 in-peer models in [0-9.]+s after training", m)
+               for n, m in said)
+    assert any(n == "node0" and re.fullmatch(r"round 1: combined 3 models and evaluated [0-9.]+s after "
+                                               "training", m) for n, m in said)
 
 
 def test_a_silent_neighbour_is_named_and_left_out(monkeypatch):

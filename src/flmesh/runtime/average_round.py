@@ -115,13 +115,18 @@ class AverageRound:
                          label_counts=own.label_counts, architecture=self.model.architecture)
         message = encode({**own.state, **own.extras}, meta, settings.wire)
         trained_at = self.clock.now()
+        # a round's phases at DEBUG: where a slow round's seconds go (training, sends, receives)
+        self.log.debug("round %d: trained %d steps and encoded the model in %.2fs; sending to %s", round,
+                       stats.steps, trained_at - start, ", ".join(exchange.sends) or "nobody",
+                       extra={"node": me, "round": round})
         self.activity.set_state("waiting")
         # The sends go on while the node waits for its in-peers, so a dead out-peer's retries hold
         # up no receive; once the receives are over, a send still retrying gets PROBE_S more and
         # is then left to finish on its own (the round goes on without it: "still sending").
         pool = ThreadPoolExecutor(max_workers=max(1, len(exchange.sends)), thread_name_prefix="flmesh-send")
         try:
-            sending = {peer: pool.submit(self._send, round, peer, message) for peer in exchange.sends}
+            sending = {peer: pool.submit(self._send, round, peer, message, trained_at)
+                       for peer in exchange.sends}
             if self.plan is not None:
                 picks = self.plan.pick(me, round, exchange.receives, exchange.sends, stats.steps,
                                        message.wire_bytes(DEFAULT_CHUNK_BYTES), self.stop)
@@ -130,6 +135,9 @@ class AverageRound:
                 arrived = self._receive(round, {p: InboxKey(round, p, "trained") for p in exchange.receives})
             else:
                 arrived = self._receive_some(round, exchange.receives, trained_at)
+            self.log.debug("round %d: %d of %d in-peer models in %.2fs after training", round, len(arrived),
+                           len(exchange.receives), self.clock.now() - trained_at,
+                           extra={"node": me, "round": round})
             wait(sending.values(), timeout=PROBE_S)
         finally:
             pool.shutdown(wait=False)
@@ -152,6 +160,8 @@ class AverageRound:
             if not any(n.startswith(f"still sending to {peer} ") for n in notes):
                 notes.append(f"could not send to {peer}")
         local = evaluate_own(self.model, self.share, self.metrics)
+        self.log.debug("round %d: combined %d models and evaluated %.2fs after training", round, len(updates),
+                       self.clock.now() - trained_at, extra={"node": me, "round": round})
         self.activity.finish_round(round, local.accuracy)
         self.inbox.prune(round + 1 - (self._max_staleness if self.barrier_free else 0))
         self.activity.set_state("idle")
@@ -212,11 +222,16 @@ class AverageRound:
         return Update(self.settings.node_id, round, self.model.state_dict(), len(train),
                       tuple(train.label_counts()), extras)
 
-    def _send(self, round: int, peer: str, message: EncodedModel) -> bool:
+    def _send(self, round: int, peer: str, message: EncodedModel, trained_at: float) -> bool:
         """Deliver ``message`` to ``peer`` with the walk's retries (:class:`PeerCalls`); whether
         it got there. Runs on a sending thread, one per out-peer."""
-        return self.calls.call(peer, "delivery to", round, lambda: self.transport.deliver(
+        done = self.calls.call(peer, "delivery to", round, lambda: self.transport.deliver(
             peer, message, timeout=self.settings.round_timeout_s)) is not None
+        if done:
+            self.log.debug("round %d: model delivered to %s %.2fs after training", round, peer,
+                           self.clock.now() - trained_at,
+                           extra={"node": self.settings.node_id, "round": round, "peer": peer})
+        return done
 
     def _receive(self, round: int, keys: dict[str, InboxKey]) -> dict[str, DecodedModel]:
         """The models ``keys`` name (in-peer -> its model of a round) that come within the round

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -203,6 +204,7 @@ class NodeHandlers:
             raise Refused("INVALID_ARGUMENT", f"{self.node_id}: the model's label_counts lists "
                           f"{len(meta.label_counts)} classes, the federation's data has "
                           f"{self.share.data.train.num_classes}")
+        started = time.monotonic()
         with self.inbox.receiving(key):  # the round loop waits on for a model on its way
             model = self._read(header, stream)
             with self._keeping:  # two copies of one key at once (one identity, two processes): one is kept
@@ -210,6 +212,9 @@ class NodeHandlers:
         self.counter.add_received(meta.kind, model.wire_bytes)
         if self.metrics is not None:
             self.metrics.bytes.labels(self.node_id, meta.sender, "received").inc(model.wire_bytes)
+        self.log.debug("round %d: %s model from %s in: %d bytes in %.2fs", meta.round, kind, meta.sender,
+                       model.wire_bytes, time.monotonic() - started,
+                       extra={"node": self.node_id, "round": meta.round, "peer": meta.sender})
         if not fresh:
             self.log.info("duplicate %s model from %s for round %d ignored", kind, meta.sender,
                                     meta.round, extra={"node": self.node_id, "round": meta.round,
