@@ -26,13 +26,17 @@ numbers of both runs are the same (fl-node and fl-sim compute the same rounds); 
 compared is when each node ended each round: fl-node's rows give each round's wall time
 (summed from the start of round 1), fl-sim's its simulated seconds. Prints, per round, the
 mean over the nodes of both and their ratio, the time each run took to reach ``--target``
-(the nodes' mean accuracy on their own test splits), and the per-node spread.
+(the nodes' mean accuracy on their own test splits), and the per-node spread. Every node
+logs its rounds' phases (``--log-level DEBUG``); the first rounds' phases of a slow node and
+of the ring neighbour it sends to are printed beside the clock's assumptions, to show where
+the prediction of a single node differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -57,6 +61,8 @@ CALIBRATION_ROUNDS = 3  # of the run without CPU limits that measures overhead_s
 CGROUP = Path("/sys/fs/cgroup/cpu")
 ACCOUNT = Path("/sys/fs/cgroup/cpuacct")  # what each node's processes used, in CPU ns
 WATCH_S = 0.02  # how often the rows are looked for (a twentieth of a core uses 1 ms of CPU in it)
+PHASE_NODES = ("node7", "node0")  # a twentieth of a core, and the ring neighbour it sends to
+PHASE_ROUNDS = 2
 
 
 def federation_text(rounds: int, epochs: float, mbps: float, thin_mbps: float, step_s: float | None,
@@ -185,10 +191,16 @@ def measure_step_s(epochs_steps: int = 50) -> float:
     return steps(epochs_steps) / epochs_steps
 
 
+Rows = dict[str, list[dict[str, Any]]]
+Phases = dict[str, list[tuple[float, int, str]]]
+Deployed = tuple[Rows, dict[str, list[float]], Phases]
+
+
 def deploy(fed: Path, work: Path, spaces: list[str], groups: list[Path], port: int = PORT,
-           limited: bool = True) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
-    """Run every node in its namespace and cgroup over mTLS to the end; each node's rows and the
-    CPU seconds each of its rounds used. The
+           limited: bool = True) -> Deployed:
+    """Run every node in its namespace and cgroup over mTLS to the end; each node's rows, the
+    CPU seconds each of its rounds used, and its logged phases (seconds after the peers file
+    was written, round, what). The
     nodes start unlimited (importing torch at a twentieth of a core takes a minute); once all
     listen, their cgroups get their shares and the peers file their addresses: round 1 begins
     when a node has said Hello to its neighbours."""
@@ -201,7 +213,8 @@ def deploy(fed: Path, work: Path, spaces: list[str], groups: list[Path], port: i
         node = f"node{k}"
         argv = [str(BIN / "fl-node"), "--id", node, "--federation", str(fed),
                 "--listen", f"{SUBNET}.{k + 2}:{port}",
-                "--threads", "1", "--out", str(work / "runs" / node), "--tls-ca", str(pki / "ca.pem"),
+                "--threads", "1", "--log-level", "DEBUG", "--log-format", "json",
+                "--out", str(work / "runs" / node), "--tls-ca", str(pki / "ca.pem"),
                 "--tls-cert", str(pki / f"{node}.pem"), "--tls-key", str(pki / f"{node}.key"),
                 "--ready-file", str(work / f"{node}.addr"), "--peers-file", str(work / "peers.json")]
         # the shell joins the node's cgroup, then becomes the node in its namespace (ip netns exec
@@ -220,8 +233,7 @@ def deploy(fed: Path, work: Path, spaces: list[str], groups: list[Path], port: i
             p.wait()
 
 
-def _run(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
-         limited: bool) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[float]]]:
+def _run(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path], limited: bool) -> Deployed:
     deadline = time.monotonic() + 300
     while not all((work / f"{n}.addr").exists() for n in procs):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs.values()):
@@ -238,6 +250,7 @@ def _run(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
     addresses = {n: (work / f"{n}.addr").read_text().strip() for n in procs}
     (work / ".peers.json").write_text(json.dumps(addresses))
     os.replace(work / ".peers.json", work / "peers.json")
+    begun = time.time()  # round 1 begins for every node once it reads the peers file
     at_rows: dict[str, list[float]] = {n: [] for n in procs}  # CPU seconds when each row appeared
     watcher = threading.Thread(target=_watch_rows, args=(procs, work, groups, at_rows), daemon=True)
     watcher.start()
@@ -251,7 +264,22 @@ def _run(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
         raise SystemExit(f"time_check: fl-node failed: {failed}")
     rows = {n: [json.loads(line) for line in (work / "runs" / n / "rounds.jsonl").read_text().splitlines()]
             for n in procs}
-    return rows, used
+    return rows, used, {n: _phases(e, begun) for n, e in errors.items()}
+
+
+def _phases(log: str, begun: float) -> list[tuple[float, int, str]]:
+    """The round phases a node logged (its JSON log lines whose event starts with "round"):
+    seconds after ``begun``, round, event."""
+    out = []
+    for line in log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line that is not the log's (an error printed at exit)
+        if isinstance(entry, dict) and str(entry.get("event", "")).startswith("round "):
+            at = datetime.datetime.fromisoformat(entry["time"].replace("Z", "+00:00")).timestamp()
+            out.append((at - begun, int(entry["round"] or 0), entry["event"]))
+    return out
 
 
 def _watch_rows(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
@@ -316,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
             # the nodes' own work besides their steps, measured first on a short run without CPU limits
-            cal_rows, cal_used = deploy(calibration / "deploy.toml", calibration, spaces, groups, PORT + 1,
-                                        limited=False)
-            real, used = deploy(fed, work, spaces, groups)
+            cal_rows, cal_used, _ = deploy(calibration / "deploy.toml", calibration, spaces, groups, PORT + 1,
+                                           limited=False)
+            real, used, phases = deploy(fed, work, spaces, groups)
         deploy_s = time.perf_counter() - started
         overhead_s = statistics.mean(c - s for c, s in own_work(cal_rows, cal_used, step_s).values())
         deployed_work = own_work(real, used, step_s)  # the deployment's own, for the table
@@ -379,12 +407,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ntime to {100 * args.target:.0f} % mean own accuracy: measured {m_hit}, predicted {q_hit}"
               + (f" ({q_hit / m_hit:.2f}x)" if m_hit and q_hit else ""))
         results[label] = {"rounds": per_round, "predicted": predicted, "time_to_target": q_hit}
+    print(f"\nPhases of the first {PHASE_ROUNDS} rounds as {' and '.join(PHASE_NODES)} logged them "
+          "(seconds after round 1 began), beside the clock's training time (steps x step_s / share):\n")
+    print("| node | round | s | phase |")
+    print("|---|---:|---:|---|")
+    for n in PHASE_NODES:
+        share = SHARES[int(n.removeprefix("node"))]
+        for t in range(PHASE_ROUNDS):
+            steps = real[n][t]["nodes"][n]["train_steps"]
+            print(f"| {n} | {t + 1} | | the clock trains its {steps} steps in {steps * step_s / share:.2f}s "
+                  f"at {share:g} of a core |")
+            for at, r, event in phases[n]:
+                if r == t + 1 and "duplicate" not in event:
+                    print(f"| {n} | {r} | {at:.2f} | {event.removeprefix(f'round {r}: ')} |")
     print(f"\ndeployment wall time {deploy_s:.0f} s (start-up and connections included)")
     write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s,
                                          "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
                                          "cpu_s_by_round": used,
-                                         "notes": notes, "predictions": results}, [11])
+                                         "notes": notes, "predictions": results,
+                                         "phases": {n: phases[n] for n in PHASE_NODES}}, [11])
     return 0
 
 
