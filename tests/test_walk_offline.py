@@ -233,3 +233,20 @@ def test_a_trace_leave_is_taken_and_a_baseline_run_refuses_it(tmp_path):
     raw["federation"]["baseline"] = "standalone"
     with pytest.raises(FederationError, match=r"\[devices\] trace: node 'node1' leaves for good"):
         parse_federation(raw, source="t.toml", base_dir=tmp_path)
+
+
+def test_a_rewind_onto_an_offline_peer_trains_its_steps_locally(tmp_path):
+    raw = tiny_raw(nodes=4, rounds=3, devices={"step_s": 0.01}, topology={"graph": "ring"},
+                   rewind={"mode": "previous"})
+    raw["nodes"] = {f"node{i}": ({"offline": [[0.31, 0.5]]} if i == 0 else {}) for i in range(4)}
+    _, rows = simulate(parse_federation(raw, source="t.toml"), tmp_path / "run")
+    # node1 trains node0's round-1 model in round 2 and would rewind onto node0, offline by then
+    entry = rows[1]["nodes"]["node1"]
+    assert entry["received_from"] == "node0" and entry["rewound_to"] is None and not entry["rewind_steps"]
+    assert entry["notes"] == ["node0 was offline; trained its 3 steps locally"]
+    assert rows[1]["nodes"]["node2"]["rewound_to"] == "node1"  # an online peer takes its phase
+    walk = _planner(parse_federation(raw, source="t.toml"))
+    _trained(walk, "node1", 1, 20, ["node2"])
+    assert walk.begin("node1", 2, [], NO_STOP) == (None, None)  # its round 2 begins at 0.2
+    assert walk.reachable("node1", 2, "node0", 10) and not walk.reachable("node1", 2, "node0", 11)
+    assert walk.reachable("node1", 2, "node2", 11)

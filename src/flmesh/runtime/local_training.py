@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -157,14 +157,17 @@ class LocalTraining:
         return None
 
     def train_round(self, round: int, notes: list[str], regularizers: Sequence[Regularizer] = (), *,
-                    received_from: str | None = None) -> tuple[TrainStats, str | None]:
+                    received_from: str | None = None,
+                    reachable: Callable[[str, int], bool] | None = None) -> tuple[TrainStats, str | None]:
         """E local epochs, or a plug-in's remote phase in steps (:meth:`remote_phase`;
-        ``received_from``: the node the round's model came from). Returns the training stats
+        ``received_from``: the node the round's model came from; ``reachable(peer,
+        steps_before)``: whether the phase's peer answers once the node has trained its first
+        steps, decided elsewhere than by calling it: fl-sim's simulated time). Returns the training stats
         (steps include the peer's) and the peer that trained part of the round (None: none, or
         it failed). Raises ModelError (one line) when the trained model is one every peer
         refuses (NaN or infinity in its weights: training diverged): it is not sent."""
         stats, trained_on = self._train_round(round, self.remote_phase(round, received_from), notes,
-                                              regularizers)
+                                              regularizers, reachable)
         with self.model.lock:
             try:
                 check_sendable(self.model.module, self.settings.federation, "trained")
@@ -173,7 +176,8 @@ class LocalTraining:
         return stats, trained_on
 
     def _train_round(self, round: int, phase: RemotePhase | None, notes: list[str],
-                     regularizers: Sequence[Regularizer]) -> tuple[TrainStats, str | None]:
+                     regularizers: Sequence[Regularizer],
+                     reachable: Callable[[str, int], bool] | None) -> tuple[TrainStats, str | None]:
         if phase is None:
             return self.train_local(round, 0, regularizers), None
         with self.model.lock:
@@ -182,7 +186,10 @@ class LocalTraining:
         peer, middle = phase.peer, phase.steps
         failed = f"training on {peer} failed"
         try:
-            remote = self.train_on_peer(peer, round, middle, optimizer) if middle > 0 else 0
+            if middle > 0 and reachable is not None and not reachable(peer, phase.before):
+                remote, failed = None, f"{peer} was offline"  # as a call to it would have failed
+            else:
+                remote = self.train_on_peer(peer, round, middle, optimizer) if middle > 0 else 0
         except PeerError:  # the peer holds no data yet (holds_no_data)
             remote, failed = None, f"{peer} {NO_DATA_YET}"
         trained_on = peer if remote is not None else None

@@ -66,6 +66,13 @@ class WalkPlan(Protocol):
         :meth:`begin` said the node had left; does not block. Thread-safe."""
         ...
 
+    def reachable(self, node: str, round: int, peer: str, steps_before: int) -> bool:
+        """Whether ``peer`` answers ``node``'s remote phase of round ``round`` (a plug-in's
+        training on the peer's data), which begins after ``steps_before`` of the node's own
+        steps: online and not gone then. Called after :meth:`begin`, during training; does not
+        block. Thread-safe."""
+        ...
+
 
 def check_addresses(settings: Settings, transport: PeerTransport, round: int, plugins: NodePlugins) -> None:
     """Refuse a round whose plan names a peer this node has no address for, before training."""
@@ -178,7 +185,11 @@ class PeerRound:
         arrived = self.inbox.wait_all(gossip_keys, settings.round_timeout_s, self.stop) if gossip_keys else {}
         if trains:
             regularizers = self._gossip_regularizers(round, arrived, notes)
-            stats, trained_on = self.training.train_round(round, notes, regularizers, received_from=sender)
+            walk = self.walk
+            reachable = ((lambda peer, before: walk.reachable(me, round, peer, before))
+                         if walk is not None else None)
+            stats, trained_on = self.training.train_round(round, notes, regularizers, received_from=sender,
+                                                          reachable=reachable)
             if round < settings.rounds:
                 self._share_gossip(round)
         else:  # a continual federation's client that sits this round out: it passes the model on

@@ -17,6 +17,9 @@ offline``, a trace's ``offline`` events, ``[devices] churn``) or a node that lea
   no part in that round or any later one: it trains nothing and hands nothing on, and a model
   it had been handed leaves with it. Its rows carry the time its last round ended (its
   model's);
+- **a remote phase** (FedRewind's rewind): it runs on the peer when the peer is online, and
+  has not left, once the node has trained the steps before it; otherwise the node trains
+  those steps itself, as an fl-node whose call to the peer fails;
 - **taking**: for round t + 1 a node takes, of the models its senders (the source, then those
   whose fallback reaches it) handed it, the most preferred one that had arrived when its round t
   ended; else the first to arrive while it waits. It looks at its senders ``round_timeout_s``
@@ -146,6 +149,15 @@ class SimulatedWalk:
             if not any(h.arrival > look and model.online_at(s, look) for s, h in handed.items()):
                 break  # nobody is still at work on a model for this node: it trains its own
         return None, start
+
+    def reachable(self, node: str, round: int, peer: str, steps_before: int) -> bool:
+        """Whether ``peer`` is online, and has not left, once ``node`` has trained the
+        ``steps_before`` steps of round ``round`` before its remote phase."""
+        model = self.model
+        assert model is not None
+        with self._lock:
+            start = self._start.get((node, round), self.ends.get((node, round - 1), 0.0))
+        return model.online_at(peer, model.train_until(node, start, steps_before))
 
     def hand_on(self, node: str, round: int, stats: TrainStats, trained_on: str | None,
                 moved: tuple[Mapping[str, int], Mapping[str, int]], message_bytes: int,
