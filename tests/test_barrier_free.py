@@ -48,7 +48,8 @@ def _picks(fed, steps, rounds, nbytes=1_000_000):
     def node(me):
         others = [n for n in ids if n != me]
         for t in range(1, rounds + 1):
-            out[(me, t)] = plan.pick(me, t, others, others, steps[me], nbytes, stop)
+            plan.trained(me, t, others, steps[me], nbytes)
+            out[(me, t)] = plan.pick(me, t, others, stop)
             ends[(me, t)] = plan.ends[(me, t)]  # kept until every node has moved on
 
     threads = [threading.Thread(target=node, args=(n,)) for n in ids]

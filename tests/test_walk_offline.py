@@ -220,6 +220,11 @@ def test_neighbour_averaging_goes_on_past_a_node_that_left(tmp_path, peers):
         for entry in (r["nodes"]["node1"], r["nodes"]["node3"]):
             if "node2" in entry["combined"]:
                 assert "wait" in peers and entry["staleness"][entry["combined"].index("node2")] >= 1
+    for r in rows[first_out + 1:]:  # they have trained after it left: they send it nothing
+        for name in ("node1", "node3"):
+            entry = r["nodes"][name]
+            assert "node2" not in entry["sent_to"] and "could not send to node2" in entry["notes"]
+            assert entry["bytes_sent"] == pytest.approx(rows[0]["nodes"][name]["bytes_sent"] / 2, rel=0.01)
     assert all(r["sim_time_s"] < 10 for r in rows)
     assert [(r["fa"], r["sim_time_s"]) for r in rows] == [(r["fa"], r["sim_time_s"]) for r in wire]
 

@@ -64,12 +64,18 @@ class ArrivalPlan(Protocol):
         in each round. Thread-safe."""
         ...
 
-    def pick(self, node: str, round: int, receives: Sequence[str], sends: Sequence[str], steps: int,
-             message_bytes: int, stop: threading.Event) -> dict[str, int]:
+    def trained(self, node: str, round: int, sends: Sequence[str], steps: int,
+                message_bytes: int) -> list[str]:
+        """``node`` trained ``steps`` steps in ``round`` and sends ``message_bytes`` to each of
+        ``sends``: those of them still in the federation when it starts sending (a node that
+        has left takes nothing). Called once per round a node takes part in, before it sends;
+        does not block. Thread-safe."""
+        ...
+
+    def pick(self, node: str, round: int, receives: Sequence[str], stop: threading.Event) -> dict[str, int]:
         """In-peer -> the round of its model ``node`` combines in ``round`` (an in-peer left out:
-        none in time). ``node`` trained ``steps`` steps and sends ``message_bytes`` to each of
-        ``sends``. Blocks until it can decide (the in-peers' training of the round is known).
-        Thread-safe."""
+        none in time). Called after :meth:`trained`; blocks until it can decide (the in-peers'
+        training of the round is known). Thread-safe."""
         ...
 
 
@@ -115,21 +121,23 @@ class AverageRound:
                          label_counts=own.label_counts, architecture=self.model.architecture)
         message = encode({**own.state, **own.extras}, meta, settings.wire)
         trained_at = self.clock.now()
+        targets = list(exchange.sends)
+        if self.plan is not None:  # fl-sim: an out-peer that has left on simulated time takes nothing
+            targets = self.plan.trained(me, round, exchange.sends, stats.steps,
+                                        message.wire_bytes(DEFAULT_CHUNK_BYTES))
         # a round's phases at DEBUG: where a slow round's seconds go (training, sends, receives)
         self.log.debug("round %d: trained %d steps and encoded the model in %.2fs; sending to %s", round,
-                       stats.steps, trained_at - start, ", ".join(exchange.sends) or "nobody",
+                       stats.steps, trained_at - start, ", ".join(targets) or "nobody",
                        extra={"node": me, "round": round})
         self.activity.set_state("waiting")
         # The sends go on while the node waits for its in-peers, so a dead out-peer's retries hold
         # up no receive; once the receives are over, a send still retrying gets PROBE_S more and
         # is then left to finish on its own (the round goes on without it: "still sending").
-        pool = ThreadPoolExecutor(max_workers=max(1, len(exchange.sends)), thread_name_prefix="flmesh-send")
+        pool = ThreadPoolExecutor(max_workers=max(1, len(targets)), thread_name_prefix="flmesh-send")
         try:
-            sending = {peer: pool.submit(self._send, round, peer, message, trained_at)
-                       for peer in exchange.sends}
+            sending = {peer: pool.submit(self._send, round, peer, message, trained_at) for peer in targets}
             if self.plan is not None:
-                picks = self.plan.pick(me, round, exchange.receives, exchange.sends, stats.steps,
-                                       message.wire_bytes(DEFAULT_CHUNK_BYTES), self.stop)
+                picks = self.plan.pick(me, round, exchange.receives, self.stop)
                 arrived = self._receive(round, {p: InboxKey(r, p, "trained") for p, r in picks.items()})
             elif not self.barrier_free:
                 arrived = self._receive(round, {p: InboxKey(round, p, "trained") for p in exchange.receives})

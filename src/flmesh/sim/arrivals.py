@@ -2,7 +2,8 @@
 a node combines.
 
 Each node, once it has trained round t, tells :class:`SimulatedArrivals` how many steps it
-trained, how large its model message is and whom it sends it to. The planner knows when the
+trained, how large its model message is and whom it sends it to (:meth:`SimulatedArrivals.trained`),
+then asks whose models it combines (:meth:`SimulatedArrivals.pick`). The planner knows when the
 node's round began in simulated time (when its previous round ended), so it knows when its
 training ended on its device and when its model reaches each out-peer (:mod:`flmesh.timing`).
 A node combines, from each of the round's in-peers, the freshest model of rounds t -
@@ -15,7 +16,9 @@ Synchronous rounds go through it too when a node leaves for good (``leave_s``, a
 ``leave``): a node whose round would begin (its previous round over) at or after that moment
 takes no part in it or any later round (:meth:`SimulatedArrivals.left`), and its out-peers
 combine the round's models of the in-peers still there, as fl-node's do once a neighbour no
-longer answers; a send to it costs no simulated time (on fl-node it fails at once).
+longer answers. From the moment it left nothing is sent to it: a node that has trained after
+that moment sends it nothing (on fl-node the send fails at once; the row names it among the
+peers it could not reach), and its other sends share the uplink without it.
 
 The decisions depend on the federation file alone (steps, message sizes, devices, seed), not on
 how fast this machine runs the nodes: a node waits, really, until every in-peer has trained the
@@ -69,7 +72,8 @@ class SimulatedArrivals:
             self.ends.update({(node, round): when for node, when in ends.items()})
 
     def _arrival(self, model: DeviceModel, peer: str, round: int, node: str) -> float | None:
-        """When ``peer``'s round-``round`` model reaches ``node`` (None: it was not sent there)."""
+        """When ``peer``'s round-``round`` model reaches ``node`` (None: it was not sent there,
+        for one because ``node`` had left)."""
         sent = self._trained.get((peer, round))
         if sent is None or node not in sent.sends:
             return None
@@ -99,18 +103,28 @@ class SimulatedArrivals:
             self._cond.notify_all()
             return leave
 
-    def pick(self, node: str, round: int, receives: Sequence[str], sends: Sequence[str], steps: int,
-             message_bytes: int, stop: threading.Event) -> dict[str, int]:
+    def trained(self, node: str, round: int, sends: Sequence[str], steps: int,
+                message_bytes: int) -> list[str]:
+        """``node`` trained ``steps`` steps of ``round`` (its round began when its previous one
+        ended) and sends ``message_bytes`` to ``sends``: those that had not left when its
+        training ended."""
+        with self._cond:
+            model = self.model
+            if model is None:  # fl-sim configures it before round 1
+                raise RuntimeError("SimulatedArrivals: configure() before the first round")
+            done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
+            live = tuple(q for q in sends if done < model.leaves.get(q, math.inf))
+            self._trained[(node, round)] = _Trained(done, message_bytes, live)
+            self._cond.notify_all()
+            return list(live)
+
+    def pick(self, node: str, round: int, receives: Sequence[str], stop: threading.Event) -> dict[str, int]:
         cfg = self.peers
         with self._cond:
-            while self.model is None and not stop.is_set():
-                self._cond.wait(WAKE_S)
-            model = self.model
-            if model is None:
-                return {}
-            done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
-            self._trained[(node, round)] = _Trained(done, message_bytes, tuple(sends))
-            self._cond.notify_all()
+            model, own = self.model, self._trained.get((node, round))
+            if model is None or own is None:  # trained() comes first
+                raise RuntimeError(f"{node}: round {round}: pick before trained")
+            done, message_bytes, sends = own.done, own.message_bytes, own.sends
             while not stop.is_set() and not all((p, round) in self._trained or p in self._left
                                                 for p in receives):
                 self._cond.wait(WAKE_S)
@@ -128,8 +142,7 @@ class SimulatedArrivals:
                     if arrival is not None and arrival <= at:
                         picks[peer] = r
                         break
-            sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends
-                    if done < model.leaves.get(q, math.inf)]  # a send to a node that left fails at once
+            sent = [model.transfer_until(node, q, done, message_bytes, len(sends)) for q in sends]
             # its own work (decoding, combining, evaluating) once it has what it combines
             self.ends[(node, round)] = max([model.round_until(node, at, 0), *sent])
             self._latest[node] = round
