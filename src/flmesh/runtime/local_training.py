@@ -186,7 +186,7 @@ class LocalTraining:
         peer, middle = phase.peer, phase.steps
         failed = f"training on {peer} failed"
         try:
-            if middle > 0 and reachable is not None and not reachable(peer, phase.before):
+            if middle > 0 and reachable is not None and not reachable(peer, phases[0].steps):
                 remote, failed = None, f"{peer} was offline"  # as a call to it would have failed
             else:
                 remote = self.train_on_peer(peer, round, middle, optimizer) if middle > 0 else 0

@@ -106,14 +106,15 @@ class SimulatedArrivals:
     def trained(self, node: str, round: int, sends: Sequence[str], steps: int,
                 message_bytes: int) -> list[str]:
         """``node`` trained ``steps`` steps of ``round`` (its round began when its previous one
-        ended) and sends ``message_bytes`` to ``sends``: those that had not left when its
-        training ended."""
+        ended) and sends ``message_bytes`` to ``sends``: those that had not left when it starts
+        sending (once its training has ended and it is online)."""
         with self._cond:
             model = self.model
             if model is None:  # fl-sim configures it before round 1
                 raise RuntimeError("SimulatedArrivals: configure() before the first round")
             done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
-            live = tuple(q for q in sends if done < model.leaves.get(q, math.inf))
+            sending = model.online[node].next_up(done)
+            live = tuple(q for q in sends if sending < model.leaves.get(q, math.inf))
             self._trained[(node, round)] = _Trained(done, message_bytes, live)
             self._cond.notify_all()
             return list(live)
