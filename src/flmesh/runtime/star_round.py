@@ -25,6 +25,7 @@ from flmesh.format.codec import ModelMeta, encode
 from flmesh.runtime.parts import evaluate_own
 from flmesh.runtime.peer_round import privacy_spent
 from flmesh.runtime.reports import EvalResult, StarReport, TrainStats
+from flmesh.topology.sampling import selected
 from flmesh.transports.errors import PeerError
 from flmesh.transports.seam import PollInfo, with_retry
 
@@ -123,14 +124,14 @@ class StarRound:
         self.activity.set_state("waiting", "aggregator")
         info = self._poll_until_open(round)
         open_round, done = info.round, info.done
-        left = None
-        if self.departures is not None and open_round == round and not done:
-            left = self.departures.left(me, round, self.stop)
+        # asked whatever the aggregator's round: with nobody left to wait for it may be rounds ahead
+        left = self.departures.left(me, round, self.stop) if self.departures is not None else None
         if left is not None:  # it trains, fetches and sends nothing; its model stays as it was
             self.activity.set_state("idle")
             notes.append(f"left the federation at {left:g} s of simulated time; takes no part")
             sent, got = self.counter.take()
-            return StarReport(node=me, round=round, selected=info.selected, wall_s=self.clock.now() - start,
+            sampled = me in selected(self.settings.federation, round)  # the aggregator waits for it then
+            return StarReport(node=me, round=round, selected=sampled, wall_s=self.clock.now() - start,
                               notes=tuple(notes), bytes_sent=sum(sent.values()),
                               bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
                               task=task, sent_by_kind=sent, received_by_kind=got, participated=False)
