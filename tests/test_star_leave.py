@@ -35,16 +35,15 @@ def test_the_planner_decides_from_the_previous_rounds_close_and_waits_for_it():
     answers: list = []
     asker = threading.Thread(target=lambda: answers.append((plan.left("node2", 3, NO_STOP),
                                                             plan.members(3, NO_STOP))))
-    asker.start()
+    stop = threading.Event()
+    stop.set()  # a stopped wait answers at once with what is known
     plan.closed(1, 0.3, {"node2": 0.3})
-    asker.join(0.5)
-    assert asker.is_alive()  # round 3's opening is not known before round 2 closed
+    assert plan.left("node2", 3, stop) is None and plan.members(3, stop) is None  # round 2 still open
+    asker.start()
     plan.closed(2, 0.5, {"node2": 0.5})  # round 3 opens at 0.5: node2 left at 0.5, so it sits it out
     asker.join(10)
     assert answers == [(0.5, [("node0", 3), ("node1", 3), ("node3", 3)])]
-    stop = threading.Event()
-    stop.set()
-    assert plan.left("node2", 9, stop) is None and plan.members(9, stop) is None
+    assert plan.left("node2", 3, stop) == 0.5
     for r in range(3, 40):
         plan.closed(r, r, {})
     assert plan.held() <= 2

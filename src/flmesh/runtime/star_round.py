@@ -127,24 +127,14 @@ class StarRound:
         # asked whatever the aggregator's round: with nobody left to wait for it may be rounds ahead
         left = self.departures.left(me, round, self.stop) if self.departures is not None else None
         if left is not None:  # it trains, fetches and sends nothing; its model stays as it was
-            self.activity.set_state("idle")
             notes.append(f"left the federation at {left:g} s of simulated time; takes no part")
-            sent, got = self.counter.take()
             sampled = me in selected(self.settings.federation, round)  # the aggregator waits for it then
-            return StarReport(node=me, round=round, selected=sampled, wall_s=self.clock.now() - start,
-                              notes=tuple(notes), bytes_sent=sum(sent.values()),
-                              bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
-                              task=task, sent_by_kind=sent, received_by_kind=got, participated=False)
+            return self._idle_report(round, start, notes, task, selected=sampled, participated=False)
         if open_round != round or done or not info.selected:
-            self.activity.set_state("idle")
             if open_round != round or done:
                 notes.append(f"the aggregator is in round {open_round}{' (done)' if done else ''}; "
                              f"skipped round {round}")
-            sent, got = self.counter.take()
-            return StarReport(node=me, round=round, selected=False, wall_s=self.clock.now() - start,
-                              notes=tuple(notes), bytes_sent=sum(sent.values()),
-                              bytes_received=sum(got.values()), privacy_spent=privacy_spent(plugins),
-                              task=task, sent_by_kind=sent, received_by_kind=got)
+            return self._idle_report(round, start, notes, task)
         trained = self._train(self._fetch(round), round, notes)
         train = self.share.data.train
         submitted = late = False
@@ -241,6 +231,16 @@ class StarRound:
         return with_retry(lambda: self.aggregator.submit(update, timeout=settings.round_timeout_s),
                           reconnect_window(settings), clock=self.clock, stop=self.stop,
                           on_retry=self._lost_aggregator(round, "submitting its update"))
+
+    def _idle_report(self, round: int, start: float, notes: list[str], task: int | None,
+                     selected: bool = False, participated: bool = True) -> StarReport:
+        """The report of a round the node did not train: not sampled, skipped, or sat out."""
+        self.activity.set_state("idle")
+        sent, got = self.counter.take()
+        return StarReport(node=self.settings.node_id, round=round, selected=selected,
+                          wall_s=self.clock.now() - start, notes=tuple(notes), bytes_sent=sum(sent.values()),
+                          bytes_received=sum(got.values()), privacy_spent=privacy_spent(self.plugins),
+                          task=task, sent_by_kind=sent, received_by_kind=got, participated=participated)
 
     def _report(self, trained: _Trained, round: int, submitted: bool, late: bool, start: float,
                 notes: list[str], task: int | None) -> StarReport:
