@@ -316,6 +316,7 @@ os.replace = _full
 """
 
 
+@pytest.mark.slow
 def test_a_node_whose_checkpoint_cannot_be_written_exits_1_in_one_line(tmp_path, monkeypatch):
     from procs import launch, read_results
 
