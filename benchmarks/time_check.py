@@ -18,13 +18,15 @@ of a core and a ``--mbps`` uplink; nodes 6 and 7 a twentieth of a core (5 times 
 The prediction: the same file with its device model, ``[devices] step_s`` the seconds of one
 optimizer step measured here on one thread (``--threads 1``, as each fl-node runs), each
 node's ``speed`` its CPU share and ``bandwidth_mbps`` its tbf rate, run through fl-sim; once
-with the optimizer steps only and once with ``[devices] overhead_s``: a round's CPU seconds
+with the optimizer steps only and twice with ``[devices] overhead_s``: a round's CPU seconds
 besides its steps, the nodes' mean from round 2 on, measured before the deployment on a
-3-round run of the same nodes in the same namespaces without CPU limits (each cgroup's CPU
-accounting when each row appears), as an operator would measure a device once. The
-numbers of both runs are the same (fl-node and fl-sim compute the same rounds); what is
-compared is when each node ended each round: fl-node's rows give each round's wall time
-(summed from the start of round 1), fl-sim's its simulated seconds. Prints, per round, the
+3-round run of the same nodes in the same namespaces (the ``cpu_s`` of each node's rows: its
+process's CPU seconds from one round's end to the next), as an operator would measure a device
+once: one such run without CPU limits, one with the deployment's CPU shares (on the devices
+themselves). The numbers of the deployment and the prediction are the same (fl-node and
+fl-sim compute the same rounds); what is compared is when each node ended each round: fl-node's
+rows give each round's wall time (summed from the start of round 1), fl-sim's its simulated
+seconds. Prints, per round, the
 mean over the nodes of both and their ratio, the time each run took to reach ``--target``
 (the nodes' mean accuracy on their own test splits), and the per-node spread. Every node
 logs its rounds' phases (``--log-level DEBUG``); the first rounds' phases of a slow node and
@@ -44,7 +46,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,10 +58,8 @@ SHARES = [0.25] * 6 + [0.05] * 2  # of one core
 PERIOD_US = 20_000  # the CFS period: a quota is spent 20 ms at a time (the least quota is 1 ms)
 SUBNET = "10.77.0"
 PORT = 7000
-CALIBRATION_ROUNDS = 3  # of the run without CPU limits that measures overhead_s
+CALIBRATION_ROUNDS = 3  # of the runs that measure overhead_s
 CGROUP = Path("/sys/fs/cgroup/cpu")
-ACCOUNT = Path("/sys/fs/cgroup/cpuacct")  # what each node's processes used, in CPU ns
-WATCH_S = 0.02  # how often the rows are looked for (a twentieth of a core uses 1 ms of CPU in it)
 PHASE_NODES = ("node7", "node0")  # a twentieth of a core, and the ring neighbour it sends to
 PHASE_ROUNDS = 2
 
@@ -138,15 +137,13 @@ def network(tag: str, mbps: float, thin_mbps: float) -> Iterator[list[str]]:
 def cpu_groups(tag: str) -> Iterator[list[Path]]:
     """One cgroup per node, not limited yet (:func:`limit` gives each its share); their folders."""
     groups = [CGROUP / f"{tag}{k}" for k in range(NODES)]
-    accounts = [ACCOUNT / f"{tag}{k}" for k in range(NODES)]
     try:
-        for group, account in zip(groups, accounts, strict=True):
+        for group in groups:
             group.mkdir()
-            account.mkdir()
             (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         yield groups
     finally:
-        for group in [*groups, *accounts]:
+        for group in groups:
             for _ in range(50):  # a group empties once its processes are gone
                 try:
                     group.rmdir()
@@ -199,8 +196,8 @@ Deployed = tuple[Rows, dict[str, list[float]], Phases]
 def deploy(fed: Path, work: Path, spaces: list[str], groups: list[Path], port: int = PORT,
            limited: bool = True) -> Deployed:
     """Run every node in its namespace and cgroup over mTLS to the end; each node's rows, the
-    CPU seconds each of its rounds used, and its logged phases (seconds after the peers file
-    was written, round, what). The
+    CPU seconds each of its rounds used (its rows' ``cpu_s``), and its logged phases (seconds
+    after the peers file was written, round, what). The
     nodes start unlimited (importing torch at a twentieth of a core takes a minute); once all
     listen, their cgroups get their shares and the peers file their addresses: round 1 begins
     when a node has said Hello to its neighbours."""
@@ -218,10 +215,8 @@ def deploy(fed: Path, work: Path, spaces: list[str], groups: list[Path], port: i
                 "--tls-cert", str(pki / f"{node}.pem"), "--tls-key", str(pki / f"{node}.key"),
                 "--ready-file", str(work / f"{node}.addr"), "--peers-file", str(work / "peers.json")]
         # the shell joins the node's cgroup, then becomes the node in its namespace (ip netns exec
-        # mounts the namespace's own /sys, without the cgroups): everything it starts is in both
-        account = ACCOUNT / group.name
-        script = (f'echo $$ > {group / "cgroup.procs"} && echo $$ > {account / "cgroup.procs"} && '
-                  f'exec ip netns exec {ns} "$@"')
+        # mounts the namespace's own /sys, without the cgroups)
+        script = f'echo $$ > {group / "cgroup.procs"} && exec ip netns exec {ns} "$@"'
         procs[node] = subprocess.Popen(["sh", "-c", script, "sh", *argv], cwd=work,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -246,24 +241,17 @@ def _run(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path], lim
         (group / "cpu.cfs_quota_us").write_text("-1")  # a calibration's nodes run unlimited
     if limited:
         limit(groups)
-    ready = {f"node{k}": _cpu_s(g.name) for k, g in enumerate(groups)}
     addresses = {n: (work / f"{n}.addr").read_text().strip() for n in procs}
     (work / ".peers.json").write_text(json.dumps(addresses))
     os.replace(work / ".peers.json", work / "peers.json")
     begun = time.time()  # round 1 begins for every node once it reads the peers file
-    at_rows: dict[str, list[float]] = {n: [] for n in procs}  # CPU seconds when each row appeared
-    watcher = threading.Thread(target=_watch_rows, args=(procs, work, groups, at_rows), daemon=True)
-    watcher.start()
     errors = {n: p.communicate(timeout=3600)[1] for n, p in procs.items()}
-    watcher.join()
-    # each round's CPU seconds: from the previous row (round 1: from the shares' start) to its own
-    used = {n: [b - a for a, b in zip([ready[n], *marks[:-1]], marks, strict=True)]
-            for n, marks in at_rows.items()}
     failed = {n: e.strip().splitlines()[-1:] for n, e in errors.items() if procs[n].returncode}
     if failed:
         raise SystemExit(f"time_check: fl-node failed: {failed}")
     rows = {n: [json.loads(line) for line in (work / "runs" / n / "rounds.jsonl").read_text().splitlines()]
             for n in procs}
+    used = {n: [r["nodes"][n]["cpu_s"] for r in node_rows] for n, node_rows in rows.items()}
     return rows, used, {n: _phases(e, begun) for n, e in errors.items()}
 
 
@@ -280,28 +268,6 @@ def _phases(log: str, begun: float) -> list[tuple[float, int, str]]:
             at = datetime.datetime.fromisoformat(entry["time"].replace("Z", "+00:00")).timestamp()
             out.append((at - begun, int(entry["round"] or 0), entry["event"]))
     return out
-
-
-def _watch_rows(procs: dict[str, subprocess.Popen], work: Path, groups: list[Path],
-                at_rows: dict[str, list[float]]) -> None:
-    """Until every node has exited: the CPU seconds each node's cgroup had used when each of its
-    rows appeared (looked for every WATCH_S: a row is written once the round is over)."""
-    group_of = {f"node{k}": g.name for k, g in enumerate(groups)}
-    while True:
-        running = [n for n, p in procs.items() if p.poll() is None]
-        for n in running:
-            rows = work / "runs" / n / "rounds.jsonl"
-            count = rows.read_text().count("\n") if rows.exists() else 0
-            if count > len(at_rows[n]):
-                at_rows[n].extend([_cpu_s(group_of[n])] * (count - len(at_rows[n])))
-        if not running:
-            return
-        time.sleep(WATCH_S)  # a poll interval
-
-
-def _cpu_s(group: str) -> float:
-    """CPU seconds the processes of cgroup ``group`` have used so far."""
-    return int((ACCOUNT / group / "cpuacct.usage").read_text()) / 1e9
 
 
 def own_work(rows: dict[str, list[dict[str, Any]]], used: dict[str, list[float]],
@@ -343,15 +309,23 @@ def main(argv: list[str] | None = None) -> int:
                                                                  args.thin_mbps, None))
         started = time.perf_counter()
         with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
-            # the nodes' own work besides their steps, measured first on a short run without CPU limits
-            cal_rows, cal_used, _ = deploy(calibration / "deploy.toml", calibration, spaces, groups, PORT + 1,
-                                           limited=False)
+            # the nodes' own work besides their steps, measured first on short runs: without CPU
+            # limits, and with the deployment's shares
+            overheads = {}
+            for limited, port in ((False, PORT + 1), (True, PORT + 2)):
+                folder = calibration / ("limited" if limited else "unlimited")
+                folder.mkdir()
+                cal_rows, cal_used, _ = deploy(calibration / "deploy.toml", folder, spaces, groups, port,
+                                               limited=limited)
+                overheads[limited] = statistics.mean(c - s for c, s in own_work(cal_rows, cal_used,
+                                                                                step_s).values())
             real, used, phases = deploy(fed, work, spaces, groups)
         deploy_s = time.perf_counter() - started
-        overhead_s = statistics.mean(c - s for c, s in own_work(cal_rows, cal_used, step_s).values())
         deployed_work = own_work(real, used, step_s)  # the deployment's own, for the table
         predictions = {}
-        for label, overhead in (("steps only", 0.0), ("steps + overhead_s", overhead_s)):
+        for label, overhead in (("steps only", 0.0),
+                                ("steps + overhead_s measured without CPU limits", overheads[False]),
+                                ("steps + overhead_s measured with the CPU shares", overheads[True])):
             timed = work / f"predict-{overhead}.toml"
             timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step_s,
                                              overhead))
@@ -374,13 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{NODES} fl-node processes over mTLS, ring, sync D-PSGD, MLP(1024, 1024) on digits, "
           f"E = {args.epochs:g}; "
           f"CPU shares {SHARES}; uplinks {args.mbps:g} Mbit/s (nodes 2, 3: {args.thin_mbps:g}); "
-          f"step_s {step_s:.5f} s measured on one thread; overhead_s {overhead_s:.3f} s measured on a "
-          f"{CALIBRATION_ROUNDS}-round run of the same nodes without CPU limits (their CPU accounting); "
+          f"step_s {step_s:.5f} s measured on one thread; overhead_s measured on "
+          f"{CALIBRATION_ROUNDS}-round runs of the same nodes (their rows' cpu_s): "
+          f"{overheads[False]:.3f} s without CPU limits, {overheads[True]:.3f} s with the CPU shares; "
           f"largest difference of a node's accuracy between fl-node and "
           f"fl-sim: {differ:.4f}\n")
     notes = sorted({note for n in nodes for r in real[n] for note in r["nodes"][n].get("notes") or []})
     print("fl-node's notes: " + ("; ".join(notes) if notes else "none") + "\n")
-    print("The deployment's own CPU accounting, rounds 2 on:\n")
+    print("The deployment's own CPU seconds (its rows' cpu_s), rounds 2 on:\n")
     print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) "
           "| the rest |")
     print("|---|---:|---:|---:|---:|")
@@ -421,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 if r == t + 1 and "duplicate" not in event:
                     print(f"| {n} | {r} | {at:.2f} | {event.removeprefix(f'round {r}: ')} |")
     print(f"\ndeployment wall time {deploy_s:.0f} s (start-up and connections included)")
-    write_json(args.json, "time_check", {"step_s": step_s, "overhead_s": overhead_s,
+    write_json(args.json, "time_check", {"step_s": step_s, "overhead_s_unlimited": overheads[False],
+                                         "overhead_s_limited": overheads[True],
                                          "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
                                          "cpu_s_by_round": used,

@@ -333,3 +333,24 @@ def test_an_aggregator_does_not_start_afresh_over_updates_an_earlier_run_kept(tm
                        "--insecure", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"--out {out} holds a checkpoint or updates of an earlier run: pass --resume" in err
+
+
+def test_each_row_carries_the_cpu_seconds_of_the_nodes_round(tmp_path):
+    """``cpu_s``: what the process used from one round's end to the next, for calibrating a
+    device's ``[devices] overhead_s``; fl-sim's nodes share a process, so its rows carry none."""
+    import time
+
+    from flmesh.cli import fl_sim
+
+    fed = federation_file(tmp_path, ["node0", "node1"], rounds=3)
+    before = time.process_time()
+    assert main(["--id", "node0", "--federation", str(fed), "--listen", "127.0.0.1:0", "--insecure",
+                 "--out", str(tmp_path / "node"), "--set", 'federation.baseline="standalone"']) == 0
+    used = time.process_time() - before
+    rows, _ = read_results(tmp_path / "node")
+    cpu = [r["nodes"]["node0"]["cpu_s"] for r in rows]
+    assert len(cpu) == 3 and all(c > 0 for c in cpu), cpu
+    assert sum(cpu) <= used, (cpu, used)  # the rounds', not the start-up's or the end's
+    assert fl_sim.main([str(fed), "--out", str(tmp_path / "sim"), "--quiet", "--no-pictures"]) == 0
+    rows, _ = read_results(tmp_path / "sim")
+    assert all(e.get("cpu_s") is None for r in rows for e in r["nodes"].values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -81,6 +82,7 @@ class NodeRun:
         self.error: str | None = None
         self.refresh_peers: Callable[[], None] | None = None
         self._started = 0.0
+        self._cpu_mark = 0.0  # the process's CPU seconds when its last round ended (or its rounds began)
         self._lock: IO[bytes] | None = None
         self.command: list[str] | None = None  # the command line the run record names
 
@@ -177,6 +179,7 @@ class NodeRun:
         if star:
             log.info("joining the aggregator at %s", self.aggregator_address)
             join_aggregator(node, self.hello_timeout)
+        self._cpu_mark = time.process_time()
         node.run(on_round=self._on_round, first=self.first_round)
         parts.activity.set_state("done")  # Status says so; peers keep serving until all are done
         if self.signal is None:
@@ -227,8 +230,10 @@ class NodeRun:
         return out
 
     def _on_round(self, report: Report) -> None:
+        cpu = time.process_time()  # every thread of the process: training, gRPC, serving peers
         self.reports.append(report)
         entry = NodeRound.from_report(report)
+        entry.cpu_s, self._cpu_mark = round(cpu - self._cpu_mark, 4), cpu
         missing = sorted(report.failed) if isinstance(report, RoundReport) else []
         self.missing_peers.update(missing)
         if isinstance(report, RoundReport):
