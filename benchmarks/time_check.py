@@ -23,7 +23,8 @@ besides its steps, the nodes' mean from round 2 on, measured before the deployme
 3-round run of the same nodes in the same namespaces (the ``cpu_s`` of each node's rows: its
 process's CPU seconds from one round's end to the next), as an operator would measure a device
 once: one such run without CPU limits, one with the deployment's CPU shares (on the devices
-themselves). The numbers of the deployment and the prediction are the same (fl-node and
+themselves); and once more with ``[devices] warmup_s`` too, the CPU seconds round 1 took beyond
+the later rounds on the devices. The numbers of the deployment and the prediction are the same (fl-node and
 fl-sim compute the same rounds); what is compared is when each node ended each round: fl-node's
 rows give each round's wall time (summed from the start of round 1), fl-sim's its simulated
 seconds. Prints, per round, the
@@ -65,7 +66,7 @@ PHASE_ROUNDS = 2
 
 
 def federation_text(rounds: int, epochs: float, mbps: float, thin_mbps: float, step_s: float | None,
-                    overhead_s: float = 0.0) -> str:
+                    overhead_s: float = 0.0, warmup_s: float = 0.0) -> str:
     """The deployment's federation file; with ``step_s`` also its device model."""
     nodes = []
     for k in range(NODES):
@@ -73,7 +74,8 @@ def federation_text(rounds: int, epochs: float, mbps: float, thin_mbps: float, s
         if step_s is not None:
             lines += [f"speed = {SHARES[k]}", f"bandwidth_mbps = {thin_mbps if k in (2, 3) else mbps}"]
         nodes.append("\n".join(lines))
-    devices = f"\n[devices]\nstep_s = {step_s}\noverhead_s = {overhead_s}\n" if step_s is not None else ""
+    devices = (f"\n[devices]\nstep_s = {step_s}\noverhead_s = {overhead_s}\nwarmup_s = {warmup_s}\n"
+               if step_s is not None else "")
     return f"""
 [federation]
 name = "timecheck"
@@ -273,13 +275,19 @@ def _phases(log: str, begun: float) -> list[tuple[float, int, str]]:
 def own_work(rows: dict[str, list[dict[str, Any]]], used: dict[str, list[float]],
              step_s: float) -> dict[str, tuple[float, float]]:
     """Per node: CPU seconds a round and, of them, its optimizer steps' (steps x ``step_s``), the
-    mean from round 2 on (round 1 also says Hello and opens the TLS connections)."""
+    mean from round 2 on (round 1 costs more: see :func:`first_round_extra`)."""
     out = {}
     for n, node_rows in rows.items():
         later = range(1, len(node_rows)) if len(node_rows) > 1 else range(1)
         out[n] = (statistics.mean(used[n][t] for t in later),
                   statistics.mean(node_rows[t]["nodes"][n]["train_steps"] for t in later) * step_s)
     return out
+
+
+def first_round_extra(used: dict[str, list[float]]) -> float:
+    """The nodes' mean of the CPU seconds their round 1 took beyond their later rounds' mean
+    (every round trains the same steps): ``[devices] warmup_s``."""
+    return max(0.0, statistics.mean(cpu[0] - statistics.mean(cpu[1:]) for cpu in used.values()))
 
 
 def reached(times: list[float], accuracy: list[float], target: float) -> float | None:
@@ -311,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
             # the nodes' own work besides their steps, measured first on short runs: without CPU
             # limits, and with the deployment's shares
-            overheads = {}
+            overheads, warmup_s = {}, 0.0
             for limited, port in ((False, PORT + 1), (True, PORT + 2)):
                 folder = calibration / ("limited" if limited else "unlimited")
                 folder.mkdir()
@@ -319,17 +327,21 @@ def main(argv: list[str] | None = None) -> int:
                                                limited=limited)
                 overheads[limited] = statistics.mean(c - s for c, s in own_work(cal_rows, cal_used,
                                                                                 step_s).values())
+                if limited:
+                    warmup_s = first_round_extra(cal_used)
             real, used, phases = deploy(fed, work, spaces, groups)
         deploy_s = time.perf_counter() - started
         deployed_work = own_work(real, used, step_s)  # the deployment's own, for the table
         predictions = {}
-        for label, overhead in (("steps only", 0.0),
-                                ("steps + overhead_s measured without CPU limits", overheads[False]),
-                                ("steps + overhead_s measured with the CPU shares", overheads[True])):
-            timed = work / f"predict-{overhead}.toml"
+        for k, (label, overhead, warmup) in enumerate((
+                ("steps only", 0.0, 0.0),
+                ("steps + overhead_s measured without CPU limits", overheads[False], 0.0),
+                ("steps + overhead_s measured with the CPU shares", overheads[True], 0.0),
+                ("steps + overhead_s and warmup_s measured with the CPU shares", overheads[True], warmup_s))):
+            timed = work / f"predict-{k}.toml"
             timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step_s,
-                                             overhead))
-            out = work / f"sim-{overhead}"
+                                             overhead, warmup))
+            out = work / f"sim-{k}"
             sim = subprocess.run([str(BIN / "fl-sim"), str(timed), "--out", str(out), "--quiet",
                                   "--no-pictures"], capture_output=True, text=True, cwd=work)
             if sim.returncode:
@@ -351,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
           f"step_s {step_s:.5f} s measured on one thread; overhead_s measured on "
           f"{CALIBRATION_ROUNDS}-round runs of the same nodes (their rows' cpu_s): "
           f"{overheads[False]:.3f} s without CPU limits, {overheads[True]:.3f} s with the CPU shares; "
+          f"warmup_s {warmup_s:.3f} s (round 1's CPU beyond the later rounds', with the CPU shares); "
           f"largest difference of a node's accuracy between fl-node and "
           f"fl-sim: {differ:.4f}\n")
     notes = sorted({note for n in nodes for r in real[n] for note in r["nodes"][n].get("notes") or []})
@@ -397,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"| {n} | {r} | {at:.2f} | {event.removeprefix(f'round {r}: ')} |")
     print(f"\ndeployment wall time {deploy_s:.0f} s (start-up and connections included)")
     write_json(args.json, "time_check", {"step_s": step_s, "overhead_s_unlimited": overheads[False],
-                                         "overhead_s_limited": overheads[True],
+                                         "overhead_s_limited": overheads[True], "warmup_s": warmup_s,
                                          "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
                                          "cpu_s_by_round": used,

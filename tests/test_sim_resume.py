@@ -54,6 +54,13 @@ mode = "previous"
 lambda = 0.2
 """
 
+TIMED = """
+[devices]
+step_s = 0.01
+warmup_s = 0.5
+stragglers = 0.34
+"""
+
 
 def numbers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows without what depends on timing: wall times, and the bytes a node counted as
@@ -182,7 +189,8 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, stop_round: int) -> None:
     monkeypatch.setattr(sim_console, "round_line", printing)
 
 
-@pytest.mark.parametrize("text", [REWIND, STAR], ids=["peer", "star"])
+@pytest.mark.parametrize("text", [REWIND, STAR, REWIND + TIMED, STAR + TIMED],
+                         ids=["peer", "star", "peer-timed", "star-timed"])
 def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, capsys, monkeypatch, text):
     fed = tmp_path / "fed.toml"
     fed.write_text(text)

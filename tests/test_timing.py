@@ -337,3 +337,50 @@ def test_a_star_round_that_sampled_a_node_that_left_closes_at_the_aggregators_de
     # node2 fetches nothing: node0 and node1 share the uplink (2 s), train 1 s, send 1 s
     assert ends == pytest.approx({"node0": 5.5, "node1": 5.5, "node2": 1.5})
     assert line.closed == pytest.approx(11.5)  # the aggregator waited 10 s for node2's update
+
+
+def test_a_nodes_first_training_begins_after_warmup_s_at_its_speed():
+    raw = tiny_raw(devices={"step_s": 0.01, "warmup_s": 0.4})
+    raw["topology"].pop("nodes")
+    raw["nodes"] = {"node0": {}, "node1": {"speed": 0.5}, "node2": {}}
+    fed = parse_federation(raw, source="t.toml")
+    m = device_model(fed, 0.01)
+    assert m.warm_until("node0", 2.0) == pytest.approx(2.4) and m.warm_until("node1", 2.0) == pytest.approx(2.8)
+    line = Timeline(m, fed.node_ids, round_timeout_s=30)
+    work = {n: NodeWork(n, steps=100) for n in fed.node_ids}
+    assert line.average_round(work) == pytest.approx({"node0": 1.4, "node1": 2.8, "node2": 1.4})
+    assert line.average_round(work) == pytest.approx({"node0": 2.4, "node1": 4.8, "node2": 2.4})  # once
+    star = Timeline(m, fed.node_ids, round_timeout_s=30)
+    first = {"node0": NodeWork("node0", steps=100), "node1": NodeWork("node1", selected=False),
+             "node2": NodeWork("node2", selected=False)}
+    assert star.star_round(first) == pytest.approx({"node0": 1.4})
+    # node1 is first sampled in round 2, which opens at 1.4: its first-time work comes then
+    assert star.star_round({**first, "node0": NodeWork("node0", steps=100),
+                            "node1": NodeWork("node1", steps=100)}) == pytest.approx({"node0": 2.4, "node1": 4.2})
+    with pytest.raises(FederationError, match=r"\[devices\] warmup_s: expected a number >= 0"):
+        parse_federation(tiny_raw(devices={"warmup_s": -1}), source="t.toml")
+
+
+@pytest.mark.parametrize("sections", [
+    {"topology": {"schedule": "gossip"}},  # the timeline's synchronous averaging
+    {"topology": {"schedule": "gossip"}, "peers": {"strategy": "dpsgd", "wait": 1}},  # barrier-free
+    {"own": {"node1": {"offline": [[1e5, 1e5 + 1]]}}},  # a walk's planner (an offline spell)
+    {"aggregator": {"strategy": "fedavg", "fraction": 1.0}},  # a star
+    {"aggregator": {"strategy": "fedavg", "mode": "async", "buffer": 2}},  # FedBuff's sessions
+], ids=["sync-averaging", "barrier-free", "walk", "star", "fedbuff"])
+def test_warmup_s_moves_every_simulated_time_of_equal_nodes_by_itself(tmp_path, sections):
+    """Equal devices on an unlimited network: the first-time work delays every node's first
+    training alike, so every later time moves by warmup_s too and no decision changes."""
+    times = {}
+    for warmup in (0.0, 0.25):
+        own = sections.get("own", {})
+        raw = tiny_raw(rounds=3, devices={"step_s": 0.01, "warmup_s": warmup},
+                       **{k: v for k, v in sections.items() if k != "own"})
+        raw["nodes"] = own
+        _, rows = simulate(parse_federation(raw, source="t.toml"), tmp_path / str(warmup))
+        times[warmup] = [(r["fa"], r["accuracy"], r["sim_time_s"],
+                          {n: e["sim_time_s"] for n, e in r["nodes"].items()}) for r in rows]
+    for (fa, acc, at, nodes), (fa2, acc2, at2, nodes2) in zip(times[0.0], times[0.25], strict=True):
+        assert (fa2, acc2) == (fa, acc)
+        assert at2 == pytest.approx(at + 0.25)
+        assert nodes2 == pytest.approx({n: None if t is None else t + 0.25 for n, t in nodes.items()})

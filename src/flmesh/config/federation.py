@@ -309,7 +309,9 @@ class DevicesConfig:
     bandwidth or availability over time (absolute path); ``overhead_s``: seconds of a node's
     own work each round besides its optimizer steps, at speed 1 (encoding, decoding, combining
     and evaluating models): a node that averages with its neighbours does it once the models
-    it combines are in, any other with its training, before it sends."""
+    it combines are in, any other with its training, before it sends; ``warmup_s``: seconds of
+    a node's extra work in the first round it trains, at speed 1 (first-time costs: caches,
+    lazy initialisation, a GPU's context), before that round's training."""
 
     step_s: float | None = None
     speed: float = 1.0
@@ -321,6 +323,7 @@ class DevicesConfig:
     offline_s: float = 60.0
     trace: str | None = None
     overhead_s: float = 0.0
+    warmup_s: float = 0.0
     # the trace's events as the file was read when the federation was parsed, in time order
     trace_events: tuple[TraceEvent, ...] = field(default=(), compare=False, repr=False)
 

@@ -249,7 +249,7 @@ SECTIONS: dict[str, dict[str, Check]] = {
                 "stragglers": number(0, 1), "slowdown": _slowdown, "churn": number(0, 1),
                 "online_s": at_most(number(0, lo_open=True), MAX_SIM_S),
                 "offline_s": at_most(number(0, lo_open=True), MAX_SIM_S), "trace": path_string,
-                "overhead_s": at_most(number(0), MAX_SIM_S)},
+                "overhead_s": at_most(number(0), MAX_SIM_S), "warmup_s": at_most(number(0), MAX_SIM_S)},
     "network": {"bandwidth_mbps": _MBPS, "latency_ms": _LATENCY_MS, "thin_links": number(0, 1),
                 "thin_factor": at_most(number(1), MAX_FACTOR)},
     "rewind": {"mode": string(REWIND_MODES), "lambda": number(0, 0.5, lo_open=True),
@@ -340,6 +340,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "overhead_s": "seconds of a node's own work each round besides its optimizer steps, at speed 1 "
                       "(encoding, decoding, combining and evaluating models); an averaging node does it "
                       "once the models it combines are in, any other node with its training",
+        "warmup_s": "seconds of a node's extra work in the first round it trains, at speed 1 (first-time "
+                    "costs: caches, lazy initialisation, a GPU's context), before that round's training",
     },
     "network": {
         "bandwidth_mbps": "megabits per second of each node's uplink, and the aggregator's (unset: "

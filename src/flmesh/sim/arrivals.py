@@ -59,6 +59,7 @@ class SimulatedArrivals:
         self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
         self._latest: dict[str, int] = {}  # node -> the last round it trained (or sat out, gone)
         self._left: dict[str, float] = {}  # node that left for good -> when its last round ended
+        self._warm: set[str] = set()  # nodes that have trained a round ([devices] warmup_s is behind them)
 
     def configure(self, model: DeviceModel) -> None:
         """The devices and links the rounds run on."""
@@ -70,6 +71,7 @@ class SimulatedArrivals:
         """Go on after ``round``, whose nodes' rounds ended at ``ends`` (a resumed run's last row)."""
         with self._cond:
             self.ends.update({(node, round): when for node, when in ends.items()})
+            self._warm.update(ends)
 
     def _arrival(self, model: DeviceModel, peer: str, round: int, node: str) -> float | None:
         """When ``peer``'s round-``round`` model reaches ``node`` (None: it was not sent there,
@@ -112,7 +114,11 @@ class SimulatedArrivals:
             model = self.model
             if model is None:  # fl-sim configures it before round 1
                 raise RuntimeError("SimulatedArrivals: configure() before the first round")
-            done = model.train_until(node, self.ends.get((node, round - 1), 0.0), steps)
+            start = self.ends.get((node, round - 1), 0.0)
+            if steps and node not in self._warm:
+                start = model.warm_until(node, start)
+                self._warm.add(node)
+            done = model.train_until(node, start, steps)
             sending = model.online[node].next_up(done)
             live = tuple(q for q in sends if sending < model.leaves.get(q, math.inf))
             self._trained[(node, round)] = _Trained(done, message_bytes, live)

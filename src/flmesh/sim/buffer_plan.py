@@ -41,6 +41,7 @@ class _Node:
     round: int = 1  # pending/reported: the round its session starts from
     arrival: float = 0.0  # reported: when its update arrives
     waits_for: int = 0  # waiting: the round whose close starts it again
+    warm: bool = False  # it has trained a session ([devices] warmup_s is behind it)
 
 
 @dataclass
@@ -99,6 +100,8 @@ class SimulatedBuffer:
             # the aggregator's uplink split among every node, as if all were fetching at once: all
             # train continuously, and a fetch is most of a session when the uplink is the limit
             fetched = m.transfer_until(AGGREGATOR, node, me.start, global_bytes, len(self._nodes))
+            if not me.warm:
+                fetched, me.warm = m.warm_until(node, fetched), True
             done = m.round_until(node, fetched, steps)
             me.state, me.round = "reported", round
             me.arrival = m.transfer_until(node, AGGREGATOR, done, update_bytes)

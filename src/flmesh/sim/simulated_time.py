@@ -25,6 +25,7 @@ from flmesh.reports.results import RoundRow
 from flmesh.runtime.node import Node, Report, parts_of
 from flmesh.runtime.reports import RoundReport, StarReport
 from flmesh.timing import NodeWork, Timeline, device_model
+from flmesh.topology.sampling import selected
 
 if TYPE_CHECKING:
     from flmesh.learning.arrays import ArrayData
@@ -124,6 +125,11 @@ class SimulatedTime:
             when = entry.get("sim_time_s")
             if when is not None and node in self.timeline.end:
                 self.timeline.end[node] = self.timeline.trained[node] = ends[node] = float(when)
+        # whoever trained before the resume has its first-time work behind it
+        self.timeline.warm.update(ends)
+        if self.federation.aggregator is not None and self.timeline.model.warmup_steps > 0:
+            self.timeline.warm.update(n for t in range(1, int(row["round"]) + 1)
+                                      for n in selected(self.federation, t))
         if self.arrivals is not None:
             self.arrivals.resume(int(row["round"]), ends)
         if row.get("sim_time_s") is not None and row.get("kind") == "star":

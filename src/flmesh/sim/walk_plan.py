@@ -69,6 +69,7 @@ class SimulatedWalk:
         self._decided: dict[tuple[str, int], threading.Event] = {}
         self._handed: dict[tuple[str, int], _HandedOn] = {}
         self._start: dict[tuple[str, int], float] = {}  # when a node's training of a round began
+        self._warm: set[str] = set()  # nodes that have trained a round ([devices] warmup_s is behind them)
         self.ends: dict[tuple[str, int], float] = {}  # (node, round) -> simulated end of its round
         self._handed_on: dict[int, int] = {}  # round -> how many nodes handed it on
         self._gone: dict[str, float] = {}  # node that left for good -> when its last round ended
@@ -116,6 +117,9 @@ class SimulatedWalk:
                 self._gone[node] = ended
             return None, self._leave(node, round, leave)
         with self._lock:
+            if node not in self._warm:  # its first round: the first-time work comes before training
+                start = model.warm_until(node, start)
+                self._warm.add(node)
             self._start[(node, round)] = start
         return chosen, None
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flmesh.config import Federation
+from flmesh.config import DevicesConfig, Federation
 from flmesh.config.trace import TraceEvent
 from flmesh.timing.profiles import INF, Profile
 
@@ -57,6 +57,7 @@ class DeviceModel:
     seed: int = 0
     index: Mapping[str, int] | None = None
     overhead_steps: float = 0.0  # a round's own work besides its steps, in steps at the node's speed
+    warmup_steps: float = 0.0  # a node's extra work in the first round it trains, likewise
     leaves: Mapping[str, float] = field(default_factory=dict)  # node -> when it leaves for good
 
     def train_until(self, node: str, start: float, steps: float) -> float:
@@ -67,6 +68,11 @@ class DeviceModel:
         """When ``node`` has done a round's own work begun at ``start``: ``steps`` optimizer
         steps and ``[devices] overhead_s`` (at its speed; ``steps`` 0: that work alone)."""
         return self.train_until(node, start, steps + self.overhead_steps)
+
+    def warm_until(self, node: str, start: float) -> float:
+        """When ``node``'s first-round extra work (``[devices] warmup_s``) begun at ``start`` is
+        done: ``start`` itself without it. Call it before the first round a node trains."""
+        return self.train_until(node, start, self.warmup_steps) if self.warmup_steps > 0 else start
 
     def online_at(self, node: str, t: float) -> bool:
         """Whether ``node`` is online at simulated time ``t`` and has not left for good."""
@@ -211,6 +217,7 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
             bytes_per_s.append((t, state["up"] * state["bandwidth"] if state["up"] else 0.0))
             up.append((t, state["up"]))
         compute[node], uplink[node], online[node] = _profile(steps_per_s), _profile(bytes_per_s), _profile(up)
+    devices = fed.devices or DevicesConfig()
     agg_bw = default_bw * 1e6 / 8 if default_bw is not None else INF
     uplink[AGGREGATOR], online[AGGREGATOR] = Profile.constant(agg_bw), Profile.constant(1.0)
     compute[AGGREGATOR] = Profile.constant(INF)
@@ -219,8 +226,8 @@ def device_model(federation: Federation, reference_step_s: float) -> DeviceModel
                        thin_share=network.thin_links if network is not None else 0.0,
                        thin_factor=network.thin_factor if network is not None else 1.0,
                        seed=fed.seed, index={n: i for i, n in enumerate(fed.node_ids)},
-                       overhead_steps=(fed.devices.overhead_s / reference_step_s if fed.devices is not None
-                                       else 0.0),
+                       overhead_steps=devices.overhead_s / reference_step_s,
+                       warmup_steps=devices.warmup_s / reference_step_s,
                        leaves=fed.leave_times())
 
 

@@ -23,6 +23,9 @@ whatever the load of the machine that ran them. Its rules follow the engine's wa
   node that has left the federation fetches nothing, and the aggregator waits its
   ``deadline_s`` for the update that never comes: the round closes no earlier than that.
 
+The first round a node trains begins with its first-time work (``[devices] warmup_s``), on its
+own device, before its training.
+
 Evaluations (fl-sim's own measurements, and the nodes' evaluations of their models) take no
 simulated time; a node serves a peer's remote phase beside its own training at full speed.
 Pure; not thread-safe (one driver thread feeds it, round by round).
@@ -84,11 +87,20 @@ class Timeline:
     trained: dict[str, float] = field(default_factory=dict)  # node -> when its last training ended
     sent_bytes: dict[str, int] = field(default_factory=dict)  # node -> its last round's model message
     closed: float = 0.0  # star: when the last round closed
+    warm: set[str] = field(default_factory=set)  # nodes that have trained ([devices] warmup_s is behind them)
 
     def __post_init__(self) -> None:
         for n in self.nodes:
             self.end.setdefault(n, 0.0)
             self.trained.setdefault(n, 0.0)
+
+    def _warmed(self, w: NodeWork, start: float) -> float:
+        """When ``w``'s training begins: at ``start``, after its first-time work in the first
+        round the node trains."""
+        if w.steps <= 0 or w.node in self.warm:
+            return start
+        self.warm.add(w.node)
+        return self.model.warm_until(w.node, start)
 
     def walk_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A walk's round: each node's end, in seconds."""
@@ -102,7 +114,7 @@ class Timeline:
                 start = max(start, m.transfer_until(src, node, trained_before[src], nbytes))
             elif w.waited_out:
                 start += self.round_timeout_s
-            done = trained_until(m, w, start)
+            done = trained_until(m, w, self._warmed(w, start))
             end = done
             for dst in w.sent_to:
                 end = max(end, m.transfer_until(node, dst, done, w.model_bytes, len(w.sent_to)))
@@ -114,7 +126,8 @@ class Timeline:
     def average_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A round of neighbour averaging: each node's end, in seconds."""
         m = self.model
-        done = {node: trained_until(m, w, self.end[node], own_work=False) for node, w in work.items()}
+        done = {node: trained_until(m, w, self._warmed(w, self.end[node]), own_work=False)
+                for node, w in work.items()}
         ends: dict[str, float] = {}
         for node, w in work.items():
             sent = got = done[node]
@@ -141,7 +154,7 @@ class Timeline:
         for w in sampled:
             fetched = m.transfer_until(AGGREGATOR, w.node, max(opened, self.end[w.node]), w.global_bytes,
                                        len(sampled))
-            done = trained_until(m, w, fetched)
+            done = trained_until(m, w, self._warmed(w, fetched))
             arrived = m.transfer_until(w.node, AGGREGATOR, done, w.model_bytes)
             self.trained[w.node], ends[w.node] = done, arrived
             if w.used:
