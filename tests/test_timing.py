@@ -345,7 +345,8 @@ def test_a_nodes_first_training_begins_after_warmup_s_at_its_speed():
     raw["nodes"] = {"node0": {}, "node1": {"speed": 0.5}, "node2": {}}
     fed = parse_federation(raw, source="t.toml")
     m = device_model(fed, 0.01)
-    assert m.warm_until("node0", 2.0) == pytest.approx(2.4) and m.warm_until("node1", 2.0) == pytest.approx(2.8)
+    assert m.warm_until("node0", 2.0) == pytest.approx(2.4)
+    assert m.warm_until("node1", 2.0) == pytest.approx(2.8)  # at half speed
     line = Timeline(m, fed.node_ids, round_timeout_s=30)
     work = {n: NodeWork(n, steps=100) for n in fed.node_ids}
     assert line.average_round(work) == pytest.approx({"node0": 1.4, "node1": 2.8, "node2": 1.4})
@@ -355,8 +356,8 @@ def test_a_nodes_first_training_begins_after_warmup_s_at_its_speed():
              "node2": NodeWork("node2", selected=False)}
     assert star.star_round(first) == pytest.approx({"node0": 1.4})
     # node1 is first sampled in round 2, which opens at 1.4: its first-time work comes then
-    assert star.star_round({**first, "node0": NodeWork("node0", steps=100),
-                            "node1": NodeWork("node1", steps=100)}) == pytest.approx({"node0": 2.4, "node1": 4.2})
+    second = {**first, "node0": NodeWork("node0", steps=100), "node1": NodeWork("node1", steps=100)}
+    assert star.star_round(second) == pytest.approx({"node0": 2.4, "node1": 4.2})
     with pytest.raises(FederationError, match=r"\[devices\] warmup_s: expected a number >= 0"):
         parse_federation(tiny_raw(devices={"warmup_s": -1}), source="t.toml")
 
