@@ -16,23 +16,22 @@ of a core and a ``--mbps`` uplink; nodes 6 and 7 a twentieth of a core (5 times 
 2 and 3 a ``--thin-mbps`` uplink. The total CPU asked for, 1.6 cores, fits this machine's 2.
 
 The prediction: the same file with its device model, ``[devices] step_s`` the seconds of one
-optimizer step measured here on one thread (``--threads 1``, as each fl-node runs), each
-node's ``speed`` its CPU share and ``bandwidth_mbps`` its tbf rate, run through fl-sim; once
-with the optimizer steps only and twice with ``[devices] overhead_s``: a round's CPU seconds
-besides its steps, the nodes' mean from round 2 on, measured before the deployment on a
-3-round run of the same nodes in the same namespaces (the ``cpu_s`` of each node's rows: its
-process's CPU seconds from one round's end to the next), as an operator would measure a device
-once: one such run without CPU limits, one with the deployment's CPU shares (on the devices
-themselves); and once more with ``[devices] warmup_s`` too, the CPU seconds round 1 took beyond
-the later rounds on the devices. The numbers of the deployment and the prediction are the same (fl-node and
-fl-sim compute the same rounds); what is compared is when each node ended each round: fl-node's
-rows give each round's wall time (summed from the start of round 1), fl-sim's its simulated
-seconds. Prints, per round, the
-mean over the nodes of both and their ratio, the time each run took to reach ``--target``
-(the nodes' mean accuracy on their own test splits), and the per-node spread. Every node
-logs its rounds' phases (``--log-level DEBUG``); the first rounds' phases of a slow node and
-of the ring neighbour it sends to are printed beside the clock's assumptions, to show where
-the prediction of a single node differs.
+optimizer step measured here on one thread (``--threads 1``, as each fl-node runs), each node's
+``speed`` its CPU share and ``bandwidth_mbps`` its tbf rate, run through fl-sim; once with the
+optimizer steps only and twice with ``[devices] overhead_s``: a round's CPU seconds besides its
+steps, the nodes' mean from round 2 on, measured before the deployment on a 3-round run of the
+same nodes in the same namespaces (the ``cpu_s`` of each node's rows: its process's CPU seconds
+from one round's end to the next), as an operator would measure a device once: one such run
+without CPU limits, one with the deployment's CPU shares (on the devices themselves); and once
+more with ``[devices] warmup_s`` too, the CPU seconds round 1 took beyond the later rounds on
+the devices. The numbers of the deployment and the prediction are the same (fl-node and fl-sim
+compute the same rounds); what is compared is when each node ended each round: fl-node's rows
+give each round's wall time (summed from the start of round 1), fl-sim's its simulated seconds.
+Prints, per round, the mean over the nodes of both and their ratio, the time each run took to
+reach ``--target`` (the nodes' mean accuracy on their own test splits), and the per-node
+spread. Every node logs its rounds' phases (``--log-level DEBUG``); the first rounds' phases of
+a slow node and of the ring neighbour it sends to are printed beside the clock's assumptions,
+to show where the prediction of a single node differs.
 """
 
 from __future__ import annotations

@@ -54,6 +54,16 @@ mode = "previous"
 lambda = 0.2
 """
 
+CONTINUAL = TINY + """
+[tasks]
+scenario = "novel_inputs"
+tasks = 2
+rounds_per_task = 4
+initial_clients = 1
+joining_clients = 2
+participation = "uniform"
+p = 0.5
+"""
 TIMED = """
 [devices]
 step_s = 0.01
@@ -189,8 +199,8 @@ def interrupt_after(monkeypatch: pytest.MonkeyPatch, stop_round: int) -> None:
     monkeypatch.setattr(sim_console, "round_line", printing)
 
 
-@pytest.mark.parametrize("text", [REWIND, STAR, REWIND + TIMED, STAR + TIMED],
-                         ids=["peer", "star", "peer-timed", "star-timed"])
+@pytest.mark.parametrize("text", [REWIND, STAR, REWIND + TIMED, STAR + TIMED, CONTINUAL + TIMED],
+                         ids=["peer", "star", "peer-timed", "star-timed", "continual-timed"])
 def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, capsys, monkeypatch, text):
     fed = tmp_path / "fed.toml"
     fed.write_text(text)

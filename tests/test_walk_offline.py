@@ -255,3 +255,18 @@ def test_a_rewind_onto_an_offline_peer_trains_its_steps_locally(tmp_path):
     assert walk.begin("node1", 2, [], NO_STOP) == (None, None)  # its round 2 begins at 0.2
     assert walk.reachable("node1", 2, "node0", 10) and not walk.reachable("node1", 2, "node0", 11)
     assert walk.reachable("node1", 2, "node2", 11)
+
+
+def test_a_walks_first_time_work_comes_in_the_first_round_a_node_trains():
+    walk = _planner(_fed(own={"node2": {"offline": [[1e5, 1e5 + 1]]}}, warmup_s=0.5))
+    assert _trained(walk, "node0", 1, 100, ["node1"]) == "node1"  # 0.5 s first, then 1 s of steps
+    assert _trained(walk, "node1", 1, 0, ["node2"]) == "node2"  # sits the round out: nothing to warm
+    assert _trained(walk, "node2", 1, 100, ["node0"]) == "node0"
+    assert walk.round_ends(1, ["node0", "node1", "node2"]) == {
+        "node0": pytest.approx(1.5), "node1": pytest.approx(0.0), "node2": pytest.approx(1.5)}
+    assert _take(walk, "node1", 2, ["node0", "node2"]) == "node0"  # node0's model came at 1.5
+    assert _trained(walk, "node1", 2, 100, ["node2"]) == "node2"
+    assert walk.round_ends(2, ["node1"]) == {"node1": pytest.approx(1.5 + 0.5 + 1.0)}
+    assert _take(walk, "node0", 2, ["node2", "node1"]) == "node2"
+    assert _trained(walk, "node0", 2, 100, ["node1"]) == "node1"
+    assert walk.round_ends(2, ["node0"]) == {"node0": pytest.approx(2.5)}  # once: no second warm-up

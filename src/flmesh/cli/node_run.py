@@ -82,7 +82,7 @@ class NodeRun:
         self.error: str | None = None
         self.refresh_peers: Callable[[], None] | None = None
         self._started = 0.0
-        self._cpu_mark = 0.0  # the process's CPU seconds when its last round ended (or its rounds began)
+        self._cpu_mark = 0.0  # the process's CPU seconds when its last row was written (or its rounds began)
         self._lock: IO[bytes] | None = None
         self.command: list[str] | None = None  # the command line the run record names
 
@@ -233,7 +233,7 @@ class NodeRun:
         cpu = time.process_time()  # every thread of the process: training, gRPC, serving peers
         self.reports.append(report)
         entry = NodeRound.from_report(report)
-        entry.cpu_s, self._cpu_mark = round(cpu - self._cpu_mark, 4), cpu
+        entry.cpu_s = round(cpu - self._cpu_mark, 4)
         missing = sorted(report.failed) if isinstance(report, RoundReport) else []
         self.missing_peers.update(missing)
         if isinstance(report, RoundReport):
@@ -251,6 +251,7 @@ class NodeRun:
         if self.ops.board is not None:
             self.ops.board.scalars(report.round, row_scalars(row))
         _log_round(report, self.federation.rounds, self.federation.metric)
+        self._cpu_mark = time.process_time()  # the row and --cross-eval's evaluations are not the round's
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:

@@ -66,8 +66,8 @@ class NodeRound:
     # a learner's metrics: its evaluate's on the node's own test split, its train's as train_<name>
     metrics: dict[str, float] | None = None
     wall_s: float = 0.0
-    # fl-node: CPU seconds its process used from its previous round's end (round 1: from when its
-    # rounds began) to this round's end, every thread; None in fl-sim (its nodes share a process)
+    # fl-node: CPU seconds its process used from its previous row (round 1: from when its rounds
+    # began) to this round's end, every thread; None in fl-sim (its nodes share a process)
     cpu_s: float | None = None
     sim_time_s: float | None = None  # simulated time when its round ended (a device model's runs)
     notes: list[str] = field(default_factory=list)

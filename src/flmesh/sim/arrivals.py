@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flmesh.config import Federation
@@ -67,11 +67,12 @@ class SimulatedArrivals:
             self.model = model
             self._cond.notify_all()
 
-    def resume(self, round: int, ends: Mapping[str, float]) -> None:
-        """Go on after ``round``, whose nodes' rounds ended at ``ends`` (a resumed run's last row)."""
+    def resume(self, round: int, ends: Mapping[str, float], warm: Iterable[str] = ()) -> None:
+        """Go on after ``round``, whose nodes' rounds ended at ``ends`` (a resumed run's last row);
+        ``warm``: the nodes that have trained (their ``[devices] warmup_s`` is behind them)."""
         with self._cond:
             self.ends.update({(node, round): when for node, when in ends.items()})
-            self._warm.update(ends)
+            self._warm.update(warm)
 
     def _arrival(self, model: DeviceModel, peer: str, round: int, node: str) -> float | None:
         """When ``peer``'s round-``round`` model reaches ``node`` (None: it was not sent there,

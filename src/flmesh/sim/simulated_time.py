@@ -125,15 +125,25 @@ class SimulatedTime:
             when = entry.get("sim_time_s")
             if when is not None and node in self.timeline.end:
                 self.timeline.end[node] = self.timeline.trained[node] = ends[node] = float(when)
-        # whoever trained before the resume has its first-time work behind it
-        self.timeline.warm.update(ends)
-        if self.federation.aggregator is not None and self.timeline.model.warmup_steps > 0:
-            self.timeline.warm.update(n for t in range(1, int(row["round"]) + 1)
-                                      for n in selected(self.federation, t))
+        warm = self._trained_before(int(row["round"]))
+        self.timeline.warm.update(warm)
         if self.arrivals is not None:
-            self.arrivals.resume(int(row["round"]), ends)
+            self.arrivals.resume(int(row["round"]), ends, warm)
         if row.get("sim_time_s") is not None and row.get("kind") == "star":
             self.timeline.closed = float(row["sim_time_s"])
+
+    def _trained_before(self, round: int) -> set[str]:
+        """The nodes that took part in a round up to ``round`` (the seeded sample of a star, the
+        participation draw of a continual federation, else every node): a resume's nodes whose
+        first-time work (``[devices] warmup_s``) is behind them. Empty without warmup_s."""
+        warm: set[str] = set()
+        if self.timeline.model.warmup_steps <= 0:
+            return warm
+        for t in range(1, round + 1):
+            warm.update(selected(self.federation, t))
+            if len(warm) == len(self.federation.nodes):
+                break
+        return warm
 
     def peer_round(self, round: int, reports: Mapping[str, Report]) -> dict[str, float]:
         """One decentralized round's end per node (the Joint baseline's one trainer: none)."""

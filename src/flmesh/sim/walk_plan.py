@@ -117,9 +117,6 @@ class SimulatedWalk:
                 self._gone[node] = ended
             return None, self._leave(node, round, leave)
         with self._lock:
-            if node not in self._warm:  # its first round: the first-time work comes before training
-                start = model.warm_until(node, start)
-                self._warm.add(node)
             self._start[(node, round)] = start
         return chosen, None
 
@@ -161,6 +158,8 @@ class SimulatedWalk:
         assert model is not None
         with self._lock:
             start = self._start.get((node, round), self.ends.get((node, round - 1), 0.0))
+            if node not in self._warm:  # its first training: hand_on counts the first-time work
+                start = model.warm_until(node, start)
         return model.online_at(peer, model.train_until(node, start, steps_before))
 
     def hand_on(self, node: str, round: int, stats: TrainStats, trained_on: str | None,
@@ -178,6 +177,9 @@ class SimulatedWalk:
             start = self._start.pop((node, round), None)
             if start is None:  # a stop ended begin's wait: the run is over, its times do not count
                 start = self.ends.get((node, round - 1), 0.0)
+            if stats.steps > 0 and node not in self._warm:  # its first-time work comes before training
+                start = model.warm_until(node, start)
+                self._warm.add(node)
         done = trained_until(model, work, start)
         sending = model.online[node].next_up(done)
         target = next((c for c in candidates if model.online_at(c, sending)), None)
