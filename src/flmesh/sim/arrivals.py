@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flmesh.config import Federation
-from flmesh.timing import DeviceModel
+from flmesh.timing import DeviceModel, training_start
 
 #: Real seconds between two looks at a stop while waiting for in-peers' training.
 WAKE_S = 0.2
@@ -115,10 +115,7 @@ class SimulatedArrivals:
             model = self.model
             if model is None:  # fl-sim configures it before round 1
                 raise RuntimeError("SimulatedArrivals: configure() before the first round")
-            start = self.ends.get((node, round - 1), 0.0)
-            if steps and node not in self._warm:
-                start = model.warm_until(node, start)
-                self._warm.add(node)
+            start = training_start(model, self._warm, node, self.ends.get((node, round - 1), 0.0), steps)
             done = model.train_until(node, start, steps)
             sending = model.online[node].next_up(done)
             live = tuple(q for q in sends if sending < model.leaves.get(q, math.inf))

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass, field
 
 from flmesh.config import Federation
-from flmesh.timing import DeviceModel
+from flmesh.timing import DeviceModel, training_start
 from flmesh.timing.devices import AGGREGATOR
 
 #: Real seconds between two looks at a stop while waiting for a decision.
@@ -41,7 +41,6 @@ class _Node:
     round: int = 1  # pending/reported: the round its session starts from
     arrival: float = 0.0  # reported: when its update arrives
     waits_for: int = 0  # waiting: the round whose close starts it again
-    warm: bool = False  # it has trained a session ([devices] warmup_s is behind it)
 
 
 @dataclass
@@ -65,6 +64,7 @@ class SimulatedBuffer:
         self.model: DeviceModel | None = None
         self._cond = threading.Condition()
         self._nodes = {n: _Node() for n in federation.node_ids}
+        self._warm: set[str] = set()  # nodes that have trained a session ([devices] warmup_s is behind them)
         for node, me in self._nodes.items():
             self._start(node, me, 0.0, 1)
         self._open, self._opened_at = 1, 0.0
@@ -100,8 +100,7 @@ class SimulatedBuffer:
             # the aggregator's uplink split among every node, as if all were fetching at once: all
             # train continuously, and a fetch is most of a session when the uplink is the limit
             fetched = m.transfer_until(AGGREGATOR, node, me.start, global_bytes, len(self._nodes))
-            if not me.warm:
-                fetched, me.warm = m.warm_until(node, fetched), True
+            fetched = training_start(m, self._warm, node, fetched, steps)
             done = m.round_until(node, fetched, steps)
             me.state, me.round = "reported", round
             me.arrival = m.transfer_until(node, AGGREGATOR, done, update_bytes)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from flmesh.config import Federation
 from flmesh.runtime.peer_exchange import EXTEND_SHARE, MAX_WAIT_FACTOR
 from flmesh.runtime.reports import TrainStats
-from flmesh.timing import DeviceModel, NodeWork, trained_until
+from flmesh.timing import DeviceModel, NodeWork, trained_until, training_start
 
 #: Real seconds between two looks at a stop while waiting for a sender's decision.
 WAKE_S = 0.2
@@ -177,9 +177,7 @@ class SimulatedWalk:
             start = self._start.pop((node, round), None)
             if start is None:  # a stop ended begin's wait: the run is over, its times do not count
                 start = self.ends.get((node, round - 1), 0.0)
-            if stats.steps > 0 and node not in self._warm:  # its first-time work comes before training
-                start = model.warm_until(node, start)
-                self._warm.add(node)
+            start = training_start(model, self._warm, node, start, stats.steps)
         done = trained_until(model, work, start)
         sending = model.online[node].next_up(done)
         target = next((c for c in candidates if model.online_at(c, sending)), None)

@@ -12,6 +12,7 @@ May import: :mod:`flmesh.config`, numpy.
 from flmesh.config.trace import TraceError
 from flmesh.timing.devices import DeviceModel, device_model
 from flmesh.timing.profiles import Profile
-from flmesh.timing.timeline import NodeWork, Timeline, trained_until
+from flmesh.timing.timeline import NodeWork, Timeline, trained_until, training_start
 
-__all__ = ["DeviceModel", "NodeWork", "Profile", "Timeline", "TraceError", "device_model", "trained_until"]
+__all__ = ["DeviceModel", "NodeWork", "Profile", "Timeline", "TraceError", "device_model", "trained_until",
+           "training_start"]

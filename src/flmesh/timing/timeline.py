@@ -75,6 +75,16 @@ def trained_until(model: DeviceModel, w: NodeWork, start: float, own_work: bool 
     return finish(w.node, t, w.steps - w.remote_steps - w.steps_before)
 
 
+def training_start(model: DeviceModel, warm: set[str], node: str, start: float, steps: float) -> float:
+    """When ``node``'s training of ``steps`` steps, due at ``start``, begins: after its first-time
+    work (``[devices] warmup_s``) the first time it trains any. ``warm``: the nodes that have
+    trained; ``node`` joins it. The caller guards ``warm``."""
+    if steps <= 0 or node in warm:
+        return start
+    warm.add(node)
+    return model.warm_until(node, start)
+
+
 @dataclass
 class Timeline:
     """Simulated seconds at which each node's rounds end, fed one round at a time."""
@@ -95,12 +105,7 @@ class Timeline:
             self.trained.setdefault(n, 0.0)
 
     def _warmed(self, w: NodeWork, start: float) -> float:
-        """When ``w``'s training begins: at ``start``, after its first-time work in the first
-        round the node trains."""
-        if w.steps <= 0 or w.node in self.warm:
-            return start
-        self.warm.add(w.node)
-        return self.model.warm_until(w.node, start)
+        return training_start(self.model, self.warm, w.node, start, w.steps)
 
     def walk_round(self, work: Mapping[str, NodeWork]) -> dict[str, float]:
         """A walk's round: each node's end, in seconds."""
@@ -168,4 +173,4 @@ class Timeline:
         return max([self.closed, *self.end.values()])
 
 
-__all__ = ["NodeWork", "Timeline", "trained_until"]
+__all__ = ["NodeWork", "Timeline", "trained_until", "training_start"]
