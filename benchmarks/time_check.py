@@ -22,16 +22,21 @@ optimizer steps only and twice with ``[devices] overhead_s``: a round's CPU seco
 steps, the nodes' mean from round 2 on, measured before the deployment on a 3-round run of the
 same nodes in the same namespaces (the ``cpu_s`` of each node's rows: its process's CPU seconds
 from one round's end to the next), as an operator would measure a device once: one such run
-without CPU limits, one with the deployment's CPU shares (on the devices themselves); and once
+without CPU limits, one with the deployment's CPU shares (on the devices themselves); once
 more with ``[devices] warmup_s`` too, the CPU seconds round 1 took beyond the later rounds on
-the devices. The numbers of the deployment and the prediction are the same (fl-node and fl-sim
-compute the same rounds); what is compared is when each node ended each round: fl-node's rows
-give each round's wall time (summed from the start of round 1), fl-sim's its simulated seconds.
+the devices; and once with ``step_s`` too taken from that run's rows (the training thread's CPU
+seconds per step, ``train_cpu_s``; ``overhead_s`` then the rest of a round's ``cpu_s``), as an
+operator who can run fl-node on a device would. The control: that run on the devices is the
+deployment's first rounds again, so its round ends against the deployment's say how far a
+node's round end moves between two runs of the same deployment. The numbers of the deployment
+and the prediction are the same (fl-node and fl-sim compute the same rounds); what is compared
+is when each node ended each round: fl-node's rows give each round's wall time (summed from the
+start of round 1), fl-sim's its simulated seconds.
 Prints, per round, the mean over the nodes of both and their ratio, the time each run took to
 reach ``--target`` (the nodes' mean accuracy on their own test splits), and the per-node
 spread. Every node logs its rounds' phases (``--log-level DEBUG``); the first rounds' phases of
-a slow node and of the ring neighbour it sends to are printed beside the clock's assumptions,
-to show where the prediction of a single node differs.
+a slow node, of the ring neighbour it sends to and of a node behind a thin uplink are printed
+beside the clock's assumptions, to show where the prediction of a single node differs.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ SUBNET = "10.77.0"
 PORT = 7000
 CALIBRATION_ROUNDS = 3  # of the runs that measure overhead_s
 CGROUP = Path("/sys/fs/cgroup/cpu")
-PHASE_NODES = ("node7", "node0")  # a twentieth of a core, and the ring neighbour it sends to
+PHASE_NODES = ("node7", "node0", "node2")  # a twentieth of a core, the neighbour it sends to, a thin uplink
 PHASE_ROUNDS = 2
 
 
@@ -283,6 +288,17 @@ def own_work(rows: dict[str, list[dict[str, Any]]], used: dict[str, list[float]]
     return out
 
 
+def from_rows(rows: Rows, used: dict[str, list[float]]) -> tuple[float, float]:
+    """``[devices] step_s`` and ``overhead_s`` as the rows of a run on the devices give them,
+    from round 2 on: the training thread's CPU seconds per optimizer step (``train_cpu_s`` over
+    ``train_steps``, every node's together), and the nodes' mean of a round's CPU seconds besides
+    its training (``cpu_s`` less ``train_cpu_s``)."""
+    later = [(r["nodes"][n], used[n][t]) for n, node_rows in rows.items()
+             for t, r in enumerate(node_rows) if t > 0]
+    step = sum(e["train_cpu_s"] for e, _ in later) / sum(e["train_steps"] for e, _ in later)
+    return step, statistics.mean(cpu - e["train_cpu_s"] for e, cpu in later)
+
+
 def first_round_extra(used: dict[str, list[float]]) -> float:
     """The nodes' mean of the CPU seconds their round 1 took beyond their later rounds' mean
     (every round trains the same steps): ``[devices] warmup_s``."""
@@ -318,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         with network(tag, args.mbps, args.thin_mbps) as spaces, cpu_groups(tag) as groups:
             # the nodes' own work besides their steps, measured first on short runs: without CPU
             # limits, and with the deployment's shares
-            overheads, warmup_s = {}, 0.0
+            overheads, warmup_s, repeat = {}, 0.0, {}
             for limited, port in ((False, PORT + 1), (True, PORT + 2)):
                 folder = calibration / ("limited" if limited else "unlimited")
                 folder.mkdir()
@@ -326,19 +342,23 @@ def main(argv: list[str] | None = None) -> int:
                                                limited=limited)
                 overheads[limited] = statistics.mean(c - s for c, s in own_work(cal_rows, cal_used,
                                                                                 step_s).values())
-                if limited:
-                    warmup_s = first_round_extra(cal_used)
+                if limited:  # on the devices: also what the rows alone give, and the run's own ends
+                    warmup_s, repeat = first_round_extra(cal_used), cal_rows
+                    rows_step_s, rows_overhead_s = from_rows(cal_rows, cal_used)
             real, used, phases = deploy(fed, work, spaces, groups)
         deploy_s = time.perf_counter() - started
         deployed_work = own_work(real, used, step_s)  # the deployment's own, for the table
         predictions = {}
-        for k, (label, overhead, warmup) in enumerate((
-                ("steps only", 0.0, 0.0),
-                ("steps + overhead_s measured without CPU limits", overheads[False], 0.0),
-                ("steps + overhead_s measured with the CPU shares", overheads[True], 0.0),
-                ("steps + overhead_s and warmup_s measured with the CPU shares", overheads[True], warmup_s))):
+        for k, (label, step, overhead, warmup) in enumerate((
+                ("steps only", step_s, 0.0, 0.0),
+                ("steps + overhead_s measured without CPU limits", step_s, overheads[False], 0.0),
+                ("steps + overhead_s measured with the CPU shares", step_s, overheads[True], 0.0),
+                ("steps + overhead_s and warmup_s measured with the CPU shares", step_s, overheads[True],
+                 warmup_s),
+                ("step_s, overhead_s and warmup_s all from the rows of the run with the CPU shares",
+                 rows_step_s, rows_overhead_s, warmup_s))):
             timed = work / f"predict-{k}.toml"
-            timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step_s,
+            timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step,
                                              overhead, warmup))
             out = work / f"sim-{k}"
             sim = subprocess.run([str(BIN / "fl-sim"), str(timed), "--out", str(out), "--quiet",
@@ -363,17 +383,33 @@ def main(argv: list[str] | None = None) -> int:
           f"{CALIBRATION_ROUNDS}-round runs of the same nodes (their rows' cpu_s): "
           f"{overheads[False]:.3f} s without CPU limits, {overheads[True]:.3f} s with the CPU shares; "
           f"warmup_s {warmup_s:.3f} s (round 1's CPU beyond the later rounds', with the CPU shares); "
+          f"from the rows of that run alone (train_cpu_s per step, cpu_s less train_cpu_s): step_s "
+          f"{rows_step_s:.5f} s, overhead_s {rows_overhead_s:.3f} s; "
           f"largest difference of a node's accuracy between fl-node and "
           f"fl-sim: {differ:.4f}\n")
     notes = sorted({note for n in nodes for r in real[n] for note in r["nodes"][n].get("notes") or []})
     print("fl-node's notes: " + ("; ".join(notes) if notes else "none") + "\n")
-    print("The deployment's own CPU seconds (its rows' cpu_s), rounds 2 on:\n")
-    print("| node | CPU share | CPU s a round, measured | of it optimizer steps (steps x step_s) "
-          "| the rest |")
-    print("|---|---:|---:|---:|---:|")
+    print("The deployment's own CPU seconds (its rows' cpu_s and train_cpu_s), rounds 2 on:\n")
+    print("| node | CPU share | CPU s a round, measured | its optimizer steps x step_s "
+          "| its training thread's | the rest (besides the training thread) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for k, n in enumerate(nodes):
         cpu, steps = deployed_work[n]
-        print(f"| {n} | {SHARES[k]:g} | {cpu:.3f} | {steps:.3f} | {cpu - steps:.3f} |")
+        trained = statistics.mean(r["nodes"][n]["train_cpu_s"] for r in real[n][1:])
+        print(f"| {n} | {SHARES[k]:g} | {cpu:.3f} | {steps:.3f} | {trained:.3f} | {cpu - trained:.3f} |")
+    # the control: how far the deployment is from itself, its first rounds against the run of the
+    # same file on the same devices that calibrated overhead_s
+    repeat_ends = {n: [sum(r["wall_s"] for r in repeat[n][:t + 1]) for t in range(len(repeat[n]))]
+                   for n in nodes}
+    print("\nThe deployment against a repeat of itself (the calibration run with the CPU shares: the same "
+          "file, nodes and links, for its first rounds):\n")
+    print("| round | measured end (s, mean over nodes) | repeat (s) | repeat / measured | worst node |")
+    print("|---:|---:|---:|---:|---:|")
+    for t in range(min(args.rounds, CALIBRATION_ROUNDS)):
+        again = statistics.mean(repeat_ends[n][t] for n in nodes)
+        worst = max(abs(repeat_ends[n][t] / measured[n][t] - 1) for n in nodes)
+        print(f"| {t + 1} | {m_times[t]:.2f} | {again:.2f} | {again / m_times[t]:.2f} | "
+              f"{100 * worst:.0f} % |")
     results: dict[str, Any] = {}
     for label, rows in predictions.items():
         predicted = {n: [r["nodes"][n]["sim_time_s"] for r in rows] for n in nodes}
@@ -394,25 +430,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ntime to {100 * args.target:.0f} % mean own accuracy: measured {m_hit}, predicted {q_hit}"
               + (f" ({q_hit / m_hit:.2f}x)" if m_hit and q_hit else ""))
         results[label] = {"rounds": per_round, "predicted": predicted, "time_to_target": q_hit}
-    print(f"\nPhases of the first {PHASE_ROUNDS} rounds as {' and '.join(PHASE_NODES)} logged them "
-          "(seconds after round 1 began), beside the clock's training time (steps x step_s / share):\n")
+    print(f"\nPhases of the first {PHASE_ROUNDS} rounds as {', '.join(PHASE_NODES)} logged them "
+          "(seconds after round 1 began), beside the clock's, with all three from the rows (training: "
+          "steps x step_s, and warmup_s in round 1, over the share; sending: the round's model bytes "
+          "over the uplink its sends share):\n")
     print("| node | round | s | phase |")
     print("|---|---:|---:|---|")
     for n in PHASE_NODES:
-        share = SHARES[int(n.removeprefix("node"))]
+        k = int(n.removeprefix("node"))
+        share, mbps = SHARES[k], args.thin_mbps if k in (2, 3) else args.mbps
         for t in range(PHASE_ROUNDS):
-            steps = real[n][t]["nodes"][n]["train_steps"]
-            print(f"| {n} | {t + 1} | | the clock trains its {steps} steps in {steps * step_s / share:.2f}s "
-                  f"at {share:g} of a core |")
+            entry = real[n][t]["nodes"][n]
+            steps = entry["train_steps"]
+            train = (steps * rows_step_s + (warmup_s if t == 0 else 0.0)) / share
+            send = entry["bytes_sent"] * 8 / (mbps * 1e6)
+            print(f"| {n} | {t + 1} | | the clock trains its {steps} steps in {train:.2f}s at {share:g} "
+                  f"of a core; its {entry['models_sent']} models arrive {send:.2f}s after training |")
             for at, r, event in phases[n]:
                 if r == t + 1 and "duplicate" not in event:
                     print(f"| {n} | {r} | {at:.2f} | {event.removeprefix(f'round {r}: ')} |")
     print(f"\ndeployment wall time {deploy_s:.0f} s (start-up and connections included)")
     write_json(args.json, "time_check", {"step_s": step_s, "overhead_s_unlimited": overheads[False],
-                                         "overhead_s_limited": overheads[True], "warmup_s": warmup_s,
+                                         "overhead_s_limited": overheads[True],
+                                         "warmup_s": warmup_s, "rows_step_s": rows_step_s,
+                                         "rows_overhead_s": rows_overhead_s, "repeat": repeat_ends,
                                          "accuracy_difference": differ,
                                          "measured": measured, "measured_time_to_target": m_hit,
                                          "cpu_s_by_round": used,
+                                         "train_cpu_s_by_round": {
+                                             n: [r["nodes"][n]["train_cpu_s"] for r in rs]
+                                             for n, rs in real.items()},
                                          "notes": notes, "predictions": results,
                                          "phases": {n: phases[n] for n in PHASE_NODES}}, [11])
     return 0

@@ -337,7 +337,8 @@ def test_an_aggregator_does_not_start_afresh_over_updates_an_earlier_run_kept(tm
 
 def test_each_row_carries_the_cpu_seconds_of_the_nodes_round(tmp_path):
     """``cpu_s``: what the process used from one round's end to the next, for calibrating a
-    device's ``[devices] overhead_s``; fl-sim's nodes share a process, so its rows carry none."""
+    device's ``[devices] overhead_s``, and ``train_cpu_s``: of it, the training thread's; fl-sim's
+    nodes share a process, so its rows carry neither."""
     import time
 
     from flmesh.cli import fl_sim
@@ -351,6 +352,10 @@ def test_each_row_carries_the_cpu_seconds_of_the_nodes_round(tmp_path):
     cpu = [r["nodes"]["node0"]["cpu_s"] for r in rows]
     assert len(cpu) == 3 and all(c > 0 for c in cpu), cpu
     assert sum(cpu) <= used, (cpu, used)  # the rounds', not the start-up's or the end's
+    # of each round's, its training thread's: for calibrating [devices] warmup_s
+    training = [r["nodes"]["node0"]["train_cpu_s"] for r in rows]
+    assert all(0 < t <= c for t, c in zip(training, cpu, strict=True)), (training, cpu)
     assert fl_sim.main([str(fed), "--out", str(tmp_path / "sim"), "--quiet", "--no-pictures"]) == 0
     rows, _ = read_results(tmp_path / "sim")
-    assert all(e.get("cpu_s") is None for r in rows for e in r["nodes"].values())
+    assert all(e.get("cpu_s") is None and e.get("train_cpu_s") is None
+               for r in rows for e in r["nodes"].values())

@@ -234,6 +234,8 @@ class NodeRun:
         self.reports.append(report)
         entry = NodeRound.from_report(report)
         entry.cpu_s = round(cpu - self._cpu_mark, 4)
+        if report.train is not None and report.train.cpu_s is not None:
+            entry.train_cpu_s = round(report.train.cpu_s, 4)
         missing = sorted(report.failed) if isinstance(report, RoundReport) else []
         self.missing_peers.update(missing)
         if isinstance(report, RoundReport):

@@ -16,7 +16,9 @@ class TrainStats:
 
     ``steps`` counts every step of the round's model, including the ``remote_steps``
     that a peer trained on its data in a remote phase (loss and samples are this node's only);
-    ``steps_before_remote`` of them ran here before the remote phase."""
+    ``steps_before_remote`` of them ran here before the remote phase. ``cpu_s`` is the runtime's,
+    not a learner's: the CPU seconds of the thread that ran the round's training (with one torch
+    thread, all of its work; a learner leaves it None); it is no part of equality."""
 
     loss: float
     steps: int
@@ -24,6 +26,7 @@ class TrainStats:
     remote_steps: int = 0
     metrics: Mapping[str, float] = field(default_factory=dict)  # a learner's, beyond the loss
     steps_before_remote: int = 0
+    cpu_s: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

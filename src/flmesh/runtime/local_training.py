@@ -165,7 +165,9 @@ class LocalTraining:
         steps, decided elsewhere than by calling it: fl-sim's simulated time). Returns the training stats
         (steps include the peer's) and the peer that trained part of the round (None: none, or
         it failed). Raises ModelError (one line) when the trained model is one every peer
-        refuses (NaN or infinity in its weights: training diverged): it is not sent."""
+        refuses (NaN or infinity in its weights: training diverged): it is not sent. The stats'
+        ``cpu_s``: this thread's CPU seconds over the training and that check."""
+        started = time.thread_time()  # this thread's only: not the gRPC threads receiving meanwhile
         stats, trained_on = self._train_round(round, self.remote_phase(round, received_from), notes,
                                               regularizers, reachable)
         with self.model.lock:
@@ -173,7 +175,7 @@ class LocalTraining:
                 check_sendable(self.model.module, self.settings.federation, "trained")
             except ModelError as exc:
                 raise ModelError(f"{self.settings.node_id}: round {round}: the model {exc}") from None
-        return stats, trained_on
+        return replace(stats, cpu_s=time.thread_time() - started), trained_on
 
     def _train_round(self, round: int, phase: RemotePhase | None, notes: list[str],
                      regularizers: Sequence[Regularizer],
