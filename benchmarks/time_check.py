@@ -27,12 +27,12 @@ more with ``[devices] warmup_s`` too, the CPU seconds round 1 took beyond the la
 the devices; and once with ``step_s`` too taken from that run's rows (the training thread's CPU
 seconds per step, ``train_cpu_s``; ``overhead_s`` then the rest of a round's ``cpu_s``), as an
 operator who can run fl-node on a device would. The control: that run on the devices is the
-deployment's first rounds again, so its round ends against the deployment's say how far a
-node's round end moves between two runs of the same deployment. The numbers of the deployment
-and the prediction are the same (fl-node and fl-sim compute the same rounds); what is compared
-is when each node ended each round: fl-node's rows give each round's wall time (summed from the
-start of round 1), fl-sim's its simulated seconds.
-Prints, per round, the mean over the nodes of both and their ratio, the time each run took to
+deployment's first rounds again (the same federation but for its round count), so its round
+ends against the deployment's say how far a node's round end moves between two runs of the
+same deployment. The numbers of the deployment and the prediction are the same (fl-node and
+fl-sim compute the same rounds); what is compared is when each node ended each round: fl-node's
+rows give each round's wall time (summed from the start of round 1), fl-sim's its simulated
+seconds. Prints, per round, the mean over the nodes of both and their ratio, the time each run took to
 reach ``--target`` (the nodes' mean accuracy on their own test splits), and the per-node
 spread. Every node logs its rounds' phases (``--log-level DEBUG``); the first rounds' phases of
 a slow node, of the ring neighbour it sends to and of a node behind a thin uplink are printed
@@ -67,6 +67,7 @@ CALIBRATION_ROUNDS = 3  # of the runs that measure overhead_s
 CGROUP = Path("/sys/fs/cgroup/cpu")
 PHASE_NODES = ("node7", "node0", "node2")  # a twentieth of a core, the neighbour it sends to, a thin uplink
 PHASE_ROUNDS = 2
+ROWS_LABEL = "step_s, overhead_s and warmup_s all from the rows of the run with the CPU shares"
 
 
 def federation_text(rounds: int, epochs: float, mbps: float, thin_mbps: float, step_s: float | None,
@@ -291,11 +292,12 @@ def own_work(rows: dict[str, list[dict[str, Any]]], used: dict[str, list[float]]
 def from_rows(rows: Rows, used: dict[str, list[float]]) -> tuple[float, float]:
     """``[devices] step_s`` and ``overhead_s`` as the rows of a run on the devices give them,
     from round 2 on: the training thread's CPU seconds per optimizer step (``train_cpu_s`` over
-    ``train_steps``, every node's together), and the nodes' mean of a round's CPU seconds besides
+    the steps trained there, every node's together), and the nodes' mean of a round's CPU seconds besides
     its training (``cpu_s`` less ``train_cpu_s``)."""
     later = [(r["nodes"][n], used[n][t]) for n, node_rows in rows.items()
              for t, r in enumerate(node_rows) if t > 0]
-    step = sum(e["train_cpu_s"] for e, _ in later) / sum(e["train_steps"] for e, _ in later)
+    step = (sum(e["train_cpu_s"] for e, _ in later)
+            / sum(e["train_steps"] - (e["rewind_steps"] or 0) for e, _ in later))  # the steps trained here
     return step, statistics.mean(cpu - e["train_cpu_s"] for e, cpu in later)
 
 
@@ -335,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             # the nodes' own work besides their steps, measured first on short runs: without CPU
             # limits, and with the deployment's shares
             overheads, warmup_s, repeat = {}, 0.0, {}
+            rows_step_s = rows_overhead_s = 0.0
             for limited, port in ((False, PORT + 1), (True, PORT + 2)):
                 folder = calibration / ("limited" if limited else "unlimited")
                 folder.mkdir()
@@ -355,8 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("steps + overhead_s measured with the CPU shares", step_s, overheads[True], 0.0),
                 ("steps + overhead_s and warmup_s measured with the CPU shares", step_s, overheads[True],
                  warmup_s),
-                ("step_s, overhead_s and warmup_s all from the rows of the run with the CPU shares",
-                 rows_step_s, rows_overhead_s, warmup_s))):
+                (ROWS_LABEL, rows_step_s, rows_overhead_s, warmup_s))):
             timed = work / f"predict-{k}.toml"
             timed.write_text(federation_text(args.rounds, args.epochs, args.mbps, args.thin_mbps, step,
                                              overhead, warmup))
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     repeat_ends = {n: [sum(r["wall_s"] for r in repeat[n][:t + 1]) for t in range(len(repeat[n]))]
                    for n in nodes}
     print("\nThe deployment against a repeat of itself (the calibration run with the CPU shares: the same "
-          "file, nodes and links, for its first rounds):\n")
+          "federation but for its round count, the same nodes and links):\n")
     print("| round | measured end (s, mean over nodes) | repeat (s) | repeat / measured | worst node |")
     print("|---:|---:|---:|---:|---:|")
     for t in range(min(args.rounds, CALIBRATION_ROUNDS)):
@@ -440,12 +442,12 @@ def main(argv: list[str] | None = None) -> int:
         k = int(n.removeprefix("node"))
         share, mbps = SHARES[k], args.thin_mbps if k in (2, 3) else args.mbps
         for t in range(PHASE_ROUNDS):
-            entry = real[n][t]["nodes"][n]
-            steps = entry["train_steps"]
+            clock = predictions[ROWS_LABEL][t]["nodes"][n]  # what fl-sim's round sent, all of it
+            steps = clock["train_steps"]
             train = (steps * rows_step_s + (warmup_s if t == 0 else 0.0)) / share
-            send = entry["bytes_sent"] * 8 / (mbps * 1e6)
+            send = clock["bytes_sent"] * 8 / (mbps * 1e6)
             print(f"| {n} | {t + 1} | | the clock trains its {steps} steps in {train:.2f}s at {share:g} "
-                  f"of a core; its {entry['models_sent']} models arrive {send:.2f}s after training |")
+                  f"of a core; its {clock['models_sent']} model(s) arrive {send:.2f}s after training |")
             for at, r, event in phases[n]:
                 if r == t + 1 and "duplicate" not in event:
                     print(f"| {n} | {r} | {at:.2f} | {event.removeprefix(f'round {r}: ')} |")

@@ -59,6 +59,27 @@ def _submit(core, node, round, value, samples=1):
     return core.submit(None, _update(node, round, value, samples).chunks())
 
 
+def test_a_call_for_the_next_round_is_retried_until_a_resumed_aggregator_opens_it():
+    """An aggregator resumed from its round-2 checkpoint is in round 2 until it reopens round 3;
+    a node that had fetched round 3 (or trained it) before the restart is told to retry, not
+    refused for good, and gets through once the round is open. Two rounds ahead stays final."""
+    core, _ = _core()
+    core.resume({"w": torch.ones(2)}, {n: "" for n in "abc"}, {n: 1 for n in "abc"}, round=2,
+                last_accuracy=0.5)
+    for call in (lambda: core.fetch(None, "a", 3), lambda: _submit(core, "a", 3, 1.0)):
+        with pytest.raises(Refused) as err:
+            call()
+        assert err.value.code == "UNAVAILABLE" and "round 3 is not open yet" in str(err.value)
+        assert PeerError("aggregator", "", err.value.code, str(err.value)).retryable
+    with pytest.raises(Refused) as err:
+        core.fetch(None, "a", 4)
+    assert err.value.code == "FAILED_PRECONDITION" and "round 4 is not open (the aggregator is in round 2)" \
+        in str(err.value)
+    core.open_round(3)
+    assert core.fetch(None, "a", 3) is not None
+    assert _submit(core, "a", 3, 1.0).accepted
+
+
 def test_round_closes_when_every_sampled_update_is_in_and_weights_by_samples():
     core, clock = _core()
     core.open_round(1)
@@ -107,12 +128,12 @@ def test_strangers_unsampled_and_bad_updates_are_refused():
     cases = [
         (lambda: _submit(core, "zed", 1, 1.0), "PERMISSION_DENIED", "unknown node 'zed'"),
         (lambda: _submit(core, other, 1, 1.0), "FAILED_PRECONDITION", f"{other} was not sampled for round 1"),
-        (lambda: _submit(core, chosen[0], 2, 1.0), "FAILED_PRECONDITION", "round 2 is not open"),
+        (lambda: _submit(core, chosen[0], 3, 1.0), "FAILED_PRECONDITION", "round 3 is not open (the"),
         (lambda: core.submit(None, _update(chosen[0], 1, 1.0, shape=(3,)).chunks()), "INVALID_ARGUMENT",
          "tensor 'w': shape [3]"),
         (lambda: core.join(None, "zed", 1, [1], ""), "PERMISSION_DENIED", "unknown node 'zed'"),
         (lambda: core.fetch(None, other, 1), "FAILED_PRECONDITION", "was not sampled"),
-        (lambda: core.fetch(None, chosen[0], 2), "FAILED_PRECONDITION", "round 2 is not open"),
+        (lambda: core.fetch(None, chosen[0], 3), "FAILED_PRECONDITION", "round 3 is not open (the"),
     ]
     for call, code, message in cases:
         with pytest.raises(Refused) as err:

@@ -352,7 +352,7 @@ def test_each_row_carries_the_cpu_seconds_of_the_nodes_round(tmp_path):
     cpu = [r["nodes"]["node0"]["cpu_s"] for r in rows]
     assert len(cpu) == 3 and all(c > 0 for c in cpu), cpu
     assert sum(cpu) <= used, (cpu, used)  # the rounds', not the start-up's or the end's
-    # of each round's, its training thread's: for calibrating [devices] warmup_s
+    # of each round's, its training thread's: for calibrating [devices] step_s
     training = [r["nodes"]["node0"]["train_cpu_s"] for r in rows]
     assert all(0 < t <= c for t, c in zip(training, cpu, strict=True)), (training, cpu)
     assert fl_sim.main([str(fed), "--out", str(tmp_path / "sim"), "--quiet", "--no-pictures"]) == 0

@@ -170,8 +170,7 @@ class AggregatorCore:
         with self._cond:
             newer = self.buffer is not None and 0 < round <= self._open
             if (round != self._open and not newer) or self._message is None:
-                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
-                              f"is in round {self._open})")
+                raise self._not_open(round)
             if self.buffer is None and node_id not in self.selected(round):
                 raise Refused("FAILED_PRECONDITION",
                               f"aggregator: {node_id} was not sampled for round {round}")
@@ -245,13 +244,23 @@ class AggregatorCore:
             if round <= self._closed:
                 return SubmitResult(accepted=False, duplicate=False, late=True, round=round)
             if round != self._open:
-                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the "
-                              f"aggregator is in round {self._open})")
+                raise self._not_open(round)
             if node not in self.selected(round):
                 raise Refused("FAILED_PRECONDITION", f"aggregator: {node} was not sampled for round {round}")
             if node in self._updates:
                 return SubmitResult(accepted=False, duplicate=True, late=False, round=round)
         return None
+
+    def _not_open(self, round: int) -> Refused:
+        """The refusal of a call for ``round``, which is not open (hold ``_cond``). Retryable when
+        it is the next round: an aggregator resumed from its checkpoint is in the round before
+        until it reopens that one, and a node that had got there before the restart retries
+        until it has; final for any other round."""
+        if round == self._open + 1:
+            return Refused("UNAVAILABLE", f"aggregator: round {round} is not open yet (the aggregator "
+                           f"is in round {self._open})")
+        return Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
+                       f"is in round {self._open})")
 
     def _check_buffered(self, node: str, round: int) -> SubmitResult | None:
         """:meth:`_check_open` of an asynchronous aggregator: an update of a round up to the open
@@ -260,8 +269,7 @@ class AggregatorCore:
         assert self.buffer is not None
         with self._cond:
             if round > self._open:
-                raise Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the "
-                              f"aggregator is in round {self._open})")
+                raise self._not_open(round)
             why = "late" if self._done else self.buffer.admits(node, round, self._open)
             if why is not None:
                 return SubmitResult(accepted=False, duplicate=why == "duplicate", late=why == "late",

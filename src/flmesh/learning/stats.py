@@ -16,9 +16,11 @@ class TrainStats:
 
     ``steps`` counts every step of the round's model, including the ``remote_steps``
     that a peer trained on its data in a remote phase (loss and samples are this node's only);
-    ``steps_before_remote`` of them ran here before the remote phase. ``cpu_s`` is the runtime's,
-    not a learner's: the CPU seconds of the thread that ran the round's training (with one torch
-    thread, all of its work; a learner leaves it None); it is no part of equality."""
+    ``steps_before_remote`` of them ran here before the remote phase. ``cpu_s`` is the runtime's:
+    the CPU seconds of the thread that ran the round's training (with one torch thread, all of
+    its work; in a remote phase also encoding the model for the peer and decoding its reply);
+    :func:`~flmesh.learning.trainer.train` leaves it None, the node's round sets it; it is no part
+    of equality."""
 
     loss: float
     steps: int
