@@ -38,9 +38,9 @@ def test_client_sampling_is_seeded_and_sized():
     assert sample_clients(IDS, 0.01, seed=1, round=1) != [] and len(sample_clients(IDS, 1.0, 1, 1)) == 10
 
 
-def _core(min_updates=1, deadline_s=30.0, fraction=1.0, rounds=3):
+def _core(min_updates=1, deadline_s=30.0, fraction=1.0, rounds=3, **aggregator):
     raw = tiny_raw(nodes=3, rounds=rounds, aggregator={"fraction": fraction, "min_updates": min_updates,
-                                                       "deadline_s": deadline_s})
+                                                       "deadline_s": deadline_s, **aggregator})
     raw["nodes"] = {n: {} for n in "abc"}
     del raw["topology"]["nodes"]
     fed = parse_federation(raw)
@@ -59,17 +59,23 @@ def _submit(core, node, round, value, samples=1):
     return core.submit(None, _update(node, round, value, samples).chunks())
 
 
-def test_a_call_for_the_next_round_is_retried_until_a_resumed_aggregator_opens_it():
-    """An aggregator resumed from its round-2 checkpoint is in round 2 until it reopens round 3;
-    a node that had fetched round 3 (or trained it) before the restart is told to retry, not
-    refused for good, and gets through once the round is open. Two rounds ahead stays final."""
-    core, _ = _core()
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_call_for_the_next_round_is_retried_until_a_resumed_aggregator_opens_it(mode):
+    """An aggregator resumed from its round-2 checkpoint is in round 2, with no global model
+    published, until it opens round 3; a node that had got to round 3 before the restart (or
+    an asynchronous one fetching the newest model) is told to retry, not refused for good, and
+    gets through once the round is open. Two rounds ahead stays final."""
+    core, _ = _core(**({"mode": "async", "buffer": 2} if mode == "async" else {}))
     core.resume({"w": torch.ones(2)}, {n: "" for n in "abc"}, {n: 1 for n in "abc"}, round=2,
                 last_accuracy=0.5)
-    for call in (lambda: core.fetch(None, "a", 3), lambda: _submit(core, "a", 3, 1.0)):
+    calls = [lambda: core.fetch(None, "a", 3), lambda: core.fetch(None, "a", 2)]
+    if mode == "sync":  # an asynchronous one takes the update of the open round into its buffer
+        calls.append(lambda: _submit(core, "a", 3, 1.0))
+    for call in calls:
         with pytest.raises(Refused) as err:
             call()
-        assert err.value.code == "UNAVAILABLE" and "round 3 is not open yet" in str(err.value)
+        assert err.value.code == "UNAVAILABLE" and "is not open yet (the aggregator is opening round 3)" \
+            in str(err.value)
         assert PeerError("aggregator", "", err.value.code, str(err.value)).retryable
     with pytest.raises(Refused) as err:
         core.fetch(None, "a", 4)

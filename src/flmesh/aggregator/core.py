@@ -252,13 +252,14 @@ class AggregatorCore:
         return None
 
     def _not_open(self, round: int) -> Refused:
-        """The refusal of a call for ``round``, which is not open (hold ``_cond``). Retryable when
-        it is the next round: an aggregator resumed from its checkpoint is in the round before
-        until it reopens that one, and a node that had got there before the restart retries
-        until it has; final for any other round."""
-        if round == self._open + 1:
+        """The refusal of a call for ``round``, which is not open (hold ``_cond``). Retryable for
+        the next round, and for any round up to it while no global model is published: an
+        aggregator resumed from its checkpoint is in the round before until it reopens that one,
+        and a node that had got that far before the restart retries until it has; final for
+        any other round."""
+        if round == self._open + 1 or (self._message is None and 0 < round <= self._open):
             return Refused("UNAVAILABLE", f"aggregator: round {round} is not open yet (the aggregator "
-                           f"is in round {self._open})")
+                           f"is opening round {self._open + 1})")
         return Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
                        f"is in round {self._open})")
 
