@@ -84,6 +84,10 @@ def test_a_call_for_the_next_round_is_retried_until_a_resumed_aggregator_opens_i
     core.open_round(3)
     assert core.fetch(None, "a", 3) is not None
     assert _submit(core, "a", 3, 1.0).accepted
+    with pytest.raises(Refused) as err:  # while round 3 collects, round 4 is next
+        core.fetch(None, "a", 4)
+    assert err.value.code == "UNAVAILABLE" and "round 4 is not open yet (the aggregator is in round 3)" \
+        in str(err.value)
 
 
 def test_round_closes_when_every_sampled_update_is_in_and_weights_by_samples():

@@ -258,8 +258,10 @@ class AggregatorCore:
         and a node that had got that far before the restart retries until it has; final for
         any other round."""
         if round == self._open + 1 or (self._message is None and 0 < round <= self._open):
-            return Refused("UNAVAILABLE", f"aggregator: round {round} is not open yet (the aggregator "
-                           f"is opening round {self._open + 1})")
+            where = (f"opening round {self._open + 1}" if self._message is None or self._closed == self._open
+                     else f"in round {self._open}")
+            return Refused("UNAVAILABLE", f"aggregator: round {round} is not open yet (the aggregator is "
+                           f"{where})")
         return Refused("FAILED_PRECONDITION", f"aggregator: round {round} is not open (the aggregator "
                        f"is in round {self._open})")
 
