@@ -70,7 +70,8 @@ class NodeRound:
     # began) to this round's end, every thread; None in fl-sim (its nodes share a process)
     cpu_s: float | None = None
     # fl-node: of them, the CPU seconds of the thread that ran this round's training (with one torch
-    # thread, all of the training's work; not the receiving done meanwhile); None in fl-sim
+    # thread, all of the training's work; not the receiving done meanwhile); None in fl-sim and in
+    # a round the node did not train
     train_cpu_s: float | None = None
     sim_time_s: float | None = None  # simulated time when its round ended (a device model's runs)
     notes: list[str] = field(default_factory=list)
