@@ -19,8 +19,8 @@ ways, alternated so that all of them see the same phases of the machine:
   weights, the same numbers).
 
 A third job is training-bound: the FedAvg example with ``hidden = [1024, 1024]`` (a 4.4 MB
-model), run whole at 10 and at 30 rounds (``--rounds R``: R and 3R), so that the start-up
-cancels out: its CPU seconds per round, ``(CPU at 30 - CPU at 10) / 20``, of fl-sim against
+model), run whole at 10 and at 50 rounds (``--rounds R``: R and 5R), so that the start-up
+cancels out: its CPU seconds per round, ``(CPU at 50 - CPU at 10) / 40``, of fl-sim against
 the one-thread loop's.
 
 Reports medians of wall seconds, CPU seconds (user + system) and peak memory (Pss summed
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         jobs = {name: run_job(name, job_file(name, rounds, Path(tmp)), repeats, Path(tmp)) for name in JOBS}
         large = per_round(*(run_job(f"large-{r}", large_file(r, Path(tmp)), repeats, Path(tmp))
-                            for r in (short, 3 * short)), 2 * short)
+                            for r in (short, 5 * short)), 4 * short)
     print(f"\nMedians of {repeats} alternated run(s) per way; whole processes, start-up included; "
           "memory: peak Pss of the process tree\n")
     print("| job | way | wall s | CPU s | peak MiB | final accuracy (%) |")
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
               f"| {r['pss_vs_plain']:.2f}x | {r['factory_wall_vs_plain']:.2f}x, "
               f"{r['factory_cpu_vs_plain_1_thread']:.2f}x |")
     cpu = large["cpu_s_per_round"]
-    print(f"\n{LARGE[0]} with hidden = {LARGE[1]}, CPU seconds per round ({3 * short} rounds against "
+    print(f"\n{LARGE[0]} with hidden = {LARGE[1]}, CPU seconds per round ({5 * short} rounds against "
           f"{short}): plain on 1 thread {cpu['plain, 1 thread']:.3f}, fl-sim {cpu['fl-sim']:.3f} "
           f"({large['cpu_vs_plain_1_thread']:.2f}x), factory MLP {cpu['fl-sim, factory']:.3f} "
           f"({large['factory_cpu_vs_plain_1_thread']:.2f}x)")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                     for m in re.findall(r"(?m)^seed = (\d+)", f.read_text())})
     write_json(args.json, "overhead", {"repeats": repeats, "rounds": rounds, "jobs": jobs,
                                        "large_per_round": {"job": LARGE[0], "hidden": LARGE[1],
-                                                           "rounds": [short, 3 * short], **large}}, seeds)
+                                                           "rounds": [short, 5 * short], **large}}, seeds)
     return 0
 
 

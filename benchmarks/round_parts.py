@@ -1,6 +1,6 @@
 """Where a training-bound round's CPU goes: fl-sim's engine against the plain loop, part by part.
 
-    python benchmarks/round_parts.py            # the FedAvg example, MLP 1024 x 1024, 10 and 30 rounds
+    python benchmarks/round_parts.py            # the FedAvg example, MLP 1024 x 1024, 10 and 50 rounds
     python benchmarks/round_parts.py --quick    # 2 and 4 rounds
 
 Each way runs in a fresh interpreter on one torch thread (``OMP_NUM_THREADS=1``), once at
@@ -10,7 +10,7 @@ the thread that runs it (``time.thread_time``, CPU seconds of that thread) by wr
 that does it: for fl-sim the star round's poll, fetch, training (with the sendable check),
 own evaluations, encoding and submit on every node, and the aggregator's close (aggregation and
 its check) and report (the evaluations and the row); for ``benchmarks/plain_loop.py`` its
-training and evaluation calls. The whole process's CPU (``getrusage``) is the control the parts
+training, evaluation and FedAvg calls. The whole process's CPU (``getrusage``) is the control the parts
 must stay within.
 """
 
@@ -62,9 +62,10 @@ if way == "fl-sim":
     from flmesh.cli import fl_sim
     code = fl_sim.main([job, "--quiet", "--no-pictures", "--checkpoint-every", "0", "--out", out])
 else:
-    import flmesh.learning.trainer as tr
+    import flmesh.algorithms.fedavg as fa, flmesh.learning.trainer as tr
     wrap(tr, "evaluate", "evaluations")
     wrap(tr, "train", "local training")
+    wrap(fa, "fedavg", "aggregation and its check")
     sys.argv = ["plain_loop.py", job]
     try:
         runpy.run_path(PLAIN_LOOP, run_name="__main__")
@@ -108,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2 and 4 rounds")
     p.add_argument("--short", type=int, help="rounds of the shorter run (default 10; --quick 2)")
-    p.add_argument("--long", type=int, help="rounds of the longer run (default 30; --quick 4)")
+    p.add_argument("--long", type=int, help="rounds of the longer run (default 50; --quick 4)")
     add_json_flag(p, "round_parts")
     args = p.parse_args(argv)
-    short, long = args.short or (2 if args.quick else 10), args.long or (4 if args.quick else 30)
+    short, long = args.short or (2 if args.quick else 10), args.long or (4 if args.quick else 50)
     if not 1 <= short < long:
         p.error("--short must be at least 1 and below --long")
     per_round: dict[str, dict[str, float]] = {}

@@ -4,6 +4,7 @@ the numbers are those of an ungated run, and two simulations in one process do n
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from flmesh.config import TrainingConfig, parse_federation
+from flmesh.learning import compute as compute_module
 from flmesh.learning import trainer
 from flmesh.learning.arrays import ArrayData
 from flmesh.learning.compute import UNGATED, Compute
@@ -66,6 +68,33 @@ def test_an_evaluation_inside_the_gate_reenters_and_other_threads_wait(gate):
         result = trainer.evaluate(_model(), _data(), compute=gate)  # the same thread: reentrant
         assert _taken_elsewhere(gate)
     assert result.total == 64 and not _taken_elsewhere(gate)
+
+
+def test_a_turn_hands_the_gate_to_a_waiting_thread_and_takes_it_back(gate, monkeypatch):
+    monkeypatch.setattr(compute_module, "TURN_S", 0.0)  # every call between steps may hand over
+    entered = threading.Event()
+
+    def other() -> None:
+        with gate.step():  # blocks while the turn holds the gate
+            entered.set()
+
+    waiter = threading.Thread(target=other)
+    with gate.turn() as between:
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while not entered.is_set() and time.monotonic() < deadline:
+            between()  # the steps of a long training call
+        assert entered.is_set(), "the waiting thread got the gate within the turn"
+        assert _taken_elsewhere(gate), "the turn holds the gate again after handing it over"
+    waiter.join()
+    assert not _taken_elsewhere(gate)
+
+
+def test_a_turn_keeps_the_gate_between_its_steps_while_nobody_waits(gate):
+    with gate.turn() as between:
+        between()
+        assert _taken_elsewhere(gate)
+    assert not _taken_elsewhere(gate)
 
 
 def test_the_gate_changes_no_number():

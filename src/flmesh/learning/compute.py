@@ -5,10 +5,16 @@ so ten node threads training small models at once hand the GIL back and forth th
 times a second (system time spent in futex calls), while each operator can use every core by
 itself. A :class:`Compute` made :meth:`~Compute.for_nodes` with more than one node lets one
 thread of the simulation run a training step or an evaluation at a time: the steps of
-different nodes interleave instead of contending, as a plain loop runs them; the numbers do
-not change (each node's steps keep their order and seeds). Per step, not per call, so a
-Rewind a peer waits for gets its turn within a step of another node's epoch. Reentrant, so
-training that evaluates or distils inside still works.
+different nodes take turns instead of contending, as a plain loop runs them; the numbers do
+not change (each node's steps keep their order and seeds). Reentrant, so training that
+evaluates or distils inside still works.
+
+A training call holds the gate for a *turn* (:meth:`Compute.turn`) rather than a step at a
+time: consecutive steps on one model find its weights and gradients still in the CPU's caches,
+where steps of different nodes interleaved one by one evict each other's. A turn hands the gate
+over once it has held it :data:`TURN_S` while another thread waits, so a peer's ``Train`` or
+the aggregator's evaluation gets its turn within a fraction of a second of another node's
+epoch.
 
 A gate belongs to the simulation that made it: two simulations in one process each have their
 own. torch's intra-op thread count, which torch keeps for the whole process, is one per node
@@ -19,9 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import torch
+
+#: Seconds a turn keeps the gate while another thread waits for it: many small steps, and a
+#: short wait for the others.
+TURN_S = 0.05
 
 
 class Compute:
@@ -32,6 +43,10 @@ class Compute:
     def __init__(self, gate: bool = False, threads: int | None = None):
         self.gate: threading.RLock | None = threading.RLock() if gate else None
         self.threads = threads
+        self._state = threading.Condition()  # guards the two counts; a turn handing over waits on it
+        self._waiting = 0  # threads blocked until the gate is free
+        self._taken = 0  # times a thread took the gate, so a turn can see it was handed over
+        self._held = threading.local()  # this thread's depth of holds (reentrant)
 
     @classmethod
     def for_nodes(cls, count: int) -> Compute:
@@ -45,17 +60,71 @@ class Compute:
         """Hold the gate for the ``with`` block (reentrant; always granted without one); yields
         whether it was granted. Blocks while another thread of this simulation trains or
         evaluates, unless ``blocking`` is False (then it yields False and holds nothing)."""
-        gate = self.gate
-        if gate is None:
+        if self.gate is None:
             yield True
             return
-        if not gate.acquire(blocking):
+        if not self._take(blocking):
             yield False
             return
         try:
             yield True
         finally:
-            gate.release()
+            self._give()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[Callable[[], None]]:
+        """Hold the gate for a run of steps (blocks until it is free), as :meth:`step` holds it
+        for one. Yields ``between``, to be called between two steps of the run: when the turn
+        has held the gate :data:`TURN_S` seconds and another thread is waiting for it, it hands
+        the gate over and blocks until it is this thread's again. Inside another hold of this
+        thread's, ``between`` hands nothing over (the outer hold keeps the gate). Without a gate,
+        ``between`` does nothing."""
+        if self.gate is None:
+            yield lambda: None
+            return
+        self._take(True)
+        since = time.monotonic()
+
+        def between() -> None:
+            nonlocal since
+            if self._waiting == 0 or self._held.depth > 1 or time.monotonic() - since < TURN_S:
+                return
+            with self._state:
+                taken = self._taken
+            self._give()
+            with self._state:  # until a waiting thread took it (bounded, should none come)
+                self._state.wait_for(lambda: self._taken != taken, timeout=TURN_S)
+            self._take(True)
+            since = time.monotonic()
+
+        try:
+            yield between
+        finally:
+            self._give()
+
+    def _take(self, blocking: bool) -> bool:
+        gate = self.gate
+        assert gate is not None
+        if not gate.acquire(blocking=False):
+            if not blocking:
+                return False
+            with self._state:
+                self._waiting += 1
+            try:
+                gate.acquire()
+            finally:
+                with self._state:
+                    self._waiting -= 1
+        with self._state:
+            self._taken += 1
+            self._state.notify_all()
+        self._held.depth = getattr(self._held, "depth", 0) + 1
+        return True
+
+    def _give(self) -> None:
+        assert self.gate is not None
+        self._held.depth -= 1
+        self.gate.release()
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:

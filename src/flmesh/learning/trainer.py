@@ -98,8 +98,9 @@ def train(model: nn.Module, data: ArrayData, cfg: TrainingConfig, *, epochs: flo
 
 class _Batches:
     """The batches of one training call: ``steps`` of them, in passes over ``data`` each in a
-    fresh order drawn from ``seed``. While the learner works on a batch this thread holds
-    ``compute``'s gate, as the default loop held it for a step."""
+    fresh order drawn from ``seed``. From the first batch until the call ends this thread holds
+    ``compute``'s gate for a turn (:meth:`~flmesh.learning.compute.Compute.turn`), which may
+    hand it to a waiting thread between two batches."""
 
     def __init__(self, data: ArrayData, steps: int, batch_size: int, seed: int, device: torch.device,
                  stop: Callable[[], bool] | None, compute: Compute):
@@ -122,6 +123,10 @@ class _Batches:
             self._iterator.close()
 
     def _generate(self) -> Generator[Batch]:
+        with self.compute.turn() as between:
+            yield from self._batches(between)
+
+    def _batches(self, between: Callable[[], None]) -> Generator[Batch]:
         gen = torch.Generator().manual_seed(self.seed)
         data, n = self.data, len(self.data)
         while True:
@@ -141,8 +146,8 @@ class _Batches:
                 xb, yb = batch
                 self.done += 1
                 self.seen += len(yb)
-                with self.compute.step():  # one step at a time per simulation with a gate
-                    yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
+                between()  # another thread waiting for the gate may take its turn here
+                yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
 
 def evaluate(model: nn.Module, data: ArrayData, *, device: torch.device | None = None,
