@@ -66,11 +66,11 @@ def test_overhead(tmp_path):
         assert ratios["factory_wall_vs_plain"] == ways["fl-sim, factory"]["wall_s"] / ways["plain"]["wall_s"]
         assert ratios["pss_vs_plain"] == ways["fl-sim"]["peak_pss_mib"] / ways["plain"]["peak_pss_mib"]
     large = results["large_per_round"]
-    assert large["hidden"] == "[1024, 1024]" and large["rounds"] == [1, 3]
+    assert large["hidden"] == "[1024, 1024]" and large["rounds"] == [1, 5]
     cpu = large["cpu_s_per_round"]
     for way in ("plain, 1 thread", "fl-sim", "fl-sim, factory"):
         runs = large["runs"]
-        assert cpu[way] == (runs["long"]["ways"][way]["cpu_s"] - runs["short"]["ways"][way]["cpu_s"]) / 2
+        assert cpu[way] == (runs["long"]["ways"][way]["cpu_s"] - runs["short"]["ways"][way]["cpu_s"]) / 4
     assert large["cpu_vs_plain_1_thread"] == cpu["fl-sim"] / cpu["plain, 1 thread"]
 
 

@@ -90,6 +90,28 @@ def test_a_turn_hands_the_gate_to_a_waiting_thread_and_takes_it_back(gate, monke
     assert not _taken_elsewhere(gate)
 
 
+def test_a_thread_waiting_for_the_gate_gets_it_between_two_steps_of_a_training(gate, monkeypatch):
+    monkeypatch.setattr(compute_module, "TURN_S", 0.0)
+    entered = threading.Event()
+
+    def other() -> None:
+        with gate.step():
+            entered.set()
+
+    waiter = threading.Thread(target=other)
+
+    def regularizer(model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if not waiter.is_alive() and not entered.is_set():
+            waiter.start()  # from inside the first step, while the training holds the gate
+        return logits.sum() * 0
+
+    cfg = TrainingConfig(epochs=1, batch_size=16, lr=0.1)
+    with pytest.raises(trainer.TrainingStopped):  # stops once the other thread has had the gate
+        trainer.train(_model(), _data(), cfg, steps=10_000, seed=3, regularizers=[regularizer],
+                      compute=gate, stop=entered.is_set)
+    waiter.join()
+
+
 def test_a_turn_keeps_the_gate_between_its_steps_while_nobody_waits(gate):
     with gate.turn() as between:
         between()
