@@ -10,8 +10,8 @@ the thread that runs it (``time.thread_time``, CPU seconds of that thread) by wr
 that does it: for fl-sim the star round's poll, fetch, training (with the sendable check),
 own evaluations, encoding and submit on every node, and the aggregator's close (aggregation and
 its check) and report (the evaluations and the row); for ``benchmarks/plain_loop.py`` its
-training, evaluation and FedAvg calls. The whole process's CPU (``getrusage``) is the control the parts
-must stay within.
+training, evaluation and FedAvg calls. The whole process's CPU (``getrusage``) is the control
+the parts must stay within.
 """
 
 from __future__ import annotations
