@@ -45,7 +45,7 @@ class Compute:
         self.threads = threads
         self._state = threading.Condition()  # guards the two counts; a turn handing over waits on it
         self._waiting = 0  # threads blocked until the gate is free
-        self._taken = 0  # times a thread took the gate, so a turn can see it was handed over
+        self._handed = 0  # times a blocked thread got the gate, so a turn can see it was handed over
         self._held = threading.local()  # this thread's depth of holds (reentrant)
 
     @classmethod
@@ -90,10 +90,10 @@ class Compute:
             if self._waiting == 0 or self._held.depth > 1 or time.monotonic() - since < TURN_S:
                 return
             with self._state:
-                taken = self._taken
+                handed = self._handed
             self._give()
-            with self._state:  # until a waiting thread took it (bounded, should none come)
-                self._state.wait_for(lambda: self._taken != taken, timeout=TURN_S)
+            with self._state:  # until a waiting thread got it (bounded, should another take it first)
+                self._state.wait_for(lambda: self._handed != handed, timeout=TURN_S)
             self._take(True)
             since = time.monotonic()
 
@@ -115,9 +115,8 @@ class Compute:
             finally:
                 with self._state:
                     self._waiting -= 1
-        with self._state:
-            self._taken += 1
-            self._state.notify_all()
+                    self._handed += 1
+                    self._state.notify_all()  # a turn handing over waits for this
         self._held.depth = getattr(self._held, "depth", 0) + 1
         return True
 
